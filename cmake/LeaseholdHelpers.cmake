@@ -1,0 +1,24 @@
+# Warning and sanitizer flags shared by every leasehold target.
+add_library(leasehold_build_flags INTERFACE)
+target_compile_options(leasehold_build_flags INTERFACE -Wall -Wextra -Wpedantic)
+if(LEASEHOLD_WERROR)
+  target_compile_options(leasehold_build_flags INTERFACE -Werror)
+endif()
+if(LEASEHOLD_SANITIZE)
+  target_compile_options(leasehold_build_flags INTERFACE
+    -fsanitize=${LEASEHOLD_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  target_link_options(leasehold_build_flags INTERFACE -fsanitize=${LEASEHOLD_SANITIZE})
+endif()
+if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  target_compile_options(leasehold_build_flags INTERFACE -Wthread-safety)
+endif()
+
+# leasehold_cc_test(NAME name SRCS a.cc b.cc [DEPS ...] [LABELS ...])
+# One gtest executable registered with CTest; tests see the internal src/ headers.
+function(leasehold_cc_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${T_NAME} ${T_SRCS})
+  target_link_libraries(${T_NAME} PRIVATE leasehold_internal GTest::gtest GTest::gtest_main
+                        GTest::gmock ${T_DEPS} leasehold_build_flags)
+  gtest_discover_tests(${T_NAME} PROPERTIES LABELS "${T_LABELS}" DISCOVERY_TIMEOUT 60)
+endfunction()

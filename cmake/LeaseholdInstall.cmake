@@ -1,0 +1,28 @@
+# install(): headers, libraries, the CMake package (find_package(leasehold)) and pkg-config.
+include(CMakePackageConfigHelpers)
+
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/leasehold DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(TARGETS leasehold leasehold_testing EXPORT leaseholdTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT leaseholdTargets NAMESPACE leasehold::
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/leasehold)
+
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/leaseholdConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/leaseholdConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/leasehold)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/leaseholdConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/leaseholdConfig.cmake
+              ${PROJECT_BINARY_DIR}/leaseholdConfigVersion.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/leasehold)
+
+# pkg-config: a static build needs the private dependencies at link time.
+set(LEASEHOLD_PC_REQUIRES_PRIVATE "fmt")
+if(LEASEHOLD_WITH_SQLITE)
+  string(APPEND LEASEHOLD_PC_REQUIRES_PRIVATE " sqlite3")
+endif()
+configure_file(${PROJECT_SOURCE_DIR}/cmake/leasehold.pc.in ${PROJECT_BINARY_DIR}/leasehold.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/leasehold.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1,0 +1,101 @@
+// File: leasehold/lease.h
+//
+// Lease: a move-only handle to one grant in a store. While you hold a valid Lease you may act
+// as the key's only owner until safe_until(); the store handle's heartbeat renews it in the
+// background. Attach fencing_token() to every write the lease guards.
+//
+// Example:
+//
+//   auto lease = store->TryAcquire("job:invoices");
+//   if (!lease.ok()) return lease.status();
+//   for (auto& batch : work) {
+//     if (!lease->valid()) return leasehold::Status::Lost("stopped early");
+//     db.Write(batch, lease->fencing_token());
+//   }
+//   LH_RETURN_IF_ERROR(lease->Release());  // kLost if it was lost or taken over meanwhile
+//
+// Lost is terminal: a lost Lease never becomes valid again; acquire anew.
+//
+// Thread safety: thread-safe. valid(), state() and the accessors may be called from any
+// thread while another thread calls Release().
+
+#pragma once
+
+#include <memory>
+#include <stop_token>
+#include <string>
+
+#include "leasehold/clock.h"
+#include "leasehold/lease_info.h"
+#include "leasehold/options.h"
+#include "leasehold/status.h"
+
+namespace leasehold {
+
+namespace internal {
+class LeaseCore;
+struct StoreCore;
+}  // namespace internal
+
+class Lease {
+ public:
+  // An empty lease: not valid, Release() is a no-op. Useful as a member before acquisition.
+  Lease() = default;
+  Lease(Lease&&) noexcept = default;
+  Lease& operator=(Lease&& other) noexcept;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+
+  // Releases the grant if it is still held (best effort, noexcept); a failure is logged.
+  ~Lease();
+
+  // Returns the lease's key. Empty for an empty Lease.
+  [[nodiscard]] const std::string& key() const;
+
+  // Returns the fencing token of this grant: higher than any earlier grant of the same key.
+  [[nodiscard]] FencingToken fencing_token() const;
+
+  // Returns the first 8 hex digits of the owner token, for logs. The full token never leaves
+  // the library.
+  [[nodiscard]] std::string token_prefix() const;
+
+  // Returns true while the holder may act as owner: not lost, not released, and the clock has
+  // not reached safe_until(). Fires the lost signal if it finds safe_until() passed.
+  [[nodiscard]] bool valid() const;
+
+  // Returns held, at risk or lost. A released lease reports lost.
+  [[nodiscard]] LeaseState state() const;
+
+  // Returns the instant (on the store's Clock) until which ownership is guaranteed:
+  // t_send + ttl - drift of the latest successful acquire or renew.
+  [[nodiscard]] SteadyTime safe_until() const;
+
+  // Returns a token whose stop is requested exactly once, when the lease becomes lost (or is
+  // released). Pass it to work that must stop with the lease.
+  [[nodiscard]] std::stop_token lost_token() const;
+
+  // Returns why the lease was lost; OK while it is held or after a clean release.
+  [[nodiscard]] Status lost_reason() const;
+
+  // Returns the TTL the store granted (a store may round it up) and the renew interval used.
+  [[nodiscard]] Duration ttl() const;
+  [[nodiscard]] Duration renew_interval() const;
+
+  // Deletes the grant if the owner token still matches, and wakes waiters.
+  // Returns OK on success and on a second call; kLost if the grant was lost, expired or taken
+  // over (nothing of anyone else's is deleted); kUnavailable if the store did not answer, in
+  // which case the grant simply expires at its TTL.
+  Status Release();
+
+ private:
+  friend class Store;
+  Lease(std::shared_ptr<internal::StoreCore> store, std::shared_ptr<internal::LeaseCore> core);
+
+  void ReleaseOnDestroy() noexcept;
+
+  // Null once released (or for an empty Lease). Keeps the backend alive while held.
+  std::shared_ptr<internal::StoreCore> store_;
+  std::shared_ptr<internal::LeaseCore> core_;
+};
+
+}  // namespace leasehold

@@ -1,0 +1,81 @@
+// File: leasehold/options.h
+//
+// StoreOptions (how a Store handle behaves) and LeaseOptions (how one lease is taken and kept).
+// Both are aggregates: set what you need with designated initializers.
+//
+// Example:
+//
+//   using namespace std::chrono_literals;
+//   auto lease = store->Acquire("job:invoices",
+//                               {.ttl = 10s, .wait = 30s, .holder = "invoicer-1"});
+//
+// Thread safety: plain value types.
+
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "leasehold/clock.h"
+#include "leasehold/status.h"
+
+namespace leasehold {
+
+// A wait that never runs out (LeaseOptions::wait). Cancellation still ends it.
+inline constexpr Duration kWaitForever = Duration::max();
+
+// The three states of a held lease (DESIGN.md section 3).
+enum class LeaseState {
+  // Renewals succeed; the holder may act until safe_until().
+  kHeld,
+  // Renewals are failing but safe_until() has not passed: finish or checkpoint now.
+  kAtRisk,
+  // Ownership can no longer be guaranteed. Terminal.
+  kLost,
+};
+
+// Returns "held", "at risk" or "lost".
+std::string_view LeaseStateName(LeaseState state);
+
+struct LeaseOptions {
+  // How long the store keeps the grant without renewal. REQUIRES: > 0.
+  // Default: 10 s.
+  Duration ttl = std::chrono::seconds(10);
+
+  // How often the heartbeat renews. REQUIRES: 0 < renew_interval < ttl - drift.
+  // Default: ttl / 3.
+  std::optional<Duration> renew_interval;
+
+  // Allowance for clock-rate differences between this host and the store, subtracted from
+  // every safe_until: safe_until = t_send + ttl - drift. REQUIRES: 0 <= drift < ttl.
+  // Default: ttl / 100 + 2 ms.
+  std::optional<Duration> drift;
+
+  // How long Store::Acquire waits for the key to become free. Ignored by TryAcquire.
+  // Default: kWaitForever.
+  Duration wait = kWaitForever;
+
+  // The identity other processes see for this holder (status, list, kHeldByAnother).
+  // Default: "<hostname>:<pid>".
+  std::string holder;
+
+  // Called exactly once when the lease becomes lost, with the reason. Runs on the heartbeat
+  // thread, or on the thread that first noticed the loss (e.g. a call to Lease::valid()), never
+  // with a leasehold lock held. Must not block for long and must not destroy the Lease.
+  // Default: none.
+  std::function<void(const Status&)> on_lost;
+
+  // Called on every state change (held -> at risk -> held, or -> lost), after on_lost for the
+  // final change. Same threading rules as on_lost. Default: none.
+  std::function<void(LeaseState, const Status&)> on_state_change;
+};
+
+struct StoreOptions {
+  // The clock that drives safe_until, renewals and waits. Must outlive the Store and every
+  // Lease taken from it. Default: Clock::Real().
+  Clock* clock = nullptr;
+};
+
+}  // namespace leasehold

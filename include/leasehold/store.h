@@ -1,0 +1,102 @@
+// File: leasehold/store.h
+//
+// Store: a handle to the external system that keeps leases, opened from a URL. A Store owns
+// one heartbeat that renews every lease taken from it, batched per round trip.
+//
+// URLs (DESIGN.md section 4):
+//   sqlite:///path/to/file.db   the embedded single-host store (the default; see DefaultUrl())
+//   memory://[name]             in-process, for unit tests and examples; handles opened with
+//                               the same name in one process share leases
+//
+// Example:
+//
+//   auto store = leasehold::Store::Open("sqlite:///var/lib/app/leases.db");
+//   if (!store.ok()) return store.status();
+//   auto lease = (*store)->Acquire("job:invoices", {.ttl = 10s, .wait = 1min});
+//   if (!lease.ok()) return lease.status();  // kHeldByAnother, kDeadlineExceeded, ...
+//
+// Leases keep the store's internals alive: a Lease may outlive the Store it came from.
+//
+// Thread safety: thread-safe.
+
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "leasehold/lease.h"
+#include "leasehold/lease_info.h"
+#include "leasehold/options.h"
+#include "leasehold/status.h"
+
+namespace leasehold {
+
+namespace internal {
+class Backend;
+struct StoreCore;
+}  // namespace internal
+
+class Store {
+ public:
+  // Opens the store named by `url`. Returns kInvalidArgument for a malformed URL or an unknown
+  // scheme, kUnimplemented for a backend not built in, kUnavailable if the store cannot be
+  // reached, kPermissionDenied if it refuses access.
+  static Result<std::unique_ptr<Store>> Open(std::string_view url, StoreOptions options = {});
+
+  // Returns the URL used when none is given: $LEASEHOLD_STORE if set, else
+  // sqlite://$XDG_STATE_HOME/leasehold/leases.db (or ~/.local/state/leasehold/leases.db).
+  static Result<std::string> DefaultUrl();
+
+  // For tests: a Store over a given backend (see tests/testing/).
+  static std::unique_ptr<Store> OpenWithBackendForTesting(
+      std::shared_ptr<internal::Backend> backend, StoreOptions options = {});
+
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+  Store(Store&&) = delete;
+  Store& operator=(Store&&) = delete;
+  ~Store();
+
+  // Takes the key if no live grant exists, in one atomic store operation.
+  // Returns the Lease; kHeldByAnother (with Status::holder() where the store knows it);
+  // kInvalidArgument for a bad key or bad options; kUnavailable; kPermissionDenied.
+  Result<Lease> TryAcquire(std::string_view key, const LeaseOptions& options = {});
+
+  // Like TryAcquire, but waits up to options.wait for the key to become free, using the
+  // store's notification where it has one and capped exponential backoff with full jitter
+  // otherwise. Returns kDeadlineExceeded when the wait runs out, kCancelled when `cancel`
+  // is requested; other errors as TryAcquire. Transient store errors are retried while waiting.
+  Result<Lease> Acquire(std::string_view key, const LeaseOptions& options = {},
+                        std::stop_token cancel = {});
+
+  // Returns the live grant of `key`, or nullopt if the key is free.
+  Result<std::optional<LeaseInfo>> Inspect(std::string_view key);
+
+  // Returns the live grants whose keys start with `prefix`, ordered by key.
+  Result<std::vector<LeaseInfo>> List(std::string_view prefix = {});
+
+  // Operator break-glass: deletes the grant of `key` whoever holds it. The holder finds out at
+  // its next renewal and stops. The fencing counter is kept. Returns true if a live grant was
+  // deleted, false if the key was free. The library never calls this itself.
+  Result<bool> ForceRelease(std::string_view key);
+
+  // Returns the backend's scheme, e.g. "sqlite".
+  [[nodiscard]] std::string_view backend_name() const;
+
+  // Returns the URL with any password masked, for logs and status output.
+  [[nodiscard]] const std::string& display_url() const;
+
+ private:
+  explicit Store(std::shared_ptr<internal::StoreCore> core);
+
+  std::shared_ptr<internal::StoreCore> core_;
+};
+
+// Checks a key against DESIGN.md's rules (1..512 bytes, valid UTF-8, no NUL).
+Status ValidateKey(std::string_view key);
+
+}  // namespace leasehold

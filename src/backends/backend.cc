@@ -1,0 +1,19 @@
+#include "backends/backend.h"
+
+namespace leasehold::internal {
+
+std::vector<Status> Backend::RenewMany(std::span<const RenewRequest> requests) {
+  std::vector<Status> results;
+  results.reserve(requests.size());
+  for (const RenewRequest& request : requests) {
+    results.push_back(Renew(request));
+  }
+  return results;
+}
+
+Status Backend::WaitForChange(std::string_view /*key*/, SteadyTime /*deadline*/,
+                              std::stop_token /*stop*/) {
+  return Status::Unimplemented("this store has no change notification; poll instead");
+}
+
+}  // namespace leasehold::internal

@@ -1,0 +1,113 @@
+// File: backends/backend.h (internal)
+//
+// Backend: the one interface every store implements. The core (Store, Lease, heartbeat) owns
+// owner tokens, safe_until and retries; a backend only performs single atomic operations on its
+// store and reports what the store said. Every mutation is one atomic store operation (a Lua
+// script, a SQL transaction, an etcd Txn...): a read-then-write from the client is a bug.
+//
+// Error codes, for every method: kUnavailable when the store cannot be reached or does not
+// answer within the backend's own timeouts (every call is bounded); kPermissionDenied when the
+// store refuses access; kInternal for an unexpected reply. Others are listed per method.
+//
+// Thread safety: implementations must be thread-safe (the heartbeat thread and callers use one
+// backend concurrently) and say how in their class comment.
+
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "leasehold/clock.h"
+#include "leasehold/lease_info.h"
+#include "leasehold/status.h"
+
+namespace leasehold::internal {
+
+// What a backend can do, for the core and for the conformance suite's capability predicates
+// (in the manner of Arrow's GenericFileSystemTest).
+struct Capabilities {
+  // Two processes on one host can share the store (false for memory://).
+  bool multi_process = true;
+  // WaitForChange uses a store notification rather than returning kUnimplemented.
+  bool native_wait = false;
+  // The fencing counter survives a restart of the store.
+  bool fencing_survives_restart = true;
+};
+
+struct GrantRequest {
+  std::string key;
+  // 32 lowercase hex digits from the OS CSPRNG. Never logged in full.
+  std::string owner_token;
+  // Free-form identity shown to others (LeaseOptions::holder).
+  std::string holder;
+  Duration ttl{};
+};
+
+struct Grant {
+  FencingToken fencing_token = 0;
+  // The TTL the store actually granted; a store may round it up (etcd: whole seconds, >= 2 s).
+  Duration ttl{};
+};
+
+struct RenewRequest {
+  std::string key;
+  std::string owner_token;
+  Duration ttl{};
+};
+
+class Backend {
+ public:
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+  Backend(Backend&&) = delete;
+  Backend& operator=(Backend&&) = delete;
+  virtual ~Backend() = default;
+
+  // Returns the URL scheme, e.g. "sqlite".
+  [[nodiscard]] virtual std::string_view scheme() const = 0;
+
+  [[nodiscard]] virtual Capabilities capabilities() const = 0;
+
+  // Creates the grant only if no live grant of request.key exists, binds it to
+  // request.owner_token and bumps the key's fencing counter, all in one atomic step.
+  // The key has been validated. Returns kHeldByAnother, with Status::holder() set where the
+  // store keeps the holder's identity, if a live grant exists.
+  virtual Result<Grant> TryAcquire(const GrantRequest& request) = 0;
+
+  // Extends the grant to request.ttl from now (on the store's clock) only if it is live and its
+  // owner token matches. Returns kLost if the grant is absent, expired or someone else's.
+  virtual Status Renew(const RenewRequest& request) = 0;
+
+  // Renews several grants, in one round trip where the store allows. Returns one Status per
+  // request, in order. The default calls Renew in sequence.
+  virtual std::vector<Status> RenewMany(std::span<const RenewRequest> requests);
+
+  // Deletes the grant only if its owner token matches. Returns OK if a live grant was deleted;
+  // kLost if the grant was absent, expired or someone else's (nothing of anyone else's is
+  // deleted). Wakes waiters on the key where the store can notify.
+  virtual Status Release(std::string_view key, std::string_view owner_token) = 0;
+
+  // Returns the live grant of `key`, or nullopt if there is none.
+  virtual Result<std::optional<LeaseInfo>> Inspect(std::string_view key) = 0;
+
+  // Returns the live grants whose keys start with `prefix`, ordered by key.
+  virtual Result<std::vector<LeaseInfo>> List(std::string_view prefix) = 0;
+
+  // Deletes the grant of `key` whoever holds it; the fencing counter is kept.
+  // Returns true if a live grant was deleted, false if the key was free.
+  virtual Result<bool> ForceRelease(std::string_view key) = 0;
+
+  // Blocks until the grant of `key` may have changed (released, expired), `deadline` passes or
+  // `stop` is requested. Spurious wake-ups are allowed. Returns OK when woken,
+  // kDeadlineExceeded, kCancelled; kUnimplemented if the store has no notification, in which
+  // case the core polls with backoff (the default).
+  virtual Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop);
+};
+
+}  // namespace leasehold::internal

@@ -1,0 +1,247 @@
+#include "backends/memory/memory_backend.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "core/duration.h"
+#include "core/owner_token.h"
+#include "util/mutex.h"
+
+namespace leasehold::internal {
+
+namespace {
+
+// One table of grants, shared by every handle opened with the same name.
+class MemoryTable {
+ public:
+  explicit MemoryTable(Clock& clock) : clock_(clock) {}
+
+  Result<Grant> TryAcquire(const GrantRequest& request) LH_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    SteadyTime now = clock_.Now();
+    auto it = grants_.find(request.key);
+    if (it != grants_.end() && it->second.expires > now) {
+      LeaseInfo info = InfoLocked(it->first, it->second, now);
+      return Status::HeldByAnother(
+          fmt::format("{} is held by {} (fencing token {}, {} left)", request.key, info.holder,
+                      info.fencing_token, FormatDuration(info.remaining)),
+          info);
+    }
+    FencingToken fencing = ++fences_[request.key];
+    grants_[request.key] = Entry{request.owner_token, request.holder, fencing,
+                                 now + request.ttl, request.ttl};
+    return Grant{fencing, request.ttl};
+  }
+
+  Status Renew(const RenewRequest& request) LH_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    SteadyTime now = clock_.Now();
+    auto it = grants_.find(request.key);
+    if (it == grants_.end() || it->second.token != request.owner_token ||
+        it->second.expires <= now) {
+      return Status::Lost(LostReasonLocked(request.key, request.owner_token, now));
+    }
+    it->second.expires = now + request.ttl;
+    it->second.ttl = request.ttl;
+    return Status();
+  }
+
+  Status Release(std::string_view key, std::string_view token) LH_EXCLUDES(mu_) {
+    Status result;
+    {
+      MutexLock lock(&mu_);
+      SteadyTime now = clock_.Now();
+      auto it = grants_.find(key);
+      if (it == grants_.end() || it->second.token != token) {
+        return Status::Lost(LostReasonLocked(key, token, now));
+      }
+      if (it->second.expires <= now) {
+        result = Status::Lost(fmt::format("lease {} was lost or stolen: it expired", key));
+      }
+      grants_.erase(it);
+      WakeLocked(key);
+    }
+    return result;
+  }
+
+  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) LH_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    SteadyTime now = clock_.Now();
+    auto it = grants_.find(key);
+    if (it == grants_.end() || it->second.expires <= now) {
+      return std::optional<LeaseInfo>();
+    }
+    return std::optional<LeaseInfo>(InfoLocked(it->first, it->second, now));
+  }
+
+  Result<std::vector<LeaseInfo>> List(std::string_view prefix) LH_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    SteadyTime now = clock_.Now();
+    std::vector<LeaseInfo> out;
+    for (auto it = grants_.lower_bound(prefix);
+         it != grants_.end() && std::string_view(it->first).starts_with(prefix); ++it) {
+      if (it->second.expires > now) {
+        out.push_back(InfoLocked(it->first, it->second, now));
+      }
+    }
+    return out;
+  }
+
+  Result<bool> ForceRelease(std::string_view key) LH_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    auto it = grants_.find(key);
+    if (it == grants_.end()) {
+      return false;
+    }
+    bool live = it->second.expires > clock_.Now();
+    grants_.erase(it);
+    forced_.insert(std::string(key));
+    WakeLocked(key);
+    return live;
+  }
+
+  Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop)
+      LH_EXCLUDES(mu_) {
+    std::stop_source woken;
+    SteadyTime wake_at = deadline;
+    {
+      MutexLock lock(&mu_);
+      auto it = grants_.find(key);
+      if (it == grants_.end() || it->second.expires <= clock_.Now()) {
+        return Status();
+      }
+      // Without a release the key frees itself at expiry: wake then at the latest.
+      wake_at = std::min(deadline, it->second.expires);
+      waiters_.emplace(std::string(key), woken);
+    }
+    std::stop_callback forward(stop, [&woken] { woken.request_stop(); });
+    clock_.SleepUntil(wake_at, woken.get_token());
+    {
+      MutexLock lock(&mu_);
+      auto [first, last] = waiters_.equal_range(std::string(key));
+      for (auto it = first; it != last; ++it) {
+        if (it->second == woken) {
+          waiters_.erase(it);
+          break;
+        }
+      }
+    }
+    if (stop.stop_requested()) {
+      return Status::Cancelled("wait cancelled");
+    }
+    if (clock_.Now() >= deadline) {
+      return Status::DeadlineExceeded("wait ran out");
+    }
+    return Status();
+  }
+
+ private:
+  struct Entry {
+    std::string token;
+    std::string holder;
+    FencingToken fencing = 0;
+    SteadyTime expires;
+    Duration ttl;
+  };
+
+  LeaseInfo InfoLocked(const std::string& key, const Entry& e, SteadyTime now)
+      LH_REQUIRES(mu_) {
+    return LeaseInfo{key, e.holder, TokenPrefix(e.token), e.fencing,
+                     std::chrono::duration_cast<std::chrono::milliseconds>(e.expires - now),
+                     std::chrono::duration_cast<std::chrono::milliseconds>(e.ttl)};
+  }
+
+  std::string LostReasonLocked(std::string_view key, std::string_view token, SteadyTime now)
+      LH_REQUIRES(mu_) {
+    auto it = grants_.find(key);
+    if (it != grants_.end() && it->second.token != token && it->second.expires > now) {
+      return fmt::format("lease {} was lost or stolen: taken over by {}", key, it->second.holder);
+    }
+    if (it != grants_.end() && it->second.token == token) {
+      return fmt::format("lease {} was lost or stolen: it expired", key);
+    }
+    if (forced_.contains(key)) {
+      return fmt::format("lease {} was lost or stolen: released by force or expired", key);
+    }
+    return fmt::format("lease {} was lost or stolen: expired or released", key);
+  }
+
+  void WakeLocked(std::string_view key) LH_REQUIRES(mu_) {
+    auto [first, last] = waiters_.equal_range(std::string(key));
+    for (auto it = first; it != last; ++it) {
+      it->second.request_stop();
+    }
+  }
+
+  Clock& clock_;
+  Mutex mu_;
+  std::map<std::string, Entry, std::less<>> grants_ LH_GUARDED_BY(mu_);
+  std::map<std::string, FencingToken, std::less<>> fences_ LH_GUARDED_BY(mu_);
+  std::set<std::string, std::less<>> forced_ LH_GUARDED_BY(mu_);
+  std::multimap<std::string, std::stop_source> waiters_ LH_GUARDED_BY(mu_);
+};
+
+class MemoryBackend final : public Backend {
+ public:
+  explicit MemoryBackend(std::shared_ptr<MemoryTable> table) : table_(std::move(table)) {}
+
+  std::string_view scheme() const override { return "memory"; }
+
+  Capabilities capabilities() const override {
+    return {.multi_process = false, .native_wait = true, .fencing_survives_restart = false};
+  }
+
+  Result<Grant> TryAcquire(const GrantRequest& request) override {
+    return table_->TryAcquire(request);
+  }
+
+  Status Renew(const RenewRequest& request) override { return table_->Renew(request); }
+
+  Status Release(std::string_view key, std::string_view owner_token) override {
+    return table_->Release(key, owner_token);
+  }
+
+  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
+    return table_->Inspect(key);
+  }
+
+  Result<std::vector<LeaseInfo>> List(std::string_view prefix) override {
+    return table_->List(prefix);
+  }
+
+  Result<bool> ForceRelease(std::string_view key) override { return table_->ForceRelease(key); }
+
+  Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override {
+    return table_->WaitForChange(key, deadline, std::move(stop));
+  }
+
+ private:
+  const std::shared_ptr<MemoryTable> table_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<Backend>> OpenMemoryBackend(const Url& url, Clock& clock) {
+  if (!url.query.empty() || !url.path.empty() || url.user) {
+    return Status::InvalidArgument("memory:// takes only a name: memory://NAME");
+  }
+  if (url.authority.empty()) {
+    return std::shared_ptr<Backend>(
+        std::make_shared<MemoryBackend>(std::make_shared<MemoryTable>(clock)));
+  }
+  static std::mutex registry_mu;
+  static auto* registry = new std::map<std::string, std::weak_ptr<MemoryTable>>();
+  std::lock_guard<std::mutex> lock(registry_mu);
+  std::shared_ptr<MemoryTable> table = (*registry)[url.authority].lock();
+  if (!table) {
+    table = std::make_shared<MemoryTable>(clock);
+    (*registry)[url.authority] = table;
+  }
+  return std::shared_ptr<Backend>(std::make_shared<MemoryBackend>(std::move(table)));
+}
+
+}  // namespace leasehold::internal

@@ -1,0 +1,23 @@
+// File: backends/memory/memory_backend.h (internal)
+//
+// memory://[name]: leases kept in this process, with expiry on the injected Clock, so that
+// core unit tests run deterministically on a FakeClock. Handles opened with the same name in
+// one process share one table (the first opener's clock drives it); an empty name gives a
+// private table. Not for production: nothing survives the process.
+//
+// Thread safety: thread-safe (one mutex per table).
+
+#pragma once
+
+#include <memory>
+
+#include "backends/backend.h"
+#include "core/url.h"
+#include "leasehold/clock.h"
+
+namespace leasehold::internal {
+
+// Opens the table named by url.authority (scheme "memory").
+Result<std::shared_ptr<Backend>> OpenMemoryBackend(const Url& url, Clock& clock);
+
+}  // namespace leasehold::internal

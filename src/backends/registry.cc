@@ -1,0 +1,59 @@
+#include "backends/registry.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "backends/memory/memory_backend.h"
+#if LEASEHOLD_WITH_SQLITE
+#include "backends/sqlite/sqlite_backend.h"
+#endif
+
+namespace leasehold::internal {
+
+namespace {
+
+struct SchemeInfo {
+  std::string_view scheme;
+  std::string_view product;
+};
+
+// Every scheme DESIGN.md names, built in or not, so that a URL for a store this build lacks
+// gets "compiled without" rather than "unknown scheme".
+constexpr SchemeInfo kKnownSchemes[] = {
+    {"memory", "memory"},     {"sqlite", "SQLite"},    {"redis", "Redis"},
+    {"redis+unix", "Redis"},  {"postgres", "PostgreSQL"}, {"postgresql", "PostgreSQL"},
+    {"etcd", "etcd"},         {"etcds", "etcd"},       {"zk", "ZooKeeper"},
+};
+
+}  // namespace
+
+std::vector<std::string> CompiledSchemes() {
+  std::vector<std::string> schemes = {"memory"};
+#if LEASEHOLD_WITH_SQLITE
+  schemes.emplace_back("sqlite");
+#endif
+  return schemes;
+}
+
+Result<std::shared_ptr<Backend>> OpenBackend(const Url& url, Clock& clock) {
+  if (url.scheme == "memory") {
+    return OpenMemoryBackend(url, clock);
+  }
+#if LEASEHOLD_WITH_SQLITE
+  if (url.scheme == "sqlite") {
+    return OpenSqliteBackend(url);
+  }
+#endif
+  for (const SchemeInfo& known : kKnownSchemes) {
+    if (known.scheme == url.scheme) {
+      return Status::Unimplemented(
+          fmt::format("got a {}:// URL but leasehold was compiled without {} support (built in: "
+                      "{})",
+                      url.scheme, known.product, fmt::join(CompiledSchemes(), ", ")));
+    }
+  }
+  return Status::InvalidArgument(fmt::format("unknown store scheme '{}://' (built in: {})",
+                                             url.scheme, fmt::join(CompiledSchemes(), ", ")));
+}
+
+}  // namespace leasehold::internal

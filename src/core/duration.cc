@@ -1,0 +1,128 @@
+#include "core/duration.h"
+
+#include <cctype>
+#include <cstdint>
+#include <limits>
+
+#include <fmt/format.h>
+
+namespace leasehold::internal {
+
+namespace {
+
+// Returns the unit's length in nanoseconds, or 0 if unknown.
+std::int64_t UnitNanos(std::string_view unit) {
+  if (unit == "ns") {
+    return 1;
+  }
+  if (unit == "us") {
+    return 1'000;
+  }
+  if (unit == "ms") {
+    return 1'000'000;
+  }
+  if (unit == "s") {
+    return 1'000'000'000;
+  }
+  if (unit == "m") {
+    return 60'000'000'000;
+  }
+  if (unit == "h") {
+    return 3'600'000'000'000;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Result<Duration> ParseDuration(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument(
+        fmt::format("invalid duration '{}': {} (write e.g. 500ms, 10s, 2m)", text, why));
+  };
+  if (text.empty()) {
+    return bad("empty");
+  }
+  if (text.front() == '-') {
+    return bad("must not be negative");
+  }
+  std::int64_t total = 0;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    std::int64_t whole = 0;
+    std::int64_t frac_num = 0;
+    std::int64_t frac_den = 1;
+    std::size_t digits = 0;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) {
+      if (whole > (std::numeric_limits<std::int64_t>::max() - 9) / 10) {
+        return bad("too large");
+      }
+      whole = whole * 10 + (text[i] - '0');
+      ++i;
+      ++digits;
+    }
+    if (i < text.size() && text[i] == '.') {
+      ++i;
+      while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) {
+        if (frac_den < 1'000'000'000) {
+          frac_num = frac_num * 10 + (text[i] - '0');
+          frac_den *= 10;
+        }
+        ++i;
+        ++digits;
+      }
+    }
+    if (digits == 0) {
+      return bad("expected a number");
+    }
+    std::size_t unit_start = i;
+    while (i < text.size() && std::isalpha(static_cast<unsigned char>(text[i])) != 0) {
+      ++i;
+    }
+    std::string_view unit = text.substr(unit_start, i - unit_start);
+    if (unit.empty()) {
+      return bad("missing unit");
+    }
+    std::int64_t nanos = UnitNanos(unit);
+    if (nanos == 0) {
+      return bad(fmt::format("unknown unit '{}'", unit));
+    }
+    if (whole > std::numeric_limits<std::int64_t>::max() / nanos) {
+      return bad("too large");
+    }
+    std::int64_t part = whole * nanos + static_cast<std::int64_t>(
+                                            static_cast<long double>(frac_num) * nanos / frac_den);
+    if (total > std::numeric_limits<std::int64_t>::max() - part) {
+      return bad("too large");
+    }
+    total += part;
+  }
+  return Duration(total);
+}
+
+std::string FormatDuration(Duration d) {
+  using std::chrono::nanoseconds;
+  std::int64_t ns = d.count();
+  if (ns < 0) {
+    return "-" + FormatDuration(Duration(-ns));
+  }
+  if (ns < 1'000) {
+    return fmt::format("{}ns", ns);
+  }
+  if (ns < 1'000'000) {
+    return fmt::format("{:g}us", static_cast<double>(ns) / 1e3);
+  }
+  if (ns < 1'000'000'000) {
+    return fmt::format("{:g}ms", static_cast<double>(ns) / 1e6);
+  }
+  if (ns < 60'000'000'000) {
+    return fmt::format("{:g}s", static_cast<double>(ns) / 1e9);
+  }
+  std::int64_t s = ns / 1'000'000'000;
+  if (s < 3600) {
+    return fmt::format("{}m{}s", s / 60, s % 60);
+  }
+  return fmt::format("{}h{}m{}s", s / 3600, (s / 60) % 60, s % 60);
+}
+
+}  // namespace leasehold::internal

@@ -1,0 +1,96 @@
+#include "leasehold/lease.h"
+
+#include <fmt/format.h>
+
+#include "core/lease_core.h"
+#include "core/logging.h"
+#include "core/owner_token.h"
+#include "core/store_core.h"
+
+namespace leasehold {
+
+namespace {
+const std::string kEmpty;
+}  // namespace
+
+Lease::Lease(std::shared_ptr<internal::StoreCore> store, std::shared_ptr<internal::LeaseCore> core)
+    : store_(std::move(store)), core_(std::move(core)) {}
+
+Lease& Lease::operator=(Lease&& other) noexcept {
+  if (this != &other) {
+    ReleaseOnDestroy();
+    store_ = std::move(other.store_);
+    core_ = std::move(other.core_);
+  }
+  return *this;
+}
+
+Lease::~Lease() { ReleaseOnDestroy(); }
+
+void Lease::ReleaseOnDestroy() noexcept {
+  if (!core_) {
+    return;
+  }
+  Status s = Release();
+  if (!s.ok()) {
+    internal::Log(internal::LogLevel::kWarning,
+                  fmt::format("release on destruction key={} token={}: {}", core_->key(),
+                              internal::TokenPrefix(core_->owner_token()), s.ToString()));
+  }
+}
+
+const std::string& Lease::key() const { return core_ ? core_->key() : kEmpty; }
+
+std::string Lease::token_prefix() const {
+  return core_ ? internal::TokenPrefix(core_->owner_token()) : std::string();
+}
+
+FencingToken Lease::fencing_token() const { return core_ ? core_->fencing_token() : 0; }
+
+bool Lease::valid() const { return core_ && core_->Valid(); }
+
+LeaseState Lease::state() const { return core_ ? core_->state() : LeaseState::kLost; }
+
+SteadyTime Lease::safe_until() const { return core_ ? core_->safe_until() : SteadyTime(); }
+
+std::stop_token Lease::lost_token() const {
+  if (!core_) {
+    std::stop_source stopped;
+    stopped.request_stop();
+    return stopped.get_token();
+  }
+  return core_->lost_token();
+}
+
+Status Lease::lost_reason() const { return core_ ? core_->lost_reason() : Status(); }
+
+Duration Lease::ttl() const { return core_ ? core_->ttl() : Duration(); }
+
+Duration Lease::renew_interval() const { return core_ ? core_->renew_interval() : Duration(); }
+
+Status Lease::Release() {
+  if (!core_ || !store_) {
+    return Status();  // empty, or released before: releasing twice is harmless
+  }
+  std::shared_ptr<internal::StoreCore> store = std::move(store_);
+  Status local = core_->BeginRelease();
+  store->heartbeat.Remove(core_.get());
+  // Delete the grant only if the owner token still matches; the backend guarantees nothing of
+  // anyone else's is touched. Do it even when the lease is locally lost: if the grant is still
+  // ours in the store, deleting it hands the key over sooner.
+  Status remote = store->backend->Release(core_->key(), core_->owner_token());
+  internal::Log(internal::LogLevel::kDebug,
+                fmt::format("released key={} fencing_token={} token={}: {}", core_->key(),
+                            core_->fencing_token(), internal::TokenPrefix(core_->owner_token()),
+                            remote.ToString()));
+  if (!local.ok()) {
+    return local;
+  }
+  if (remote.code() == StatusCode::kLost) {
+    return Status::Lost(fmt::format("lease {} was lost or stolen before release: {}",
+                                    core_->key(), remote.message()));
+  }
+  return remote;
+}
+
+}  // namespace leasehold

@@ -1,0 +1,200 @@
+#include "core/lease_core.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/duration.h"
+#include "core/logging.h"
+#include "core/owner_token.h"
+
+namespace leasehold::internal {
+
+LeaseCore::LeaseCore(Clock& clock, LeaseParams params)
+    : clock_(clock),
+      params_(std::move(params)),
+      // The rule itself: the grant was created no earlier than t_send, so the store keeps it at
+      // least until t_send + ttl; drift covers clock-rate differences.
+      safe_until_(params_.t_send + params_.ttl - params_.drift),
+      last_renew_send_(params_.t_send),
+      retry_at_(SteadyTime::max()) {}
+
+bool LeaseCore::Valid() {
+  CheckExpiry();
+  MutexLock lock(&mu_);
+  return state_ != LeaseState::kLost && !released_;
+}
+
+LeaseState LeaseCore::state() {
+  CheckExpiry();
+  MutexLock lock(&mu_);
+  return released_ ? LeaseState::kLost : state_;
+}
+
+SteadyTime LeaseCore::safe_until() {
+  MutexLock lock(&mu_);
+  return safe_until_;
+}
+
+Status LeaseCore::lost_reason() {
+  MutexLock lock(&mu_);
+  return lost_reason_;
+}
+
+bool LeaseCore::Active() {
+  MutexLock lock(&mu_);
+  return state_ != LeaseState::kLost && !released_;
+}
+
+SteadyTime LeaseCore::NextRenewDue() {
+  MutexLock lock(&mu_);
+  if (state_ == LeaseState::kLost || released_) {
+    return SteadyTime::max();
+  }
+  if (failures_ > 0) {
+    return retry_at_;
+  }
+  return last_renew_send_ + params_.renew_interval;
+}
+
+void LeaseCore::OnRenewResult(SteadyTime t_send, const Status& result) {
+  Transition t;
+  {
+    MutexLock lock(&mu_);
+    if (state_ == LeaseState::kLost || released_) {
+      return;  // lost is terminal; a late reply changes nothing
+    }
+    SteadyTime now = clock_.Now();
+    if (now >= safe_until_) {
+      // Whatever the reply says, the guarantee already lapsed: someone else may have been
+      // granted the key in between. Never extend a lease past a gap.
+      t = SetStateLocked(LeaseState::kLost,
+                         Status::Lost(fmt::format("lease {} expired: no renewal confirmed before "
+                                                  "safe_until",
+                                                  params_.key)));
+    } else if (result.ok()) {
+      safe_until_ = std::max(safe_until_, t_send + params_.ttl - params_.drift);
+      last_renew_send_ = std::max(last_renew_send_, t_send);
+      failures_ = 0;
+      retry_at_ = SteadyTime::max();
+      t = SetStateLocked(LeaseState::kHeld, Status());
+    } else if (result.code() == StatusCode::kLost) {
+      t = SetStateLocked(LeaseState::kLost, result);
+    } else {
+      // Transient: retry with doubling delays (1/8, 1/4, 1/2 of the renew interval) but never
+      // later than safe_until, where the watchdog declares the lease lost anyway.
+      ++failures_;
+      Duration base = std::max<Duration>(params_.renew_interval / 8, std::chrono::milliseconds(1));
+      Duration delay = std::min<Duration>(base * (1 << std::min(failures_ - 1, 2)),
+                                          params_.renew_interval / 2);
+      retry_at_ = std::min(now + delay, safe_until_);
+      t = SetStateLocked(LeaseState::kAtRisk,
+                         result.WithContext(fmt::format("renewing lease {}", params_.key)));
+    }
+  }
+  Announce(t);
+}
+
+bool LeaseCore::CheckExpiry() {
+  Transition t;
+  {
+    MutexLock lock(&mu_);
+    if (state_ == LeaseState::kLost || released_) {
+      return true;
+    }
+    if (clock_.Now() < safe_until_) {
+      return false;
+    }
+    t = SetStateLocked(
+        LeaseState::kLost,
+        Status::Lost(fmt::format("lease {} expired: no renewal confirmed before safe_until",
+                                 params_.key)));
+  }
+  Announce(t);
+  return true;
+}
+
+void LeaseCore::MarkLost(Status reason) {
+  Transition t;
+  {
+    MutexLock lock(&mu_);
+    if (state_ == LeaseState::kLost || released_) {
+      return;
+    }
+    t = SetStateLocked(LeaseState::kLost, std::move(reason));
+  }
+  Announce(t);
+}
+
+Status LeaseCore::BeginRelease() {
+  {
+    MutexLock lock(&mu_);
+    if (released_) {
+      return Status();
+    }
+    released_ = true;
+    if (state_ == LeaseState::kLost) {
+      return Status::Lost(
+          fmt::format("lease {} was lost or stolen before release: {}", params_.key,
+                      lost_reason_.message()));
+    }
+    if (clock_.Now() >= safe_until_) {
+      state_ = LeaseState::kLost;
+      lost_reason_ = Status::Lost(fmt::format(
+          "lease {} expired before release: no renewal confirmed before safe_until", params_.key));
+      // Fall through to the stop signal below; the caller still deletes the grant if ours.
+      lost_source_.request_stop();
+      return lost_reason_;
+    }
+  }
+  // Work bound to the lease stops here too: after release the holder is no longer the owner.
+  lost_source_.request_stop();
+  return Status();
+}
+
+LeaseCore::Transition LeaseCore::SetStateLocked(LeaseState next, Status reason) {
+  Transition t;
+  if (state_ == next) {
+    return t;
+  }
+  state_ = next;
+  t.changed = true;
+  t.state = next;
+  t.lost = next == LeaseState::kLost;
+  if (t.lost) {
+    lost_reason_ = reason;
+  }
+  t.reason = std::move(reason);
+  return t;
+}
+
+void LeaseCore::Announce(const Transition& t) {
+  if (!t.changed) {
+    return;
+  }
+  if (t.lost) {
+    Log(LogLevel::kWarning,
+        fmt::format("lost key={} fencing_token={} token={} backend={} reason=\"{}\"", params_.key,
+                    params_.fencing_token, TokenPrefix(params_.owner_token),
+                    params_.backend_name, t.reason.message()));
+    lost_source_.request_stop();
+    if (params_.on_lost) {
+      params_.on_lost(t.reason);
+    }
+  } else if (t.state == LeaseState::kAtRisk) {
+    Log(LogLevel::kWarning,
+        fmt::format("at-risk key={} fencing_token={} token={} backend={} reason=\"{}\"",
+                    params_.key, params_.fencing_token, TokenPrefix(params_.owner_token),
+                    params_.backend_name, t.reason.ToString()));
+  } else {
+    Log(LogLevel::kInfo, fmt::format("recovered key={} fencing_token={} token={} backend={}",
+                                     params_.key, params_.fencing_token,
+                                     TokenPrefix(params_.owner_token), params_.backend_name));
+  }
+  if (params_.on_state_change) {
+    params_.on_state_change(t.state, t.reason);
+  }
+}
+
+}  // namespace leasehold::internal

@@ -1,0 +1,129 @@
+// File: core/lease_core.h (internal)
+//
+// LeaseCore: the state of one grant as the holder sees it, shared by the Lease handle and the
+// heartbeat. It implements DESIGN.md section 3:
+//
+//   safe_until = t_send + ttl - drift
+//
+// where t_send is read from the Clock *before* the acquire or renew request is sent. A
+// successful renew moves safe_until forward with its own t_send; a renew reply that arrives at
+// or after safe_until never brings the lease back; "not yours" from the store makes the lease
+// lost at once; transient errors make it "at risk" and are retried until safe_until. Lost is
+// terminal and is signalled exactly once (lost_token() and on_lost), whichever thread notices
+// first: the heartbeat, its expiry watchdog, or a caller of valid().
+//
+// Thread safety: thread-safe. Callbacks run with no lock held.
+
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "leasehold/clock.h"
+#include "leasehold/lease_info.h"
+#include "leasehold/options.h"
+#include "leasehold/status.h"
+#include "util/mutex.h"
+
+namespace leasehold::internal {
+
+struct LeaseParams {
+  std::string key;
+  std::string owner_token;
+  FencingToken fencing_token = 0;
+  Duration ttl{};             // as granted by the store
+  Duration renew_interval{};  // validated: 0 < renew_interval < ttl - drift
+  Duration drift{};           // validated: 0 <= drift < ttl
+  SteadyTime t_send{};        // read before the acquire request was sent
+  std::string backend_name;   // for log lines
+  std::function<void(const Status&)> on_lost;
+  std::function<void(LeaseState, const Status&)> on_state_change;
+};
+
+class LeaseCore {
+ public:
+  LeaseCore(Clock& clock, LeaseParams params);
+
+  LeaseCore(const LeaseCore&) = delete;
+  LeaseCore& operator=(const LeaseCore&) = delete;
+  LeaseCore(LeaseCore&&) = delete;
+  LeaseCore& operator=(LeaseCore&&) = delete;
+  ~LeaseCore() = default;
+
+  const std::string& key() const { return params_.key; }
+
+  const std::string& owner_token() const { return params_.owner_token; }
+
+  FencingToken fencing_token() const { return params_.fencing_token; }
+
+  Duration ttl() const { return params_.ttl; }
+
+  Duration renew_interval() const { return params_.renew_interval; }
+
+  // Returns true while not lost and Clock::Now() < safe_until. Marks the lease lost (and fires
+  // the signal) if it finds safe_until passed.
+  bool Valid() LH_EXCLUDES(mu_);
+
+  LeaseState state() LH_EXCLUDES(mu_);
+
+  SteadyTime safe_until() LH_EXCLUDES(mu_);
+
+  std::stop_token lost_token() const { return lost_source_.get_token(); }
+
+  Status lost_reason() LH_EXCLUDES(mu_);
+
+  // Returns true if the lease is neither lost nor released (the heartbeat keeps it).
+  bool Active() LH_EXCLUDES(mu_);
+
+  // The instant the heartbeat should next renew: last successful t_send + renew interval, or
+  // the retry time after a failure. Returns SteadyTime::max() if inactive.
+  SteadyTime NextRenewDue() LH_EXCLUDES(mu_);
+
+  // Applies a renew result. `t_send` was read before the renew request was sent.
+  void OnRenewResult(SteadyTime t_send, const Status& result) LH_EXCLUDES(mu_);
+
+  // Marks the lease lost if `now` >= safe_until (the expiry watchdog). Returns true if it is
+  // (now or already) inactive.
+  bool CheckExpiry() LH_EXCLUDES(mu_);
+
+  // Marks the lease lost with `reason`, once. Later calls do nothing.
+  void MarkLost(Status reason) LH_EXCLUDES(mu_);
+
+  // Marks the lease released by its owner. Returns OK the first time if it was still held,
+  // OK on a second call (it is a no-op), and kLost if it had been lost before.
+  // After this, the caller deletes the grant from the store.
+  Status BeginRelease() LH_EXCLUDES(mu_);
+
+ private:
+  struct Transition {
+    bool changed = false;
+    LeaseState state = LeaseState::kHeld;
+    Status reason;
+    bool lost = false;
+  };
+
+  // Sets the state under mu_ and reports what the caller must announce after unlocking.
+  Transition SetStateLocked(LeaseState next, Status reason) LH_REQUIRES(mu_);
+
+  // Fires callbacks and the stop token for a transition. Called with no lock held.
+  void Announce(const Transition& t);
+
+  // Immutable after construction.
+  Clock& clock_;
+  const LeaseParams params_;
+  std::stop_source lost_source_;
+
+  Mutex mu_;
+  SteadyTime safe_until_ LH_GUARDED_BY(mu_);
+  SteadyTime last_renew_send_ LH_GUARDED_BY(mu_);
+  SteadyTime retry_at_ LH_GUARDED_BY(mu_);
+  int failures_ LH_GUARDED_BY(mu_) = 0;
+  LeaseState state_ LH_GUARDED_BY(mu_) = LeaseState::kHeld;
+  bool released_ LH_GUARDED_BY(mu_) = false;
+  Status lost_reason_ LH_GUARDED_BY(mu_);
+};
+
+}  // namespace leasehold::internal

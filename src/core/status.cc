@@ -1,0 +1,116 @@
+#include "leasehold/status.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "leasehold/options.h"
+#include "leasehold/version.h"
+
+namespace leasehold {
+
+std::string_view StatusCodeName(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kHeldByAnother:
+      return "HeldByAnother";
+    case StatusCode::kLost:
+      return "Lost";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kDeadlineExceeded:
+      return "DeadlineExceeded";
+    case StatusCode::kCancelled:
+      return "Cancelled";
+    case StatusCode::kPermissionDenied:
+      return "PermissionDenied";
+    case StatusCode::kUnimplemented:
+      return "Unimplemented";
+    case StatusCode::kInternal:
+      return "Internal";
+  }
+  return "Unknown";
+}
+
+std::string_view LeaseStateName(LeaseState state) {
+  switch (state) {
+    case LeaseState::kHeld:
+      return "held";
+    case LeaseState::kAtRisk:
+      return "at risk";
+    case LeaseState::kLost:
+      return "lost";
+  }
+  return "unknown";
+}
+
+const char* Version() { return LEASEHOLD_VERSION_STRING; }
+
+Status::Status(StatusCode code, std::string message, std::string detail) {
+  if (code != StatusCode::kOk) {
+    state_ = std::make_unique<State>(State{code, std::move(message), std::move(detail), {}});
+  }
+}
+
+Status::Status(const Status& other)
+    : state_(other.state_ ? std::make_unique<State>(*other.state_) : nullptr) {}
+
+Status& Status::operator=(const Status& other) {
+  if (this != &other) {
+    state_ = other.state_ ? std::make_unique<State>(*other.state_) : nullptr;
+  }
+  return *this;
+}
+
+Status Status::HeldByAnother(std::string message, std::optional<LeaseInfo> holder) {
+  Status s(StatusCode::kHeldByAnother, std::move(message));
+  s.state_->holder = std::move(holder);
+  return s;
+}
+
+std::string_view Status::message() const {
+  return ok() ? std::string_view() : std::string_view(state_->message);
+}
+
+std::string_view Status::detail() const {
+  return ok() ? std::string_view() : std::string_view(state_->detail);
+}
+
+const LeaseInfo* Status::holder() const {
+  return ok() || !state_->holder ? nullptr : &*state_->holder;
+}
+
+std::string Status::ToString() const {
+  if (ok()) {
+    return "OK";
+  }
+  std::string out = fmt::format("{}: {}", StatusCodeName(state_->code), state_->message);
+  if (!state_->detail.empty()) {
+    out += fmt::format(" ({})", state_->detail);
+  }
+  return out;
+}
+
+Status Status::WithContext(std::string_view context) const {
+  if (ok()) {
+    return *this;
+  }
+  Status s(state_->code, fmt::format("{}: {}", context, state_->message), state_->detail);
+  s.state_->holder = state_->holder;
+  return s;
+}
+
+namespace internal_status {
+
+void DieOnBadAccess(const Status& status) {
+  std::fprintf(stderr, "leasehold: value() of a failed Result: %s\n", status.ToString().c_str());
+  std::abort();
+}
+
+}  // namespace internal_status
+
+}  // namespace leasehold

@@ -1,0 +1,327 @@
+#include "leasehold/store.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "backends/registry.h"
+#include "core/backoff.h"
+#include "core/duration.h"
+#include "core/lease_core.h"
+#include "core/logging.h"
+#include "core/owner_token.h"
+#include "core/store_core.h"
+#include "core/url.h"
+#if LEASEHOLD_WITH_SQLITE
+#include "backends/sqlite/sqlite_backend.h"
+#endif
+
+namespace leasehold {
+
+namespace {
+
+using internal::Backoff;
+using internal::FormatDuration;
+
+constexpr std::size_t kMaxKeyBytes = 512;
+
+// Polling (for stores without notification) starts at 1 ms and doubles up to 50 ms, with full
+// jitter: a local store answers in microseconds, and 50 ms keeps handoff well under 100 ms.
+constexpr Duration kPollBase = std::chrono::milliseconds(1);
+constexpr Duration kPollCap = std::chrono::milliseconds(50);
+// Transient store errors while waiting are retried more gently.
+constexpr Duration kErrorBackoffBase = std::chrono::milliseconds(50);
+constexpr Duration kErrorBackoffCap = std::chrono::seconds(2);
+// A notification can be missed (a dropped connection); re-check at least this often.
+constexpr Duration kNotificationSafetyNet = std::chrono::seconds(5);
+
+struct ResolvedOptions {
+  Duration ttl;
+  std::optional<Duration> renew_interval;
+  std::optional<Duration> drift;
+  std::string holder;
+};
+
+Duration DefaultDrift(Duration ttl) { return ttl / 100 + std::chrono::milliseconds(2); }
+
+const std::string& DefaultHolder() {
+  static const std::string holder = [] {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) != 0) {
+      std::snprintf(host, sizeof(host), "unknown-host");
+    }
+    return fmt::format("{}:{}", host, getpid());
+  }();
+  return holder;
+}
+
+// Checks the options against a TTL (the requested one, and later the granted one).
+Status CheckTimes(Duration ttl, const std::optional<Duration>& renew,
+                  const std::optional<Duration>& drift_opt) {
+  if (ttl <= Duration::zero()) {
+    return Status::InvalidArgument(
+        fmt::format("ttl must be positive, got {}", FormatDuration(ttl)));
+  }
+  Duration drift = drift_opt.value_or(DefaultDrift(ttl));
+  if (drift < Duration::zero()) {
+    return Status::InvalidArgument("drift must not be negative");
+  }
+  if (drift >= ttl) {
+    return Status::InvalidArgument(
+        fmt::format("ttl {} is too short: it must exceed the drift allowance {}",
+                    FormatDuration(ttl), FormatDuration(drift)));
+  }
+  Duration interval = renew.value_or(ttl / 3);
+  if (interval <= Duration::zero()) {
+    return Status::InvalidArgument(
+        fmt::format("renew interval must be positive, got {}", FormatDuration(interval)));
+  }
+  if (interval >= ttl - drift) {
+    return Status::InvalidArgument(fmt::format(
+        "renew interval {} must be shorter than ttl {} minus the drift allowance {}",
+        FormatDuration(interval), FormatDuration(ttl), FormatDuration(drift)));
+  }
+  return Status();
+}
+
+Result<ResolvedOptions> Resolve(std::string_view key, const LeaseOptions& options) {
+  LH_RETURN_IF_ERROR(ValidateKey(key));
+  LH_RETURN_IF_ERROR(CheckTimes(options.ttl, options.renew_interval, options.drift));
+  if (options.wait < Duration::zero()) {
+    return Status::InvalidArgument("wait must not be negative");
+  }
+  if (options.holder.size() > 256) {
+    return Status::InvalidArgument("holder identity is longer than 256 bytes");
+  }
+  return ResolvedOptions{options.ttl, options.renew_interval, options.drift,
+                         options.holder.empty() ? DefaultHolder() : options.holder};
+}
+
+// Returns true if `s` is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
+bool IsUtf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    auto c = static_cast<unsigned char>(s[i]);
+    std::size_t len = 0;
+    std::uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > s.size()) {
+      return false;
+    }
+    for (std::size_t k = 1; k < len; ++k) {
+      auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) {
+        return false;
+      }
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr std::uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status ValidateKey(std::string_view key) {
+  if (key.empty()) {
+    return Status::InvalidArgument("key must not be empty");
+  }
+  if (key.size() > kMaxKeyBytes) {
+    return Status::InvalidArgument(
+        fmt::format("key is {} bytes long; the limit is {}", key.size(), kMaxKeyBytes));
+  }
+  if (key.find('\0') != std::string_view::npos) {
+    return Status::InvalidArgument("key must not contain a NUL byte");
+  }
+  if (!IsUtf8(key)) {
+    return Status::InvalidArgument("key must be valid UTF-8");
+  }
+  return Status();
+}
+
+Result<std::string> Store::DefaultUrl() {
+  if (const char* env = std::getenv("LEASEHOLD_STORE"); env != nullptr && *env != '\0') {
+    return std::string(env);
+  }
+#if LEASEHOLD_WITH_SQLITE
+  LH_ASSIGN_OR_RETURN(std::string path, internal::DefaultSqlitePath());
+  return "sqlite://" + path;
+#else
+  return Status::InvalidArgument(
+      "no store given: pass --store URL or set LEASEHOLD_STORE (this build has no embedded "
+      "SQLite store)");
+#endif
+}
+
+Result<std::unique_ptr<Store>> Store::Open(std::string_view url, StoreOptions options) {
+  Clock& clock = options.clock != nullptr ? *options.clock : Clock::Real();
+  LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<internal::Backend> backend,
+                      internal::OpenBackend(parsed, clock));
+  return std::unique_ptr<Store>(new Store(
+      std::make_shared<internal::StoreCore>(std::move(backend), clock, parsed.Redacted())));
+}
+
+std::unique_ptr<Store> Store::OpenWithBackendForTesting(std::shared_ptr<internal::Backend> backend,
+                                                        StoreOptions options) {
+  Clock& clock = options.clock != nullptr ? *options.clock : Clock::Real();
+  std::string name = fmt::format("{}://(testing)", backend->scheme());
+  return std::unique_ptr<Store>(
+      new Store(std::make_shared<internal::StoreCore>(std::move(backend), clock, name)));
+}
+
+Store::Store(std::shared_ptr<internal::StoreCore> core) : core_(std::move(core)) {}
+
+Store::~Store() = default;
+
+std::string_view Store::backend_name() const { return core_->backend->scheme(); }
+
+const std::string& Store::display_url() const { return core_->display_url; }
+
+Result<Lease> Store::TryAcquire(std::string_view key, const LeaseOptions& options) {
+  LH_ASSIGN_OR_RETURN(ResolvedOptions resolved, Resolve(key, options));
+  LH_ASSIGN_OR_RETURN(std::string token, internal::NewOwnerToken());
+  internal::Backend& backend = *core_->backend;
+  // Read t_send before sending: the grant cannot have started earlier than this.
+  SteadyTime t_send = core_->clock.Now();
+  LH_ASSIGN_OR_RETURN(internal::Grant grant,
+                      backend.TryAcquire({std::string(key), token, resolved.holder, resolved.ttl}));
+  Duration ttl = std::max(grant.ttl, resolved.ttl);
+  if (Status s = CheckTimes(ttl, resolved.renew_interval, resolved.drift); !s.ok()) {
+    (void)backend.Release(key, token);
+    return s;
+  }
+  internal::LeaseParams params{
+      .key = std::string(key),
+      .owner_token = token,
+      .fencing_token = grant.fencing_token,
+      .ttl = ttl,
+      .renew_interval = resolved.renew_interval.value_or(ttl / 3),
+      .drift = resolved.drift.value_or(DefaultDrift(ttl)),
+      .t_send = t_send,
+      .backend_name = std::string(backend.scheme()),
+      .on_lost = options.on_lost,
+      .on_state_change = options.on_state_change,
+  };
+  auto core = std::make_shared<internal::LeaseCore>(core_->clock, std::move(params));
+  if (core_->clock.Now() >= core->safe_until()) {
+    // The reply came so late that the grant may already have expired: it is worthless.
+    (void)backend.Release(key, token);
+    return Status::Unavailable(
+        fmt::format("the store granted {} only after its ttl {} had passed", key,
+                    FormatDuration(ttl)));
+  }
+  core_->heartbeat.Add(core);
+  internal::Log(internal::LogLevel::kDebug,
+                fmt::format("acquired key={} fencing_token={} token={} ttl={} backend={}", key,
+                            grant.fencing_token, internal::TokenPrefix(token),
+                            FormatDuration(ttl), backend.scheme()));
+  return Lease(core_, std::move(core));
+}
+
+Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
+                             std::stop_token cancel) {
+  LH_RETURN_IF_ERROR(Resolve(key, options).status());
+  Clock& clock = core_->clock;
+  const SteadyTime start = clock.Now();
+  const SteadyTime deadline =
+      options.wait >= SteadyTime::max() - start ? SteadyTime::max() : start + options.wait;
+  const bool native_wait = core_->backend->capabilities().native_wait;
+  Backoff poll(kPollBase, kPollCap);
+  Backoff on_error(kErrorBackoffBase, kErrorBackoffCap);
+  Status last;
+  while (true) {
+    if (cancel.stop_requested()) {
+      return Status::Cancelled(fmt::format("cancelled while waiting for {}", key));
+    }
+    Result<Lease> attempt = TryAcquire(key, options);
+    if (attempt.ok()) {
+      return attempt;
+    }
+    last = attempt.status();
+    SteadyTime now = clock.Now();
+    SteadyTime wake;
+    if (last.code() == StatusCode::kHeldByAnother) {
+      on_error.Reset();
+      if (now >= deadline) {
+        break;
+      }
+      if (native_wait) {
+        Status w = core_->backend->WaitForChange(
+            key, std::min(deadline, now + kNotificationSafetyNet), cancel);
+        if (w.code() != StatusCode::kUnimplemented) {
+          continue;  // woken, timed out or cancelled: the loop head decides
+        }
+      }
+      Duration sleep = poll.Next();
+      // The holder's grant ends by itself at its remaining TTL: never sleep past that.
+      if (const LeaseInfo* holder = last.holder(); holder != nullptr) {
+        sleep = std::min<Duration>(sleep, holder->remaining + std::chrono::milliseconds(1));
+      }
+      wake = now + sleep;
+    } else if (last.code() == StatusCode::kUnavailable) {
+      if (now >= deadline) {
+        break;
+      }
+      internal::Log(internal::LogLevel::kInfo,
+                    fmt::format("waiting for {}: store unavailable, retrying: {}", key,
+                                last.ToString()));
+      wake = now + on_error.Next();
+    } else {
+      return last;
+    }
+    clock.SleepUntil(std::min(wake, deadline), cancel);
+  }
+  if (last.code() == StatusCode::kHeldByAnother) {
+    Status out(StatusCode::kDeadlineExceeded,
+               fmt::format("gave up waiting for {} after {}: {}", key,
+                           FormatDuration(clock.Now() - start), last.message()));
+    return out;
+  }
+  return last.WithContext(fmt::format("gave up waiting for {}", key));
+}
+
+Result<std::optional<LeaseInfo>> Store::Inspect(std::string_view key) {
+  LH_RETURN_IF_ERROR(ValidateKey(key));
+  return core_->backend->Inspect(key);
+}
+
+Result<std::vector<LeaseInfo>> Store::List(std::string_view prefix) {
+  if (prefix.size() > kMaxKeyBytes) {
+    return Status::InvalidArgument("prefix is longer than the longest key");
+  }
+  return core_->backend->List(prefix);
+}
+
+Result<bool> Store::ForceRelease(std::string_view key) {
+  LH_RETURN_IF_ERROR(ValidateKey(key));
+  LH_ASSIGN_OR_RETURN(bool existed, core_->backend->ForceRelease(key));
+  internal::Log(internal::LogLevel::kInfo,
+                fmt::format("force-release key={} backend={}: {}", key, backend_name(),
+                            existed ? "grant deleted" : "key was free"));
+  return existed;
+}
+
+}  // namespace leasehold

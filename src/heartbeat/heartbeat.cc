@@ -1,0 +1,141 @@
+#include "heartbeat/heartbeat.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "core/logging.h"
+
+namespace leasehold::internal {
+
+Heartbeat::Heartbeat(std::shared_ptr<Backend> backend, Clock& clock)
+    : backend_(std::move(backend)), clock_(clock) {}
+
+Heartbeat::~Heartbeat() {
+  std::jthread renewer;
+  std::jthread watchdog;
+  {
+    MutexLock lock(&mu_);
+    shutdown_ = true;
+    renew_wake_.request_stop();
+    watchdog_wake_.request_stop();
+    renewer = std::move(renewer_);
+    watchdog = std::move(watchdog_);
+  }
+  // jthread destructors join, outside the lock.
+}
+
+void Heartbeat::Add(std::shared_ptr<LeaseCore> lease) {
+  MutexLock lock(&mu_);
+  leases_.push_back(std::move(lease));
+  renew_wake_.request_stop();
+  watchdog_wake_.request_stop();
+  if (!renewer_.joinable()) {
+    renewer_ = std::jthread([this] { RenewLoop(); });
+    watchdog_ = std::jthread([this] { WatchdogLoop(); });
+  }
+}
+
+void Heartbeat::Remove(const LeaseCore* lease) {
+  MutexLock lock(&mu_);
+  std::erase_if(leases_, [&](const auto& l) { return l.get() == lease; });
+}
+
+std::size_t Heartbeat::size() {
+  MutexLock lock(&mu_);
+  return leases_.size();
+}
+
+std::uint64_t Heartbeat::rounds() {
+  MutexLock lock(&mu_);
+  return rounds_;
+}
+
+void Heartbeat::PruneLocked() {
+  std::erase_if(leases_, [](const auto& l) { return !l->Active(); });
+}
+
+void Heartbeat::RenewLoop() {
+  while (true) {
+    std::vector<std::shared_ptr<LeaseCore>> batch;
+    SteadyTime next_wake = SteadyTime::max();
+    std::stop_token wake;
+    {
+      MutexLock lock(&mu_);
+      if (shutdown_) {
+        return;
+      }
+      if (renew_wake_.stop_requested()) {
+        renew_wake_ = std::stop_source();
+      }
+      wake = renew_wake_.get_token();
+      PruneLocked();
+      SteadyTime now = clock_.Now();
+      // A lease joins the batch if it is due now or within a quarter of its renew interval:
+      // renewing slightly early costs nothing and lets leases share one round trip.
+      for (const auto& lease : leases_) {
+        SteadyTime due = lease->NextRenewDue();
+        if (due <= now + lease->renew_interval() / 4) {
+          batch.push_back(lease);
+        } else {
+          next_wake = std::min(next_wake, due);
+        }
+      }
+    }
+    if (batch.empty()) {
+      clock_.SleepUntil(next_wake, wake);
+      continue;
+    }
+    std::vector<RenewRequest> requests;
+    requests.reserve(batch.size());
+    for (const auto& lease : batch) {
+      requests.push_back({lease->key(), lease->owner_token(), lease->ttl()});
+    }
+    // Read t_send before sending: replies can be arbitrarily late.
+    SteadyTime t_send = clock_.Now();
+    std::vector<Status> results = backend_->RenewMany(requests);
+    {
+      MutexLock lock(&mu_);
+      ++rounds_;
+    }
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      Status result = i < results.size()
+                          ? results[i]
+                          : Status::Internal("backend returned too few renew results");
+      batch[i]->OnRenewResult(t_send, result);
+    }
+  }
+}
+
+void Heartbeat::WatchdogLoop() {
+  while (true) {
+    SteadyTime earliest = SteadyTime::max();
+    std::vector<std::shared_ptr<LeaseCore>> leases;
+    std::stop_token wake;
+    {
+      MutexLock lock(&mu_);
+      if (shutdown_) {
+        return;
+      }
+      if (watchdog_wake_.stop_requested()) {
+        watchdog_wake_ = std::stop_source();
+      }
+      wake = watchdog_wake_.get_token();
+      leases = leases_;
+    }
+    for (const auto& lease : leases) {
+      if (!lease->CheckExpiry()) {
+        earliest = std::min(earliest, lease->safe_until());
+      }
+    }
+    if (earliest == SteadyTime::max() && !leases.empty()) {
+      // Every lease we saw is inactive: let the renewer prune; re-check soon after a change.
+      MutexLock lock(&mu_);
+      PruneLocked();
+    }
+    leases.clear();
+    clock_.SleepUntil(earliest, wake);
+  }
+}
+
+}  // namespace leasehold::internal

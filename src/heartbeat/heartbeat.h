@@ -1,0 +1,76 @@
+// File: heartbeat/heartbeat.h (internal)
+//
+// Heartbeat: renews every lease one Store handle holds. It owns two threads, started with the
+// first lease:
+//  - the renewer sleeps (on the injected Clock) until the earliest renew due time, then renews
+//    every lease due within a quarter of its renew interval in ONE Backend::RenewMany call, so
+//    leases taken at different times fall into step and share round trips;
+//  - the expiry watchdog sleeps until the earliest safe_until and declares leases lost there,
+//    even while the renewer is stuck in a store call that never returns.
+// The watchdog is why a lease's lost signal fires at safe_until "even if no reply ever
+// arrives" (DESIGN.md section 3): a single thread blocked in I/O could not promise that.
+//
+// Thread safety: thread-safe. The destructor stops and joins both threads; it must not run on
+// either of them (leases hold no reference to the heartbeat, so it cannot).
+
+#pragma once
+
+#include <memory>
+#include <stop_token>
+#include <thread>
+#include <vector>
+
+#include "backends/backend.h"
+#include "core/lease_core.h"
+#include "leasehold/clock.h"
+#include "util/mutex.h"
+
+namespace leasehold::internal {
+
+class Heartbeat {
+ public:
+  Heartbeat(std::shared_ptr<Backend> backend, Clock& clock);
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+  Heartbeat(Heartbeat&&) = delete;
+  Heartbeat& operator=(Heartbeat&&) = delete;
+  ~Heartbeat();
+
+  // Starts renewing `lease` and watching its safe_until.
+  void Add(std::shared_ptr<LeaseCore> lease) LH_EXCLUDES(mu_);
+
+  // Stops renewing `lease` (released). A renew already in flight may still complete; its
+  // result is ignored by the lease.
+  void Remove(const LeaseCore* lease) LH_EXCLUDES(mu_);
+
+  // Returns the number of leases being renewed.
+  std::size_t size() LH_EXCLUDES(mu_);
+
+  // Returns the number of RenewMany calls made so far (round trips), for tests and benchmarks.
+  std::uint64_t rounds() LH_EXCLUDES(mu_);
+
+ private:
+  void RenewLoop() LH_EXCLUDES(mu_);
+  void WatchdogLoop() LH_EXCLUDES(mu_);
+
+  // Drops leases that are no longer active.
+  void PruneLocked() LH_REQUIRES(mu_);
+
+  // Immutable after construction.
+  const std::shared_ptr<Backend> backend_;
+  Clock& clock_;
+
+  Mutex mu_;
+  std::vector<std::shared_ptr<LeaseCore>> leases_ LH_GUARDED_BY(mu_);
+  // Requested to wake a sleeping loop early (a lease was added, or shutdown); each loop
+  // replaces its source after waking.
+  std::stop_source renew_wake_ LH_GUARDED_BY(mu_);
+  std::stop_source watchdog_wake_ LH_GUARDED_BY(mu_);
+  bool shutdown_ LH_GUARDED_BY(mu_) = false;
+  std::uint64_t rounds_ LH_GUARDED_BY(mu_) = 0;
+  // Started lazily by the first Add, so that handles used only for status/list stay cheap.
+  std::jthread renewer_ LH_GUARDED_BY(mu_);
+  std::jthread watchdog_ LH_GUARDED_BY(mu_);
+};
+
+}  // namespace leasehold::internal
