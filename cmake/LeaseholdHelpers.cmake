@@ -1,6 +1,7 @@
 # Warning and sanitizer flags shared by every leasehold target.
 add_library(leasehold_build_flags INTERFACE)
-target_compile_options(leasehold_build_flags INTERFACE -Wall -Wextra -Wpedantic)
+# Designated initializers leave defaulted members out on purpose (StoreOptions{.ttl = 10s}).
+target_compile_options(leasehold_build_flags INTERFACE -Wall -Wextra -Wpedantic -Wno-missing-field-initializers)
 if(LEASEHOLD_WERROR)
   target_compile_options(leasehold_build_flags INTERFACE -Werror)
 endif()
@@ -20,5 +21,6 @@ function(leasehold_cc_test)
   add_executable(${T_NAME} ${T_SRCS})
   target_link_libraries(${T_NAME} PRIVATE leasehold_internal GTest::gtest GTest::gtest_main
                         GTest::gmock ${T_DEPS} leasehold_build_flags)
+  target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   gtest_discover_tests(${T_NAME} PROPERTIES LABELS "${T_LABELS}" DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -58,6 +58,11 @@ SteadyTime LeaseCore::NextRenewDue() {
   return last_renew_send_ + params_.renew_interval;
 }
 
+Duration LeaseCore::BatchSlack() {
+  MutexLock lock(&mu_);
+  return failures_ > 0 ? Duration::zero() : params_.renew_interval / 4;
+}
+
 void LeaseCore::OnRenewResult(SteadyTime t_send, const Status& result) {
   Transition t;
   {

@@ -82,6 +82,11 @@ class LeaseCore {
   // the retry time after a failure. Returns SteadyTime::max() if inactive.
   SteadyTime NextRenewDue() LH_EXCLUDES(mu_);
 
+  // How much earlier than NextRenewDue() the heartbeat may renew to share a round trip with
+  // other leases: a quarter of the renew interval, or nothing while retrying after a failure
+  // (the retry delay is a backoff and must be kept).
+  Duration BatchSlack() LH_EXCLUDES(mu_);
+
   // Applies a renew result. `t_send` was read before the renew request was sent.
   void OnRenewResult(SteadyTime t_send, const Status& result) LH_EXCLUDES(mu_);
 

@@ -75,7 +75,7 @@ void Heartbeat::RenewLoop() {
       // renewing slightly early costs nothing and lets leases share one round trip.
       for (const auto& lease : leases_) {
         SteadyTime due = lease->NextRenewDue();
-        if (due <= now + lease->renew_interval() / 4) {
+        if (due <= now + lease->BatchSlack()) {
           batch.push_back(lease);
         } else {
           next_wake = std::min(next_wake, due);

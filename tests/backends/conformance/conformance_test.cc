@@ -1,0 +1,404 @@
+// The conformance suite: one list of behaviours that every backend passes unchanged, against a
+// real store (Arrow's GenericFileSystemTest, done as a gtest TEST_P). A backend joins by adding
+// a factory to Factories() below; a behaviour added for one store is added here, for all.
+//
+// Capability predicates (multi_process, native_wait...) come from the backend itself; a test
+// that needs a capability the store does not have is skipped with the reason printed.
+
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "backends/registry.h"
+#include "core/url.h"
+#include "leasehold/store.h"
+
+extern char** environ;
+
+namespace leasehold {
+namespace {
+
+using namespace std::chrono_literals;
+using internal::Backend;
+using internal::GrantRequest;
+using internal::RenewRequest;
+
+struct BackendFactory {
+  std::string name;
+  // Returns the URL of a fresh, empty store; every handle opened from it shares its leases.
+  std::function<std::string(const std::string& scratch_dir)> new_store_url;
+};
+
+// Names the parameter in test output instead of dumping its bytes.
+void PrintTo(const BackendFactory& factory, std::ostream* os) { *os << factory.name; }
+
+std::vector<BackendFactory> Factories() {
+  std::vector<BackendFactory> factories;
+  factories.push_back({"memory", [](const std::string&) {
+                         static std::atomic<int> n{0};
+                         return fmt::format("memory://conformance-{}", ++n);
+                       }});
+#if LEASEHOLD_WITH_SQLITE
+  factories.push_back(
+      {"sqlite", [](const std::string& dir) { return fmt::format("sqlite://{}/leases.db", dir); }});
+#endif
+  return factories;
+}
+
+// A child process whose stdout we read line by line.
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& args) {
+    int fds[2];
+    if (pipe(fds) != 0) {
+      return;
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    std::vector<char*> argv;
+    for (const auto& a : args) {
+      argv.push_back(const_cast<char*>(a.c_str()));
+    }
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
+      pid_ = -1;
+    }
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+  }
+
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  Child(Child&&) = delete;
+  Child& operator=(Child&&) = delete;
+
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      (void)Wait();
+    }
+    if (out_ != nullptr) {
+      fclose(out_);
+    }
+  }
+
+  // Returns the next line of output ("" at end of output).
+  std::string ReadLine() {
+    char buf[512];
+    if (out_ == nullptr || fgets(buf, sizeof(buf), out_) == nullptr) {
+      return "";
+    }
+    std::string line(buf);
+    if (!line.empty() && line.back() == '\n') {
+      line.pop_back();
+    }
+    return line;
+  }
+
+  // Returns the exit code, or 128+signal.
+  int Wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+  bool reaped_ = false;
+};
+
+class ConformanceTest : public ::testing::TestWithParam<BackendFactory> {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/leasehold-conformance-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    scratch_ = tmpl;
+    url_ = GetParam().new_store_url(scratch_);
+    auto parsed = internal::ParseUrl(url_);
+    ASSERT_TRUE(parsed.ok());
+    auto backend = internal::OpenBackend(*parsed, Clock::Real());
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+    backend_ = *backend;
+  }
+
+  void TearDown() override {
+    backend_.reset();
+    std::error_code ignored;
+    std::filesystem::remove_all(scratch_, ignored);
+  }
+
+  std::unique_ptr<Store> OpenHandle() {
+    auto store = Store::Open(url_);
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    return store.ok() ? std::move(store).value() : nullptr;
+  }
+
+  Result<internal::Grant> Grant(const std::string& key, const std::string& token,
+                                Duration ttl = 10s) {
+    return backend_->TryAcquire(GrantRequest{key, token, "conformance", ttl});
+  }
+
+  static std::string Token(char c) { return std::string(32, c); }
+
+  std::string scratch_;
+  std::string url_;
+  std::shared_ptr<Backend> backend_;
+};
+
+TEST_P(ConformanceTest, MutualExclusionBetweenTwoHandles) {
+  auto a = OpenHandle();
+  auto b = OpenHandle();
+  auto held = a->TryAcquire("job", {.ttl = 5s, .holder = "handle-a"});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  auto refused = b->TryAcquire("job", {.ttl = 5s, .holder = "handle-b"});
+  ASSERT_EQ(refused.status().code(), StatusCode::kHeldByAnother) << refused.status().ToString();
+  ASSERT_NE(refused.status().holder(), nullptr);
+  EXPECT_EQ(refused.status().holder()->holder, "handle-a");
+  EXPECT_EQ(refused.status().holder()->fencing_token, held->fencing_token());
+  EXPECT_TRUE(b->TryAcquire("other-job", {.ttl = 5s}).ok()) << "keys are independent";
+}
+
+TEST_P(ConformanceTest, MutualExclusionBetweenTwoProcesses) {
+  if (!backend_->capabilities().multi_process) {
+    GTEST_SKIP() << GetParam().name << " is confined to one process";
+  }
+  Child holder({LEASE_HOLDER_PATH, url_, "job", "hold", "5000", "60000"});
+  std::string line = holder.ReadLine();
+  ASSERT_TRUE(line.starts_with("acquired ")) << line;
+  auto handle = OpenHandle();
+  auto refused = handle->TryAcquire("job", {.ttl = 5s});
+  EXPECT_EQ(refused.status().code(), StatusCode::kHeldByAnother);
+  Child tryer({LEASE_HOLDER_PATH, url_, "job", "try", "5000"});
+  EXPECT_EQ(tryer.Wait(), 3) << tryer.ReadLine();
+}
+
+TEST_P(ConformanceTest, WrongTokenRenewAndReleaseAreRefused) {
+  auto grant = Grant("job", Token('a'));
+  ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+  EXPECT_EQ(backend_->Renew({"job", Token('b'), 10s}).code(), StatusCode::kLost);
+  EXPECT_EQ(backend_->Release("job", Token('b')).code(), StatusCode::kLost);
+  auto info = backend_->Inspect("job");
+  ASSERT_TRUE(info.ok() && info->has_value()) << "a refused release deletes nothing";
+  EXPECT_EQ((*info)->fencing_token, grant->fencing_token);
+  EXPECT_TRUE(backend_->Renew({"job", Token('a'), 10s}).ok());
+  EXPECT_TRUE(backend_->Release("job", Token('a')).ok());
+  EXPECT_EQ(backend_->Release("job", Token('a')).code(), StatusCode::kLost);
+  EXPECT_EQ(backend_->Renew({"job", Token('a'), 10s}).code(), StatusCode::kLost);
+}
+
+TEST_P(ConformanceTest, RenewManyAnswersEachRequestInOrder) {
+  ASSERT_TRUE(Grant("a", Token('a')).ok());
+  ASSERT_TRUE(Grant("b", Token('b')).ok());
+  std::vector<RenewRequest> requests = {
+      {"a", Token('a'), 10s}, {"b", Token('x'), 10s}, {"missing", Token('m'), 10s},
+      {"b", Token('b'), 10s}};
+  std::vector<Status> results = backend_->RenewMany(requests);
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_TRUE(results[0].ok());
+  EXPECT_EQ(results[1].code(), StatusCode::kLost);
+  EXPECT_EQ(results[2].code(), StatusCode::kLost);
+  EXPECT_TRUE(results[3].ok());
+}
+
+TEST_P(ConformanceTest, FencingTokensStrictlyIncreaseAcrossEveryKindOfEnd) {
+  auto a = OpenHandle();
+  auto b = OpenHandle();
+  FencingToken last = 0;
+  auto take = [&](Store& store, Duration ttl) {
+    auto lease = store.TryAcquire("fenced", {.ttl = ttl});
+    EXPECT_TRUE(lease.ok()) << lease.status().ToString();
+    if (!lease.ok()) {
+      return Lease();
+    }
+    EXPECT_GT(lease->fencing_token(), last);
+    last = lease->fencing_token();
+    return std::move(lease).value();
+  };
+  Lease first = take(*a, 5s);
+  ASSERT_TRUE(first.Release().ok());  // after release
+  Lease second = take(*b, 5s);
+  ASSERT_TRUE(a->ForceRelease("fenced").ok());  // after force-release
+  Lease third = take(*a, 5s);
+  ASSERT_TRUE(third.Release().ok());
+  // After expiry: a raw grant nobody renews.
+  ASSERT_TRUE(Grant("fenced", Token('e'), 150ms).ok());
+  std::this_thread::sleep_for(250ms);
+  Lease fourth = take(*b, 5s);
+  EXPECT_EQ(second.Release().code(), StatusCode::kLost);
+  EXPECT_TRUE(fourth.valid()) << "the stale holder's release must not touch the new grant";
+}
+
+TEST_P(ConformanceTest, TakeoverAfterTtlWhenTheHolderStopsRenewing) {
+  auto grant = Grant("job", Token('a'), 300ms);
+  ASSERT_TRUE(grant.ok());
+  auto handle = OpenHandle();
+  EXPECT_EQ(handle->TryAcquire("job", {.ttl = 5s}).status().code(), StatusCode::kHeldByAnother);
+  auto start = std::chrono::steady_clock::now();
+  auto taken = handle->Acquire("job", {.ttl = 5s, .wait = 5s});
+  auto waited = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_GT(taken->fencing_token(), grant->fencing_token);
+  EXPECT_EQ(backend_->Renew({"job", Token('a'), 300ms}).code(), StatusCode::kLost);
+  std::printf("[ figure ] %s takeover after a 300ms ttl: waited %.0f ms\n",
+              GetParam().name.c_str(),
+              std::chrono::duration<double, std::milli>(waited).count());
+}
+
+TEST_P(ConformanceTest, TakeoverAfterTheHoldingProcessIsKilled) {
+  if (!backend_->capabilities().multi_process) {
+    GTEST_SKIP() << GetParam().name << " is confined to one process";
+  }
+  Child holder({LEASE_HOLDER_PATH, url_, "job", "hold", "500", "60000"});
+  ASSERT_TRUE(holder.ReadLine().starts_with("acquired "));
+  kill(holder.pid(), SIGKILL);
+  auto killed_at = std::chrono::steady_clock::now();
+  auto handle = OpenHandle();
+  auto taken = handle->Acquire("job", {.ttl = 5s, .wait = 5s});
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                        killed_at)
+                  .count();
+  std::printf("[ figure ] %s takeover after kill -9 of a 500ms-ttl holder: %.0f ms\n",
+              GetParam().name.c_str(), ms);
+  EXPECT_LT(ms, 500 + 1000) << "within ttl + 1 s";
+}
+
+TEST_P(ConformanceTest, ReleaseWakesAWaiterLongBeforeTheTtl) {
+  auto a = OpenHandle();
+  auto b = OpenHandle();
+  auto held = a->TryAcquire("job", {.ttl = 30s});
+  ASSERT_TRUE(held.ok());
+  std::atomic<bool> waiting{false};
+  Result<Lease> waited = Status::Internal("not run");
+  std::chrono::steady_clock::time_point got;
+  std::jthread waiter([&] {
+    waiting = true;
+    waited = b->Acquire("job", {.ttl = 30s, .wait = 10s});
+    got = std::chrono::steady_clock::now();
+  });
+  while (!waiting) {
+    std::this_thread::yield();
+  }
+  std::this_thread::sleep_for(200ms);  // the waiter is now asleep in its wait
+  auto released_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(held->Release().ok());
+  waiter.join();
+  // A waiter that only woke at the holder's TTL (30 s) would have hit its 10 s wait limit.
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+  std::printf("[ figure ] %s handoff from release to the waiter's grant: %.1f ms\n",
+              GetParam().name.c_str(),
+              std::chrono::duration<double, std::milli>(got - released_at).count());
+}
+
+TEST_P(ConformanceTest, InspectAndListShowLiveGrantsOnly) {
+  auto handle = OpenHandle();
+  auto x = handle->TryAcquire("app/x", {.ttl = 5s, .holder = "hx"});
+  auto y = handle->TryAcquire("app/y", {.ttl = 5s, .holder = "hy"});
+  auto z = handle->TryAcquire("other/z", {.ttl = 5s});
+  ASSERT_TRUE(x.ok() && y.ok() && z.ok());
+  ASSERT_TRUE(Grant("app/expired", Token('e'), 50ms).ok());
+  ASSERT_TRUE(Grant("app_%", Token('w'), 5s).ok());  // wildcard characters are literal
+  std::this_thread::sleep_for(100ms);
+
+  auto info = handle->Inspect("app/x");
+  ASSERT_TRUE(info.ok() && info->has_value());
+  EXPECT_EQ((*info)->key, "app/x");
+  EXPECT_EQ((*info)->holder, "hx");
+  EXPECT_EQ((*info)->fencing_token, x->fencing_token());
+  EXPECT_EQ((*info)->token_prefix, x->token_prefix());
+  EXPECT_GT((*info)->remaining, 0ms);
+  EXPECT_LE((*info)->remaining, 5s);
+  EXPECT_EQ((*info)->ttl, 5s);
+  auto free_key = handle->Inspect("app/expired");
+  ASSERT_TRUE(free_key.ok());
+  EXPECT_FALSE(free_key->has_value()) << "an expired grant is not shown as held";
+
+  auto listed = handle->List("app/");
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0].key, "app/x");
+  EXPECT_EQ((*listed)[1].key, "app/y");
+  auto all = handle->List("");
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 4u);
+  auto literal = handle->List("app_");
+  ASSERT_TRUE(literal.ok());
+  ASSERT_EQ(literal->size(), 1u);
+  EXPECT_EQ((*literal)[0].key, "app_%");
+}
+
+TEST_P(ConformanceTest, ForceReleaseFreesTheKeyAndTheHolderFindsOut) {
+  auto a = OpenHandle();
+  auto b = OpenHandle();
+  std::atomic<int> lost{0};
+  auto held = a->TryAcquire(
+      "job", {.ttl = 3s, .renew_interval = 100ms, .on_lost = [&](const Status&) { ++lost; }});
+  ASSERT_TRUE(held.ok());
+  auto forced = b->ForceRelease("job");
+  ASSERT_TRUE(forced.ok());
+  EXPECT_TRUE(*forced);
+  auto again = b->ForceRelease("job");
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(*again) << "the key was already free";
+  auto start = std::chrono::steady_clock::now();
+  while (!held->lost_token().stop_requested() &&
+         std::chrono::steady_clock::now() - start < 2s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_TRUE(held->lost_token().stop_requested()) << "lost at the next renewal, before the ttl";
+  EXPECT_EQ(lost, 1);
+  EXPECT_EQ(held->lost_reason().code(), StatusCode::kLost);
+  EXPECT_EQ(held->Release().code(), StatusCode::kLost);
+}
+
+TEST_P(ConformanceTest, HeartbeatKeepsALeaseBeyondItsTtl) {
+  auto handle = OpenHandle();
+  auto held = handle->TryAcquire("job", {.ttl = 300ms});
+  ASSERT_TRUE(held.ok());
+  std::this_thread::sleep_for(1s);
+  EXPECT_TRUE(held->valid()) << held->lost_reason().ToString();
+  EXPECT_EQ(handle->TryAcquire("job", {.ttl = 300ms}).status().code(),
+            StatusCode::kHeldByAnother);
+  EXPECT_TRUE(held->Release().ok());
+}
+
+TEST_P(ConformanceTest, BadInputIsRejectedAndLeavesHeldLeasesAlone) {
+  auto handle = OpenHandle();
+  auto held = handle->TryAcquire("job", {.ttl = 5s});
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(handle->TryAcquire("", {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(handle->TryAcquire(std::string(513, 'k'), {}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(handle->TryAcquire("job", {.ttl = 0s}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(handle->TryAcquire("job", {.ttl = 2s, .renew_interval = 2s}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(handle->Inspect("").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(handle->ForceRelease("").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(held->valid());
+  auto info = handle->Inspect("job");
+  ASSERT_TRUE(info.ok() && info->has_value());
+  EXPECT_EQ((*info)->fencing_token, held->fencing_token());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, ConformanceTest, ::testing::ValuesIn(Factories()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace leasehold

@@ -1,0 +1,61 @@
+// lease_holder: a second process for the conformance suite.
+//   lease_holder URL KEY try TTL_MS            try once; print "acquired N" (exit 0) or
+//                                              "held N HOLDER" (exit 3); errors exit 1
+//   lease_holder URL KEY hold TTL_MS HOLD_MS   acquire (waiting up to 10 s), print
+//                                              "acquired N", hold HOLD_MS, release, exit 0
+// Output is flushed per line so the test can read it while the process runs.
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "leasehold/store.h"
+
+int main(int argc, char** argv) {
+  using namespace std::chrono_literals;
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: lease_holder URL KEY try|hold TTL_MS [HOLD_MS]\n");
+    return 2;
+  }
+  std::string mode = argv[3];
+  auto ttl = std::chrono::milliseconds(std::atoll(argv[4]));
+  auto store = leasehold::Store::Open(argv[1]);
+  if (!store.ok()) {
+    std::printf("error %s\n", store.status().ToString().c_str());
+    return 1;
+  }
+  leasehold::LeaseOptions options{.ttl = ttl, .holder = "lease_holder:" + std::to_string(getpid())};
+  if (mode == "try") {
+    auto lease = (*store)->TryAcquire(argv[2], options);
+    if (lease.ok()) {
+      std::printf("acquired %llu\n", static_cast<unsigned long long>(lease->fencing_token()));
+      return 0;
+    }
+    if (lease.status().code() == leasehold::StatusCode::kHeldByAnother) {
+      const leasehold::LeaseInfo* h = lease.status().holder();
+      std::printf("held %llu %s\n", h ? static_cast<unsigned long long>(h->fencing_token) : 0ULL,
+                  h ? h->holder.c_str() : "?");
+      return 3;
+    }
+    std::printf("error %s\n", lease.status().ToString().c_str());
+    return 1;
+  }
+  if (mode == "hold" && argc >= 6) {
+    options.wait = 10s;
+    auto lease = (*store)->Acquire(argv[2], options);
+    if (!lease.ok()) {
+      std::printf("error %s\n", lease.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("acquired %llu\n", static_cast<unsigned long long>(lease->fencing_token()));
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(argv[5])));
+    return lease->Release().ok() ? 0 : 1;
+  }
+  std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  return 2;
+}
