@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Sets up leasehold and runs the main job on the embedded default store: two `leasehold run`
+# on the same key. The first holds it for 3 s; the second waits politely (--wait), starts as
+# soon as the first is done, and sees a higher fencing token.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+scripts/install-deps.sh
+BUILD_DIR="$root/build" scripts/build.sh >/dev/null
+leasehold="$root/build/tools/cli/leasehold"
+key="demo:nightly-report"
+
+echo "store: ${LEASEHOLD_STORE:-the embedded default (\$XDG_STATE_HOME/leasehold/leases.db)}"
+"$leasehold" run --ttl 5s "$key" -- sh -c \
+  'echo "[first]  running with fencing token $LEASEHOLD_FENCING_TOKEN; working for 3 s"; sleep 3; echo "[first]  done"' &
+first=$!
+sleep 0.5
+"$leasehold" status "$key"
+echo "[second] starting; the key is held, so it waits..."
+"$leasehold" run --ttl 5s --wait 30s "$key" -- sh -c \
+  'echo "[second] running with fencing token $LEASEHOLD_FENCING_TOKEN (higher: the first grant is over)"'
+wait "$first"
+"$leasehold" status "$key"

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Sets up and runs the whole test suite: installs Debian packages, builds with warnings as
+# errors, runs every CTest label, then repeats the tests under AddressSanitizer + UBSan (all)
+# and ThreadSanitizer (core, heartbeat and conformance). Exits non-zero on the first failure.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+jobs="${JOBS:-$(nproc)}"
+export CTEST_OUTPUT_ON_FAILURE=1
+
+step() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
+
+step "dependencies"
+scripts/install-deps.sh
+
+step "build (RelWithDebInfo, -Werror)"
+BUILD_DIR="$root/build" scripts/build.sh -DLEASEHOLD_WERROR=ON
+step "tests"
+ctest --test-dir build -j "$jobs" --timeout 600
+
+if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
+  step "build with AddressSanitizer + UBSan"
+  BUILD_DIR="$root/build-asan" BUILD_TYPE=Debug scripts/build.sh \
+    -DLEASEHOLD_WERROR=ON -DLEASEHOLD_SANITIZE=address,undefined
+  step "tests under AddressSanitizer + UBSan"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan -j "$jobs" --timeout 900 -LE install
+
+  step "build with ThreadSanitizer"
+  BUILD_DIR="$root/build-tsan" BUILD_TYPE=Debug scripts/build.sh \
+    -DLEASEHOLD_WERROR=ON -DLEASEHOLD_SANITIZE=thread -DLEASEHOLD_BUILD_CLI=OFF
+  step "tests under ThreadSanitizer"
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    ctest --test-dir build-tsan -j "$jobs" --timeout 900 -L 'unit|conformance'
+fi
+step "all tests passed"
