@@ -1,0 +1,1033 @@
+// File: backends/sqlite/sqlite_backend.cc (internal)
+//
+// The embedded sqlite:// store. Invariants:
+// - Every mutation runs in one BEGIN IMMEDIATE transaction, which takes the database's write
+//   lock before the first read: the check for a live grant and the write that follows cannot
+//   interleave with another process's.
+// - Time is CLOCK_BOOTTIME in nanoseconds since boot, read after the write lock is held. A
+//   grant is live only if its boot_id is the current boot's and expires_ns > now.
+// - fencing_counters rows are never deleted, so fencing tokens keep increasing per key.
+// - A file is modified only once it is known to be a leasehold database (application_id and
+//   user_version) or to be empty. Anything else is reported, never recreated.
+
+#include "backends/sqlite/sqlite_backend.h"
+
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include "core/duration.h"
+
+namespace leasehold::internal {
+
+namespace {
+
+constexpr const char* kBootIdPath = "/proc/sys/kernel/random/boot_id";
+
+// The owner token's first characters that may be shown to others (LeaseInfo::token_prefix).
+constexpr std::size_t kTokenPrefixLength = 8;
+
+// ---------------------------------------------------------------------------------------------
+// Schema, version 1. Created in one transaction together with application_id and user_version,
+// so a database is either fully initialised or untouched.
+//
+// fencing_counters: one row per key ever granted; `last` is the last fencing token handed out.
+//   Never deleted, so tokens keep increasing across release, expiry, force-release and reboots.
+// grants: at most one row per key, the latest grant. A row is live only while its boot_id is the
+//   current boot's and expires_ns > now (CLOCK_BOOTTIME, ns); dead rows stay until the next
+//   acquire of the key replaces them, or a release deletes them.
+//   token is the full owner token (the file is 0600); holder is the holder's free-form identity;
+//   ttl_ns is the TTL of the last acquire or renew.
+// WITHOUT ROWID: the key is the primary key and the only lookup path.
+constexpr const char* kCreateSchemaSql = R"sql(
+CREATE TABLE fencing_counters (
+  key  TEXT PRIMARY KEY NOT NULL,
+  last INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE grants (
+  key           TEXT PRIMARY KEY NOT NULL,
+  token         TEXT NOT NULL,
+  holder        TEXT NOT NULL,
+  fencing_token INTEGER NOT NULL,
+  boot_id       TEXT NOT NULL,
+  ttl_ns        INTEGER NOT NULL,
+  expires_ns    INTEGER NOT NULL
+) WITHOUT ROWID;
+)sql";
+
+// ---------------------------------------------------------------------------------------------
+// Prepared statements, prepared once at open (which also proves the schema is what we expect).
+
+// Takes the write lock now, waiting up to busy_timeout, instead of at the first write (a
+// deferred transaction that reads first can fail to upgrade with SQLITE_BUSY, and would let two
+// processes both see "no live grant").
+constexpr const char* kBeginImmediateSql = "BEGIN IMMEDIATE";
+constexpr const char* kCommitSql = "COMMIT";
+constexpr const char* kRollbackSql = "ROLLBACK";
+
+// The live grant of ?1: same boot (?2) and not yet expired at ?3 (ns since boot).
+constexpr const char* kSelectLiveGrantSql = R"sql(
+SELECT key, holder, token, fencing_token, ttl_ns, expires_ns
+FROM grants
+WHERE key = ?1 AND boot_id = ?2 AND expires_ns > ?3
+)sql";
+
+// Bumps the fencing counter of ?1 (starting at 1) and returns the new value.
+constexpr const char* kBumpFenceSql = R"sql(
+INSERT INTO fencing_counters (key, last) VALUES (?1, 1)
+ON CONFLICT (key) DO UPDATE SET last = last + 1
+RETURNING last
+)sql";
+
+// Writes the new grant, replacing a dead one of the same key (only called after
+// kSelectLiveGrantSql found no live grant, in the same transaction).
+constexpr const char* kPutGrantSql = R"sql(
+INSERT OR REPLACE INTO grants (key, token, holder, fencing_token, boot_id, ttl_ns, expires_ns)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+)sql";
+
+// Extends grant ?1 to ?5 (= now + ttl, computed with saturation) only if its owner token is ?2
+// and it is live at ?4 under boot ?6; sqlite3_changes() says whether it did.
+constexpr const char* kRenewGrantSql = R"sql(
+UPDATE grants SET ttl_ns = ?3, expires_ns = ?5
+WHERE key = ?1 AND token = ?2 AND boot_id = ?6 AND expires_ns > ?4
+)sql";
+
+// Any grant row of ?1, live or dead: explains a failed renew or release.
+constexpr const char* kSelectAnyGrantSql = R"sql(
+SELECT token, boot_id, expires_ns FROM grants WHERE key = ?1
+)sql";
+
+// Deletes grant ?1 only if its owner token is ?2; returns it so the caller can tell whether it
+// was still live.
+constexpr const char* kDeleteOwnGrantSql = R"sql(
+DELETE FROM grants WHERE key = ?1 AND token = ?2 RETURNING boot_id, expires_ns
+)sql";
+
+// Deletes grant ?1 whoever holds it (force-release); the fencing counter stays.
+constexpr const char* kDeleteAnyGrantSql = R"sql(
+DELETE FROM grants WHERE key = ?1 RETURNING boot_id, expires_ns
+)sql";
+
+// Live grants (boot ?1, expiry after ?2) whose key starts with a prefix, ordered by key. The
+// prefix is a byte range [?3, ?4) (?4 NULL: no upper bound) compared with the BINARY collation
+// (memcmp), so '%' and '_' in a prefix are plain characters, unlike with LIKE.
+constexpr const char* kListLiveGrantsSql = R"sql(
+SELECT key, holder, token, fencing_token, ttl_ns, expires_ns
+FROM grants
+WHERE boot_id = ?1 AND expires_ns > ?2 AND key >= ?3 AND (?4 IS NULL OR key < ?4)
+ORDER BY key
+)sql";
+
+enum StatementId : std::size_t {
+  kBeginImmediate,
+  kCommit,
+  kRollback,
+  kSelectLiveGrant,
+  kBumpFence,
+  kPutGrant,
+  kRenewGrant,
+  kSelectAnyGrant,
+  kDeleteOwnGrant,
+  kDeleteAnyGrant,
+  kListLiveGrants,
+  kStatementCount,
+};
+
+constexpr std::array<const char*, kStatementCount> kStatementSql = {
+    kBeginImmediateSql, kCommitSql,         kRollbackSql,       kSelectLiveGrantSql,
+    kBumpFenceSql,      kPutGrantSql,       kRenewGrantSql,     kSelectAnyGrantSql,
+    kDeleteOwnGrantSql, kDeleteAnyGrantSql, kListLiveGrantsSql,
+};
+
+// sqlite3_busy_timeout takes an int of milliseconds.
+constexpr Duration kMaxBusyTimeout = std::chrono::milliseconds(2'000'000'000);
+
+std::int64_t NowNs() {
+  return BootClock::now().time_since_epoch().count();
+}
+
+std::int64_t SaturatingAdd(std::int64_t a, std::int64_t b) {
+  if (b > 0 && a > std::numeric_limits<std::int64_t>::max() - b) {
+    return std::numeric_limits<std::int64_t>::max();
+  }
+  return a + b;
+}
+
+std::string OsReason(int err) {
+  return std::generic_category().message(err);
+}
+
+// Formats a remaining or elapsed time for messages: "3.2s", "450ms", "2m0s".
+std::string HumanDuration(std::int64_t ns) {
+  using std::chrono::duration_cast;
+  using std::chrono::milliseconds;
+  Duration d(ns);
+  if (d >= std::chrono::seconds(10)) {
+    return FormatDuration(duration_cast<std::chrono::seconds>(d));
+  }
+  if (d >= std::chrono::seconds(1)) {
+    return FormatDuration(duration_cast<milliseconds>(d) / 100 * 100);
+  }
+  return FormatDuration(duration_cast<milliseconds>(d));
+}
+
+bool IsPermissionErrno(int err) {
+  return err == EACCES || err == EPERM || err == EROFS || err == ENOTDIR;
+}
+
+// Maps a failed file-system call on `what` to a Status naming both `what` and the database.
+Status FileSystemError(int err, std::string_view action, std::string_view what,
+                       std::string_view db_path) {
+  std::string message = what == db_path ? fmt::format("cannot {} the sqlite database {}: {}",
+                                                      action, db_path, OsReason(err))
+                                        : fmt::format("cannot {} {} for the sqlite database {}: {}",
+                                                      action, what, db_path, OsReason(err));
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT:
+    case EIO:
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+    case EINTR:
+      return Status::Unavailable(std::move(message));
+    case EISDIR:
+    case ENAMETOOLONG:
+    case ELOOP:
+      return Status::InvalidArgument(std::move(message));
+    default:
+      // EACCES, EPERM, EROFS, ENOTDIR (a path under a regular file), ENOENT (a directory that
+      // cannot hold new entries, such as /proc): the file system refuses us this path.
+      return Status::PermissionDenied(std::move(message));
+  }
+}
+
+// Creates the missing directories leading to `path`, each 0700 whatever the umask. Existing
+// directories are left as they are.
+Status CreateParentDirectories(const std::string& path) {
+  const std::size_t last_slash = path.rfind('/');
+  if (last_slash == std::string::npos || last_slash == 0) {
+    return Status::Ok();  // In the working directory, or in "/".
+  }
+  const std::string dir = path.substr(0, last_slash);
+  std::size_t end = dir.front() == '/' ? 1 : 0;
+  while (end <= dir.size()) {
+    std::size_t next = dir.find('/', end);
+    if (next == std::string::npos) {
+      next = dir.size();
+    }
+    const std::string prefix = dir.substr(0, next);
+    end = next + 1;
+    if (prefix.empty() || prefix.back() == '/') {
+      continue;  // "a//b"
+    }
+
+    struct stat st {};
+
+    if (::stat(prefix.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) {
+        return FileSystemError(ENOTDIR, "use the directory", prefix, path);
+      }
+      continue;
+    }
+    if (errno != ENOENT) {
+      return FileSystemError(errno, "use the directory", prefix, path);
+    }
+    if (::mkdir(prefix.c_str(), 0700) != 0) {
+      if (errno == EEXIST) {
+        continue;  // Another process made it meanwhile.
+      }
+      return FileSystemError(errno, "create the directory", prefix, path);
+    }
+    // mkdir's mode is filtered by the umask; the state directory must be exactly 0700.
+    if (::chmod(prefix.c_str(), 0700) != 0) {
+      return FileSystemError(errno, "set the mode of the directory", prefix, path);
+    }
+  }
+  return Status::Ok();
+}
+
+// Creates `path` as an empty 0600 file if it does not exist (before SQLite would create it
+// 0644 minus the umask), and checks that an existing one is a regular file we may read and
+// write. SQLite gives its -wal and -shm files the database file's mode.
+Status CreateOrCheckDatabaseFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0600);
+  if (fd >= 0) {
+    const int rc = ::fchmod(fd, 0600);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) {
+      return FileSystemError(err, "set the mode of", path, path);
+    }
+    return Status::Ok();
+  }
+  if (errno != EEXIST) {
+    return FileSystemError(errno, "create", path, path);
+  }
+  fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    return FileSystemError(errno, "open for reading and writing", path, path);
+  }
+
+  struct stat st {};
+
+  const int rc = ::fstat(fd, &st);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) {
+    return FileSystemError(err, "inspect", path, path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument(
+        fmt::format("{} is not a regular file, so it cannot be a leasehold database", path));
+  }
+  return Status::Ok();
+}
+
+// Reads the kernel's boot id, which changes at every boot: CLOCK_BOOTTIME values from another
+// boot are meaningless.
+Result<std::string> ReadBootId() {
+  const int fd = ::open(kBootIdPath, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return Status::Internal(
+        fmt::format("cannot read the kernel boot id from {}: {}", kBootIdPath, OsReason(errno)));
+  }
+  std::array<char, 128> buffer{};
+  const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+  const int err = errno;
+  ::close(fd);
+  if (n < 0) {
+    return Status::Internal(
+        fmt::format("cannot read the kernel boot id from {}: {}", kBootIdPath, OsReason(err)));
+  }
+  std::string id(buffer.data(), static_cast<std::size_t>(n));
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) {
+    id.pop_back();
+  }
+  if (id.empty()) {
+    return Status::Internal(fmt::format("the kernel boot id in {} is empty", kBootIdPath));
+  }
+  return id;
+}
+
+// The smallest string greater than every string starting with `prefix`, or nullopt if there is
+// none (empty prefix, or only 0xFF bytes, which valid UTF-8 never contains).
+std::optional<std::string> PrefixUpperBound(std::string_view prefix) {
+  std::string bound(prefix);
+  while (!bound.empty()) {
+    const auto last = static_cast<unsigned char>(bound.back());
+    if (last != 0xFF) {
+      bound.back() = static_cast<char>(last + 1);
+      return bound;
+    }
+    bound.pop_back();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+// One SQLite connection and its prepared statements. Not thread-safe: SqliteBackend uses it
+// under its mutex only (hence SQLITE_OPEN_NOMUTEX).
+class SqliteConnection {
+ public:
+  SqliteConnection(std::string path, Duration busy_timeout)
+      : path_(std::move(path)), busy_timeout_(busy_timeout) {}
+
+  SqliteConnection(const SqliteConnection&) = delete;
+  SqliteConnection& operator=(const SqliteConnection&) = delete;
+  SqliteConnection(SqliteConnection&&) = delete;
+  SqliteConnection& operator=(SqliteConnection&&) = delete;
+
+  ~SqliteConnection() {
+    for (sqlite3_stmt* statement : statements_) {
+      sqlite3_finalize(statement);
+    }
+    // The last connection to close checkpoints the WAL and removes the -wal and -shm files.
+    sqlite3_close_v2(db_);
+  }
+
+  [[nodiscard]] sqlite3* db() const { return db_; }
+
+  [[nodiscard]] const std::string& path() const { return path_; }
+
+  [[nodiscard]] sqlite3_stmt* statement(StatementId id) const { return statements_[id]; }
+
+  // Opens the existing file read-write. SQLite opens lazily: most errors surface at the first
+  // statement.
+  Status Open() {
+    // A relative name starting with ':' or "file:" could be taken for ":memory:" or a URI.
+    std::string name = path_;
+    if (name.front() == ':' || name.starts_with("file:")) {
+      name = "./" + name;
+    }
+    const int rc =
+        sqlite3_open_v2(name.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nullptr);
+    if (rc != SQLITE_OK) {
+      return Error(rc, "open");
+    }
+    sqlite3_extended_result_codes(db_, 1);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(busy_timeout_);
+    sqlite3_busy_timeout(db_, static_cast<int>(ms.count()));
+    return Status::Ok();
+  }
+
+  // Checks that the file is a leasehold database of a known schema version, initialising it if
+  // it is empty. Modifies nothing otherwise.
+  Status CheckOrInitialize() {
+    LH_ASSIGN_OR_RETURN(State state, ReadState());
+    if (state.kind == Kind::kEmpty) {
+      // Re-check under the write lock: another process may be initialising it right now.
+      LH_RETURN_IF_ERROR(Exec(kBeginImmediateSql, "initialize"));
+      Result<State> locked = ReadState();
+      if (locked.ok() && locked->kind == Kind::kEmpty) {
+        Status created = Exec(kCreateSchemaSql, "initialize");
+        if (created.ok()) {
+          created = Exec(fmt::format("PRAGMA application_id = {}; PRAGMA user_version = {};",
+                                     kSqliteApplicationId, kSqliteSchemaVersion),
+                         "initialize");
+        }
+        if (created.ok()) {
+          created = Exec(kCommitSql, "initialize");
+        }
+        if (!created.ok()) {
+          RollbackIfActive();
+          return created;
+        }
+        return Status::Ok();
+      }
+      RollbackIfActive();
+      if (!locked.ok()) {
+        return locked.status();
+      }
+      state = *locked;
+    }
+    return CheckState(state);
+  }
+
+  // Switches to WAL (readers never block the writer; writers queue on the write lock) and
+  // makes every commit durable. Only called on a database known to be ours.
+  Status Configure() {
+    LH_ASSIGN_OR_RETURN(std::string mode, QueryText("PRAGMA journal_mode = WAL", "open"));
+    if (mode != "wal") {
+      return Status::InvalidArgument(fmt::format(
+          "sqlite database {}: cannot use WAL journal mode (still \"{}\"); is it on a network "
+          "file system?",
+          path_, mode));
+    }
+    // FULL, not NORMAL: with NORMAL a power loss may undo the last commits, and with them a
+    // fencing counter bump, handing out a fencing token twice.
+    return Exec("PRAGMA synchronous = FULL", "open");
+  }
+
+  Status PrepareAll() {
+    for (std::size_t i = 0; i < kStatementCount; ++i) {
+      const int rc = sqlite3_prepare_v3(db_, kStatementSql[i], -1, SQLITE_PREPARE_PERSISTENT,
+                                        &statements_[i], nullptr);
+      if (rc != SQLITE_OK) {
+        // A leasehold application_id with tables that do not match the schema version.
+        if ((rc & 0xff) == SQLITE_ERROR) {
+          return Status(StatusCode::kInvalidArgument,
+                        fmt::format("{} is not a leasehold database or is corrupt: its tables do "
+                                    "not match schema version {}",
+                                    path_, kSqliteSchemaVersion),
+                        Detail(rc));
+        }
+        return Error(rc, "open");
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Maps a SQLite result code from `operation` to a Status; the SQLite text goes to detail.
+  Status Error(int rc, std::string_view operation) const {
+    const int sys = db_ != nullptr ? sqlite3_system_errno(db_) : 0;
+    std::string detail = Detail(rc);
+    switch (rc & 0xff) {
+      case SQLITE_BUSY:
+      case SQLITE_LOCKED:
+        return Status::Unavailable(
+            fmt::format("sqlite database {}: {}: still locked by another connection after "
+                        "busy_timeout ({})",
+                        path_, operation, FormatDuration(busy_timeout_)),
+            std::move(detail));
+      case SQLITE_NOTADB:
+      case SQLITE_CORRUPT:
+        return Status(StatusCode::kInvalidArgument,
+                      fmt::format("{} is not a leasehold database or is corrupt; leasehold leaves "
+                                  "it as it is (choose another path)",
+                                  path_),
+                      std::move(detail));
+      case SQLITE_READONLY:
+      case SQLITE_PERM:
+      case SQLITE_AUTH:
+        return Status::PermissionDenied(
+            fmt::format("sqlite database {}: {}: cannot write: {}", path_, operation,
+                        sys != 0 ? OsReason(sys) : "the file or its directory is read-only"),
+            std::move(detail));
+      case SQLITE_CANTOPEN:
+      case SQLITE_IOERR:
+        if (IsPermissionErrno(sys)) {
+          return Status::PermissionDenied(
+              fmt::format("sqlite database {}: {}: {}", path_, operation, OsReason(sys)),
+              std::move(detail));
+        }
+        return Status::Unavailable(fmt::format("sqlite database {}: {}: {}", path_, operation,
+                                               sys != 0 ? OsReason(sys) : sqlite3_errstr(rc)),
+                                   std::move(detail));
+      case SQLITE_FULL:
+      case SQLITE_NOMEM:
+      case SQLITE_PROTOCOL:
+      case SQLITE_INTERRUPT:
+        return Status::Unavailable(
+            fmt::format("sqlite database {}: {}: {}", path_, operation, sqlite3_errstr(rc)),
+            std::move(detail));
+      default:
+        return Status::Internal(
+            fmt::format("sqlite database {}: {}: unexpected SQLite error", path_, operation),
+            std::move(detail));
+    }
+  }
+
+  // Ends the current transaction, if any, discarding its changes. Some errors (SQLITE_FULL,
+  // SQLITE_IOERR...) have already rolled it back.
+  void RollbackIfActive() {
+    if (sqlite3_get_autocommit(db_) == 0) {
+      sqlite3_exec(db_, kRollbackSql, nullptr, nullptr, nullptr);
+    }
+  }
+
+ private:
+  enum class Kind { kOurs, kEmpty, kForeign };
+
+  struct State {
+    Kind kind = Kind::kForeign;
+    std::int64_t application_id = 0;
+    std::int64_t user_version = 0;
+    std::int64_t table_count = 0;
+  };
+
+  [[nodiscard]] std::string Detail(int rc) const {
+    return fmt::format("sqlite3 error {} ({}): {}", rc, sqlite3_errstr(rc),
+                       db_ != nullptr ? sqlite3_errmsg(db_) : "");
+  }
+
+  // Reads only the header and the schema table: nothing here writes.
+  Result<State> ReadState() {
+    State state;
+    LH_ASSIGN_OR_RETURN(state.application_id, QueryInt("PRAGMA application_id", "open"));
+    LH_ASSIGN_OR_RETURN(state.user_version, QueryInt("PRAGMA user_version", "open"));
+    LH_ASSIGN_OR_RETURN(state.table_count, QueryInt("SELECT count(*) FROM sqlite_schema", "open"));
+    if (state.application_id == kSqliteApplicationId) {
+      state.kind = Kind::kOurs;
+    } else if (state.application_id == 0 && state.user_version == 0 && state.table_count == 0) {
+      state.kind = Kind::kEmpty;
+    } else {
+      state.kind = Kind::kForeign;
+    }
+    return state;
+  }
+
+  Status CheckState(const State& state) const {
+    if (state.kind == Kind::kForeign) {
+      return Status::InvalidArgument(fmt::format(
+          "{} is not a leasehold database (it is a SQLite database of another application: "
+          "application_id {:#x}, {} tables); leasehold leaves it as it is (choose another path)",
+          path_, state.application_id, state.table_count));
+    }
+    if (state.user_version > kSqliteSchemaVersion) {
+      return Status::Unimplemented(fmt::format(
+          "{} was created by a newer leasehold (schema version {}; this build knows up to {}); "
+          "upgrade leasehold to use it",
+          path_, state.user_version, kSqliteSchemaVersion));
+    }
+    if (state.user_version < 1) {
+      return Status::InvalidArgument(fmt::format(
+          "{} is not a leasehold database or is corrupt (leasehold application_id but schema "
+          "version {})",
+          path_, state.user_version));
+    }
+    return Status::Ok();
+  }
+
+  Status Exec(const std::string& sql, std::string_view operation) {
+    const int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, nullptr);
+    return rc == SQLITE_OK ? Status::Ok() : Error(rc, operation);
+  }
+
+  // Runs a one-row, one-column statement; returns the column as an integer or text.
+  Result<std::int64_t> QueryInt(const char* sql, std::string_view operation) {
+    std::int64_t value = 0;
+    LH_RETURN_IF_ERROR(
+        QueryOne(sql, operation, [&](sqlite3_stmt* s) { value = sqlite3_column_int64(s, 0); }));
+    return value;
+  }
+
+  Result<std::string> QueryText(const char* sql, std::string_view operation) {
+    std::string value;
+    LH_RETURN_IF_ERROR(QueryOne(sql, operation, [&](sqlite3_stmt* s) {
+      const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(s, 0));
+      value.assign(text != nullptr ? text : "",
+                   static_cast<std::size_t>(sqlite3_column_bytes(s, 0)));
+    }));
+    return value;
+  }
+
+  template <typename ReadRow>
+  Status QueryOne(const char* sql, std::string_view operation, ReadRow read_row) {
+    sqlite3_stmt* statement = nullptr;
+    int rc = sqlite3_prepare_v2(db_, sql, -1, &statement, nullptr);
+    if (rc != SQLITE_OK) {
+      Status error = Error(rc, operation);
+      sqlite3_finalize(statement);
+      return error;
+    }
+    rc = sqlite3_step(statement);
+    if (rc == SQLITE_ROW) {
+      read_row(statement);
+      rc = sqlite3_step(statement);
+    }
+    Status result = rc == SQLITE_DONE ? Status::Ok() : Error(rc, operation);
+    sqlite3_finalize(statement);
+    return result;
+  }
+
+  // Immutable after construction.
+  const std::string path_;
+  const Duration busy_timeout_;
+  // Set by Open and PrepareAll.
+  sqlite3* db_ = nullptr;
+  std::array<sqlite3_stmt*, kStatementCount> statements_{};
+};
+
+namespace {
+
+// One use of a prepared statement: binds parameters, steps through rows, and resets the
+// statement when it goes out of scope, so it holds no snapshot and can be reused.
+class StatementRun {
+ public:
+  StatementRun(SqliteConnection& connection, StatementId id, std::string_view operation)
+      : connection_(connection), statement_(connection.statement(id)), operation_(operation) {}
+
+  StatementRun(const StatementRun&) = delete;
+  StatementRun& operator=(const StatementRun&) = delete;
+  StatementRun(StatementRun&&) = delete;
+  StatementRun& operator=(StatementRun&&) = delete;
+
+  ~StatementRun() {
+    sqlite3_reset(statement_);
+    sqlite3_clear_bindings(statement_);
+  }
+
+  // `text` must outlive the run (bound without a copy).
+  void Bind(int index, std::string_view text) {
+    Check(sqlite3_bind_text(statement_, index, text.data(), static_cast<int>(text.size()),
+                            SQLITE_STATIC));
+  }
+
+  void Bind(int index, std::int64_t value) { Check(sqlite3_bind_int64(statement_, index, value)); }
+
+  void BindNull(int index) { Check(sqlite3_bind_null(statement_, index)); }
+
+  // Steps once. Returns true at a row, false when done.
+  Result<bool> Next() {
+    if (bind_rc_ != SQLITE_OK) {
+      return connection_.Error(bind_rc_, operation_);
+    }
+    const int rc = sqlite3_step(statement_);
+    if (rc == SQLITE_ROW) {
+      return true;
+    }
+    if (rc == SQLITE_DONE) {
+      return false;
+    }
+    return connection_.Error(rc, operation_);
+  }
+
+  // Steps to the end.
+  Status Finish() {
+    while (true) {
+      LH_ASSIGN_OR_RETURN(bool row, Next());
+      if (!row) {
+        return Status::Ok();
+      }
+    }
+  }
+
+  [[nodiscard]] std::int64_t Int(int column) const {
+    return sqlite3_column_int64(statement_, column);
+  }
+
+  [[nodiscard]] std::string Text(int column) const {
+    const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(statement_, column));
+    if (text == nullptr) {
+      return {};
+    }
+    return {text, static_cast<std::size_t>(sqlite3_column_bytes(statement_, column))};
+  }
+
+ private:
+  void Check(int rc) {
+    if (rc != SQLITE_OK && bind_rc_ == SQLITE_OK) {
+      bind_rc_ = rc;
+    }
+  }
+
+  SqliteConnection& connection_;
+  sqlite3_stmt* const statement_;
+  const std::string_view operation_;
+  int bind_rc_ = SQLITE_OK;
+};
+
+// A BEGIN IMMEDIATE transaction that rolls back unless committed.
+class WriteTransaction {
+ public:
+  explicit WriteTransaction(SqliteConnection& connection) : connection_(connection) {}
+
+  WriteTransaction(const WriteTransaction&) = delete;
+  WriteTransaction& operator=(const WriteTransaction&) = delete;
+  WriteTransaction(WriteTransaction&&) = delete;
+  WriteTransaction& operator=(WriteTransaction&&) = delete;
+
+  ~WriteTransaction() { connection_.RollbackIfActive(); }
+
+  Status Begin(std::string_view operation) {
+    StatementRun begin(connection_, kBeginImmediate, operation);
+    return begin.Finish();
+  }
+
+  Status Commit(std::string_view operation) {
+    StatementRun commit(connection_, kCommit, operation);
+    return commit.Finish();
+  }
+
+ private:
+  SqliteConnection& connection_;
+};
+
+// Reads a row of kSelectLiveGrantSql or kListLiveGrantsSql.
+LeaseInfo LeaseInfoFromRow(const StatementRun& row, std::int64_t now_ns) {
+  using std::chrono::duration_cast;
+  using std::chrono::milliseconds;
+  LeaseInfo info;
+  info.key = row.Text(0);
+  info.holder = row.Text(1);
+  info.token_prefix = row.Text(2).substr(0, kTokenPrefixLength);
+  info.fencing_token = static_cast<FencingToken>(row.Int(3));
+  info.ttl = duration_cast<milliseconds>(Duration(row.Int(4)));
+  info.remaining = duration_cast<milliseconds>(Duration(row.Int(5) - now_ns));
+  return info;
+}
+
+Status HeldByAnotherStatus(const LeaseInfo& info, std::int64_t remaining_ns) {
+  return Status::HeldByAnother(fmt::format("{} is held by {} (fencing token {}, {} left)", info.key,
+                                           info.holder.empty() ? "another owner" : info.holder,
+                                           info.fencing_token, HumanDuration(remaining_ns)),
+                               info);
+}
+
+Status CheckTtl(std::string_view key, Duration ttl) {
+  if (ttl <= Duration::zero()) {
+    return Status::InvalidArgument(
+        fmt::format("lease {}: TTL must be positive, got {}", key, FormatDuration(ttl)));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+Result<std::string> DefaultSqlitePath() {
+  // XDG Base Directory spec: a relative $XDG_STATE_HOME is invalid and must be ignored.
+  const char* state_home = std::getenv("XDG_STATE_HOME");
+  if (state_home != nullptr && state_home[0] == '/') {
+    return fmt::format("{}/leasehold/leases.db", state_home);
+  }
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && home[0] != '\0') {
+    return fmt::format("{}/.local/state/leasehold/leases.db", home);
+  }
+  return Status::InvalidArgument(
+      "cannot choose the default sqlite database: $HOME is not set (nor an absolute "
+      "$XDG_STATE_HOME); give a store URL such as sqlite:///path/to/leases.db");
+}
+
+Result<std::shared_ptr<Backend>> OpenSqliteBackend(const Url& url) {
+  LH_ASSIGN_OR_RETURN(SqliteOptions options, SqliteOptions::FromUrl(url));
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<SqliteBackend> backend,
+                      SqliteBackend::Open(std::move(options)));
+  return std::shared_ptr<Backend>(std::move(backend));
+}
+
+Result<std::shared_ptr<SqliteBackend>> SqliteBackend::Open(SqliteOptions options) {
+  if (options.path.empty()) {
+    LH_ASSIGN_OR_RETURN(options.path, DefaultSqlitePath());
+  }
+  if (options.busy_timeout < Duration::zero() || options.busy_timeout > kMaxBusyTimeout) {
+    return Status::InvalidArgument(
+        fmt::format("sqlite busy_timeout must be between 0 and {}, got {}",
+                    FormatDuration(kMaxBusyTimeout), FormatDuration(options.busy_timeout)));
+  }
+  std::string boot_id = options.boot_id_for_testing;
+  if (boot_id.empty()) {
+    LH_ASSIGN_OR_RETURN(boot_id, ReadBootId());
+  }
+
+  LH_RETURN_IF_ERROR(CreateParentDirectories(options.path));
+  LH_RETURN_IF_ERROR(CreateOrCheckDatabaseFile(options.path));
+  auto connection = std::make_unique<SqliteConnection>(options.path, options.busy_timeout);
+  LH_RETURN_IF_ERROR(connection->Open());
+  LH_RETURN_IF_ERROR(connection->CheckOrInitialize());
+  LH_RETURN_IF_ERROR(connection->Configure());
+  LH_RETURN_IF_ERROR(connection->PrepareAll());
+  return std::shared_ptr<SqliteBackend>(
+      new SqliteBackend(std::move(options.path), std::move(boot_id), std::move(connection)));
+}
+
+SqliteBackend::SqliteBackend(std::string path, std::string boot_id,
+                             std::unique_ptr<SqliteConnection> connection)
+    : path_(std::move(path)), boot_id_(std::move(boot_id)), connection_(std::move(connection)) {}
+
+SqliteBackend::~SqliteBackend() = default;
+
+Capabilities SqliteBackend::capabilities() const {
+  return Capabilities{
+      .multi_process = true,
+      .native_wait = false,
+      .fencing_survives_restart = true,
+  };
+}
+
+Result<Grant> SqliteBackend::TryAcquire(const GrantRequest& request) {
+  LH_RETURN_IF_ERROR(CheckTtl(request.key, request.ttl));
+  MutexLock lock(&mu_);
+  SqliteConnection& connection = *connection_;
+  WriteTransaction transaction(connection);
+  LH_RETURN_IF_ERROR(transaction.Begin("try-acquire"));
+  // Read the clock only now that the write lock is held: the wait for it may be long, and the
+  // grant's expiry must not be earlier than the caller's t_send + ttl.
+  const std::int64_t now_ns = NowNs();
+  {
+    StatementRun live(connection, kSelectLiveGrant, "try-acquire");
+    live.Bind(1, request.key);
+    live.Bind(2, boot_id_);
+    live.Bind(3, now_ns);
+    LH_ASSIGN_OR_RETURN(bool held, live.Next());
+    if (held) {
+      return HeldByAnotherStatus(LeaseInfoFromRow(live, now_ns), live.Int(5) - now_ns);
+    }
+  }
+  std::int64_t fencing_token = 0;
+  {
+    StatementRun bump(connection, kBumpFence, "try-acquire");
+    bump.Bind(1, request.key);
+    LH_ASSIGN_OR_RETURN(bool row, bump.Next());
+    if (!row) {
+      return Status::Internal(
+          fmt::format("sqlite database {}: try-acquire of {}: the fencing counter returned no "
+                      "row",
+                      path_, request.key));
+    }
+    fencing_token = bump.Int(0);
+    LH_RETURN_IF_ERROR(bump.Finish());
+  }
+  {
+    StatementRun put(connection, kPutGrant, "try-acquire");
+    put.Bind(1, request.key);
+    put.Bind(2, request.owner_token);
+    put.Bind(3, request.holder);
+    put.Bind(4, fencing_token);
+    put.Bind(5, boot_id_);
+    put.Bind(6, request.ttl.count());
+    put.Bind(7, SaturatingAdd(now_ns, request.ttl.count()));
+    LH_RETURN_IF_ERROR(put.Finish());
+  }
+  LH_RETURN_IF_ERROR(transaction.Commit("try-acquire"));
+  return Grant{.fencing_token = static_cast<FencingToken>(fencing_token), .ttl = request.ttl};
+}
+
+Status SqliteBackend::Renew(const RenewRequest& request) {
+  std::vector<Status> results = RenewMany(std::span<const RenewRequest>(&request, 1));
+  return std::move(results.front());
+}
+
+std::vector<Status> SqliteBackend::RenewMany(std::span<const RenewRequest> requests) {
+  std::vector<Status> results;
+  if (requests.empty()) {
+    return results;
+  }
+  MutexLock lock(&mu_);
+  WriteTransaction transaction(*connection_);
+  if (Status begun = transaction.Begin("renew"); !begun.ok()) {
+    return std::vector<Status>(requests.size(), begun);
+  }
+  // After the write lock, as in TryAcquire: expiry counts from no earlier than t_send.
+  const std::int64_t now_ns = NowNs();
+  results.reserve(requests.size());
+  for (const RenewRequest& request : requests) {
+    results.push_back(RenewLocked(request, now_ns));
+  }
+  if (Status committed = transaction.Commit("renew"); !committed.ok()) {
+    return std::vector<Status>(requests.size(), committed);
+  }
+  return results;
+}
+
+Status SqliteBackend::RenewLocked(const RenewRequest& request, std::int64_t now_ns) {
+  LH_RETURN_IF_ERROR(CheckTtl(request.key, request.ttl));
+  SqliteConnection& connection = *connection_;
+  {
+    StatementRun renew(connection, kRenewGrant, "renew");
+    renew.Bind(1, request.key);
+    renew.Bind(2, request.owner_token);
+    renew.Bind(3, request.ttl.count());
+    renew.Bind(4, now_ns);
+    renew.Bind(5, SaturatingAdd(now_ns, request.ttl.count()));
+    renew.Bind(6, boot_id_);
+    LH_RETURN_IF_ERROR(renew.Finish());
+    if (sqlite3_changes(connection.db()) == 1) {
+      return Status::Ok();
+    }
+  }
+  return LostStatusLocked(request.key, request.owner_token, now_ns);
+}
+
+// NOLINTNEXTLINE(bugprone-easily-swappable-parameters): the order of Backend::Release.
+Status SqliteBackend::LostStatusLocked(std::string_view key, std::string_view owner_token,
+                                       std::int64_t now_ns) {
+  StatementRun any(*connection_, kSelectAnyGrant, "check the grant");
+  any.Bind(1, key);
+  Result<bool> row = any.Next();
+  if (!row.ok()) {
+    // The grant is known not to be live and ours; only the reason is unknown.
+    return Status(StatusCode::kLost, fmt::format("lease {} was lost", key),
+                  std::string(row.status().message()));
+  }
+  if (!*row) {
+    return Status::Lost(fmt::format(
+        "lease {} was lost: its grant no longer exists (released by force, or expired and was "
+        "taken over since)",
+        key));
+  }
+  if (any.Text(0) != owner_token) {
+    return Status::Lost(fmt::format("lease {} was lost: taken over by another owner", key));
+  }
+  if (any.Text(1) != boot_id_) {
+    return Status::Lost(
+        fmt::format("lease {} was lost: expired (the host rebooted since it was granted)", key));
+  }
+  return Status::Lost(
+      fmt::format("lease {} was lost: expired {} ago", key, HumanDuration(now_ns - any.Int(2))));
+}
+
+Status SqliteBackend::Release(std::string_view key, std::string_view owner_token) {
+  MutexLock lock(&mu_);
+  SqliteConnection& connection = *connection_;
+  WriteTransaction transaction(connection);
+  LH_RETURN_IF_ERROR(transaction.Begin("release"));
+  const std::int64_t now_ns = NowNs();
+  Status result;
+  bool found = false;
+  {
+    StatementRun erase(connection, kDeleteOwnGrant, "release");
+    erase.Bind(1, key);
+    erase.Bind(2, owner_token);
+    LH_ASSIGN_OR_RETURN(found, erase.Next());
+    if (found) {
+      const bool same_boot = erase.Text(0) == boot_id_;
+      const std::int64_t expires_ns = erase.Int(1);
+      LH_RETURN_IF_ERROR(erase.Finish());
+      if (!same_boot) {
+        result = Status::Lost(fmt::format(
+            "lease {} was lost before release: expired (the host rebooted since it was granted)",
+            key));
+      } else if (expires_ns <= now_ns) {
+        result = Status::Lost(fmt::format("lease {} was lost before release: expired {} ago", key,
+                                          HumanDuration(now_ns - expires_ns)));
+      }
+    }
+  }
+  if (!found) {
+    // Absent, or someone else's: nothing was deleted.
+    result = LostStatusLocked(key, owner_token, now_ns);
+  }
+  // Commit even when lost: deleting our own expired row is harmless and tidies the table.
+  LH_RETURN_IF_ERROR(transaction.Commit("release"));
+  return result;
+}
+
+Result<std::optional<LeaseInfo>> SqliteBackend::Inspect(std::string_view key) {
+  MutexLock lock(&mu_);
+  const std::int64_t now_ns = NowNs();
+  StatementRun live(*connection_, kSelectLiveGrant, "inspect");
+  live.Bind(1, key);
+  live.Bind(2, boot_id_);
+  live.Bind(3, now_ns);
+  LH_ASSIGN_OR_RETURN(bool found, live.Next());
+  if (!found) {
+    return std::optional<LeaseInfo>();
+  }
+  return std::optional<LeaseInfo>(LeaseInfoFromRow(live, now_ns));
+}
+
+Result<std::vector<LeaseInfo>> SqliteBackend::List(std::string_view prefix) {
+  MutexLock lock(&mu_);
+  const std::int64_t now_ns = NowNs();
+  const std::optional<std::string> upper = PrefixUpperBound(prefix);
+  StatementRun live(*connection_, kListLiveGrants, "list");
+  live.Bind(1, boot_id_);
+  live.Bind(2, now_ns);
+  live.Bind(3, prefix);
+  if (upper.has_value()) {
+    live.Bind(4, *upper);
+  } else {
+    live.BindNull(4);
+  }
+  std::vector<LeaseInfo> infos;
+  while (true) {
+    LH_ASSIGN_OR_RETURN(bool row, live.Next());
+    if (!row) {
+      return infos;
+    }
+    infos.push_back(LeaseInfoFromRow(live, now_ns));
+  }
+}
+
+Result<bool> SqliteBackend::ForceRelease(std::string_view key) {
+  MutexLock lock(&mu_);
+  SqliteConnection& connection = *connection_;
+  WriteTransaction transaction(connection);
+  LH_RETURN_IF_ERROR(transaction.Begin("force-release"));
+  const std::int64_t now_ns = NowNs();
+  bool was_live = false;
+  {
+    StatementRun erase(connection, kDeleteAnyGrant, "force-release");
+    erase.Bind(1, key);
+    LH_ASSIGN_OR_RETURN(bool found, erase.Next());
+    if (found) {
+      was_live = erase.Text(0) == boot_id_ && erase.Int(1) > now_ns;
+      LH_RETURN_IF_ERROR(erase.Finish());
+    }
+  }
+  LH_RETURN_IF_ERROR(transaction.Commit("force-release"));
+  return was_live;
+}
+
+}  // namespace leasehold::internal

@@ -1,0 +1,120 @@
+// File: backends/sqlite/sqlite_backend.h (internal)
+//
+// SqliteBackend: the embedded sqlite:// store, for many processes on one host. Each grant is a
+// row in one SQLite file; each key's fencing counter is a row in a table that is never pruned,
+// so fencing tokens keep increasing across release, expiry, force-release and reboots.
+// Expiry is judged on CLOCK_BOOTTIME (BootClock), which every process on the host shares and
+// which never jumps backwards; each grant also records the kernel boot id, and a grant made
+// under another boot counts as expired.
+//
+// Processes coordinate through SQLite's own file locking: WAL journal mode, every mutation in
+// one BEGIN IMMEDIATE transaction, and a busy timeout (kUnavailable when it runs out).
+//
+// Example:
+//
+//   LH_ASSIGN_OR_RETURN(Url url, ParseUrl("sqlite:///tmp/leases.db"));
+//   LH_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, OpenSqliteBackend(url));
+//   Result<Grant> grant = backend->TryAcquire(
+//       {.key = "job:x", .owner_token = token, .holder = "web-3:42", .ttl = 10s});
+//
+// Thread safety: thread-safe. One SQLite connection per SqliteBackend, used under a mutex;
+// other processes (and other SqliteBackend objects) are serialized by SQLite's file locks.
+
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "leasehold/lease_info.h"
+#include "leasehold/status.h"
+
+#include "backends/backend.h"
+#include "backends/sqlite/sqlite_options.h"
+#include "core/url.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
+
+namespace leasehold::internal {
+
+// The SQLite handle and its prepared statements; defined in sqlite_backend.cc, the only file
+// that includes sqlite3.h.
+class SqliteConnection;
+
+// Identifies a leasehold database: PRAGMA application_id, 'LEAS' in ASCII.
+inline constexpr std::int32_t kSqliteApplicationId = 0x4C454153;
+// PRAGMA user_version of the schema this build creates and understands.
+inline constexpr std::int32_t kSqliteSchemaVersion = 1;
+
+// Opens (creating if needed) the leasehold database named by `url` (scheme "sqlite").
+// Returns kInvalidArgument for a bad URL or a file that is not a leasehold database (or is
+// corrupt); kPermissionDenied if the file or its directory cannot be created, read or written;
+// kUnimplemented for a database made by a newer leasehold; kUnavailable if it stays locked
+// longer than busy_timeout.
+Result<std::shared_ptr<Backend>> OpenSqliteBackend(const Url& url);
+
+// The default database path: $XDG_STATE_HOME/leasehold/leases.db, else
+// ~/.local/state/leasehold/leases.db. A relative $XDG_STATE_HOME is ignored, as the XDG spec
+// requires. Returns kInvalidArgument if neither variable is usable.
+Result<std::string> DefaultSqlitePath();
+
+class SqliteBackend final : public Backend {
+ public:
+  // Opens or creates the database, as OpenSqliteBackend does; all checks happen here, so that a
+  // bad file is reported at once rather than on the first lease operation.
+  static Result<std::shared_ptr<SqliteBackend>> Open(SqliteOptions options);
+
+  ~SqliteBackend() override;
+
+  [[nodiscard]] std::string_view scheme() const override { return "sqlite"; }
+
+  [[nodiscard]] Capabilities capabilities() const override;
+
+  Result<Grant> TryAcquire(const GrantRequest& request) override;
+
+  Status Renew(const RenewRequest& request) override;
+
+  // Renews every request in one BEGIN IMMEDIATE transaction. If the transaction cannot start
+  // or commit, every request gets that error.
+  std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
+
+  Status Release(std::string_view key, std::string_view owner_token) override;
+
+  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
+
+  Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
+
+  Result<bool> ForceRelease(std::string_view key) override;
+
+  // The database file, as given (not made absolute).
+  [[nodiscard]] const std::string& path() const { return path_; }
+
+  // The boot id that grants made by this process record.
+  [[nodiscard]] const std::string& boot_id() const { return boot_id_; }
+
+ private:
+  SqliteBackend(std::string path, std::string boot_id,
+                std::unique_ptr<SqliteConnection> connection);
+
+  // Renews one grant inside an open transaction, at store time `now_ns`.
+  Status RenewLocked(const RenewRequest& request, std::int64_t now_ns) LH_REQUIRES(mu_);
+
+  // Explains why `key` is not (or no longer) held under `owner_token`, inside an open
+  // transaction: "lease job:x was lost: expired 1.2s ago" and so on.
+  Status LostStatusLocked(std::string_view key, std::string_view owner_token, std::int64_t now_ns)
+      LH_REQUIRES(mu_);
+
+  // Immutable after construction.
+  const std::string path_;
+  const std::string boot_id_;
+
+  Mutex mu_;
+  // Guarded by mu_.
+  std::unique_ptr<SqliteConnection> connection_ LH_PT_GUARDED_BY(mu_);
+};
+
+}  // namespace leasehold::internal

@@ -1,0 +1,974 @@
+// File: tests/backends/sqlite/sqlite_backend_test.cc
+//
+// Behaviour specific to the embedded sqlite:// store: file and directory creation, WAL and
+// write locking, CLOCK_BOOTTIME expiry with boot ids, the fencing counter table, refusing files
+// that are not leasehold databases, error mapping, and sharing one file between threads and
+// processes. The generic behaviour of every backend is in tests/backends/conformance.
+
+#include "backends/sqlite/sqlite_backend.h"
+
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <new>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "leasehold/status.h"
+
+#include "backends/sqlite/sqlite_options.h"
+#include "core/url.h"
+
+namespace leasehold::internal {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kTokenA[] = "aaaaaaaa111111111111111111111111";
+constexpr char kTokenB[] = "bbbbbbbb222222222222222222222222";
+constexpr char kTokenC[] = "cccccccc333333333333333333333333";
+
+// TTLs for expiry tests: short, and slept past with a margin.
+constexpr Duration kShortTtl = milliseconds(50);
+constexpr Duration kPastShortTtl = milliseconds(90);
+
+std::string TokenNumber(int n) {
+  return fmt::format("{:08x}{:024x}", n, n);
+}
+
+// A fresh directory under /tmp, removed with its contents at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string templ = (std::filesystem::temp_directory_path() / "leasehold_sqlite_XXXXXX");
+    char* made = ::mkdtemp(templ.data());
+    if (made == nullptr) {
+      ADD_FAILURE() << "mkdtemp failed";
+    }
+    path_ = templ;
+  }
+
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  TempDir(TempDir&&) = delete;
+  TempDir& operator=(TempDir&&) = delete;
+
+  ~TempDir() {
+    std::error_code ignored;
+    // Restore permissions that a test may have removed, so that removal works for non-root.
+    for (auto it = std::filesystem::recursive_directory_iterator(path_, ignored);
+         it != std::filesystem::recursive_directory_iterator(); it.increment(ignored)) {
+      std::filesystem::permissions(it->path(), std::filesystem::perms::owner_all,
+                                   std::filesystem::perm_options::add, ignored);
+    }
+    std::filesystem::remove_all(path_, ignored);
+  }
+
+  [[nodiscard]] const std::string& path() const { return path_; }
+
+  [[nodiscard]] std::string Join(std::string_view name) const {
+    return path_ + "/" + std::string(name);
+  }
+
+ private:
+  std::string path_;
+};
+
+// Sets (or unsets, for nullopt) an environment variable for the scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* old = std::getenv(name); old != nullptr) {
+      old_ = old;
+    }
+    if (value.has_value()) {
+      ::setenv(name, value->c_str(), 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  ScopedEnv(ScopedEnv&&) = delete;
+  ScopedEnv& operator=(ScopedEnv&&) = delete;
+
+  ~ScopedEnv() {
+    if (old_.has_value()) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// A raw SQLite connection, to plant rows, hold locks and look at the file as another process
+// would.
+class RawDb {
+ public:
+  explicit RawDb(const std::string& path, int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) {
+    EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db_, flags, nullptr), SQLITE_OK) << path;
+  }
+
+  RawDb(const RawDb&) = delete;
+  RawDb& operator=(const RawDb&) = delete;
+  RawDb(RawDb&&) = delete;
+  RawDb& operator=(RawDb&&) = delete;
+
+  ~RawDb() { sqlite3_close_v2(db_); }
+
+  void Exec(const std::string& sql) {
+    char* error = nullptr;
+    EXPECT_EQ(sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK)
+        << sql << ": " << (error != nullptr ? error : "");
+    sqlite3_free(error);
+  }
+
+  std::string QueryText(const std::string& sql) {
+    sqlite3_stmt* statement = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(db_, sql.c_str(), -1, &statement, nullptr), SQLITE_OK) << sql;
+    std::string value;
+    if (sqlite3_step(statement) == SQLITE_ROW) {
+      const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(statement, 0));
+      value = text != nullptr ? text : "";
+    } else {
+      ADD_FAILURE() << "no row: " << sql;
+    }
+    sqlite3_finalize(statement);
+    return value;
+  }
+
+  std::int64_t QueryInt(const std::string& sql) { return std::stoll(QueryText(sql)); }
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void WriteFile(const std::string& path,  // NOLINT(bugprone-easily-swappable-parameters)
+               const std::string& contents) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << contents;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat st {};
+
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+Url SqliteUrl(std::string path, std::map<std::string, std::string, std::less<>> query = {}) {
+  Url url;
+  url.scheme = "sqlite";
+  url.path = std::move(path);
+  url.query = std::move(query);
+  return url;
+}
+
+Result<std::shared_ptr<SqliteBackend>> OpenAt(const std::string& path,
+                                              Duration busy_timeout = seconds(5),
+                                              std::string boot_id = {}) {
+  SqliteOptions options;
+  options.path = path;
+  options.busy_timeout = busy_timeout;
+  options.boot_id_for_testing = std::move(boot_id);
+  return SqliteBackend::Open(std::move(options));
+}
+
+GrantRequest Request(std::string key, std::string token, Duration ttl = seconds(10),
+                     std::string holder = "host:42") {
+  return GrantRequest{.key = std::move(key),
+                      .owner_token = std::move(token),
+                      .holder = std::move(holder),
+                      .ttl = ttl};
+}
+
+std::vector<std::string> Keys(const std::vector<LeaseInfo>& infos) {
+  std::vector<std::string> keys;
+  keys.reserve(infos.size());
+  for (const LeaseInfo& info : infos) {
+    keys.push_back(info.key);
+  }
+  return keys;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SqliteOptions and the default path.
+
+TEST(SqliteOptionsTest, FromUrlReadsPathAndBusyTimeout) {
+  Result<SqliteOptions> options =
+      SqliteOptions::FromUrl(SqliteUrl("/var/lib/app/leases.db", {{"busy_timeout", "500ms"}}));
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  EXPECT_EQ(options->path, "/var/lib/app/leases.db");
+  EXPECT_EQ(options->busy_timeout, milliseconds(500));
+}
+
+TEST(SqliteOptionsTest, BusyTimeoutDefaultsToTwoSeconds) {
+  Result<SqliteOptions> options = SqliteOptions::FromUrl(SqliteUrl("x.db"));
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  EXPECT_EQ(options->path, "x.db");
+  EXPECT_EQ(options->busy_timeout, seconds(2));
+}
+
+TEST(SqliteOptionsTest, UnknownParametersAreRejectedByName) {
+  Result<SqliteOptions> options =
+      SqliteOptions::FromUrl(SqliteUrl("x.db", {{"busytimeout", "1s"}, {"journal", "delete"}}));
+  ASSERT_EQ(options.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(options.status().message()), HasSubstr("busytimeout"));
+  EXPECT_THAT(std::string(options.status().message()), HasSubstr("journal"));
+}
+
+TEST(SqliteOptionsTest, BadBusyTimeoutIsRejected) {
+  for (const char* bad : {"10", "-1s", "soon", "1000h"}) {
+    Result<SqliteOptions> options =
+        SqliteOptions::FromUrl(SqliteUrl("x.db", {{"busy_timeout", bad}}));
+    EXPECT_EQ(options.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(SqliteOptionsTest, OtherSchemeIsRejected) {
+  Url url = SqliteUrl("x.db");
+  url.scheme = "redis";
+  EXPECT_EQ(SqliteOptions::FromUrl(url).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(SqliteOptionsTest, EmptyPathMeansDefaultPath) {
+  ScopedEnv state("XDG_STATE_HOME", "/srv/state");
+  Result<SqliteOptions> options = SqliteOptions::FromUrl(SqliteUrl(""));
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  EXPECT_EQ(options->path, "/srv/state/leasehold/leases.db");
+}
+
+TEST(DefaultSqlitePathTest, UsesXdgStateHome) {
+  ScopedEnv state("XDG_STATE_HOME", "/srv/state");
+  ScopedEnv home("HOME", "/home/ann");
+  EXPECT_EQ(DefaultSqlitePath().value(), "/srv/state/leasehold/leases.db");
+}
+
+TEST(DefaultSqlitePathTest, FallsBackToHomeLocalState) {
+  ScopedEnv state("XDG_STATE_HOME", std::nullopt);
+  ScopedEnv home("HOME", "/home/ann");
+  EXPECT_EQ(DefaultSqlitePath().value(), "/home/ann/.local/state/leasehold/leases.db");
+}
+
+TEST(DefaultSqlitePathTest, IgnoresRelativeXdgStateHome) {
+  ScopedEnv state("XDG_STATE_HOME", "relative/state");
+  ScopedEnv home("HOME", "/home/ann");
+  EXPECT_EQ(DefaultSqlitePath().value(), "/home/ann/.local/state/leasehold/leases.db");
+}
+
+TEST(DefaultSqlitePathTest, WithoutHomeIsInvalidArgument) {
+  ScopedEnv state("XDG_STATE_HOME", std::nullopt);
+  ScopedEnv home("HOME", std::nullopt);
+  Result<std::string> path = DefaultSqlitePath();
+  ASSERT_EQ(path.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(path.status().message()), HasSubstr("HOME"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opening: files, directories, journal mode, locking.
+
+class SqliteBackendTest : public ::testing::Test {
+ protected:
+  [[nodiscard]] std::string DbPath() const { return dir_.Join("leases.db"); }
+
+  std::shared_ptr<SqliteBackend> MustOpen(Duration busy_timeout = seconds(5),
+                                          std::string boot_id = {}) {
+    Result<std::shared_ptr<SqliteBackend>> backend =
+        OpenAt(DbPath(), busy_timeout, std::move(boot_id));
+    EXPECT_TRUE(backend.ok()) << backend.status().ToString();
+    return backend.ok() ? *backend : nullptr;
+  }
+
+  TempDir dir_;
+};
+
+TEST_F(SqliteBackendTest, DefaultPathIsCreatedWithPrivateDirectoriesAndFile) {
+  const std::string state_home = dir_.Join("state/deep");
+  ScopedEnv state("XDG_STATE_HOME", state_home);
+  // A permissive umask must not widen the modes.
+  const mode_t old_umask = ::umask(0);
+  Result<std::shared_ptr<Backend>> backend = OpenSqliteBackend(SqliteUrl(""));
+  ::umask(old_umask);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  ASSERT_TRUE((*backend)->TryAcquire(Request("job:x", kTokenA)).ok());
+
+  const std::string db = state_home + "/leasehold/leases.db";
+  ASSERT_TRUE(Exists(db));
+  EXPECT_EQ(ModeOf(db), 0600);
+  EXPECT_EQ(ModeOf(state_home + "/leasehold"), 0700);
+  EXPECT_EQ(ModeOf(state_home), 0700);
+  EXPECT_EQ(ModeOf(dir_.Join("state")), 0700);
+  // SQLite gives the WAL the database file's mode.
+  ASSERT_TRUE(Exists(db + "-wal"));
+  EXPECT_EQ(ModeOf(db + "-wal") & 0077, 0);
+}
+
+TEST_F(SqliteBackendTest, ExistingDirectoriesKeepTheirMode) {
+  const std::string existing = dir_.Join("shared");
+  ASSERT_EQ(::mkdir(existing.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(existing.c_str(), 0755), 0);
+  Result<std::shared_ptr<SqliteBackend>> backend = OpenAt(existing + "/new/leases.db");
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  EXPECT_EQ(ModeOf(existing), 0755);
+  EXPECT_EQ(ModeOf(existing + "/new"), 0700);
+}
+
+TEST_F(SqliteBackendTest, RelativePathIsRelativeToWorkingDirectory) {
+  const std::string old_cwd = std::filesystem::current_path();
+  ASSERT_EQ(::chdir(dir_.path().c_str()), 0);
+  Result<std::shared_ptr<Backend>> backend = OpenSqliteBackend(SqliteUrl("rel/leases.db"));
+  ASSERT_EQ(::chdir(old_cwd.c_str()), 0);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  EXPECT_TRUE(Exists(dir_.Join("rel/leases.db")));
+}
+
+TEST_F(SqliteBackendTest, DatabaseIsMarkedAndUsesWal) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryText("PRAGMA journal_mode"), "wal");
+  EXPECT_EQ(raw.QueryInt("PRAGMA application_id"), kSqliteApplicationId);
+  EXPECT_EQ(raw.QueryInt("PRAGMA user_version"), kSqliteSchemaVersion);
+}
+
+TEST_F(SqliteBackendTest, SchemeAndCapabilities) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  EXPECT_EQ(backend->scheme(), "sqlite");
+  Capabilities caps = backend->capabilities();
+  EXPECT_TRUE(caps.multi_process);
+  EXPECT_FALSE(caps.native_wait);
+  EXPECT_TRUE(caps.fencing_survives_restart);
+  EXPECT_EQ(backend->WaitForChange("job:x", BootClock::now() + seconds(1), {}).code(),
+            StatusCode::kUnimplemented);
+}
+
+TEST_F(SqliteBackendTest, UnknownUrlParameterIsRejected) {
+  Result<std::shared_ptr<Backend>> backend =
+      OpenSqliteBackend(SqliteUrl(DbPath(), {{"mode", "table"}}));
+  ASSERT_EQ(backend.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr("mode"));
+}
+
+TEST_F(SqliteBackendTest, MutationsTakeTheWriteLockAndTimeOutAsUnavailable) {
+  auto backend = MustOpen(milliseconds(50));
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(Request("job:held", kTokenA)).ok());
+
+  RawDb other(DbPath());
+  other.Exec("BEGIN IMMEDIATE");  // Another process holds the write lock.
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenB));
+  ASSERT_EQ(grant.status().code(), StatusCode::kUnavailable) << grant.status().ToString();
+  EXPECT_THAT(std::string(grant.status().message()), HasSubstr(DbPath()));
+  EXPECT_FALSE(grant.status().detail().empty());
+  EXPECT_EQ(backend->Renew({.key = "job:held", .owner_token = kTokenA, .ttl = seconds(10)}).code(),
+            StatusCode::kUnavailable);
+  EXPECT_EQ(backend->Release("job:held", kTokenA).code(), StatusCode::kUnavailable);
+  EXPECT_EQ(backend->ForceRelease("job:held").status().code(), StatusCode::kUnavailable);
+  // WAL: readers are not blocked by the writer.
+  Result<std::optional<LeaseInfo>> info = backend->Inspect("job:held");
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_TRUE(info->has_value());
+  EXPECT_TRUE(backend->List("job:").ok());
+  other.Exec("COMMIT");
+
+  EXPECT_TRUE(backend->TryAcquire(Request("job:x", kTokenB)).ok());
+  EXPECT_TRUE(backend->Release("job:held", kTokenA).ok());
+}
+
+TEST_F(SqliteBackendTest, BusyTimeoutWaitsForAnotherWriter) {
+  auto backend = MustOpen(seconds(10));
+  ASSERT_NE(backend, nullptr);
+  RawDb other(DbPath());
+  other.Exec("BEGIN IMMEDIATE");
+  std::thread committer([&other] {
+    std::this_thread::sleep_for(milliseconds(100));
+    other.Exec("COMMIT");
+  });
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA));
+  committer.join();
+  ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+  EXPECT_EQ(grant->fencing_token, 1u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lease operations.
+
+TEST_F(SqliteBackendTest, HeldByAnotherNamesHolderTokenPrefixFencingTokenAndTimeLeft) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  Result<Grant> first = backend->TryAcquire(Request("job:x", kTokenA, seconds(10), "host:42"));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->fencing_token, 1u);
+  EXPECT_EQ(first->ttl, seconds(10));
+
+  Result<Grant> second = backend->TryAcquire(Request("job:x", kTokenB, seconds(10), "web:7"));
+  ASSERT_EQ(second.status().code(), StatusCode::kHeldByAnother);
+  const std::string message(second.status().message());
+  EXPECT_THAT(message, HasSubstr("job:x is held by host:42 (fencing token 1, "));
+  EXPECT_THAT(message, HasSubstr("s left)"));
+  EXPECT_THAT(message, ::testing::Not(HasSubstr(kTokenA)));
+  const LeaseInfo* holder = second.error().holder();
+  ASSERT_NE(holder, nullptr);
+  EXPECT_EQ(holder->key, "job:x");
+  EXPECT_EQ(holder->holder, "host:42");
+  EXPECT_EQ(holder->token_prefix, "aaaaaaaa");
+  EXPECT_EQ(holder->fencing_token, 1u);
+  EXPECT_EQ(holder->ttl, seconds(10));
+  EXPECT_GT(holder->remaining, seconds(5));
+  EXPECT_LE(holder->remaining, seconds(10));
+}
+
+TEST_F(SqliteBackendTest, FencingTokensIncreasePerKeyIndependently) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  EXPECT_EQ(backend->TryAcquire(Request("a", kTokenA)).value().fencing_token, 1u);
+  EXPECT_EQ(backend->TryAcquire(Request("b", kTokenB)).value().fencing_token, 1u);
+  ASSERT_TRUE(backend->Release("a", kTokenA).ok());
+  EXPECT_EQ(backend->TryAcquire(Request("a", kTokenC)).value().fencing_token, 2u);
+  ASSERT_TRUE(backend->Release("a", kTokenC).ok());
+  EXPECT_EQ(backend->TryAcquire(Request("a", kTokenA)).value().fencing_token, 3u);
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryInt("SELECT last FROM fencing_counters WHERE key = 'a'"), 3);
+  EXPECT_EQ(raw.QueryInt("SELECT last FROM fencing_counters WHERE key = 'b'"), 1);
+}
+
+TEST_F(SqliteBackendTest, ExpiredGrantIsTakenOverWithTheNextFencingToken) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(Request("job:x", kTokenA, kShortTtl)).ok());
+  std::this_thread::sleep_for(kPastShortTtl);
+
+  Result<std::optional<LeaseInfo>> info = backend->Inspect("job:x");
+  ASSERT_TRUE(info.ok());
+  EXPECT_FALSE(info->has_value());
+  Result<Grant> taken = backend->TryAcquire(Request("job:x", kTokenB));
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_EQ(taken->fencing_token, 2u);
+
+  Status renew = backend->Renew({.key = "job:x", .owner_token = kTokenA, .ttl = seconds(10)});
+  EXPECT_EQ(renew.code(), StatusCode::kLost);
+  EXPECT_THAT(std::string(renew.message()), HasSubstr("taken over by another owner"));
+  EXPECT_EQ(backend->Release("job:x", kTokenA).code(), StatusCode::kLost);
+  // The old owner's release deleted nothing of the new owner's.
+  info = backend->Inspect("job:x");
+  ASSERT_TRUE(info.ok() && info->has_value());
+  EXPECT_EQ((*info)->token_prefix, "bbbbbbbb");
+}
+
+TEST_F(SqliteBackendTest, RenewExtendsOnlyTheOwnersLiveGrant) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(Request("job:x", kTokenA, milliseconds(300))).ok());
+  ASSERT_TRUE(backend->Renew({.key = "job:x", .owner_token = kTokenA, .ttl = seconds(10)}).ok());
+  std::this_thread::sleep_for(milliseconds(350));  // Past the original TTL.
+  Result<std::optional<LeaseInfo>> info = backend->Inspect("job:x");
+  ASSERT_TRUE(info.ok() && info->has_value());
+  EXPECT_EQ((*info)->ttl, seconds(10));
+  EXPECT_GT((*info)->remaining, seconds(5));
+  EXPECT_EQ(backend->TryAcquire(Request("job:x", kTokenB)).status().code(),
+            StatusCode::kHeldByAnother);
+
+  Status wrong = backend->Renew({.key = "job:x", .owner_token = kTokenB, .ttl = seconds(10)});
+  EXPECT_EQ(wrong.code(), StatusCode::kLost);
+  EXPECT_THAT(std::string(wrong.message()), HasSubstr("lease job:x was lost"));
+  Status absent = backend->Renew({.key = "job:none", .owner_token = kTokenA, .ttl = seconds(1)});
+  EXPECT_EQ(absent.code(), StatusCode::kLost);
+  EXPECT_THAT(std::string(absent.message()), HasSubstr("no longer exists"));
+}
+
+TEST_F(SqliteBackendTest, RenewAfterExpiryIsLostEvenWithoutATakeover) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(Request("job:x", kTokenA, kShortTtl)).ok());
+  std::this_thread::sleep_for(kPastShortTtl);
+  Status renew = backend->Renew({.key = "job:x", .owner_token = kTokenA, .ttl = seconds(10)});
+  EXPECT_EQ(renew.code(), StatusCode::kLost);
+  EXPECT_THAT(std::string(renew.message()), HasSubstr("lease job:x was lost: expired"));
+  // A lost renew must not have revived the grant.
+  Result<std::optional<LeaseInfo>> info = backend->Inspect("job:x");
+  ASSERT_TRUE(info.ok());
+  EXPECT_FALSE(info->has_value());
+}
+
+TEST_F(SqliteBackendTest, RenewManyReturnsOneStatusPerRequestInOrder) {
+  auto backend = MustOpen(milliseconds(50));
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(Request("a", kTokenA, seconds(1))).ok());
+  ASSERT_TRUE(backend->TryAcquire(Request("b", kTokenB, seconds(1))).ok());
+  std::vector<RenewRequest> requests = {
+      {.key = "a", .owner_token = kTokenA, .ttl = seconds(20)},
+      {.key = "b", .owner_token = kTokenA, .ttl = seconds(20)},  // Not ours.
+      {.key = "c", .owner_token = kTokenC, .ttl = seconds(20)},  // Absent.
+      {.key = "b", .owner_token = kTokenB, .ttl = seconds(30)},
+  };
+  std::vector<Status> results = backend->RenewMany(requests);
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_TRUE(results[0].ok()) << results[0].ToString();
+  EXPECT_EQ(results[1].code(), StatusCode::kLost);
+  EXPECT_EQ(results[2].code(), StatusCode::kLost);
+  EXPECT_TRUE(results[3].ok()) << results[3].ToString();
+  EXPECT_EQ(backend->Inspect("a").value()->ttl, seconds(20));
+  EXPECT_EQ(backend->Inspect("b").value()->ttl, seconds(30));
+  EXPECT_TRUE(backend->RenewMany({}).empty());
+
+  // One transaction: when the write lock cannot be had, every request reports it.
+  RawDb other(DbPath());
+  other.Exec("BEGIN IMMEDIATE");
+  results = backend->RenewMany(requests);
+  other.Exec("COMMIT");
+  ASSERT_EQ(results.size(), 4u);
+  for (const Status& status : results) {
+    EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status.ToString();
+  }
+}
+
+TEST_F(SqliteBackendTest, ReleaseDeletesOnlyTheOwnersLiveGrant) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(Request("job:x", kTokenA)).ok());
+  Status wrong = backend->Release("job:x", kTokenB);
+  EXPECT_EQ(wrong.code(), StatusCode::kLost);
+  EXPECT_TRUE(backend->Inspect("job:x").value().has_value());
+
+  EXPECT_TRUE(backend->Release("job:x", kTokenA).ok());
+  EXPECT_FALSE(backend->Inspect("job:x").value().has_value());
+  EXPECT_EQ(backend->Release("job:x", kTokenA).code(), StatusCode::kLost);
+  EXPECT_EQ(backend->Release("job:never", kTokenA).code(), StatusCode::kLost);
+  EXPECT_EQ(backend->TryAcquire(Request("job:x", kTokenB)).value().fencing_token, 2u);
+}
+
+TEST_F(SqliteBackendTest, ReleaseOfOwnExpiredGrantIsLostAndTidiesTheRow) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(Request("job:x", kTokenA, kShortTtl)).ok());
+  std::this_thread::sleep_for(kPastShortTtl);
+  Status release = backend->Release("job:x", kTokenA);
+  EXPECT_EQ(release.code(), StatusCode::kLost);
+  EXPECT_THAT(std::string(release.message()), HasSubstr("expired"));
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM grants WHERE key = 'job:x'"), 0);
+  EXPECT_EQ(raw.QueryInt("SELECT last FROM fencing_counters WHERE key = 'job:x'"), 1);
+}
+
+TEST_F(SqliteBackendTest, ForceReleaseDeletesAnyGrantAndKeepsTheCounter) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(Request("job:x", kTokenA)).ok());
+  Result<bool> forced = backend->ForceRelease("job:x");
+  ASSERT_TRUE(forced.ok());
+  EXPECT_TRUE(*forced);
+  EXPECT_FALSE(backend->ForceRelease("job:x").value());
+  EXPECT_FALSE(backend->ForceRelease("job:never").value());
+
+  Status renew = backend->Renew({.key = "job:x", .owner_token = kTokenA, .ttl = seconds(10)});
+  EXPECT_EQ(renew.code(), StatusCode::kLost);
+  EXPECT_THAT(std::string(renew.message()), HasSubstr("released by force"));
+  EXPECT_EQ(backend->TryAcquire(Request("job:x", kTokenB)).value().fencing_token, 2u);
+
+  // An expired grant is not live: force-releasing it reports false.
+  ASSERT_TRUE(backend->TryAcquire(Request("job:y", kTokenA, kShortTtl)).ok());
+  std::this_thread::sleep_for(kPastShortTtl);
+  EXPECT_FALSE(backend->ForceRelease("job:y").value());
+}
+
+TEST_F(SqliteBackendTest, InspectAndListShowLiveGrantsOnlyOrderedByKey) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(Request("job:dead", TokenNumber(1), kShortTtl)).ok());
+  std::this_thread::sleep_for(kPastShortTtl);
+  int n = 2;
+  for (const char* key :
+       {"job:b", "job:a", "job:%x", "job_1", "jobs", "other", "job:\xC3\xA9t\xC3\xA9"}) {
+    ASSERT_TRUE(backend->TryAcquire(Request(key, TokenNumber(n++), seconds(7), "h")).ok()) << key;
+  }
+
+  Result<std::vector<LeaseInfo>> jobs = backend->List("job:");
+  ASSERT_TRUE(jobs.ok()) << jobs.status().ToString();
+  EXPECT_THAT(Keys(*jobs), ElementsAre("job:%x", "job:a", "job:b", "job:\xC3\xA9t\xC3\xA9"));
+  // LIKE wildcards in a prefix are plain characters.
+  EXPECT_THAT(Keys(backend->List("job_").value()), ElementsAre("job_1"));
+  EXPECT_TRUE(backend->List("job%").value().empty());
+  EXPECT_THAT(Keys(backend->List("job:\xC3\xA9").value()), ElementsAre("job:\xC3\xA9t\xC3\xA9"));
+  EXPECT_THAT(
+      Keys(backend->List("").value()),
+      ElementsAre("job:%x", "job:a", "job:b", "job:\xC3\xA9t\xC3\xA9", "job_1", "jobs", "other"));
+
+  for (const LeaseInfo& info : *jobs) {
+    EXPECT_EQ(info.holder, "h");
+    EXPECT_EQ(info.ttl, seconds(7));
+    EXPECT_GT(info.remaining, milliseconds(0));
+    EXPECT_LE(info.remaining, seconds(7));
+    EXPECT_EQ(info.token_prefix.size(), 8u);
+    EXPECT_GE(info.fencing_token, 1u);
+  }
+  EXPECT_FALSE(backend->Inspect("job:dead").value().has_value());
+  Result<std::optional<LeaseInfo>> a = backend->Inspect("job:a");
+  ASSERT_TRUE(a.ok() && a->has_value());
+  EXPECT_EQ((*a)->token_prefix, TokenNumber(3).substr(0, 8));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Boot ids and durability of the fencing counter.
+
+TEST_F(SqliteBackendTest, GrantsFromAnotherBootCountAsExpiredAndTheCounterContinues) {
+  {
+    auto before = MustOpen(seconds(5), "boot-before");
+    ASSERT_NE(before, nullptr);
+    EXPECT_EQ(before->TryAcquire(Request("job:x", kTokenA)).value().fencing_token, 1u);
+  }
+  {
+    // Reopened in the same boot: the grant is still live.
+    auto same_boot = MustOpen(seconds(5), "boot-before");
+    ASSERT_NE(same_boot, nullptr);
+    EXPECT_TRUE(same_boot->Inspect("job:x").value().has_value());
+  }
+  auto after = MustOpen(seconds(5), "boot-after");
+  ASSERT_NE(after, nullptr);
+  EXPECT_FALSE(after->Inspect("job:x").value().has_value());
+  EXPECT_TRUE(after->List("").value().empty());
+  Status renew = after->Renew({.key = "job:x", .owner_token = kTokenA, .ttl = seconds(10)});
+  EXPECT_EQ(renew.code(), StatusCode::kLost);
+  EXPECT_THAT(std::string(renew.message()), HasSubstr("rebooted"));
+  EXPECT_EQ(after->TryAcquire(Request("job:x", kTokenB)).value().fencing_token, 2u);
+}
+
+TEST_F(SqliteBackendTest, PlantedGrantWithForeignBootIdIsIgnored) {
+  {
+    auto backend = MustOpen();
+    ASSERT_NE(backend, nullptr);
+    EXPECT_FALSE(backend->boot_id().empty());
+  }
+  {
+    RawDb raw(DbPath());
+    // A grant far from expiry on CLOCK_BOOTTIME, but made under another boot.
+    raw.Exec(
+        "INSERT INTO grants (key, token, holder, fencing_token, boot_id, ttl_ns, expires_ns) "
+        "VALUES ('job:x', 'dddddddd444444444444444444444444', 'old', 41, "
+        "'00000000-0000-0000-0000-000000000000', 10000000000, 9223372036854775807);"
+        "INSERT INTO fencing_counters (key, last) VALUES ('job:x', 41);");
+  }
+  auto backend = MustOpen();  // The real kernel boot id.
+  ASSERT_NE(backend, nullptr);
+  EXPECT_FALSE(backend->Inspect("job:x").value().has_value());
+  EXPECT_TRUE(backend->List("job").value().empty());
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA));
+  ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+  EXPECT_EQ(grant->fencing_token, 42u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files that are not leasehold databases: reported, never modified or recreated.
+
+TEST_F(SqliteBackendTest, TextFileIsRejectedAndLeftUntouched) {
+  for (const std::string& contents :
+       {std::string("hi\n"), std::string(5000, 'x') + "\nnot a database\n"}) {
+    WriteFile(DbPath(), contents);
+    Result<std::shared_ptr<SqliteBackend>> backend = OpenAt(DbPath());
+    ASSERT_EQ(backend.status().code(), StatusCode::kInvalidArgument) << backend.status().ToString();
+    EXPECT_THAT(std::string(backend.status().message()), HasSubstr(DbPath()));
+    EXPECT_THAT(std::string(backend.status().message()), HasSubstr("not a leasehold database"));
+    EXPECT_FALSE(backend.status().detail().empty());
+    EXPECT_EQ(ReadFile(DbPath()), contents);
+    EXPECT_FALSE(Exists(DbPath() + "-wal"));
+  }
+}
+
+TEST_F(SqliteBackendTest, OtherApplicationsDatabaseIsRejectedAndLeftUntouched) {
+  {
+    RawDb raw(DbPath());
+    raw.Exec(
+        "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT);"
+        "INSERT INTO customers (name) VALUES ('ann');");
+  }
+  const std::string before = ReadFile(DbPath());
+  Result<std::shared_ptr<SqliteBackend>> backend = OpenAt(DbPath());
+  ASSERT_EQ(backend.status().code(), StatusCode::kInvalidArgument) << backend.status().ToString();
+  EXPECT_THAT(std::string(backend.status().message()),
+              HasSubstr(DbPath() + " is not a leasehold database"));
+  EXPECT_EQ(ReadFile(DbPath()), before);
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryText("PRAGMA journal_mode"), "delete");
+}
+
+TEST_F(SqliteBackendTest, EmptyDatabaseOfAnotherApplicationIdIsRejected) {
+  {
+    RawDb raw(DbPath());
+    raw.Exec("PRAGMA application_id = 1234");
+  }
+  const std::string before = ReadFile(DbPath());
+  Result<std::shared_ptr<SqliteBackend>> backend = OpenAt(DbPath());
+  ASSERT_EQ(backend.status().code(), StatusCode::kInvalidArgument) << backend.status().ToString();
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr("not a leasehold database"));
+  EXPECT_EQ(ReadFile(DbPath()), before);
+}
+
+TEST_F(SqliteBackendTest, EmptyFileIsInitialised) {
+  WriteFile(DbPath(), "");
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  EXPECT_TRUE(backend->TryAcquire(Request("job:x", kTokenA)).ok());
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryInt("PRAGMA application_id"), kSqliteApplicationId);
+}
+
+TEST_F(SqliteBackendTest, SqliteDatabaseWithoutTablesIsInitialised) {
+  {
+    RawDb raw(DbPath());
+    raw.Exec("CREATE TABLE t (x); DROP TABLE t;");
+  }
+  ASSERT_GT(ReadFile(DbPath()).size(), 0u);
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  EXPECT_TRUE(backend->TryAcquire(Request("job:x", kTokenA)).ok());
+}
+
+TEST_F(SqliteBackendTest, NewerSchemaVersionIsRejected) {
+  ASSERT_NE(MustOpen(), nullptr);  // Closed at once: the WAL is checkpointed away.
+  {
+    RawDb raw(DbPath());
+    raw.Exec(fmt::format("PRAGMA user_version = {}", kSqliteSchemaVersion + 1));
+  }
+  Result<std::shared_ptr<SqliteBackend>> backend = OpenAt(DbPath());
+  ASSERT_EQ(backend.status().code(), StatusCode::kUnimplemented) << backend.status().ToString();
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr("newer leasehold"));
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr(DbPath()));
+}
+
+TEST_F(SqliteBackendTest, CorruptDatabaseIsReportedAndLeftUntouched) {
+  {
+    auto backend = MustOpen();
+    ASSERT_NE(backend, nullptr);
+    ASSERT_TRUE(backend->TryAcquire(Request("job:x", kTokenA)).ok());
+  }
+  ASSERT_FALSE(Exists(DbPath() + "-wal"));
+  const std::string good = ReadFile(DbPath());
+  ASSERT_GE(good.size(), 4096u);
+
+  // Garbage in the schema page (after the 100-byte header), then in the header magic.
+  std::string bad_schema = good;
+  std::fill(bad_schema.begin() + 100, bad_schema.begin() + 4096, '\x55');
+  std::string bad_magic = good;
+  std::fill(bad_magic.begin(), bad_magic.begin() + 16, 'Z');
+  for (const std::string& bad : {bad_schema, bad_magic}) {
+    WriteFile(DbPath(), bad);
+    Result<std::shared_ptr<SqliteBackend>> backend = OpenAt(DbPath());
+    ASSERT_EQ(backend.status().code(), StatusCode::kInvalidArgument) << backend.status().ToString();
+    EXPECT_THAT(std::string(backend.status().message()),
+                HasSubstr(DbPath() + " is not a leasehold database or is corrupt"));
+    EXPECT_THAT(std::string(backend.status().detail()), HasSubstr("sqlite3 error"));
+    EXPECT_EQ(ReadFile(DbPath()), bad);
+  }
+}
+
+TEST_F(SqliteBackendTest, PathUnderARegularFileIsPermissionDenied) {
+  WriteFile(dir_.Join("file"), "x");
+  const std::string path = dir_.Join("file/sub/leases.db");
+  Result<std::shared_ptr<SqliteBackend>> backend = OpenAt(path);
+  ASSERT_EQ(backend.status().code(), StatusCode::kPermissionDenied) << backend.status().ToString();
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr(path));
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr("Not a directory"));
+
+  // /proc refuses new directories even to root.
+  backend = OpenAt("/proc/leasehold-sqlite-test/leases.db");
+  EXPECT_EQ(backend.status().code(), StatusCode::kPermissionDenied) << backend.status().ToString();
+}
+
+TEST_F(SqliteBackendTest, DirectoryAsDatabasePathIsInvalidArgument) {
+  Result<std::shared_ptr<SqliteBackend>> backend = OpenAt(dir_.path());
+  ASSERT_EQ(backend.status().code(), StatusCode::kInvalidArgument) << backend.status().ToString();
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr(dir_.path()));
+}
+
+TEST_F(SqliteBackendTest, UnreadableFileIsPermissionDenied) {
+  if (::geteuid() == 0) {
+    GTEST_SKIP() << "root ignores permission bits";
+  }
+  WriteFile(DbPath(), "");
+  ASSERT_EQ(::chmod(DbPath().c_str(), 0), 0);
+  Result<std::shared_ptr<SqliteBackend>> backend = OpenAt(DbPath());
+  ASSERT_EQ(backend.status().code(), StatusCode::kPermissionDenied) << backend.status().ToString();
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr(DbPath()));
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr("Permission denied"));
+}
+
+TEST_F(SqliteBackendTest, UnwritableDirectoryIsPermissionDenied) {
+  if (::geteuid() == 0) {
+    GTEST_SKIP() << "root ignores permission bits";
+  }
+  const std::string locked = dir_.Join("locked");
+  ASSERT_EQ(::mkdir(locked.c_str(), 0500), 0);
+  Result<std::shared_ptr<SqliteBackend>> backend = OpenAt(locked + "/leases.db");
+  ASSERT_EQ(backend.status().code(), StatusCode::kPermissionDenied) << backend.status().ToString();
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr(locked));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharing: threads on one backend, processes on one file.
+
+TEST_F(SqliteBackendTest, ThreadsSharingOneBackendNeverHoldAKeyTogether) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 40;
+  std::atomic<int> holders{0};
+  std::atomic<int> overlaps{0};
+  std::atomic<int> errors{0};
+  std::vector<std::vector<FencingToken>> tokens(kThreads);
+  std::vector<std::thread> threads;
+  threads.reserve(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        const std::string token = TokenNumber(t * 1000 + i);
+        Result<Grant> grant = backend->TryAcquire(Request("job:shared", token));
+        if (!grant.ok()) {
+          if (grant.status().code() != StatusCode::kHeldByAnother) {
+            ++errors;
+          }
+          continue;
+        }
+        if (holders.fetch_add(1) != 0) {
+          ++overlaps;
+        }
+        tokens[t].push_back(grant->fencing_token);
+        holders.fetch_sub(1);
+        if (!backend->Release("job:shared", token).ok()) {
+          ++errors;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(errors.load(), 0);
+  std::set<FencingToken> distinct;
+  std::size_t total = 0;
+  for (const auto& per_thread : tokens) {
+    total += per_thread.size();
+    distinct.insert(per_thread.begin(), per_thread.end());
+  }
+  EXPECT_GT(total, 0u);
+  EXPECT_EQ(distinct.size(), total);
+  EXPECT_EQ(*distinct.rbegin(), total);  // 1..total, none skipped or repeated.
+}
+
+TEST_F(SqliteBackendTest, ProcessesSharingTheFileNeverHoldAKeyTogether) {
+  ASSERT_NE(MustOpen(), nullptr);  // Create the database once; children open their own.
+  constexpr int kProcesses = 4;
+  constexpr int kRounds = 30;
+  // Counts current holders across processes.
+  void* shared = ::mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  auto* holders = new (shared) std::atomic<int>(0);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+
+  std::vector<pid_t> children;
+  for (int p = 0; p < kProcesses; ++p) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(pipe_fds[0]);
+      // Exit codes: 0 fine, 3 open failed, 4 unexpected status, 5 overlap.
+      Result<std::shared_ptr<SqliteBackend>> backend = OpenAt(DbPath(), seconds(10));
+      if (!backend.ok()) {
+        ::_exit(3);
+      }
+      int code = 0;
+      for (int i = 0; i < kRounds; ++i) {
+        const std::string token = TokenNumber(p * 1000 + i);
+        Result<Grant> grant = (*backend)->TryAcquire(Request("job:shared", token));
+        if (!grant.ok()) {
+          if (grant.status().code() != StatusCode::kHeldByAnother) {
+            code = 4;
+          }
+          continue;
+        }
+        if (holders->fetch_add(1) != 0) {
+          code = 5;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        holders->fetch_sub(1);
+        const FencingToken fencing_token = grant->fencing_token;
+        if (::write(pipe_fds[1], &fencing_token, sizeof fencing_token) !=
+            static_cast<ssize_t>(sizeof fencing_token)) {
+          code = 4;
+        }
+        if (!(*backend)->Release("job:shared", token).ok()) {
+          code = 4;
+        }
+      }
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  ::close(pipe_fds[1]);
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "child " << pid;
+  }
+  std::vector<FencingToken> tokens;
+  FencingToken token = 0;
+  while (::read(pipe_fds[0], &token, sizeof token) == static_cast<ssize_t>(sizeof token)) {
+    tokens.push_back(token);
+  }
+  ::close(pipe_fds[0]);
+  ::munmap(shared, sizeof(std::atomic<int>));
+
+  ASSERT_FALSE(tokens.empty());
+  std::set<FencingToken> distinct(tokens.begin(), tokens.end());
+  EXPECT_EQ(distinct.size(), tokens.size());
+  EXPECT_EQ(*distinct.rbegin(), tokens.size());
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryInt("SELECT last FROM fencing_counters WHERE key = 'job:shared'"),
+            static_cast<std::int64_t>(tokens.size()));
+}
+
+}  // namespace
+}  // namespace leasehold::internal
