@@ -7,6 +7,9 @@
 #if LEASEHOLD_WITH_SQLITE
 #include "backends/sqlite/sqlite_backend.h"
 #endif
+#if LEASEHOLD_WITH_REDIS
+#include "backends/redis/redis_backend.h"
+#endif
 
 namespace leasehold::internal {
 
@@ -32,6 +35,10 @@ std::vector<std::string> CompiledSchemes() {
 #if LEASEHOLD_WITH_SQLITE
   schemes.emplace_back("sqlite");
 #endif
+#if LEASEHOLD_WITH_REDIS
+  schemes.emplace_back("redis");
+  schemes.emplace_back("redis+unix");
+#endif
   return schemes;
 }
 
@@ -42,6 +49,11 @@ Result<std::shared_ptr<Backend>> OpenBackend(const Url& url, Clock& clock) {
 #if LEASEHOLD_WITH_SQLITE
   if (url.scheme == "sqlite") {
     return OpenSqliteBackend(url);
+  }
+#endif
+#if LEASEHOLD_WITH_REDIS
+  if (url.scheme == "redis" || url.scheme == "redis+unix") {
+    return OpenRedisBackend(url);
   }
 #endif
   for (const SchemeInfo& known : kKnownSchemes) {

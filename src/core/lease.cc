@@ -31,9 +31,12 @@ void Lease::ReleaseOnDestroy() noexcept {
   if (!core_) {
     return;
   }
+  // A lease already known to be lost was reported when it was lost: say it again only in
+  // debug logs.
+  const bool already_lost = store_ != nullptr && !core_->Active();
   Status s = Release();
   if (!s.ok()) {
-    internal::Log(internal::LogLevel::kWarning,
+    internal::Log(already_lost ? internal::LogLevel::kDebug : internal::LogLevel::kWarning,
                   fmt::format("release on destruction key={} token={}: {}", core_->key(),
                               internal::TokenPrefix(core_->owner_token()), s.ToString()));
   }

@@ -24,6 +24,7 @@
 #include <limits>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -74,6 +75,11 @@ CREATE TABLE grants (
 // Takes the write lock now, waiting up to busy_timeout, instead of at the first write (a
 // deferred transaction that reads first can fail to upgrade with SQLITE_BUSY, and would let two
 // processes both see "no live grant").
+// What the file is: its application_id, schema version and number of schema objects.
+constexpr const char* kReadStateSql =
+    "SELECT (SELECT application_id FROM pragma_application_id), "
+    "(SELECT user_version FROM pragma_user_version), (SELECT count(*) FROM sqlite_schema)";
+
 constexpr const char* kBeginImmediateSql = "BEGIN IMMEDIATE";
 constexpr const char* kCommitSql = "COMMIT";
 constexpr const char* kRollbackSql = "ROLLBACK";
@@ -424,7 +430,16 @@ class SqliteConnection {
   // Switches to WAL (readers never block the writer; writers queue on the write lock) and
   // makes every commit durable. Only called on a database known to be ours.
   Status Configure() {
-    LH_ASSIGN_OR_RETURN(std::string mode, QueryText("PRAGMA journal_mode = WAL", "open"));
+    // Switching to WAL needs an exclusive lock, and SQLite does not run the busy handler for
+    // it: when several processes open a fresh file at once, retry until busy_timeout.
+    const SteadyTime give_up = BootClock::now() + busy_timeout_;
+    Result<std::string> switched = QueryText("PRAGMA journal_mode = WAL", "open");
+    while (!switched.ok() && switched.status().code() == StatusCode::kUnavailable &&
+           BootClock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      switched = QueryText("PRAGMA journal_mode = WAL", "open");
+    }
+    LH_ASSIGN_OR_RETURN(std::string mode, std::move(switched));
     if (mode != "wal") {
       return Status::InvalidArgument(fmt::format(
           "sqlite database {}: cannot use WAL journal mode (still \"{}\"); is it on a network "
@@ -531,9 +546,14 @@ class SqliteConnection {
   // Reads only the header and the schema table: nothing here writes.
   Result<State> ReadState() {
     State state;
-    LH_ASSIGN_OR_RETURN(state.application_id, QueryInt("PRAGMA application_id", "open"));
-    LH_ASSIGN_OR_RETURN(state.user_version, QueryInt("PRAGMA user_version", "open"));
-    LH_ASSIGN_OR_RETURN(state.table_count, QueryInt("SELECT count(*) FROM sqlite_schema", "open"));
+    // One statement, so one consistent snapshot: read separately, the three values could
+    // straddle another process's initialisation (application_id 0 from before it, its tables
+    // from after) and make a fresh leasehold database look foreign.
+    LH_RETURN_IF_ERROR(QueryOne(kReadStateSql, "open", [&](sqlite3_stmt* s) {
+      state.application_id = sqlite3_column_int64(s, 0);
+      state.user_version = sqlite3_column_int64(s, 1);
+      state.table_count = sqlite3_column_int64(s, 2);
+    }));
     if (state.application_id == kSqliteApplicationId) {
       state.kind = Kind::kOurs;
     } else if (state.application_id == 0 && state.user_version == 0 && state.table_count == 0) {

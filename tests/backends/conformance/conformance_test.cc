@@ -22,6 +22,9 @@
 #include "backends/registry.h"
 #include "core/url.h"
 #include "leasehold/store.h"
+#if LEASEHOLD_WITH_REDIS
+#include "testing/redis_server.h"
+#endif
 
 extern char** environ;
 
@@ -51,6 +54,25 @@ std::vector<BackendFactory> Factories() {
 #if LEASEHOLD_WITH_SQLITE
   factories.push_back(
       {"sqlite", [](const std::string& dir) { return fmt::format("sqlite://{}/leases.db", dir); }});
+#endif
+#if LEASEHOLD_WITH_REDIS
+  // One redis-server per test process (started on first use, on a free loopback port, killed by
+  // PID at exit); each store gets its own key prefix, so every test starts empty.
+  factories.push_back({"redis", [](const std::string&) {
+                         static testing::RedisServer* server = [] {
+                           auto started = testing::RedisServer::Start({.aof = true});
+                           if (!started.ok()) {  // every test then fails to open the store
+                             std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
+                             return static_cast<testing::RedisServer*>(nullptr);
+                           }
+                           std::atexit([] { delete server; });
+                           return started->release();
+                         }();
+                         static std::atomic<int> n{0};
+                         return fmt::format("{}/0?prefix=conformance-{}-{}",
+                                            server ? server->Url() : "redis://127.0.0.1:1",
+                                            getpid(), ++n);
+                       }});
 #endif
   return factories;
 }

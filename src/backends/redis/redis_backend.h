@@ -1,0 +1,132 @@
+// File: backends/redis/redis_backend.h (internal)
+//
+// RedisBackend: the redis:// store (DESIGN.md section 4). Each grant is a hash at
+// "<prefix>:{<hex key>}" (fields token, holder, fence, ttl) with a PEXPIRE; each key's fencing
+// counter is a plain integer at "<prefix>:{<hex key>}:fence" that is never deleted; a release
+// publishes on "<prefix>:{<hex key>}:released". The lease name is hex-encoded inside the
+// {hash tag}, so any UTF-8 name (including '{', '}', '*', '[') gives one well-formed tag, the
+// lease, fence counter and channel share one cluster slot, and a prefix scan needs no glob
+// escaping of the name. Every mutation is one Lua script (redis_scripts.h) run with EVALSHA,
+// reloaded by itself after NOSCRIPT (server restart, SCRIPT FLUSH).
+//
+// Fencing tokens survive a restart only if the server persists its data (AOF or RDB): with
+// persistence off the counters restart from zero. Open() checks with CONFIG GET where the ACL
+// allows it and warns once per server and process.
+//
+// Example:
+//
+//   LH_ASSIGN_OR_RETURN(Url url, ParseUrl("redis://app:secret@127.0.0.1:6379/0"));
+//   LH_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, OpenRedisBackend(url));
+//   Result<Grant> grant = backend->TryAcquire(
+//       {.key = "job:x", .owner_token = token, .holder = "web-3:42", .ttl = 10s});
+//
+// Thread safety: thread-safe. hiredis contexts are not, so commands borrow a connection from
+// a small pool (RedisOptions::pool_size) and waiters share one subscriber connection, read by
+// one std::jthread owned by the backend and joined in its destructor. A broken connection is
+// dropped and a new one is opened on the next call, with capped exponential backoff between
+// failed connects.
+
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "leasehold/clock.h"
+#include "leasehold/lease_info.h"
+#include "leasehold/status.h"
+
+#include "backends/backend.h"
+#include "backends/redis/redis_options.h"
+#include "core/url.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
+
+namespace leasehold::internal {
+
+// Defined in redis_backend.cc, the only file that includes hiredis.
+class RedisConnectionPool;
+class RedisSubscriber;
+
+// Opens the store named by `url` (scheme "redis" or "redis+unix") and checks it at once.
+// Returns kInvalidArgument for a bad URL; kUnavailable if the server cannot be reached within
+// connect_timeout; kPermissionDenied for wrong credentials or an ACL that forbids a command the
+// backend needs (the message names it). Messages never contain the password.
+Result<std::shared_ptr<Backend>> OpenRedisBackend(const Url& url);
+
+class RedisBackend final : public Backend {
+ public:
+  // What the backend has done so far, for tests and the benchmark.
+  struct Stats {
+    // Pipelined batches sent and answered: one per operation, one per RenewMany call, plus one
+    // per NOSCRIPT recovery.
+    std::uint64_t round_trips = 0;
+    // Connections opened, the subscriber's included.
+    std::uint64_t connects = 0;
+    // SCRIPT LOAD batches sent (one at open, one per NOSCRIPT recovery).
+    std::uint64_t script_loads = 0;
+  };
+
+  // Connects, authenticates, selects the database, loads the scripts and checks persistence.
+  static Result<std::shared_ptr<RedisBackend>> Open(RedisOptions options);
+
+  ~RedisBackend() override;
+
+  [[nodiscard]] std::string_view scheme() const override { return "redis"; }
+
+  // native_wait: pub/sub. fencing_survives_restart: false only when Open() saw persistence off.
+  [[nodiscard]] Capabilities capabilities() const override;
+
+  // Returns kHeldByAnother with the holder's LeaseInfo (remaining from PTTL). With
+  // min_replicas, a grant that too few replicas confirm is undone and kUnavailable returned.
+  Result<Grant> TryAcquire(const GrantRequest& request) override;
+
+  Status Renew(const RenewRequest& request) override;
+
+  // Renews every request with one pipelined round trip (plus one more after NOSCRIPT). If the
+  // round trip fails, every request gets that error.
+  std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
+
+  Status Release(std::string_view key, std::string_view owner_token) override;
+
+  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
+
+  // Walks the keyspace with SCAN (never KEYS) and reads the grants found in one pipeline per
+  // SCAN page.
+  Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
+
+  Result<bool> ForceRelease(std::string_view key) override;
+
+  // Subscribes (on the shared subscriber connection) to the key's release channel, then reads
+  // its PTTL, then blocks until a release message, the grant's remaining TTL plus jitter,
+  // `deadline` or `stop`. If the subscriber connection is down it polls every 100 ms instead.
+  Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
+
+  [[nodiscard]] Stats stats() const;
+
+  [[nodiscard]] const RedisOptions& options() const { return options_; }
+
+  // Redis key and channel names for `key` under `prefix`, exposed for tests.
+  static std::string LeaseKeyName(std::string_view prefix, std::string_view key);
+  static std::string FenceKeyName(std::string_view prefix, std::string_view key);
+  static std::string ChannelName(std::string_view prefix, std::string_view key);
+
+ private:
+  RedisBackend(RedisOptions options, std::shared_ptr<RedisConnectionPool> pool,
+               bool persistence_off);
+
+  const RedisOptions options_;
+  const std::shared_ptr<RedisConnectionPool> pool_;
+  const bool persistence_off_;
+  Mutex subscriber_mu_;
+  // Started by the first WaitForChange, so that a handle used only for status and list costs
+  // no thread; lives until the backend is destroyed.
+  std::shared_ptr<RedisSubscriber> subscriber_ LH_GUARDED_BY(subscriber_mu_);
+};
+
+}  // namespace leasehold::internal

@@ -1,0 +1,89 @@
+// File: backends/redis/redis_options.h (internal)
+//
+// RedisOptions: how a redis:// store is reached. The URL and this struct are two views of one
+// configuration:
+//
+//   redis://[user[:password]@]host[:port][/db][?param=value&...]
+//   redis+unix://[user[:password]@]/path/to/redis.sock[?db=N&...]
+//
+// Parameters: connect_timeout, command_timeout (durations, e.g. 500ms), prefix (key
+// namespace), min_replicas, replica_timeout, pool_size, fair. Unknown parameters are errors.
+//
+// Example:
+//
+//   LH_ASSIGN_OR_RETURN(Url url, ParseUrl("redis://app:secret@10.0.0.5:6380/2?prefix=jobs"));
+//   LH_ASSIGN_OR_RETURN(RedisOptions options, RedisOptions::FromUrl(url));
+//   LH_ASSIGN_OR_RETURN(auto backend, RedisBackend::Open(options));
+//
+// Thread safety: a plain value type.
+
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "leasehold/clock.h"
+#include "leasehold/status.h"
+
+#include "core/url.h"
+
+namespace leasehold::internal {
+
+inline constexpr int kRedisDefaultPort = 6379;
+
+struct RedisOptions {
+  // TCP host and port. Unused when unix_socket is set.
+  // Default: 127.0.0.1:6379.
+  std::string host = "127.0.0.1";
+  int port = kRedisDefaultPort;
+
+  // Path of a Unix domain socket (redis+unix://). Default: empty (use TCP).
+  std::string unix_socket;
+
+  // ACL user and password (AUTH user password; AUTH password when only a password is given).
+  // The password never appears in logs or errors. Default: none (no AUTH).
+  std::optional<std::string> user;
+  std::optional<std::string> password;
+
+  // Database number for SELECT. URL: the path (/2) for redis://, db=2 for redis+unix://.
+  // Default: 0.
+  int db = 0;
+
+  // Bound on establishing one connection (TCP connect plus AUTH/SELECT).
+  // URL: connect_timeout=2s. Default: 2 s.
+  Duration connect_timeout = std::chrono::seconds(2);
+
+  // Bound on one command's round trip (a pipelined batch counts as one).
+  // URL: command_timeout=2s. Default: 2 s.
+  Duration command_timeout = std::chrono::seconds(2);
+
+  // Namespace of every key leasehold writes: "<prefix>:{<hex key>}". Lets several
+  // applications (or test cases) share one database. Must not contain '{' or '}'.
+  // URL: prefix=myapp. Default: "leasehold".
+  std::string prefix = "leasehold";
+
+  // After each acquire and renew, WAIT for this many replicas to acknowledge, within
+  // replica_timeout; if fewer do, an acquire is undone and reported kUnavailable and a renew
+  // counts as failed (kUnavailable). URL: min_replicas=1. Default: 0 (no WAIT).
+  int min_replicas = 0;
+
+  // Bound on the WAIT above. URL: replica_timeout=200ms. Default: 500 ms.
+  Duration replica_timeout = std::chrono::milliseconds(500);
+
+  // Most connections open at once for commands (the subscriber connection is extra).
+  // URL: pool_size=4. Default: 4.
+  int pool_size = 4;
+
+  // Returns "host:port" or "unix:/path" (never credentials), for messages.
+  [[nodiscard]] std::string Address() const;
+
+  // Builds options from a "redis" or "redis+unix" URL. Returns kInvalidArgument for another
+  // scheme, an unknown or malformed parameter (named in the message), a bad port or db, or
+  // several hosts; kUnimplemented for fair=true (TODO(#3)).
+  static Result<RedisOptions> FromUrl(const Url& url);
+};
+
+}  // namespace leasehold::internal

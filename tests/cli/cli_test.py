@@ -1,0 +1,571 @@
+#!/usr/bin/env python3
+# File: tests/cli/cli_test.py
+#
+# End-to-end tests of the `leasehold` command against the embedded sqlite:// store: the issue's
+# acceptance list for `run` (contention, waiting, kill -9, force-release, SIGSTOP/SIGCONT, bad
+# input, signal forwarding) and the operator commands (status, list, release, --help).
+#
+#   python3 tests/cli/cli_test.py --leasehold build/tools/cli/leasehold [-v] [CliTest.test_x]
+#
+# Every test gets a fresh temp dir, its own sqlite file and XDG_STATE_HOME (nothing touches the
+# real home), and tearDown kills every process group it started. Timing bounds are generous
+# (busy CI machines), and every measured figure is printed so a regression shows before it fails.
+
+import argparse
+import json
+import sqlite3
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+LEASEHOLD = None
+
+EXIT_USAGE = 64
+EXIT_UNAVAILABLE = 69
+EXIT_HELD = 75
+EXIT_PERMISSION = 77
+EXIT_LOST = 79
+EXIT_NOT_FOUND = 127
+EXIT_INTERRUPTED = 130
+
+
+def figure(name, value, bound):
+    print(f"\n  [figure] {name}: {value:.3f}s (bound {bound:.3f}s)", file=sys.stderr, flush=True)
+
+
+def process_gone(pid):
+    """True if pid no longer runs: absent, or a zombie waiting for a reaper."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    # The state follows the parenthesised command name.
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+
+class CliTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="leasehold-cli-")
+        self.store = "sqlite://" + os.path.join(self.tmp, "leases.db")
+        self.env = dict(os.environ)
+        self.env.pop("LEASEHOLD_STORE", None)
+        self.env.pop("LEASEHOLD_DEBUG", None)
+        self.env["XDG_STATE_HOME"] = os.path.join(self.tmp, "state")
+        self.env["HOME"] = self.tmp
+        self.procs = []
+        # Create the store once up front: the tests below are about the command, and a fresh
+        # file opened by several processes at once is covered by its own test.
+        r = self.cli("list")
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=10)
+            # Children of a run killed with -9 live in the same (new) process group.
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.stderr_file.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def path(self, name):
+        return os.path.join(self.tmp, name)
+
+    def cli(self, *args, env=None, timeout=30, store=True):
+        argv = [LEASEHOLD] + list(args)
+        if store:
+            argv[2:2] = ["--store", self.store]  # after the subcommand name
+        r = subprocess.run(argv, env=env or self.env, cwd=self.tmp, capture_output=True,
+                           text=True, timeout=timeout)
+        return r
+
+    def start(self, *args, env=None, store=True):
+        """Starts `leasehold ARGS` in its own process group; stderr goes to a file."""
+        argv = [LEASEHOLD] + list(args)
+        if store:
+            argv[2:2] = ["--store", self.store]
+        err = tempfile.NamedTemporaryFile(mode="w+", dir=self.tmp, prefix="stderr-", delete=False)
+        p = subprocess.Popen(argv, env=env or self.env, cwd=self.tmp, stdout=subprocess.DEVNULL,
+                             stderr=err, start_new_session=True)
+        p.stderr_file = err
+        self.procs.append(p)
+        return p
+
+    def stderr_of(self, p):
+        with open(p.stderr_file.name) as f:
+            return f.read()
+
+    def wait_for_file(self, name, timeout=10):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            p = self.path(name)
+            if os.path.exists(p):
+                with open(p) as f:
+                    text = f.read()
+                if text.endswith("\n"):
+                    return text.strip()
+            time.sleep(0.01)
+        self.fail(f"{name} did not appear within {timeout}s")
+
+    def wait_exit(self, p, timeout):
+        try:
+            return p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.fail(f"leasehold {p.args[1:]} still running after {timeout}s; stderr:\n"
+                      + self.stderr_of(p))
+
+    def status_json(self, key, env=None, store=True):
+        r = self.cli("status", key, "--json", env=env, store=store)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)
+
+    def wait_held(self, key, timeout=10):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.status_json(key)
+            if s["held"]:
+                return s
+            time.sleep(0.02)
+        self.fail(f"{key} not held within {timeout}s; started processes:\n"
+                  + "\n".join(f"{p.args[1:8]} rc={p.poll()}: {self.stderr_of(p)}"
+                               for p in self.procs))
+
+    def assert_one_error_line(self, r, code):
+        lines = r.stderr.splitlines()
+        self.assertGreaterEqual(r.returncode, 0, f"killed by signal: {r.stderr}")
+        self.assertEqual(r.returncode, code, f"stderr: {r.stderr}")
+        self.assertEqual(len(lines), 1, f"expected one stderr line, got: {lines}")
+        self.assertTrue(lines[0].startswith("leasehold: "), lines[0])
+
+    # --- 1. contention and waiting -------------------------------------------------------------
+
+    def test_second_run_fails_at_once_then_waiter_takes_over_with_higher_token(self):
+        first = self.start("run", "--ttl", "2s", "--holder", "first", "job", "--", "sh", "-c",
+                           "echo $LEASEHOLD_FENCING_TOKEN > first.token; sleep 3; "
+                           "date +%s.%N > first.end")
+        first_token = int(self.wait_for_file("first.token"))
+
+        t0 = time.monotonic()
+        second = self.cli("run", "--ttl", "2s", "job", "--", "true")
+        elapsed = time.monotonic() - t0
+        figure("second run (no --wait) exit time", elapsed, 1.0)
+        self.assert_one_error_line(second, EXIT_HELD)
+        self.assertIn("first", second.stderr)  # who holds it
+        self.assertIn(f"fencing token {first_token}", second.stderr)
+        self.assertLessEqual(elapsed, 1.0)
+
+        waiter = self.start("run", "--ttl", "2s", "--wait", "10s", "job", "--", "sh", "-c",
+                            "date +%s.%N > waiter.start; echo $LEASEHOLD_FENCING_TOKEN > "
+                            "waiter.token")
+        self.assertEqual(self.wait_exit(first, 10), 0, self.stderr_of(first))
+        first_exit = time.time()
+        self.assertEqual(self.wait_exit(waiter, 15), 0, self.stderr_of(waiter))
+        waiter_start = float(self.wait_for_file("waiter.start"))
+        first_end = float(self.wait_for_file("first.end"))
+        gap = waiter_start - first_exit
+        figure("handoff gap (waiter's child start - first run's exit)", gap, 2.0)
+        # The waiter's command never starts while the first one still runs.
+        self.assertGreater(waiter_start, first_end)
+        self.assertLessEqual(gap, 2.0)
+        self.assertGreater(int(self.wait_for_file("waiter.token")), first_token)
+        self.assertIn("waiting", self.stderr_of(waiter))
+
+    def test_wait_expires_with_held_by_another(self):
+        self.start("run", "--ttl", "5s", "job", "--", "sleep", "30")
+        self.wait_held("job")
+        t0 = time.monotonic()
+        r = self.cli("run", "--quiet", "--wait", "500ms", "job", "--", "true")
+        elapsed = time.monotonic() - t0
+        figure("--wait 500ms expiry", elapsed, 3.0)
+        self.assert_one_error_line(r, EXIT_HELD)
+        self.assertGreaterEqual(elapsed, 0.45)
+        self.assertLessEqual(elapsed, 3.0)
+
+    # --- 2. kill -9 ----------------------------------------------------------------------------
+
+    def test_kill_9_of_run_kills_child_and_waiter_gets_lease_within_ttl(self):
+        victim = self.start("run", "--ttl", "2s", "job", "--", "sh", "-c",
+                            "echo $$ > victim.pid; exec sleep 60")
+        child = int(self.wait_for_file("victim.pid"))
+        victim_token = self.wait_held("job")["fencing_token"]
+        waiter = self.start("run", "--ttl", "2s", "--wait", "10s", "job", "--", "sh", "-c",
+                            "date +%s.%N > waiter.start; echo $LEASEHOLD_FENCING_TOKEN > "
+                            "waiter.token")
+        time.sleep(0.3)
+        self.assertIsNone(waiter.poll(), self.stderr_of(waiter))
+
+        t_kill = time.time()
+        t0 = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        while not process_gone(child) and time.monotonic() - t0 < 5:
+            time.sleep(0.005)
+        child_gone = time.monotonic() - t0
+        figure("child gone after kill -9 of run", child_gone, 1.0)
+        self.assertTrue(process_gone(child))
+        self.assertLessEqual(child_gone, 1.0)
+
+        self.assertEqual(self.wait_exit(waiter, 15), 0, self.stderr_of(waiter))
+        takeover = float(self.wait_for_file("waiter.start")) - t_kill
+        figure("kill -9 takeover (waiter's child start - kill)", takeover, 3.0)
+        self.assertLessEqual(takeover, 2.0 + 1.0)
+        # The grant was renewed at most ttl/3 before the kill: it cannot expire much sooner.
+        self.assertGreaterEqual(takeover, 1.0)
+        self.assertGreater(int(self.wait_for_file("waiter.token")), victim_token)
+
+    # --- 3. release --force --------------------------------------------------------------------
+
+    def test_force_release_stops_child_and_run_exits_79(self):
+        run = self.start("run", "--ttl", "3s", "job", "--", "sh", "-c",
+                         "trap 'echo term > child.term; exit 0' TERM; echo $$ > child.pid; "
+                         "while :; do sleep 0.05; done")
+        self.wait_for_file("child.pid")
+        held = self.wait_held("job")
+
+        r = self.cli("release", "--force", "job")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(str(held["fencing_token"]), r.stderr)
+        t0 = time.monotonic()
+        code = self.wait_exit(run, 10)
+        stop_time = time.monotonic() - t0
+        figure("run exit after release --force (ttl 3s)", stop_time, 3.0)
+        self.assertEqual(code, EXIT_LOST, self.stderr_of(run))
+        self.assertEqual(self.wait_for_file("child.term"), "term")
+        self.assertLessEqual(stop_time, 3.0)  # next renewal (ttl/3) + grace
+        self.assertFalse(self.status_json("job")["held"])
+        self.assertIn("lost", self.stderr_of(run))
+
+    def test_release_without_force_is_a_usage_error(self):
+        self.start("run", "--ttl", "5s", "job", "--", "sleep", "30")
+        held = self.wait_held("job")
+        r = self.cli("release", "job")
+        self.assert_one_error_line(r, EXIT_USAGE)
+        self.assertIn("--force", r.stderr)
+        self.assertIn("holder", r.stderr)
+        self.assertEqual(self.status_json("job")["fencing_token"], held["fencing_token"])
+
+    # --- 4. SIGSTOP past safe_until, then SIGCONT ----------------------------------------------
+
+    def test_stopped_past_ttl_then_continued_kills_child_at_once(self):
+        first = self.start("run", "--ttl", "1s", "job", "--", "sh", "-c",
+                           "echo $$ > first.pid; exec sleep 60")
+        child = int(self.wait_for_file("first.pid"))
+        first_token = self.wait_held("job")["fencing_token"]
+
+        os.killpg(first.pid, signal.SIGSTOP)  # run and its child share the group
+        second = self.start("run", "--ttl", "1s", "--wait", "10s", "job", "--", "sh", "-c",
+                            "echo $LEASEHOLD_FENCING_TOKEN > second.token; sleep 4")
+        second_token = int(self.wait_for_file("second.token", timeout=10))
+        self.assertGreater(second_token, first_token)
+        time.sleep(0.2)
+
+        t0 = time.monotonic()
+        os.killpg(first.pid, signal.SIGCONT)
+        while not process_gone(child) and time.monotonic() - t0 < 5:
+            time.sleep(0.005)
+        gone = time.monotonic() - t0
+        figure("first child gone after SIGCONT", gone, 1.0)
+        self.assertTrue(process_gone(child))
+        self.assertLessEqual(gone, 1.0)
+        self.assertEqual(self.wait_exit(first, 5), EXIT_LOST, self.stderr_of(first))
+        self.assertIn("SIGKILL", self.stderr_of(first))
+        # The new holder is untouched.
+        self.assertEqual(self.status_json("job")["fencing_token"], second_token)
+        self.assertEqual(self.wait_exit(second, 10), 0, self.stderr_of(second))
+
+    def test_renewals_failing_give_sigterm_then_sigkill_by_safe_until(self):
+        # A writer holding the database's write lock makes every renewal fail (busy).
+        run = self.start("run", "--ttl", "3s", "job", "--", "sh", "-c",
+                         "trap 'date +%s.%N > child.term' TERM; echo $$ > child.pid; "
+                         "while :; do sleep 0.05; done")
+        child = int(self.wait_for_file("child.pid"))
+        self.wait_held("job")
+        blocker = sqlite3.connect(self.store[len("sqlite://"):], isolation_level=None, timeout=10)
+        try:
+            blocker.execute("BEGIN EXCLUSIVE")
+            t_lock = time.time()
+            t0 = time.monotonic()
+            while not process_gone(child) and time.monotonic() - t0 < 10:
+                time.sleep(0.005)
+            gone = time.monotonic() - t0
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        figure("child gone after the store stopped answering (ttl 3s)", gone, 3.5)
+        self.assertTrue(process_gone(child))
+        self.assertLessEqual(gone, 3.5)  # by safe_until: at most ttl - drift after the last renew
+        self.assertGreaterEqual(gone, 1.0)  # not before safe_until - grace of the last renew
+        term_at = float(self.wait_for_file("child.term")) - t_lock
+        grace = gone - term_at
+        figure("SIGTERM to SIGKILL (kill-grace 750ms)", grace, 1.5)
+        self.assertGreaterEqual(grace, 0.5)
+        self.assertLessEqual(grace, 1.5)
+        self.assertEqual(self.wait_exit(run, 10), EXIT_LOST, self.stderr_of(run))
+        log = self.stderr_of(run)
+        self.assertLess(log.index("SIGTERM"), log.index("SIGKILL"), log)
+
+    def test_healthy_renewals_never_stop_the_command(self):
+        # ttl 1s: renewed every 333ms, SIGTERM point 738ms after each renewal is sent.
+        t0 = time.monotonic()
+        r = self.cli("run", "--ttl", "1s", "job", "--", "sleep", "3")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("SIGTERM", r.stderr)
+        self.assertGreaterEqual(time.monotonic() - t0, 3.0)
+        self.assertFalse(self.status_json("job")["held"])
+
+    def test_concurrent_first_use_of_a_fresh_store(self):
+        # Cron starting several jobs at once on a new machine: nobody may see a half-made store.
+        # The race is narrow, so try many fresh files.
+        for attempt in range(20):
+            store = "sqlite://" + self.path(f"fresh-{attempt}.db")
+            runs = [self.start("--store", store, "run", f"job{i}", "--", "true", store=False)
+                    for i in range(8)]
+            for p in runs:
+                self.assertEqual(self.wait_exit(p, 15), 0, f"attempt {attempt}: "
+                                 + self.stderr_of(p))
+
+    def test_stopped_past_ttl_without_taker_is_still_lost(self):
+        # Nobody took the key meanwhile, but safe_until passed: lost is terminal all the same.
+        first = self.start("run", "--ttl", "1s", "job", "--", "sh", "-c",
+                           "echo $$ > first.pid; exec sleep 60")
+        child = int(self.wait_for_file("first.pid"))
+        self.wait_held("job")
+        os.killpg(first.pid, signal.SIGSTOP)
+        time.sleep(1.5)
+        t0 = time.monotonic()
+        os.killpg(first.pid, signal.SIGCONT)
+        self.assertEqual(self.wait_exit(first, 5), EXIT_LOST, self.stderr_of(first))
+        gone = time.monotonic() - t0
+        figure("run exit after SIGCONT (no other holder)", gone, 1.0)
+        self.assertTrue(process_gone(child))
+        self.assertLessEqual(gone, 1.0)
+
+    # --- 5. bad input --------------------------------------------------------------------------
+
+    def test_bad_input_gives_one_line_and_documented_code_and_leaves_leases_intact(self):
+        self.start("run", "--ttl", "5s", "--holder", "keeper", "keep", "--", "sleep", "60")
+        before = self.wait_held("keep")
+
+        text_file = self.path("not-a-db.txt")
+        with open(text_file, "w") as f:
+            f.write("this is not a database\n" * 100)
+
+        cases = [
+            (EXIT_USAGE, ["run", "", "--", "true"], True),
+            (EXIT_USAGE, ["run", "--ttl", "0", "keep", "--", "true"], True),
+            (EXIT_USAGE, ["run", "--ttl", "-1s", "keep", "--", "true"], True),
+            (EXIT_USAGE, ["run", "--ttl", "10", "keep", "--", "true"], True),
+            (EXIT_USAGE, ["run", "--renew-every", "5s", "--ttl", "2s", "keep", "--", "true"], True),
+            (EXIT_USAGE, ["run", "--wait", "soon", "keep", "--", "true"], True),
+            (EXIT_USAGE, ["run", "--kill-grace", "0", "keep", "--", "true"], True),
+            (EXIT_USAGE, ["run", "--no-such-flag", "keep", "--", "true"], True),
+            (EXIT_USAGE, ["run", "keep"], True),
+            (EXIT_USAGE, ["run", "x" * 513, "--", "true"], True),
+            (EXIT_USAGE, ["status", ""], True),
+            (EXIT_USAGE, ["release", "--force", ""], True),
+            (EXIT_USAGE, ["frobnicate"], True),
+            (EXIT_USAGE, ["run", "--store", "nosuch://x", "keep", "--", "true"], False),
+            (EXIT_USAGE, ["status", "--store", "nosuch://x", "keep"], False),
+            (EXIT_PERMISSION,
+             ["run", "--store", "sqlite:///etc/hostname/x/leases.db", "keep", "--", "true"], False),
+            (EXIT_PERMISSION, ["list", "--store", "sqlite:///etc/hostname/x/leases.db"], False),
+            (EXIT_USAGE, ["run", "--store", "sqlite://" + text_file, "keep", "--", "true"], False),
+            (EXIT_USAGE, ["status", "--store", "sqlite://" + text_file, "keep"], False),
+        ]
+        for code, args, with_store in cases:
+            with self.subTest(args=[a[:40] for a in args]):
+                r = self.cli(*args, store=with_store)
+                print(f"\n  {args[:6]} -> {r.returncode}: {r.stderr.strip()[:200]}",
+                      file=sys.stderr)
+                self.assert_one_error_line(r, code)
+                self.assertEqual(r.stdout, "")
+
+        with open(text_file) as f:
+            self.assertEqual(f.read(), "this is not a database\n" * 100, "the text file changed")
+        after = self.status_json("keep")
+        self.assertTrue(after["held"])
+        self.assertEqual(after["holder"], "keeper")
+        self.assertEqual(after["fencing_token"], before["fencing_token"])
+        self.assertEqual(after["token_prefix"], before["token_prefix"])
+
+    def test_locked_store_is_unavailable_69(self):
+        blocker = sqlite3.connect(self.store[len("sqlite://"):], isolation_level=None, timeout=10)
+        try:
+            blocker.execute("BEGIN EXCLUSIVE")
+            t0 = time.monotonic()
+            r = self.cli("run", "job", "--", "touch", "must-not-run")
+            figure("run against a locked store", time.monotonic() - t0, 10.0)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        self.assert_one_error_line(r, EXIT_UNAVAILABLE)
+        self.assertFalse(os.path.exists(self.path("must-not-run")))
+        self.assertFalse(self.status_json("job")["held"])
+
+    def test_command_not_found_exits_127_and_releases(self):
+        r = self.cli("run", "job", "--", "no-such-command-leasehold-test")
+        self.assertEqual(r.returncode, EXIT_NOT_FOUND, r.stderr)
+        self.assertIn("no-such-command-leasehold-test", r.stderr)
+        self.assertFalse(self.status_json("job")["held"])
+
+    # --- 6. status, list, --help, LEASEHOLD_STORE, signals --------------------------------------
+
+    def test_status_and_list_text_and_json(self):
+        self.start("run", "--ttl", "5s", "--holder", "alpha-holder", "app:a", "--", "sleep", "60")
+        self.start("run", "--ttl", "4s", "--holder", "beta-holder", "app:b", "--", "sleep", "60")
+        self.start("run", "--ttl", "4s", "other", "--", "sleep", "60")
+        a = self.wait_held("app:a")
+        self.wait_held("app:b")
+        self.wait_held("other")
+
+        self.assertEqual(a["key"], "app:a")
+        self.assertEqual(a["holder"], "alpha-holder")
+        self.assertIsInstance(a["fencing_token"], int)
+        self.assertGreater(a["fencing_token"], 0)
+        self.assertEqual(a["ttl_ms"], 5000)
+        self.assertGreater(a["remaining_ms"], 0)
+        self.assertLessEqual(a["remaining_ms"], 5000)
+        self.assertEqual(len(a["token_prefix"]), 8)
+
+        r = self.cli("status", "app:a")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        fields = dict(line.split(":", 1) for line in r.stdout.splitlines()[1:])
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        self.assertEqual(fields["holder"], "alpha-holder")
+        self.assertEqual(int(fields["fencing token"]), a["fencing_token"])
+        self.assertRegex(fields["remaining"], r"^[0-9.]+(ms|s)$")
+        self.assertEqual(fields["ttl"], "5s")
+
+        free = self.cli("status", "nobody")
+        self.assertEqual(free.returncode, 0, free.stderr)
+        self.assertIn("free", free.stdout)
+        self.assertEqual(self.status_json("nobody"), {"key": "nobody", "held": False})
+
+        r = self.cli("list", "app:", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        leases = json.loads(r.stdout)
+        self.assertEqual([l["key"] for l in leases], ["app:a", "app:b"])
+        self.assertEqual(leases[1]["holder"], "beta-holder")
+        self.assertEqual(leases[1]["ttl_ms"], 4000)
+        self.assertTrue(all(0 < l["remaining_ms"] <= l["ttl_ms"] for l in leases))
+
+        r = self.cli("list")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = [line.split() for line in r.stdout.splitlines()]
+        self.assertEqual(rows[0][:3], ["KEY", "HOLDER", "FENCING_TOKEN"])
+        self.assertEqual([row[0] for row in rows[1:]], ["app:a", "app:b", "other"])
+        self.assertEqual(rows[1][1], "alpha-holder")
+        self.assertEqual(int(rows[1][2]), a["fencing_token"])
+
+        empty = self.cli("list", "zzz", "--json")
+        self.assertEqual(json.loads(empty.stdout), [])
+
+    def test_help_of_every_subcommand_lists_exit_codes(self):
+        for args in (["--help"], ["run", "--help"], ["status", "--help"], ["list", "--help"],
+                     ["release", "--help"]):
+            with self.subTest(args=args):
+                r = self.cli(*args, store=False)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                for code in ("64", "69", "70", "75", "77", "79", "130"):
+                    self.assertIn(f"  {code} ", r.stdout)
+        run_help = self.cli("run", "--help", store=False).stdout
+        for flag in ("--ttl", "--wait", "--kill-grace", "--renew-every", "--store", "min(ttl/4, 5s)"):
+            self.assertIn(flag, run_help)
+        r = self.cli("--version", store=False)
+        self.assertEqual(r.returncode, 0)
+        self.assertRegex(r.stdout, r"^leasehold \d+\.\d+\.\d+")
+
+    def test_leasehold_store_env_and_default_store(self):
+        env_db = self.path("from-env.db")
+        env = dict(self.env, LEASEHOLD_STORE="sqlite://" + env_db)
+        r = self.cli("run", "--quiet", "job", "--", "sh", "-c", "echo $LEASEHOLD_KEY > key",
+                     env=env, store=False)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr, "")  # --quiet
+        self.assertEqual(self.wait_for_file("key"), "job")
+        self.assertTrue(os.path.exists(env_db))
+
+        p = self.start("run", "--ttl", "5s", "envjob", "--", "sleep", "60", env=env, store=False)
+        deadline = time.monotonic() + 10
+        while not self.status_json("envjob", env=env, store=False)["held"]:
+            self.assertLess(time.monotonic(), deadline, self.stderr_of(p))
+            time.sleep(0.02)
+        # --store overrides the environment; the explicit store does not have it.
+        self.assertFalse(self.status_json("envjob", env=env)["held"])
+
+        # Neither --store nor $LEASEHOLD_STORE: the file under $XDG_STATE_HOME.
+        r = self.cli("--store", "sqlite://" + env_db, "status", "envjob", store=False)
+        self.assertEqual(r.returncode, 0, r.stderr)  # --store before the subcommand works too
+        self.assertIn("held", r.stdout)
+        r = self.cli("run", "--quiet", "defjob", "--", "true", store=False)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(os.path.join(self.env["XDG_STATE_HOME"], "leasehold",
+                                                    "leases.db")))
+
+    def test_child_env_has_key_and_token_but_no_owner_token(self):
+        r = self.cli("run", "job:env", "--", "sh", "-c", "env > child.env")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(self.path("child.env")) as f:
+            env = dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line)
+        self.assertEqual(env["LEASEHOLD_KEY"], "job:env")
+        self.assertGreater(int(env["LEASEHOLD_FENCING_TOKEN"]), 0)
+        self.assertEqual(sorted(k for k in env if k.startswith("LEASEHOLD_")),
+                         ["LEASEHOLD_FENCING_TOKEN", "LEASEHOLD_KEY"])
+
+    def test_exit_code_of_child_is_passed_through(self):
+        self.assertEqual(self.cli("run", "job", "--", "sh", "-c", "exit 42").returncode, 42)
+        self.assertEqual(self.cli("run", "job", "--", "sh", "-c", "kill -KILL $$").returncode,
+                         128 + signal.SIGKILL)
+        self.assertFalse(self.status_json("job")["held"])
+
+    def test_sigterm_to_run_is_forwarded_and_run_exits_with_childs_code(self):
+        run = self.start("run", "--ttl", "5s", "job", "--", "sh", "-c",
+                         "trap 'echo forwarded > child.term; exit 7' TERM; echo $$ > child.pid; "
+                         "while :; do sleep 0.05; done")
+        self.wait_for_file("child.pid")
+        os.kill(run.pid, signal.SIGTERM)
+        self.assertEqual(self.wait_exit(run, 10), 7, self.stderr_of(run))
+        self.assertEqual(self.wait_for_file("child.term"), "forwarded")
+        self.assertFalse(self.status_json("job")["held"])
+
+    def test_sigint_while_waiting_exits_130(self):
+        self.start("run", "--ttl", "5s", "job", "--", "sleep", "60")
+        held = self.wait_held("job")
+        waiter = self.start("run", "--wait", "forever", "job", "--", "touch", "must-not-run")
+        time.sleep(0.5)
+        self.assertIsNone(waiter.poll(), self.stderr_of(waiter))
+        t0 = time.monotonic()
+        os.kill(waiter.pid, signal.SIGINT)
+        self.assertEqual(self.wait_exit(waiter, 5), EXIT_INTERRUPTED, self.stderr_of(waiter))
+        figure("waiter exit after SIGINT", time.monotonic() - t0, 1.0)
+        self.assertLessEqual(time.monotonic() - t0, 1.0)
+        self.assertFalse(os.path.exists(self.path("must-not-run")))
+        self.assertEqual(self.status_json("job")["fencing_token"], held["fencing_token"])
+
+
+def main():
+    global LEASEHOLD
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--leasehold", required=True, help="path to the leasehold executable")
+    args, rest = parser.parse_known_args()
+    LEASEHOLD = os.path.abspath(args.leasehold)
+    if not os.access(LEASEHOLD, os.X_OK):
+        sys.exit(f"cli_test: {LEASEHOLD} is not an executable")
+    unittest.main(argv=[sys.argv[0]] + rest)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+// File: tests/testing/redis_server.h
+//
+// RedisServer: a throwaway redis-server for tests and benchmarks, on a free 127.0.0.1 port in
+// its own temporary directory, never the system instance and never port 6379. It is stopped by
+// PID (SIGKILL, then reaped) when the object is destroyed, and dies with the process that
+// started it (PR_SET_PDEATHSIG) if that process crashes.
+//
+// Example:
+//
+//   auto server = leasehold::testing::RedisServer::Start({.aof = true});
+//   ASSERT_TRUE(server.ok()) << server.status().ToString();
+//   std::string url = (*server)->Url();           // redis://127.0.0.1:PORT
+//   (*server)->Kill9();  (*server)->Restart();    // same port, same data directory
+//
+// Thread safety: not thread-safe; use from one test thread.
+
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+#include "leasehold/status.h"
+
+namespace leasehold::testing {
+
+struct RedisServerOptions {
+  // appendonly yes with appendfsync always: every write is on disk before its reply.
+  // Default: false (no persistence at all: --save '' --appendonly no).
+  bool aof = false;
+  // ACL lines written to an ACL file, e.g. "user app on >pw ~* &* +ping". Default: none.
+  std::vector<std::string> acl_users;
+  // Password of the default user (requirepass). Default: none.
+  std::string requirepass;
+  // How long Start/Restart wait for the server to answer PING. Default: 10 s.
+  std::chrono::milliseconds ready_timeout{10'000};
+};
+
+class RedisServer {
+ public:
+  // Starts a server and waits until it answers. Returns kUnavailable if redis-server is missing
+  // or does not come up within ready_timeout (its log tail is in the message).
+  static Result<std::unique_ptr<RedisServer>> Start(RedisServerOptions options = {});
+
+  RedisServer(const RedisServer&) = delete;
+  RedisServer& operator=(const RedisServer&) = delete;
+  RedisServer(RedisServer&&) = delete;
+  RedisServer& operator=(RedisServer&&) = delete;
+
+  // Kills the server (SIGKILL by PID) and removes the temporary directory.
+  ~RedisServer();
+
+  [[nodiscard]] int port() const { return port_; }
+
+  [[nodiscard]] pid_t pid() const { return pid_; }
+
+  [[nodiscard]] const std::string& dir() const { return dir_; }
+
+  // Returns "redis://127.0.0.1:PORT" (add user info, path and query as needed).
+  [[nodiscard]] std::string Url() const;
+
+  // kill -9, and reap. The port and data directory stay reserved for Restart().
+  void Kill9();
+
+  // Graceful stop (SIGTERM, wait).
+  void Stop();
+
+  // Starts again on the same port and data directory. Returns as Start does.
+  Status Restart();
+
+  // SIGSTOP / SIGCONT: the server stops answering without closing connections.
+  void Pause();
+  void Resume();
+
+  // Runs one command with redis-cli against this server (as the default user) and returns its
+  // output without the trailing newline, e.g. Cli({"INFO", "commandstats"}).
+  Result<std::string> Cli(const std::vector<std::string>& args) const;
+
+ private:
+  RedisServer(RedisServerOptions options, std::string dir, int port);
+
+  Status Launch();
+
+  const RedisServerOptions options_;
+  const std::string dir_;
+  const int port_;
+  pid_t pid_ = -1;
+};
+
+// Returns a TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read, close).
+int PickFreeLoopbackPort();
+
+}  // namespace leasehold::testing

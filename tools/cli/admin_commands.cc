@@ -1,0 +1,139 @@
+// File: tools/cli/admin_commands.cc
+
+#include "admin_commands.h"
+
+#include <cstdio>
+#include <optional>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "leasehold/lease_info.h"
+#include "leasehold/store.h"
+
+#include "cli_log.h"
+#include "core/duration.h"
+#include "exit_codes.h"
+#include "store_flag.h"
+
+namespace leasehold::cli {
+
+namespace {
+
+nlohmann::ordered_json ToJson(const LeaseInfo& info) {
+  nlohmann::ordered_json j;
+  j["key"] = info.key;
+  j["holder"] = info.holder;
+  j["token_prefix"] = info.token_prefix;
+  j["fencing_token"] = info.fencing_token;
+  j["remaining_ms"] = info.remaining.count();
+  j["ttl_ms"] = info.ttl.count();
+  return j;
+}
+
+void PrintLine(const std::string& text) {
+  std::fputs(text.c_str(), stdout);
+  std::fputc('\n', stdout);
+}
+
+}  // namespace
+
+int StatusCommand(const std::string& store_url, const std::string& key, bool json) {
+  if (Status s = ValidateKey(key); !s.ok()) {
+    return ReportFailure(s);
+  }
+  auto store = OpenStoreFromFlag(store_url);
+  if (!store.ok()) {
+    return ReportFailure(store.error());
+  }
+  Result<std::optional<LeaseInfo>> info = (*store)->Inspect(key);
+  if (!info.ok()) {
+    return ReportFailure(info.error());
+  }
+  if (json) {
+    nlohmann::ordered_json j;
+    if (info->has_value()) {
+      j = ToJson(**info);
+      j["held"] = true;
+    } else {
+      j["key"] = key;
+      j["held"] = false;
+    }
+    PrintLine(j.dump());
+    return 0;
+  }
+  if (!info->has_value()) {
+    PrintLine(fmt::format("{}: free", key));
+    return 0;
+  }
+  const LeaseInfo& l = **info;
+  PrintLine(fmt::format("key:           {}", l.key));
+  PrintLine("state:         held");
+  PrintLine(fmt::format("holder:        {}", l.holder));
+  PrintLine(fmt::format("fencing token: {}", l.fencing_token));
+  PrintLine(fmt::format("token prefix:  {}", l.token_prefix));
+  PrintLine(fmt::format("remaining:     {}", internal::FormatDuration(l.remaining)));
+  PrintLine(fmt::format("ttl:           {}", internal::FormatDuration(l.ttl)));
+  return 0;
+}
+
+int ListCommand(const std::string& store_url, const std::string& prefix, bool json) {
+  auto store = OpenStoreFromFlag(store_url);
+  if (!store.ok()) {
+    return ReportFailure(store.error());
+  }
+  Result<std::vector<LeaseInfo>> leases = (*store)->List(prefix);
+  if (!leases.ok()) {
+    return ReportFailure(leases.error());
+  }
+  if (json) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
+    for (const LeaseInfo& l : *leases) {
+      j.push_back(ToJson(l));
+    }
+    PrintLine(j.dump());
+    return 0;
+  }
+  std::size_t key_width = 3;
+  std::size_t holder_width = 6;
+  for (const LeaseInfo& l : *leases) {
+    key_width = std::max(key_width, l.key.size());
+    holder_width = std::max(holder_width, l.holder.size());
+  }
+  PrintLine(fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", "KEY", key_width, "HOLDER",
+                        holder_width, "FENCING_TOKEN", "REMAINING", "TTL", "TOKEN"));
+  for (const LeaseInfo& l : *leases) {
+    PrintLine(fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", l.key, key_width, l.holder,
+                          holder_width, l.fencing_token, internal::FormatDuration(l.remaining),
+                          internal::FormatDuration(l.ttl), l.token_prefix));
+  }
+  return 0;
+}
+
+int ReleaseCommand(const std::string& store_url, const std::string& key) {
+  if (Status s = ValidateKey(key); !s.ok()) {
+    return ReportFailure(s);
+  }
+  auto store = OpenStoreFromFlag(store_url);
+  if (!store.ok()) {
+    return ReportFailure(store.error());
+  }
+  // Read the holder first, for the operator's record only: the deletion itself is one atomic
+  // store operation that does not depend on this answer.
+  Result<std::optional<LeaseInfo>> before = (*store)->Inspect(key);
+  Result<bool> deleted = (*store)->ForceRelease(key);
+  if (!deleted.ok()) {
+    return ReportFailure(deleted.error());
+  }
+  if (!*deleted) {
+    Info(fmt::format("force-release of {}: it was not held", key));
+  } else if (before.ok() && before->has_value()) {
+    Info(fmt::format("force-released {} (was held by {})", key, DescribeHolder(**before)));
+  } else {
+    Info(fmt::format("force-released {}", key));
+  }
+  return 0;
+}
+
+}  // namespace leasehold::cli

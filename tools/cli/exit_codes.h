@@ -1,0 +1,82 @@
+// File: tools/cli/exit_codes.h
+//
+// The exit codes of the `leasehold` command, one per outcome, so that scripts can tell "someone
+// else is running the job" from "the store is down". The numbers follow sysexits.h where one
+// fits (64 usage, 69 unavailable, 70 software, 75 temporary failure, 77 no permission) and the
+// shell for the rest (126/127 for a command that cannot run, 128+N for death by signal N).
+// The README copies ExitCodeHelp(); keep them in step.
+//
+// Thread safety: constants and pure functions.
+
+#pragma once
+
+#include <string_view>
+
+#include "leasehold/status.h"
+
+namespace leasehold::cli {
+
+// Usage or invalid argument: bad flags, bad key, bad duration, unknown URL scheme, a file that
+// is not a leasehold database.
+inline constexpr int kExitUsage = 64;
+// The store could not be reached or did not answer.
+inline constexpr int kExitUnavailable = 69;
+// A bug in leasehold.
+inline constexpr int kExitInternal = 70;
+// The key is held by another (no --wait, or the wait ran out).
+inline constexpr int kExitHeldByAnother = 75;
+// The store refused access, or its directory is not writable.
+inline constexpr int kExitPermissionDenied = 77;
+// The lease was lost (expired, force-released or taken over) and the child was stopped.
+inline constexpr int kExitLeaseLost = 79;
+// The command was found but could not be executed (as in a shell).
+inline constexpr int kExitCannotExecute = 126;
+// The command was not found (as in a shell).
+inline constexpr int kExitCommandNotFound = 127;
+// Death by signal N is reported as kExitSignalBase + N (as in a shell).
+inline constexpr int kExitSignalBase = 128;
+// Interrupted by SIGINT, SIGTERM or SIGHUP while waiting for the lease.
+inline constexpr int kExitInterrupted = 130;
+
+// Returns the exit code for a failed library call. REQUIRES: !status.ok().
+inline int ExitCodeFor(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kOk:
+      return 0;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kUnimplemented:  // e.g. a backend not built in: the URL is unusable here
+      return kExitUsage;
+    case StatusCode::kHeldByAnother:
+    case StatusCode::kDeadlineExceeded:
+      return kExitHeldByAnother;
+    case StatusCode::kLost:
+      return kExitLeaseLost;
+    case StatusCode::kUnavailable:
+      return kExitUnavailable;
+    case StatusCode::kCancelled:
+      return kExitInterrupted;
+    case StatusCode::kPermissionDenied:
+      return kExitPermissionDenied;
+    case StatusCode::kInternal:
+      return kExitInternal;
+  }
+  return kExitInternal;
+}
+
+// The exit-code table printed at the end of every --help.
+inline constexpr std::string_view kExitCodeHelp =
+    "Exit codes:\n"
+    "  0..125  run: the command's own exit code on normal completion\n"
+    "  64      usage or invalid argument (bad flag, key, duration, URL scheme, not a leasehold "
+    "store)\n"
+    "  69      store unavailable\n"
+    "  70      internal error\n"
+    "  75      held by another (no --wait, or the wait expired)\n"
+    "  77      permission denied (store refused access, store directory not writable)\n"
+    "  79      lease lost, command stopped\n"
+    "  126     run: command found but not executable\n"
+    "  127     run: command not found\n"
+    "  128+N   run: the command died of signal N\n"
+    "  130     interrupted (SIGINT/SIGTERM/SIGHUP) while waiting for the lease\n";
+
+}  // namespace leasehold::cli

@@ -1,0 +1,53 @@
+// File: tools/cli/run_command.h
+//
+// `leasehold run KEY -- COMMAND...`: runs COMMAND while holding KEY (DESIGN.md section 5).
+//
+//   1. Blocks SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGCONT (and SIGPIPE) before the store opens,
+//      so that every library thread inherits the mask and the signals arrive on one signalfd.
+//   2. Takes the lease (try once, or wait up to --wait; SIGINT/SIGTERM/SIGHUP end the wait: 130).
+//   3. Starts COMMAND with LEASEHOLD_KEY and LEASEHOLD_FENCING_TOKEN in its environment (never the
+//      owner token). The child dies with leasehold (PR_SET_PDEATHSIG).
+//   4. Supervises with poll() over the signalfd, an eventfd written by the lease's callbacks and
+//      a CLOCK_BOOTTIME timerfd:
+//        - signals sent by a process (kill, not the terminal, which already reaches the child's
+//          process group) are forwarded to the child;
+//        - without a confirmed renewal the child gets SIGTERM at safe_until - kill_grace and
+//          SIGKILL at safe_until, so it is gone before anyone else can acquire the lease;
+//        - if the store says the grant is no longer ours (force-release, take-over), SIGTERM at
+//          once and SIGKILL after kill_grace (or at safe_until if that comes first);
+//        - after a SIGSTOP past safe_until, SIGCONT wakes the loop and the child is killed at once.
+//   5. Releases the lease and exits with the child's code, or 79 if the lease was lost.
+//
+// Thread safety: call once, from the main thread (the child's PDEATHSIG follows the forking
+// thread).
+
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace leasehold::cli {
+
+struct RunFlags {
+  // --store; empty means Store::DefaultUrl().
+  std::string store_url;
+  std::string key;
+  // COMMAND and its arguments. REQUIRES: not empty.
+  std::vector<std::string> command;
+  // --ttl. Default: 10s.
+  std::string ttl = "10s";
+  // --renew-every. Default: ttl / 3 (the library's default).
+  std::optional<std::string> renew_every;
+  // --wait: a duration or "forever". Default: none (try once).
+  std::optional<std::string> wait;
+  // --kill-grace. Default: min(ttl / 4, 5s).
+  std::optional<std::string> kill_grace;
+  // --holder. Default: the library's "<hostname>:<pid>".
+  std::string holder;
+};
+
+// Runs the command; returns the process exit code (exit_codes.h).
+int RunCommand(const RunFlags& flags);
+
+}  // namespace leasehold::cli
