@@ -93,6 +93,10 @@ class Store {
  private:
   explicit Store(std::shared_ptr<internal::StoreCore> core);
 
+  // TryAcquire as one attempt of a waiting Acquire (waiter_id non-empty) or alone (empty).
+  Result<Lease> TryAcquireAs(std::string_view key, const LeaseOptions& options,
+                             const std::string& waiter_id);
+
   std::shared_ptr<internal::StoreCore> core_;
 };
 

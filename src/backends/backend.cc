@@ -11,6 +11,8 @@ std::vector<Status> Backend::RenewMany(std::span<const RenewRequest> requests) {
   return results;
 }
 
+void Backend::AbandonWait(std::string_view /*key*/, std::string_view /*waiter_id*/) {}
+
 Status Backend::WaitForChange(std::string_view /*key*/, SteadyTime /*deadline*/,
                               std::stop_token /*stop*/) {
   return Status::Unimplemented("this store has no change notification; poll instead");

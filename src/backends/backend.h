@@ -37,6 +37,9 @@ struct Capabilities {
   bool native_wait = false;
   // The fencing counter survives a restart of the store.
   bool fencing_survives_restart = true;
+  // Waiters are queued in the store and granted the key first come, first served: a TryAcquire
+  // without a waiter_id, or from a waiter behind the head of the queue, does not barge ahead.
+  bool fair_queue = false;
 };
 
 struct GrantRequest {
@@ -46,6 +49,9 @@ struct GrantRequest {
   // Free-form identity shown to others (LeaseOptions::holder).
   std::string holder;
   Duration ttl{};
+  // Set by Store::Acquire: the same random id for every attempt of one waiting call, so that a
+  // fair store can keep the caller's place in its queue. Empty for a plain TryAcquire.
+  std::string waiter_id;
 };
 
 struct Grant {
@@ -102,6 +108,10 @@ class Backend {
   // Deletes the grant of `key` whoever holds it; the fencing counter is kept.
   // Returns true if a live grant was deleted, false if the key was free.
   virtual Result<bool> ForceRelease(std::string_view key) = 0;
+
+  // Withdraws `waiter_id` from the key's wait queue, if the store keeps one: Store::Acquire calls
+  // it when it gives up (deadline, cancellation, error). Best effort; the default does nothing.
+  virtual void AbandonWait(std::string_view key, std::string_view waiter_id);
 
   // Blocks until the grant of `key` may have changed (released, expired), `deadline` passes or
   // `stop` is requested. Spurious wake-ups are allowed. Returns OK when woken,

@@ -201,13 +201,19 @@ std::string_view Store::backend_name() const { return core_->backend->scheme(); 
 const std::string& Store::display_url() const { return core_->display_url; }
 
 Result<Lease> Store::TryAcquire(std::string_view key, const LeaseOptions& options) {
+  return TryAcquireAs(key, options, std::string());
+}
+
+Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& options,
+                                  const std::string& waiter_id) {
   LH_ASSIGN_OR_RETURN(ResolvedOptions resolved, Resolve(key, options));
   LH_ASSIGN_OR_RETURN(std::string token, internal::NewOwnerToken());
   internal::Backend& backend = *core_->backend;
   // Read t_send before sending: the grant cannot have started earlier than this.
   SteadyTime t_send = core_->clock.Now();
   LH_ASSIGN_OR_RETURN(internal::Grant grant,
-                      backend.TryAcquire({std::string(key), token, resolved.holder, resolved.ttl}));
+                      backend.TryAcquire({std::string(key), token, resolved.holder, resolved.ttl,
+                                          waiter_id}));
   Duration ttl = std::max(grant.ttl, resolved.ttl);
   if (Status s = CheckTimes(ttl, resolved.renew_interval, resolved.drift); !s.ok()) {
     (void)backend.Release(key, token);
@@ -249,6 +255,20 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
   const SteadyTime deadline =
       options.wait >= SteadyTime::max() - start ? SteadyTime::max() : start + options.wait;
   const bool native_wait = core_->backend->capabilities().native_wait;
+  // One id for every attempt of this call, so that a fair store keeps our place in its queue;
+  // if we give up, we leave the queue rather than block it until our entry expires.
+  LH_ASSIGN_OR_RETURN(const std::string waiter_id, internal::NewOwnerToken());
+  struct LeaveQueueUnlessAcquired {
+    internal::Backend& backend;
+    std::string_view key;
+    const std::string& waiter_id;
+    bool acquired = false;
+    ~LeaveQueueUnlessAcquired() {
+      if (!acquired) {
+        backend.AbandonWait(key, waiter_id);
+      }
+    }
+  } leave{*core_->backend, key, waiter_id};
   Backoff poll(kPollBase, kPollCap);
   Backoff on_error(kErrorBackoffBase, kErrorBackoffCap);
   Status last;
@@ -256,8 +276,9 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
     if (cancel.stop_requested()) {
       return Status::Cancelled(fmt::format("cancelled while waiting for {}", key));
     }
-    Result<Lease> attempt = TryAcquire(key, options);
+    Result<Lease> attempt = TryAcquireAs(key, options, waiter_id);
     if (attempt.ok()) {
+      leave.acquired = true;
       return attempt;
     }
     last = attempt.status();

@@ -14,6 +14,8 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <mutex>
+#include <numeric>
 #include <thread>
 
 #include <fmt/format.h>
@@ -417,6 +419,48 @@ TEST_P(ConformanceTest, BadInputIsRejectedAndLeavesHeldLeasesAlone) {
   auto info = handle->Inspect("job");
   ASSERT_TRUE(info.ok() && info->has_value());
   EXPECT_EQ((*info)->fencing_token, held->fencing_token());
+}
+
+TEST_P(ConformanceTest, FairStoresGrantWaitersInQueueOrderAndReleasersCannotBarge) {
+  if (!backend_->capabilities().fair_queue) {
+    GTEST_SKIP() << GetParam().name << " does not queue waiters";
+  }
+  constexpr int kWaiters = 8;
+  auto holder_handle = OpenHandle();
+  auto held = holder_handle->TryAcquire("fair", {.ttl = 10s});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  std::vector<std::unique_ptr<Store>> handles;
+  for (int i = 0; i < kWaiters; ++i) {
+    handles.push_back(OpenHandle());
+  }
+  std::mutex mu;
+  std::vector<int> order;
+  std::vector<std::jthread> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.emplace_back([&, i] {
+      auto lease = handles[i]->Acquire("fair", {.ttl = 10s, .wait = 20s});
+      ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back(i);
+      }
+      std::this_thread::sleep_for(5ms);
+      EXPECT_TRUE(lease->Release().ok());
+    });
+    std::this_thread::sleep_for(100ms);  // queue in a known order
+  }
+  // The holder releases and tries to take the key straight back: with waiters queued, it must
+  // not barge ahead of them.
+  ASSERT_TRUE(held->Release().ok());
+  auto barge = holder_handle->TryAcquire("fair", {.ttl = 10s});
+  EXPECT_EQ(barge.status().code(), StatusCode::kHeldByAnother) << "a releaser barged ahead";
+  if (barge.ok()) {
+    (void)barge->Release();
+  }
+  waiters.clear();
+  std::vector<int> expected(kWaiters);
+  std::iota(expected.begin(), expected.end(), 0);
+  EXPECT_EQ(order, expected) << "waiters were not granted the key in the order they queued";
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, ConformanceTest, ::testing::ValuesIn(Factories()),
