@@ -1,0 +1,916 @@
+#!/usr/bin/env python3
+"""leasehold safety harness (issue 4): orchestrator, fault injector and checker.
+
+Starts N chaos_worker processes against one store, injects faults for a bounded time, then
+reads every worker's event log, the orchestrator's fault log and the fenced register, and
+prints one summary line per run:
+
+  chaos: store=<scheme> scenario=<name> handoffs=<n> pauses_gt_ttl=<n> overlaps=<n>
+         stale_attempted=<n> stale_accepted=<n> token_regressions=<n> takeover_p99_ms=<n>
+         violations=<n>
+
+(on one line), followed by a `chaos-detail:` line with the other figures. Exit status: 0 if
+every run is clean; 1 on any safety violation; 2 if a run could not have caught one (no stale
+write attempted in a pause scenario: the pauses did not bite) or the harness itself failed.
+
+  --quick                 each scenario for a few seconds (the CTest runs: <= 60 s per store)
+  --duration SECONDS      run each chosen scenario this long (long runs by hand)
+  --scenario NAME         one of: pause-hot, kill-multi, calm (default: all of the store's)
+  --negative-control      run the deliberately unsafe client; exit 0 only if the checker
+                          catches it (every control), 1 if it does not
+  --check-only DIR        re-run the checker on a kept run directory
+
+Every time is CLOCK_BOOTTIME in nanoseconds (time.clock_gettime_ns(time.CLOCK_BOOTTIME) here,
+leasehold::BootClock in the workers): one clock for every process on the host.
+
+Stores join through a StoreControl: a URL for the workers plus optional server faults (pause,
+kill -9 and restart on the same port and data, and a TCP fault proxy between workers and the
+server). SqliteStore has no server; RedisStore is the hook for redis:// (see its docstring).
+"""
+
+import argparse
+import bisect
+import os
+import random
+import shutil
+import signal
+import socket
+import sqlite3
+import struct
+import threading
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CLOCK = time.CLOCK_BOOTTIME
+
+
+def now_ns():
+    return time.clock_gettime_ns(CLOCK)
+
+
+MS = 1_000_000
+
+
+# ---- stores -------------------------------------------------------------------------------
+
+
+class StoreControl:
+    """How the harness reaches a store and hurts it. Subclasses override what they support."""
+
+    scheme = "?"
+    server_faults = ()  # names of the server faults this store supports
+
+    def start(self, run_dir):
+        raise NotImplementedError
+
+    def url(self):
+        raise NotImplementedError
+
+    def inject(self, fault, duration_ns, log):  # a server fault: pause, restart, proxy ...
+        raise NotImplementedError
+
+    def busy(self):  # a timed server fault is in force
+        return False
+
+    def tick(self, log):  # undo timed server faults whose time has come
+        pass
+
+    def heal(self, log):  # undo every fault before the run winds down
+        pass
+
+    def stop(self):
+        pass
+
+
+class SqliteStore(StoreControl):
+    """The embedded store: a file shared by the workers, no server to hurt."""
+
+    scheme = "sqlite"
+
+    def start(self, run_dir):
+        self.path = os.path.join(run_dir, "leases.db")
+
+    def url(self):
+        return "sqlite://" + self.path + "?busy_timeout=10s"
+
+
+class FaultProxy:
+    """A TCP proxy between workers and a store server, with faults (FACTS.md: no tc netem here).
+
+    Modes: 'pass'; 'blackhole' (stop moving bytes either way while every connection stays
+    open: the peers see a silent network, and what was sent arrives after the heal, as TCP
+    retransmission would deliver it); 'delay' (each chunk from the server is held for a fixed
+    time before it is passed on: a slow reply path). reset() closes every connection with a
+    TCP RST (SO_LINGER 0)."""
+
+    def __init__(self, upstream_port):
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.mode = "pass"
+        self.delay_s = 0.0
+        self.lock = threading.Lock()
+        self.conns = set()
+        self.srv = socket.socket()
+        self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(64)
+        self.port = self.srv.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            try:
+                u = socket.create_connection(self.upstream, timeout=2)
+                u.settimeout(None)
+            except OSError:
+                c.close()
+                continue
+            with self.lock:
+                self.conns.add(c)
+                self.conns.add(u)
+            threading.Thread(target=self._pump, args=(c, u, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(u, c, True), daemon=True).start()
+
+    def _pump(self, src, dst, from_server):
+        try:
+            while not self.closed:
+                data = src.recv(65536)  # blocking: a blackhole holds at most this one chunk
+                if not data:
+                    break
+                if from_server and self.mode == "delay" and self.delay_s > 0:
+                    time.sleep(self.delay_s)
+                while self.mode == "blackhole" and not self.closed:
+                    time.sleep(0.005)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s_ in (src, dst):
+                try:
+                    s_.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s_.close()
+            with self.lock:
+                self.conns.discard(src)
+                self.conns.discard(dst)
+
+    def reset(self):
+        with self.lock:
+            conns = list(self.conns)
+        for s_ in conns:
+            try:
+                # SO_LINGER 0: the close in _pump sends RST; SHUT_RD wakes its blocked recv.
+                s_.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s_.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+
+    def close(self):
+        self.closed = True
+        self.srv.close()
+        self.reset()
+
+
+def free_port():
+    with socket.socket() as s_:
+        s_.bind(("127.0.0.1", 0))
+        return s_.getsockname()[1]
+
+
+class RedisStore(StoreControl):
+    """redis://: a throwaway redis-server on a free loopback port in the run directory (never
+    6379), AOF with appendfsync always so that grants and fencing counters survive kill -9, and
+    the workers reach it through a FaultProxy.
+
+    Server faults: store-pause (SIGSTOP the server for 0.5-3 x TTL), store-restart (kill -9,
+    restart on the same port and data), proxy-blackhole (0.5-3 x TTL), proxy-reset,
+    proxy-delay (each reply held 0.05-0.5 x TTL, for 1-3 x TTL)."""
+
+    scheme = "redis"
+    server_faults = ("store-pause", "store-restart", "proxy-blackhole", "proxy-reset",
+                     "proxy-delay")
+
+    def start(self, run_dir):
+        self.dir = os.path.join(run_dir, "redis")
+        os.makedirs(self.dir)
+        self.port = free_port()
+        if self.port == 6379:
+            self.port = free_port()
+        self._launch()
+        self.proxy = FaultProxy(self.port)
+        self.undo = []  # (t_ns, callable, name)
+
+    def _launch(self):
+        self.log_f = open(os.path.join(self.dir, "redis.log"), "ab")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self.dir,
+             "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+             "--daemonize", "no"], stdout=self.log_f, stderr=self.log_f,
+            start_new_session=True)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
+                    c.sendall(b"PING\r\n")
+                    if c.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.02)
+        raise SystemExit(f"chaos: redis-server did not come up on port {self.port}")
+
+    def url(self):
+        return f"redis://127.0.0.1:{self.proxy.port}?prefix=chaos"
+
+    def inject(self, fault, ttl_ns, orch):
+        rng = orch.rng
+        t = now_ns()
+        if fault == "store-pause":
+            dur = int(rng.uniform(0.5, 3.0) * ttl_ns)
+            os.kill(self.proc.pid, signal.SIGSTOP)
+            self.undo.append((t + dur, lambda: os.kill(self.proc.pid, signal.SIGCONT), fault))
+        elif fault == "store-restart":
+            dur = 0
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.proxy.reset()
+            self._launch()
+        elif fault == "proxy-blackhole":
+            dur = int(rng.uniform(0.5, 3.0) * ttl_ns)
+            self.proxy.mode = "blackhole"
+            self.undo.append((t + dur, lambda: setattr(self.proxy, "mode", "pass"), fault))
+        elif fault == "proxy-reset":
+            dur = 0
+            self.proxy.reset()
+        elif fault == "proxy-delay":
+            dur = int(rng.uniform(1.0, 3.0) * ttl_ns)
+            self.proxy.delay_s = rng.uniform(0.05, 0.5) * ttl_ns / 1e9
+            self.proxy.mode = "delay"
+            self.undo.append((t + dur, lambda: setattr(self.proxy, "mode", "pass"), fault))
+        else:
+            raise ValueError(fault)
+        orch.log("store-fault", kind=fault, dur_ms=dur // MS)
+        return True
+
+    def busy(self):
+        return bool(self.undo)
+
+    def tick(self, orch):
+        t = now_ns()
+        for item in list(self.undo):
+            if t >= item[0]:
+                item[1]()
+                self.undo.remove(item)
+                orch.log("store-heal", kind=item[2])
+
+    def heal(self, orch):
+        for item in list(self.undo):
+            item[1]()
+            orch.log("store-heal", kind=item[2])
+        self.undo.clear()
+
+    def stop(self):
+        self.proxy.close()
+        try:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            os.kill(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+STORES = {"sqlite": SqliteStore, "redis": RedisStore}
+
+
+# ---- scenarios ----------------------------------------------------------------------------
+
+# Fault weights per scenario: pause-check (SIGUSR1: the holder stops itself right after a
+# validity check, before the write), pause (external SIGSTOP of a holder, at a random point),
+# kill (SIGKILL of a holder, or of any worker: mid-acquire, mid-renew).
+SCENARIOS = {
+    "pause-hot": dict(keys=["hot"], faults={"pause-check": 5, "pause": 3, "kill": 2},
+                      quick_s=18, needs_stale=True),
+    "kill-multi": dict(keys=["k0", "k1", "k2"], faults={"kill": 5, "pause": 3, "pause-check": 2},
+                       quick_s=12, needs_stale=False),
+    # Server and network faults, for stores with a server (StoreControl.server_faults).
+    "store-faults": dict(keys=["hot", "k1"],
+                         faults={"pause-check": 2, "pause": 1, "kill": 1, "store-pause": 2,
+                                 "store-restart": 1, "proxy-blackhole": 2, "proxy-reset": 1,
+                                 "proxy-delay": 2},
+                         quick_s=18, needs_stale=False, server=True),
+    "calm": dict(keys=["hot", "k1"], faults={}, quick_s=5, needs_stale=False),
+}
+
+
+# The fenced register's tables (the same as tests/chaos/fenced_register.cc creates).
+REGISTER_SCHEMA = """
+CREATE TABLE IF NOT EXISTS reg(key TEXT PRIMARY KEY, max_token INTEGER NOT NULL,
+  value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS writes(id INTEGER PRIMARY KEY, key TEXT NOT NULL,
+  token INTEGER NOT NULL, writer TEXT NOT NULL, max_before INTEGER NOT NULL,
+  accepted INTEGER NOT NULL, t_commit_ns INTEGER NOT NULL);
+"""
+
+
+# ---- orchestrator -------------------------------------------------------------------------
+
+
+class Orchestrator:
+    def __init__(self, args, store, scenario, run_dir, rng, worker_flags):
+        self.args = args
+        self.store = store
+        self.sc = SCENARIOS[scenario]
+        self.run_dir = run_dir
+        self.rng = rng
+        self.ttl_ns = args.ttl_ms * MS
+        self.worker_flags = worker_flags
+        self.log_f = open(os.path.join(run_dir, "orch.log"), "a", buffering=1)
+        self.procs = {}  # pid -> (Popen, worker id)
+        self.stopped = {}  # pid -> cont_at_ns
+        self.pause_req = {}  # pid -> (requested_at_ns, duration_ns)
+        self.holding = {}  # worker id -> key or None, from tailing the worker logs
+        self.offsets = {}  # worker id -> bytes read of its log
+        self.next_id = 0
+
+    def log(self, event, **fields):
+        extra = " ".join(f"{k}={v}" for k, v in fields.items())
+        self.log_f.write(f"{now_ns()} orch {event} {extra}\n")
+
+    def spawn(self, end_ns):
+        wid = f"w{self.next_id}"
+        self.next_id += 1
+        dur_ms = max(0, (end_ns - now_ns()) // MS)
+        cmd = [self.args.worker, f"--store={self.store.url()}",
+               f"--keys={','.join(self.sc['keys'])}",
+               f"--register={os.path.join(self.run_dir, 'register.db')}",
+               f"--log={os.path.join(self.run_dir, wid + '.log')}", f"--id={wid}",
+               f"--ttl-ms={self.args.ttl_ms}", f"--duration-ms={dur_ms}",
+               f"--hold-min-ms={self.args.hold_min_ms}", f"--hold-max-ms={self.args.hold_max_ms}",
+               f"--write-gap-ms={self.args.write_gap_ms}", f"--idle-max-ms={self.args.idle_max_ms}", f"--wait-ms={4 * self.args.ttl_ms}",
+               f"--seed={self.rng.getrandbits(63)}"] + self.worker_flags
+        if self.args.ignore_sigpipe:
+            cmd.append("--ignore-sigpipe=1")
+        err = open(os.path.join(self.run_dir, wid + ".stderr"), "wb")
+        p = subprocess.Popen(cmd, stdout=err, stderr=err, start_new_session=True)
+        err.close()
+        self.procs[p.pid] = (p, wid)
+        self.holding[wid] = None
+        self.log("spawn", pid=p.pid, worker=wid)
+
+    def tail_logs(self):
+        for _, wid in list(self.procs.values()):
+            path = os.path.join(self.run_dir, wid + ".log")
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets.get(wid, 0))
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue
+            self.offsets[wid] = self.offsets.get(wid, 0) + end + 1
+            for line in data[: end + 1].decode(errors="replace").splitlines():
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                ev = parts[2]
+                if ev == "acquired":
+                    self.holding[wid] = parts[3]
+                elif ev in ("release-sent", "lost", "invalid", "exit"):
+                    self.holding[wid] = None
+
+    @staticmethod
+    def proc_state(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError, ProcessLookupError):
+            return "?"
+
+    def signal(self, pid, sig):
+        try:
+            os.kill(pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def reap(self, end_ns, respawn):
+        for pid, (p, wid) in list(self.procs.items()):
+            if p.poll() is not None:
+                del self.procs[pid]
+                self.stopped.pop(pid, None)
+                self.pause_req.pop(pid, None)
+                self.log("exited", pid=pid, worker=wid, rc=p.returncode)
+                if respawn and now_ns() < end_ns - self.ttl_ns:
+                    self.spawn(end_ns)
+
+    def live(self):
+        return [pid for pid in self.procs if pid not in self.stopped and pid not in self.pause_req]
+
+    def holders(self):
+        return [pid for pid in self.live() if self.holding.get(self.procs[pid][1])]
+
+    def inject(self, end_ns):
+        faults = self.sc["faults"]
+        kind = self.rng.choices(list(faults), weights=list(faults.values()))[0]
+        holders = self.holders()
+        if kind in ("pause", "pause-check"):
+            if len(self.stopped) + len(self.pause_req) >= self.args.workers - 1 or not holders:
+                return
+            pid = self.rng.choice(holders)
+            dur = int(self.rng.uniform(0.5, 5.0) * self.ttl_ns)
+            wid = self.procs[pid][1]
+            if kind == "pause":
+                if self.signal(pid, signal.SIGSTOP):
+                    self.stopped[pid] = now_ns() + dur
+                    self.log("stop", pid=pid, worker=wid, kind="external", dur_ms=dur // MS)
+            else:
+                if self.signal(pid, signal.SIGUSR1):
+                    self.pause_req[pid] = (now_ns(), dur)
+                    self.log("pause-request", pid=pid, worker=wid, dur_ms=dur // MS)
+        elif kind == "kill":
+            pool = holders if holders and self.rng.random() < 0.8 else self.live()
+            if not pool:
+                return
+            pid = self.rng.choice(pool)
+            wid = self.procs[pid][1]
+            self.log("kill", pid=pid, worker=wid, holding=self.holding.get(wid) or "-")
+            self.signal(pid, signal.SIGKILL)
+            self.stopped.pop(pid, None)
+        elif kind in self.store.server_faults:
+            if self.store.busy():
+                return
+            self.store.inject(kind, self.ttl_ns, self)
+        self.faults += 1
+
+    def service_pauses(self):
+        t = now_ns()
+        for pid, cont_at in list(self.stopped.items()):
+            if t >= cont_at:
+                self.signal(pid, signal.SIGCONT)
+                del self.stopped[pid]
+                self.log("cont", pid=pid, worker=self.procs[pid][1] if pid in self.procs else "?")
+        for pid, (req_at, dur) in list(self.pause_req.items()):
+            if self.proc_state(pid) == "T":
+                del self.pause_req[pid]
+                self.stopped[pid] = now_ns() + dur
+                self.log("stop", pid=pid, worker=self.procs[pid][1], kind="self", dur_ms=dur // MS)
+            elif t - req_at > 20 * self.ttl_ns:
+                # Still not at a pause point (waiting to acquire): give up on this one. The
+                # flag stays set in the worker; if it stops later, the sweep below resumes it.
+                del self.pause_req[pid]
+        for pid in list(self.procs):
+            if pid not in self.stopped and pid not in self.pause_req and \
+                    self.proc_state(pid) == "T":
+                dur = int(self.rng.uniform(0.5, 5.0) * self.ttl_ns)
+                self.stopped[pid] = now_ns() + dur
+                self.log("stop", pid=pid, worker=self.procs[pid][1], kind="self", dur_ms=dur // MS)
+
+    def run(self, duration_s):
+        self.faults = 0
+        start = now_ns()
+        end = start + int(duration_s * 1e9)
+        self.log("run-start", scenario=self.args.scenario_name, ttl_ms=self.args.ttl_ms,
+                 end=end, store=self.store.scheme)
+        # Create the register (and switch it to WAL) before the workers race to do it.
+        db = sqlite3.connect(os.path.join(self.run_dir, "register.db"))
+        db.execute("PRAGMA journal_mode=WAL")
+        db.executescript(REGISTER_SCHEMA)
+        db.close()
+        for _ in range(self.args.workers):
+            self.spawn(end)
+        gap = self.args.fault_gap_ms * MS
+        next_fault = start + self.ttl_ns + int(self.rng.uniform(0.5, 1.5) * gap)
+        try:
+            while now_ns() < end:
+                self.tail_logs()
+                self.service_pauses()
+                self.store.tick(self)
+                self.reap(end, respawn=True)
+                if self.sc["faults"] and now_ns() >= next_fault and now_ns() < end - self.ttl_ns:
+                    self.inject(end)
+                    next_fault = now_ns() + int(self.rng.uniform(0.5, 1.5) * gap)
+                time.sleep(0.005)
+        finally:
+            # Wind down: no more faults; resume everything; workers stop at their deadline.
+            self.store.heal(self)
+            for pid in list(self.stopped):
+                self.signal(pid, signal.SIGCONT)
+                self.log("cont", pid=pid, worker=self.procs.get(pid, (None, "?"))[1])
+            self.stopped.clear()
+            grace = now_ns() + 5 * self.ttl_ns + 5_000_000_000
+            while self.procs and now_ns() < grace:
+                self.service_pauses()
+                for pid in list(self.stopped):
+                    self.signal(pid, signal.SIGCONT)
+                    del self.stopped[pid]
+                self.reap(end, respawn=False)
+                time.sleep(0.01)
+            for pid, (p, wid) in list(self.procs.items()):
+                self.log("final-kill", pid=pid, worker=wid)
+                self.signal(pid, signal.SIGKILL)
+                p.wait()
+            self.log("run-end", faults=self.faults)
+            self.log_f.close()
+
+
+# ---- checker ------------------------------------------------------------------------------
+
+
+def parse_line(line):
+    parts = line.split()
+    if len(parts) < 3:
+        return None
+    try:
+        t = int(parts[0])
+    except ValueError:
+        return None
+    f = {}
+    for p in parts[3:]:
+        k, _, v = p.partition("=")
+        f[k] = v
+    return t, parts[1], parts[2], f
+
+
+def pct(values, q):
+    if not values:
+        return 0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+class Grant:
+    __slots__ = ("worker", "key", "token", "sent", "start", "su", "lost", "lost_reason",
+                 "release", "release_result", "killed", "end", "invalid", "ended_known")
+
+    def __init__(self, worker, key, token, sent, start, su):
+        self.worker, self.key, self.token = worker, key, token
+        self.sent, self.start, self.su = sent, start, su
+        self.lost = self.release = self.killed = self.invalid = None
+        self.lost_reason = self.release_result = None
+        self.ended_known = False
+
+
+def check(run_dir, ttl_ms, scheme, scenario, needs_stale):
+    ttl = ttl_ms * MS
+    drift = ttl // 100 + 2 * MS  # DESIGN.md §3 default: ttl/100 + 2 ms
+    bound = ttl - drift
+
+    # Fault log: which pid ran which worker, kills, stops and conts.
+    orch = []
+    with open(os.path.join(run_dir, "orch.log")) as f:
+        for line in f:
+            e = parse_line(line)
+            if e:
+                orch.append(e)
+    kills = {}  # worker -> t
+    crashes = []  # workers that died of a signal the harness did not send, or failed
+    stops = []  # (worker, t_stop, t_cont)
+    open_stops = {}
+    faults = {"pause-check": 0, "pause": 0, "kill": 0}
+    store_fault_times = []
+    for t, _, ev, f in orch:
+        if ev == "store-fault":
+            faults[f["kind"]] = faults.get(f["kind"], 0) + 1
+            store_fault_times += [t, t + int(f["dur_ms"]) * MS]
+        if ev in ("kill", "final-kill"):
+            kills.setdefault(f["worker"], t)
+            if ev == "kill":
+                faults["kill"] += 1
+        elif ev == "stop":
+            open_stops[f["worker"]] = (t, f["kind"])
+            faults["pause" if f["kind"] == "external" else "pause-check"] += 1
+        elif ev == "exited" and f.get("rc") != "0" and f.get("worker") not in kills:
+            crashes.append((f.get("worker"), f.get("rc")))
+        elif ev == "cont" and f.get("worker") in open_stops:
+            t0, kind = open_stops.pop(f["worker"])
+            stops.append((f["worker"], t0, t, kind))
+    for w, (t0, kind) in open_stops.items():  # killed while stopped
+        stops.append((w, t0, kills.get(w, t0), kind))
+
+    # Worker logs -> grants.
+    grants = []
+    bound_violations = []
+    per_worker_selfpause = {}
+    lines = 0
+    for name in sorted(os.listdir(run_dir)):
+        if not (name.startswith("w") and name.endswith(".log")):
+            continue
+        wid = name[:-4]
+        events = []
+        with open(os.path.join(run_dir, name)) as f:
+            for line in f:
+                e = parse_line(line)
+                if e:
+                    events.append(e)
+        lines += len(events)
+        events.sort(key=lambda e: e[0])
+        cur = None
+        sent = None
+        for t, _, ev, f in events:
+            if ev == "acq-sent":
+                sent = t
+            elif ev == "acquired":
+                cur = Grant(wid, f["key"], int(f["token"]), sent if sent is not None else t, t,
+                            int(f["safe_until"]))
+                grants.append(cur)
+                if cur.su - t > bound:
+                    bound_violations.append(("acquired", wid, cur.key, cur.token,
+                                             (cur.su - t - bound) / MS))
+            elif cur is None:
+                continue
+            elif ev in ("renew-ok", "valid-check"):
+                su = int(f["safe_until"])
+                if ev == "renew-ok" and su - t > bound:
+                    bound_violations.append(("renew", wid, cur.key, cur.token,
+                                             (su - t - bound) / MS))
+                if su > cur.su:
+                    cur.su = su
+            elif ev == "lost":
+                if cur.lost is None:
+                    cur.lost, cur.lost_reason = t, f.get("reason", "?")
+            elif ev == "invalid":
+                if cur.invalid is None:
+                    cur.invalid = t
+            elif ev == "pause-self":
+                per_worker_selfpause.setdefault(wid, []).append(t)
+            elif ev == "release-sent":
+                cur.release = t
+            elif ev == "release-done":
+                cur.release_result = f.get("result")
+                cur.ended_known = True
+                cur = None
+        if cur is not None and wid in kills:
+            cur.killed = kills[wid]
+            cur.ended_known = True
+
+    # Self pauses: the stop began at the worker's own pause-self line, not when we noticed.
+    pauses = []
+    for w, t0, t1, kind in stops:
+        if kind == "self":
+            cands = [t for t in per_worker_selfpause.get(w, []) if t <= t0]
+            if cands:
+                t0 = cands[-1]
+        pauses.append((w, t0, t1, kind))
+
+    # Validity windows: [acquired, min(safe_until, release sent, lost, killed)).
+    incomplete = 0
+    for g in grants:
+        ends = [g.su]
+        for x in (g.release, g.lost, g.killed, g.invalid):
+            if x is not None:
+                ends.append(x)
+        g.end = min(ends)
+        if not g.ended_known:
+            incomplete += 1
+
+    by_key = {}
+    for g in grants:
+        by_key.setdefault(g.key, []).append(g)
+
+    overlaps = []
+    token_regressions = []
+    handoffs = 0
+    foreign = []
+    for key, gs in by_key.items():
+        gs.sort(key=lambda g: (g.start, g.token))
+        # Overlaps: a sweep over windows sorted by start.
+        best = None
+        for g in gs:
+            if g.end <= g.start:
+                continue
+            if best is not None and g.start < best.end:
+                overlaps.append((key, best.worker, best.token, g.worker, g.token,
+                                 (best.end - g.start) / MS))
+            if best is None or g.end > best.end:
+                best = g
+        # Token regressions: a grant acquired before another's request was sent must carry a
+        # lower token (definitely ordered pairs only, so no false alarms from races).
+        starts = [g.start for g in gs]
+        prefix_max = []
+        m = -1
+        for g in gs:
+            m = max(m, g.token)
+            prefix_max.append(m)
+        for g in gs:
+            i = bisect.bisect_left(starts, g.sent) - 1
+            if i >= 0 and prefix_max[i] >= g.token:
+                token_regressions.append((key, g.worker, g.token, prefix_max[i]))
+        # Handoffs: successive grants (by token) taken by different workers.
+        by_token = sorted(gs, key=lambda g: g.token)
+        handoffs += sum(1 for a, b in zip(by_token, by_token[1:]) if a.worker != b.worker)
+        # Foreign release: a release reported as having deleted a live grant, sent after a
+        # newer grant of the key had been acquired: it deleted someone else's lease.
+        for g in gs:
+            if g.release_result == "ok" and g.release is not None:
+                i = bisect.bisect_left(starts, g.release) - 1
+                if i >= 0 and prefix_max[i] > g.token:
+                    foreign.append(("release", key, g.worker, g.token, prefix_max[i]))
+            # The store said "not yours" while the grant was still within safe_until: someone
+            # else deleted or took it (or the store lost it).
+            if g.lost is not None and g.lost_reason == "store" and g.lost < g.su:
+                foreign.append(("stolen", key, g.worker, g.token, 0))
+
+    # The fenced register's own history.
+    stale_attempted = stale_accepted = writes = accepted = 0
+    order_regressions = 0
+    reg_path = os.path.join(run_dir, "register.db")
+    if os.path.exists(reg_path):
+        db = sqlite3.connect(reg_path)
+        last = {}
+        for key, token, max_before, acc in db.execute(
+                "SELECT key, token, max_before, accepted FROM writes ORDER BY id"):
+            writes += 1
+            accepted += acc
+            if token < max_before:
+                stale_attempted += 1
+                stale_accepted += acc
+            if acc:
+                if token < last.get(key, -1):
+                    order_regressions += 1
+                last[key] = max(last.get(key, -1), token)
+        db.close()
+
+    # Pauses of holders, and takeover after a holder's death.
+    def holding_at(worker, t):
+        for g in grants:
+            if g.worker == worker and g.start <= t and (t < g.end or g.killed == t):
+                return g
+        return None
+
+    pauses_gt_ttl = sum(1 for w, t0, t1, _ in pauses if t1 - t0 > ttl and holding_at(w, t0))
+    takeovers = []
+    for w, t in kills.items():
+        g = holding_at(w, t)
+        if g is None or any(e[2] == "final-kill" and e[3]["worker"] == w for e in orch):
+            continue
+        nxt = [h.start for h in by_key[g.key] if h.start > t]
+        if nxt:
+            takeovers.append((min(nxt) - t) / MS)
+
+    # False loss: a grant lost although no fault was injected anywhere during it.
+    fault_times = sorted([t for _, t0, t1, _ in pauses for t in (t0, t1)] + list(kills.values()) +
+                         store_fault_times)
+    lost_grants = [g for g in grants if g.lost is not None or g.invalid is not None]
+    false_losses = 0
+    for g in lost_grants:
+        t_lost = min(x for x in (g.lost, g.invalid) if x is not None)
+        i = bisect.bisect_left(fault_times, g.start - ttl)
+        if i >= len(fault_times) or fault_times[i] > t_lost:
+            false_losses += 1
+
+    violations = (len(overlaps) + stale_accepted + len(token_regressions) + len(foreign) +
+                  order_regressions + len(bound_violations))
+    print(f"chaos: store={scheme} scenario={scenario} handoffs={handoffs} "
+          f"pauses_gt_ttl={pauses_gt_ttl} overlaps={len(overlaps)} "
+          f"stale_attempted={stale_attempted} stale_accepted={stale_accepted} "
+          f"token_regressions={len(token_regressions)} "
+          f"takeover_p99_ms={round(pct(takeovers, 0.99))} violations={violations}")
+    print(f"chaos-detail: ttl_ms={ttl_ms} grants={len(grants)} writes={writes} "
+          f"accepted={accepted} foreign_changes={len(foreign)} "
+          f"register_order_regressions={order_regressions} "
+          f"safe_until_bound_violations={len(bound_violations)} "
+          f"faults={sum(faults.values())} (pause_after_check={faults['pause-check']} "
+          f"pause={faults['pause']} kill={faults['kill']}"
+          + "".join(f" {k}={v}" for k, v in faults.items() if k.startswith(("store", "proxy")))
+          + f") pauses={len(pauses)} "
+          f"takeover_ms p50={round(pct(takeovers, 0.5))} p99={round(pct(takeovers, 0.99))} "
+          f"max={round(max(takeovers, default=0))} n={len(takeovers)} "
+          f"lost={len(lost_grants)} false_loss={false_losses}/{len(grants)} "
+          f"incomplete={incomplete} crashes={len(crashes)} events={lines} dir={run_dir}")
+    for title, items in (("overlap", overlaps), ("token-regression", token_regressions),
+                         ("foreign", foreign), ("safe-until-bound", bound_violations)):
+        for item in items[:5]:
+            print(f"  violation {title}: {item}")
+    ineffective = needs_stale and stale_attempted == 0
+    if ineffective:
+        print("  harness-ineffective: no stale write was attempted: the pauses did not bite")
+    if crashes:
+        ineffective = True
+        print(f"  worker-crashes: {len(crashes)} workers died unbidden (rc -N: signal N), e.g. "
+              f"{crashes[:4]}; see <worker>.stderr in the run directory")
+    return dict(violations=violations, overlaps=len(overlaps), stale_accepted=stale_accepted,
+                ineffective=ineffective, bound=len(bound_violations), foreign=len(foreign))
+
+
+# ---- main ---------------------------------------------------------------------------------
+
+NEGATIVE_CONTROLS = [
+    # (name, --unsafe value, scenario, what must be flagged)
+    ("all", "all", "pause-hot", ("overlaps", "stale_accepted")),
+    ("nofence", "nofence", "pause-hot", ("stale_accepted",)),
+    ("plaindelete", "plaindelete", "pause-hot", ("overlaps", "foreign")),
+    ("nodrift", "nodrift", "calm", ("bound",)),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", help="path to chaos_worker")
+    ap.add_argument("--store", default="sqlite", choices=sorted(STORES))
+    ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--duration", type=float, help="seconds per scenario")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--ttl-ms", type=int, default=500)
+    ap.add_argument("--hold-min-ms", type=int, default=30)
+    ap.add_argument("--hold-max-ms", type=int, default=300)
+    ap.add_argument("--write-gap-ms", type=int, default=15)
+    ap.add_argument("--idle-max-ms", type=int, default=40,
+                    help="a worker rests 0..this long between leases (spreads handoffs)")
+    ap.add_argument("--fault-gap-ms", type=int, default=None,
+                    help="mean time between faults (default: 2 x TTL)")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--workdir", default=None, help="parent of the run directories")
+    ap.add_argument("--keep", action="store_true", help="keep run directories of clean runs")
+    ap.add_argument("--negative-control", action="store_true")
+    ap.add_argument("--ignore-sigpipe", action="store_true",
+                    help="workers ignore SIGPIPE (a workaround; off by default: the library "
+                         "must not need it)")
+    ap.add_argument("--check-only", metavar="DIR")
+    args = ap.parse_args()
+    if args.fault_gap_ms is None:
+        args.fault_gap_ms = 2 * args.ttl_ms
+
+    if args.check_only:
+        sc = "?"
+        with open(os.path.join(args.check_only, "orch.log")) as f:
+            for line in f:
+                e = parse_line(line)
+                if e and e[2] == "run-start":
+                    sc, args.ttl_ms, store = e[3]["scenario"], int(e[3]["ttl_ms"]), e[3]["store"]
+                    break
+        r = check(args.check_only, args.ttl_ms, store, sc, SCENARIOS.get(sc, {}).get(
+            "needs_stale", False))
+        return 1 if r["violations"] else (2 if r["ineffective"] else 0)
+
+    if not args.worker or not os.access(args.worker, os.X_OK):
+        ap.error("--worker must name the chaos_worker executable")
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    print(f"chaos: seed={seed} (rerun with --seed {seed})", flush=True)
+    rng = random.Random(seed)
+    if args.workdir:
+        os.makedirs(args.workdir, exist_ok=True)
+
+    if args.negative_control:
+        plan = [(n, ["--mode=unsafe", f"--unsafe={u}"], sc, must)
+                for n, u, sc, must in NEGATIVE_CONTROLS]
+    else:
+        has_server = bool(STORES[args.store].server_faults)
+        chosen = args.scenario or [sc for sc in SCENARIOS
+                                   if has_server or not SCENARIOS[sc].get("server")]
+        for sc in chosen:
+            if SCENARIOS[sc].get("server") and not has_server:
+                ap.error(f"scenario {sc} needs a store with a server, not {args.store}")
+        plan = [(None, [], sc, None) for sc in chosen]
+
+    status = 0
+    for control, flags, scenario, must in plan:
+        if args.duration:
+            duration = args.duration
+        elif args.quick:
+            duration = SCENARIOS[scenario]["quick_s"]
+            if control:
+                duration = min(duration, 10)
+        else:
+            duration = 60
+        run_dir = tempfile.mkdtemp(prefix=f"chaos-{args.store}-{scenario}-", dir=args.workdir)
+        store = STORES[args.store]()
+        store.start(run_dir)
+        args.scenario_name = scenario
+        orch = Orchestrator(args, store, scenario, run_dir, rng, flags)
+        try:
+            orch.run(duration)
+        finally:
+            store.stop()
+        name = scenario if control is None else f"{scenario}/unsafe-{control}"
+        r = check(run_dir, args.ttl_ms, store.scheme, name,
+                  SCENARIOS[scenario]["needs_stale"] and control is None)
+        sys.stdout.flush()
+        if control is None:
+            rc = 1 if r["violations"] else (2 if r["ineffective"] else 0)
+            status = max(status, rc)
+            if rc == 0 and not args.keep:
+                shutil.rmtree(run_dir, ignore_errors=True)
+        else:
+            caught = any(r[m] > 0 for m in must)
+            print(f"negative-control: unsafe={control} {'CAUGHT' if caught else 'NOT CAUGHT'} "
+                  f"(must flag one of {', '.join(must)})", flush=True)
+            if not caught:
+                status = 1
+            elif not args.keep:
+                shutil.rmtree(run_dir, ignore_errors=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
