@@ -108,16 +108,38 @@ bool LeaseCore::CheckExpiry() {
     if (state_ == LeaseState::kLost || released_) {
       return true;
     }
-    if (clock_.Now() < safe_until_) {
-      return false;
+    SteadyTime now = clock_.Now();
+    if (now < safe_until_) {
+      if (state_ != LeaseState::kHeld || now < OverdueAtLocked()) {
+        return false;
+      }
+      t = SetStateLocked(LeaseState::kAtRisk,
+                         Status::Unavailable(fmt::format(
+                             "renewal of lease {} overdue: none confirmed for {}", params_.key,
+                             FormatDuration(now - last_renew_send_))));
+    } else {
+      t = SetStateLocked(
+          LeaseState::kLost,
+          Status::Lost(fmt::format("lease {} expired: no renewal confirmed before safe_until",
+                                   params_.key)));
     }
-    t = SetStateLocked(
-        LeaseState::kLost,
-        Status::Lost(fmt::format("lease {} expired: no renewal confirmed before safe_until",
-                                 params_.key)));
   }
   Announce(t);
-  return true;
+  return t.lost;
+}
+
+SteadyTime LeaseCore::NextCheck() {
+  MutexLock lock(&mu_);
+  if (state_ == LeaseState::kLost || released_) {
+    return SteadyTime::max();
+  }
+  return state_ == LeaseState::kHeld ? std::min(safe_until_, OverdueAtLocked()) : safe_until_;
+}
+
+SteadyTime LeaseCore::OverdueAtLocked() {
+  // A healthy renewal is sent one interval after the last confirmed one and answered well
+  // within the next: two intervals without a confirmation means it is stuck.
+  return last_renew_send_ + 2 * params_.renew_interval;
 }
 
 void LeaseCore::MarkLost(Status reason) {

@@ -90,9 +90,15 @@ class LeaseCore {
   // Applies a renew result. `t_send` was read before the renew request was sent.
   void OnRenewResult(SteadyTime t_send, const Status& result) LH_EXCLUDES(mu_);
 
-  // Marks the lease lost if `now` >= safe_until (the expiry watchdog). Returns true if it is
-  // (now or already) inactive.
+  // The expiry watchdog's check: marks the lease lost if Clock::Now() >= safe_until, and at
+  // risk if a renewal is overdue (no confirmed renewal for two renew intervals, e.g. a renew
+  // stuck in the store), so the holder hears of trouble before the loss. Returns true if the
+  // lease is (now or already) inactive.
   bool CheckExpiry() LH_EXCLUDES(mu_);
+
+  // The next instant CheckExpiry() may change something: the overdue point while held, else
+  // safe_until. SteadyTime::max() if inactive.
+  SteadyTime NextCheck() LH_EXCLUDES(mu_);
 
   // Marks the lease lost with `reason`, once. Later calls do nothing.
   void MarkLost(Status reason) LH_EXCLUDES(mu_);
@@ -112,6 +118,8 @@ class LeaseCore {
 
   // Sets the state under mu_ and reports what the caller must announce after unlocking.
   Transition SetStateLocked(LeaseState next, Status reason) LH_REQUIRES(mu_);
+
+  SteadyTime OverdueAtLocked() LH_REQUIRES(mu_);
 
   // Fires callbacks and the stop token for a transition. Called with no lock held.
   void Announce(const Transition& t);

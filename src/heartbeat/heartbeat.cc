@@ -125,7 +125,7 @@ void Heartbeat::WatchdogLoop() {
     }
     for (const auto& lease : leases) {
       if (!lease->CheckExpiry()) {
-        earliest = std::min(earliest, lease->safe_until());
+        earliest = std::min(earliest, lease->NextCheck());
       }
     }
     if (earliest == SteadyTime::max() && !leases.empty()) {

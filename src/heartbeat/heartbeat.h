@@ -6,7 +6,8 @@
 //    every lease due within a quarter of its renew interval in ONE Backend::RenewMany call, so
 //    leases taken at different times fall into step and share round trips;
 //  - the expiry watchdog sleeps until the earliest safe_until and declares leases lost there,
-//    even while the renewer is stuck in a store call that never returns.
+//    even while the renewer is stuck in a store call that never returns; it also marks a lease
+//    at risk once its renewal is overdue (two renew intervals without a confirmation).
 // The watchdog is why a lease's lost signal fires at safe_until "even if no reply ever
 // arrives" (DESIGN.md section 3): a single thread blocked in I/O could not promise that.
 //

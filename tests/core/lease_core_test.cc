@@ -105,6 +105,30 @@ TEST_F(LeaseSafetyTest, LostFiresAtSafeUntilEvenIfNoReplyEverArrives) {
   Settle();
 }
 
+TEST_F(LeaseSafetyTest, ARenewalStuckInTheStoreMakesTheLeaseAtRiskBeforeItIsLost) {
+  SteadyTime t0 = clock_.Now();
+  Lease lease = AcquireCounted();
+  Settle();
+  backend_->BlockRenewals();
+  clock_.Advance(kRenew);
+  ASSERT_TRUE(backend_->WaitForBlockedRenewal());
+  clock_.Advance(kRenew - 1ns);
+  Settle(1);
+  EXPECT_EQ(lease.state(), LeaseState::kHeld) << "one renew interval late is not yet overdue";
+  clock_.Advance(1ns);  // two intervals since the last confirmed renewal (the acquire, at t0)
+  Settle(1);
+  EXPECT_EQ(lease.state(), LeaseState::kAtRisk);
+  EXPECT_EQ(at_risk_calls_, 1);
+  EXPECT_TRUE(lease.valid());
+  EXPECT_EQ(lease.safe_until(), t0 + kTtl - kDrift);
+  clock_.Advance(lease.safe_until() - clock_.Now());
+  Settle(1);
+  EXPECT_FALSE(lease.valid());
+  EXPECT_EQ(lost_calls_, 1);
+  backend_->UnblockRenewals();
+  Settle();
+}
+
 TEST_F(LeaseSafetyTest, RenewReplyAfterSafeUntilDoesNotBringTheLeaseBack) {
   Lease lease = AcquireCounted();
   Settle();
