@@ -11,7 +11,7 @@ if(LEASEHOLD_SANITIZE)
   target_link_options(leasehold_build_flags INTERFACE -fsanitize=${LEASEHOLD_SANITIZE})
 endif()
 if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
-  target_compile_options(leasehold_build_flags INTERFACE -Wthread-safety)
+  target_compile_options(leasehold_build_flags INTERFACE -Wthread-safety -Werror=thread-safety)
 endif()
 
 # leasehold_cc_test(NAME name SRCS a.cc b.cc [DEPS ...] [LABELS ...])

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  g++ cmake make pkg-config ccache python3
+  g++ clang-14 cmake make pkg-config ccache python3
   libfmt-dev libcli11-dev libsqlite3-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
   libhiredis-dev redis-server redis-tools

@@ -18,6 +18,11 @@ BUILD_DIR="$root/build" scripts/build.sh -DLEASEHOLD_WERROR=ON
 step "tests"
 ctest --test-dir build -j "$jobs" --timeout 600
 
+step "thread-safety analysis (clang 14, -Werror=thread-safety)"
+CXX=clang++-14 BUILD_DIR="$root/build-clang" BUILD_TYPE=Debug scripts/build.sh \
+  -DLEASEHOLD_WERROR=ON -DLEASEHOLD_BUILD_TESTS=OFF -DLEASEHOLD_BUILD_CLI=OFF \
+  -DLEASEHOLD_BUILD_EXAMPLES=OFF -DLEASEHOLD_INSTALL=OFF
+
 if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
   step "build with AddressSanitizer + UBSan"
   BUILD_DIR="$root/build-asan" BUILD_TYPE=Debug scripts/build.sh \
