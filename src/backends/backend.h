@@ -118,6 +118,12 @@ class Backend {
   // kDeadlineExceeded, kCancelled; kUnimplemented if the store has no notification, in which
   // case the core polls with backoff (the default).
   virtual Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop);
+
+  // As WaitForChange, for the waiter `waiter_id` of Store::Acquire (GrantRequest::waiter_id): a
+  // fair store also returns at once when the key is free and that waiter heads its queue, which
+  // only the store can see. The default calls WaitForChange.
+  virtual Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
+                             std::stop_token stop);
 };
 
 }  // namespace leasehold::internal

@@ -290,8 +290,8 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
         break;
       }
       if (native_wait) {
-        Status w = core_->backend->WaitForChange(
-            key, std::min(deadline, now + kNotificationSafetyNet), cancel);
+        Status w = core_->backend->WaitForTurn(
+            key, waiter_id, std::min(deadline, now + kNotificationSafetyNet), cancel);
         if (w.code() != StatusCode::kUnimplemented) {
           continue;  // woken, timed out or cancelled: the loop head decides
         }

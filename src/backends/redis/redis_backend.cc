@@ -41,6 +41,7 @@
 #include "core/duration.h"
 #include "core/logging.h"
 #include "util/mutex.h"
+#include "util/sigpipe_guard.h"
 #include "util/thread_annotations.h"
 
 namespace leasehold::internal {
@@ -63,6 +64,12 @@ constexpr auto kSubscriptionLinger = std::chrono::seconds(1);
 // How long the subscriber thread sleeps in poll() when nothing happens; it is woken through an
 // eventfd for every change, so this only bounds how stale a stop request can get.
 constexpr int kSubscriberPollMs = 1000;
+// fair=true: a waiter's queue entry lives this long past its latest attempt (plus the time two
+// store calls may take, see FairEntryLifetime). Store::Acquire re-attempts on every release
+// message, at the holder's expiry, and at least every 5 s (kNotificationSafetyNet in
+// src/core/store.cc); twice that leaves room for one missed re-check. The price: a waiter killed
+// at the head of the queue delays the next grant by up to its entry lifetime.
+constexpr Duration kFairEntryBase = std::chrono::seconds(10);
 // SCAN page size hint.
 constexpr std::string_view kScanCount = "1000";
 
@@ -83,12 +90,23 @@ struct Script {
   std::string_view body;
 };
 
-enum ScriptId { kAcquire = 0, kRenew, kRelease, kForceRelease, kInspect, kScriptCount };
+enum ScriptId {
+  kAcquire = 0,
+  kRenew,
+  kRelease,
+  kForceRelease,
+  kInspect,
+  kFairAcquire,
+  kAbandonWait,
+  kQueueState,
+  kScriptCount
+};
 
 constexpr Script kScripts[kScriptCount] = {
-    {"acquire", kAcquireScript}, {"renew", kRenewScript},
-    {"release", kReleaseScript}, {"force-release", kForceReleaseScript},
-    {"inspect", kInspectScript},
+    {"acquire", kAcquireScript},          {"renew", kRenewScript},
+    {"release", kReleaseScript},          {"force-release", kForceReleaseScript},
+    {"inspect", kInspectScript},          {"fair acquire", kFairAcquireScript},
+    {"abandon-wait", kAbandonWaitScript}, {"queue-state", kQueueStateScript},
 };
 
 timeval ToTimeval(Duration d) {
@@ -313,6 +331,50 @@ void WarnPersistenceOffOnce(const std::string& address) {
                   address));
 }
 
+// Turns the acquire scripts' refusal into kHeldByAnother: {0, holder fields (nil when the key is
+// free but others are queued ahead)[, next_prefix, queued, position]}.
+Status HeldReply(std::string_view key, const redisReply* reply) {
+  const bool fair = reply->elements >= 9;
+  std::optional<LeaseInfo> holder;
+  if (reply->elements >= 2 && reply->element[1]->type != REDIS_REPLY_NIL) {
+    LH_ASSIGN_OR_RETURN(holder, ParseLeaseInfo(std::string(key), reply, 1));
+  }
+  if (!fair) {
+    if (!holder) {
+      return Status::Internal("unexpected reply from redis to the acquire script");
+    }
+    std::string message =
+        fmt::format("{} is held by {} (fencing token {}, {} left)", key, holder->holder,
+                    holder->fencing_token, FormatDuration(holder->remaining));
+    return Status::HeldByAnother(std::move(message), std::move(holder));
+  }
+  const std::string next(ReplyText(reply->element[6]));
+  LH_ASSIGN_OR_RETURN(long long queued, ParseInteger(reply->element[7]));
+  LH_ASSIGN_OR_RETURN(long long position, ParseInteger(reply->element[8]));
+  std::string queue = queued == 0 ? std::string("no waiters queued")
+                                  : fmt::format("{} waiter(s) queued, next {}", queued, next);
+  if (position >= 0) {
+    queue += fmt::format(", this waiter is #{}", position + 1);
+  }
+  std::string message =
+      holder ? fmt::format("{} is held by {} (fencing token {}, {} left); {}", key, holder->holder,
+                           holder->fencing_token, FormatDuration(holder->remaining), queue)
+             : fmt::format("{} is free but queued for: {}", key, queue);
+  return Status::HeldByAnother(std::move(message), std::move(holder));
+}
+
+// How long a queue entry outlives the waiter's latest attempt: max(ttl, kFairEntryBase), plus
+// two command timeouts (a WaitForChange's queue read and the next try-acquire may each take
+// that long before the entry is refreshed), plus the WAIT bound with min_replicas. The ttl term
+// means a killed waiter never costs more than max(a killed holder, 10 s) plus those margins.
+Duration FairEntryLifetime(const RedisOptions& options, Duration ttl) {
+  Duration lifetime = std::max(ttl, kFairEntryBase) + 2 * options.command_timeout;
+  if (options.min_replicas > 0) {
+    lifetime += options.replica_timeout;
+  }
+  return lifetime;
+}
+
 }  // namespace
 
 // One hiredis context: blocking, with connect and per-read/write timeouts.
@@ -372,6 +434,7 @@ class RedisConnection {
   // kUnavailable (and marks the connection broken) on an I/O error or timeout.
   Result<std::vector<ReplyPtr>> Pipeline(std::span<const Command> commands,
                                          std::string_view address) {
+    SigpipeGuard no_sigpipe;  // a reset connection must fail the call, not kill the process
     std::vector<const char*> argv;
     std::vector<std::size_t> argvlen;
     for (const Command& command : commands) {
@@ -784,6 +847,7 @@ class RedisSubscriber {
         }
       }
     }
+    SigpipeGuard no_sigpipe;
     for (const Sent& sent : to_send) {
       const char* argv[] = {sent.subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", sent.channel.c_str()};
       std::size_t argvlen[] = {std::strlen(argv[0]), sent.channel.size()};
@@ -940,8 +1004,10 @@ Result<std::shared_ptr<RedisBackend>> RedisBackend::Open(RedisOptions options) {
 }
 
 Capabilities RedisBackend::capabilities() const {
-  return Capabilities{
-      .multi_process = true, .native_wait = true, .fencing_survives_restart = !persistence_off_};
+  return Capabilities{.multi_process = true,
+                      .native_wait = true,
+                      .fencing_survives_restart = !persistence_off_,
+                      .fair_queue = options_.fair};
 }
 
 std::string RedisBackend::LeaseKeyName(std::string_view prefix, std::string_view key) {
@@ -956,28 +1022,47 @@ std::string RedisBackend::ChannelName(std::string_view prefix, std::string_view 
   return LeaseKeyName(prefix, key) + ":released";
 }
 
+std::string RedisBackend::QueueKeyName(std::string_view prefix, std::string_view key) {
+  return LeaseKeyName(prefix, key) + ":queue";
+}
+
+std::string RedisBackend::QueueExpiryKeyName(std::string_view prefix, std::string_view key) {
+  return QueueKeyName(prefix, key) + ":expiry";
+}
+
+std::string RedisBackend::QueueSeqKeyName(std::string_view prefix, std::string_view key) {
+  return QueueKeyName(prefix, key) + ":seq";
+}
+
 Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
   const long long ttl_ms = CeilMillis(request.ttl);
   const std::string lease_key = LeaseKeyName(options_.prefix, request.key);
-  std::vector<Command> call = {{"EVALSHA", pool_->shas_[kAcquire], "2", lease_key,
-                                FenceKeyName(options_.prefix, request.key), request.owner_token,
-                                request.holder, std::to_string(ttl_ms)}};
+  std::vector<Command> call;
+  if (options_.fair) {
+    call.push_back({"EVALSHA", pool_->shas_[kFairAcquire], "5", lease_key,
+                    FenceKeyName(options_.prefix, request.key),
+                    QueueKeyName(options_.prefix, request.key),
+                    QueueExpiryKeyName(options_.prefix, request.key),
+                    QueueSeqKeyName(options_.prefix, request.key), request.owner_token,
+                    request.holder, std::to_string(ttl_ms), request.waiter_id,
+                    std::to_string(CeilMillis(FairEntryLifetime(options_, request.ttl)))});
+  } else {
+    call.push_back({"EVALSHA", pool_->shas_[kAcquire], "2", lease_key,
+                    FenceKeyName(options_.prefix, request.key), request.owner_token, request.holder,
+                    std::to_string(ttl_ms)});
+  }
   LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), true));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("acquiring {}", request.key),
-                             kAcquireScript, ReplyText(reply));
+                             options_.fair ? kFairAcquireScript : kAcquireScript, ReplyText(reply));
   }
   if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) {
     return Status::Internal("unexpected reply from redis to the acquire script");
   }
   LH_ASSIGN_OR_RETURN(long long granted, ParseInteger(reply->element[0]));
   if (granted == 0) {
-    LH_ASSIGN_OR_RETURN(LeaseInfo holder, ParseLeaseInfo(request.key, reply, 1));
-    std::string message =
-        fmt::format("{} is held by {} (fencing token {}, {} left)", request.key, holder.holder,
-                    holder.fencing_token, FormatDuration(holder.remaining));
-    return Status::HeldByAnother(std::move(message), std::move(holder));
+    return HeldReply(request.key, reply);
   }
   LH_ASSIGN_OR_RETURN(long long fence, ParseInteger(reply->element[1]));
   if (options_.min_replicas > 0 && out.replicas < options_.min_replicas) {
@@ -1164,8 +1249,88 @@ Result<bool> RedisBackend::ForceRelease(std::string_view key) {
   return deleted == 1;
 }
 
+void RedisBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
+  if (!options_.fair || waiter_id.empty()) {
+    return;
+  }
+  std::vector<Command> call = {
+      {"EVALSHA", pool_->shas_[kAbandonWait], "4", LeaseKeyName(options_.prefix, key),
+       QueueKeyName(options_.prefix, key), QueueExpiryKeyName(options_.prefix, key),
+       QueueSeqKeyName(options_.prefix, key), std::string(waiter_id),
+       ChannelName(options_.prefix, key)}};
+  Result<ScriptReplies> out = RunScripts(*pool_, std::move(call), false);
+  // Best effort: if this fails, the entry expires by itself within its lifetime.
+  if (!out.ok()) {
+    Log(LogLevel::kDebug,
+        fmt::format("leaving the wait queue of {}: {}", key, out.status().ToString()));
+  } else if (IsError(out->replies[0].get())) {
+    Log(LogLevel::kDebug,
+        fmt::format("leaving the wait queue of {}: {}", key,
+                    ScriptErrorStatus(options_.Address(), "abandon-wait", kAbandonWaitScript,
+                                      ReplyText(out->replies[0].get()))
+                        .ToString()));
+  }
+}
+
+// How long a waiter on `key` may sleep before it re-checks, read after SUBSCRIBE: nullopt if the
+// key is free (with fair, and nobody queued), so retry at once.
+Result<std::optional<Duration>> RedisBackend::TimeToRecheck(std::string_view key,
+                                                            std::string_view waiter_id) {
+  if (!options_.fair) {
+    LH_ASSIGN_OR_RETURN(std::optional<LeaseInfo> info, Inspect(key));
+    if (!info) {
+      return std::optional<Duration>();
+    }
+    // If the release message is missed, the grant still ends by itself: wake then, spread out
+    // a little so that many waiters do not retry in the same instant.
+    Duration remaining = info->remaining;
+    return std::optional<Duration>(
+        remaining + Jitter(std::min(remaining / 10 + milliseconds(1), kMaxExpiryJitter)));
+  }
+  std::vector<Command> call = {{"EVALSHA", pool_->shas_[kQueueState], "3",
+                                LeaseKeyName(options_.prefix, key),
+                                QueueKeyName(options_.prefix, key),
+                                QueueExpiryKeyName(options_.prefix, key), std::string(waiter_id)}};
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
+  const redisReply* reply = out.replies[0].get();
+  if (IsError(reply)) {
+    return ScriptErrorStatus(options_.Address(), fmt::format("reading the queue of {}", key),
+                             kQueueStateScript, ReplyText(reply));
+  }
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3) {
+    return Status::Internal("unexpected reply from redis to the queue-state script");
+  }
+  LH_ASSIGN_OR_RETURN(long long pttl, ParseInteger(reply->element[0]));
+  LH_ASSIGN_OR_RETURN(long long head_left, ParseInteger(reply->element[1]));
+  LH_ASSIGN_OR_RETURN(long long is_head, ParseInteger(reply->element[2]));
+  if (pttl >= 0) {
+    // Held: as without fair, the release message or the grant's expiry.
+    const Duration remaining = milliseconds(pttl);
+    return std::optional<Duration>(
+        remaining + Jitter(std::min(remaining / 10 + milliseconds(1), kMaxExpiryJitter)));
+  }
+  if (head_left < 0 || is_head == 1) {
+    return std::optional<Duration>();  // free, and nobody is ahead of the caller
+  }
+  // Free, but someone else heads the queue: it takes the key within a round trip if it is
+  // alive, which ends in a release message later; if it is dead, its entry expires in
+  // head_left and the next in line may take the key. If it leaves (AbandonWait), a message.
+  Duration sleep = milliseconds(head_left) + Jitter(kMaxExpiryJitter);
+  if (waiter_id.empty()) {
+    // Unknown caller: it may have become the head since it last tried (the waiter ahead left,
+    // or expired, before our SUBSCRIBE), which we cannot see. Re-check often.
+    sleep = std::min<Duration>(sleep, kFallbackPoll + Jitter(kFallbackPoll));
+  }
+  return std::optional<Duration>(sleep);
+}
+
 Status RedisBackend::WaitForChange(std::string_view key, SteadyTime deadline,
                                    std::stop_token stop) {
+  return WaitForTurn(key, std::string_view(), deadline, std::move(stop));
+}
+
+Status RedisBackend::WaitForTurn(std::string_view key, std::string_view waiter_id,
+                                 SteadyTime deadline, std::stop_token stop) {
   std::shared_ptr<RedisSubscriber> subscriber;
   {
     MutexLock lock(&subscriber_mu_);
@@ -1178,31 +1343,23 @@ Status RedisBackend::WaitForChange(std::string_view key, SteadyTime deadline,
   const bool subscribed = subscriber->AwaitSubscribed(
       watch, std::min(deadline, NowBoot() + options_.command_timeout), stop);
 
-  // Read the grant's remaining time only now, after SUBSCRIBE: a release between the caller's
-  // TryAcquire and the subscription is seen here instead of being missed.
-  SteadyTime wake_at = deadline;
-  Result<std::optional<LeaseInfo>> info = Status::Cancelled("wait cancelled");
+  // Read the grant's remaining time (and the queue, with fair) only now, after SUBSCRIBE: a
+  // release between the caller's TryAcquire and the subscription is seen here instead of being
+  // missed.
+  Result<std::optional<Duration>> sleep = Status::Cancelled("wait cancelled");
   if (!stop.stop_requested()) {
-    info = Inspect(key);
+    sleep = TimeToRecheck(key, waiter_id);
   }
   const SteadyTime now = NowBoot();
-  if (info.ok()) {
-    if (!info->has_value()) {
-      subscriber->Unregister(watch);
-      return Status();  // already free
-    }
-    // If the release message is missed, the grant still ends by itself: wake then, spread out
-    // a little so that many waiters do not retry in the same instant.
-    Duration remaining = (*info)->remaining;
-    wake_at =
-        std::min(wake_at, now + remaining +
-                              Jitter(std::min(remaining / 10 + milliseconds(1), kMaxExpiryJitter)));
-  } else {
-    wake_at = std::min(wake_at, now + kFallbackPoll + Jitter(kFallbackPoll));
+  if (sleep.ok() && !sleep->has_value()) {
+    subscriber->Unregister(watch);
+    return Status();  // already free
   }
+  Duration sleep_for = sleep.ok() ? **sleep : kFallbackPoll + Jitter(kFallbackPoll);
   if (!subscribed) {
-    wake_at = std::min(wake_at, now + kFallbackPoll + Jitter(kFallbackPoll));
+    sleep_for = std::min<Duration>(sleep_for, kFallbackPoll + Jitter(kFallbackPoll));
   }
+  const SteadyTime wake_at = std::min(deadline, now + sleep_for);
   subscriber->AwaitEvent(watch, wake_at, stop);
   subscriber->Unregister(watch);
   if (stop.stop_requested()) {

@@ -7,7 +7,9 @@
 // {hash tag}, so any UTF-8 name (including '{', '}', '*', '[') gives one well-formed tag, the
 // lease, fence counter and channel share one cluster slot, and a prefix scan needs no glob
 // escaping of the name. Every mutation is one Lua script (redis_scripts.h) run with EVALSHA,
-// reloaded by itself after NOSCRIPT (server restart, SCRIPT FLUSH).
+// reloaded by itself after NOSCRIPT (server restart, SCRIPT FLUSH). With fair=true, waiters
+// also queue in "<prefix>:{<hex key>}:queue" (plus ":queue:expiry" and ":queue:seq", same hash
+// tag), and the key goes to the head of the queue only (redis_scripts.h, kFairAcquireScript).
 //
 // Fencing tokens survive a restart only if the server persists its data (AOF or RDB): with
 // persistence off the counters restart from zero. Open() checks with CONFIG GET where the ACL
@@ -102,10 +104,24 @@ class RedisBackend final : public Backend {
 
   Result<bool> ForceRelease(std::string_view key) override;
 
+  // fair=true: removes `waiter_id` from the key's queue in one script, and wakes the waiters if
+  // the key is free and others are still queued (the next one may now be the head). Best
+  // effort: on failure the entry expires by itself. Does nothing with fair=false.
+  void AbandonWait(std::string_view key, std::string_view waiter_id) override;
+
   // Subscribes (on the shared subscriber connection) to the key's release channel, then reads
   // its PTTL, then blocks until a release message, the grant's remaining TTL plus jitter,
   // `deadline` or `stop`. If the subscriber connection is down it polls every 100 ms instead.
+  // With fair=true it reads the queue too: if the key is free but queued for someone else, it
+  // also wakes when the head's entry would expire, and re-checks at least every 100 ms (the
+  // caller, whose waiter id it does not know, may have become the head meanwhile).
   Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
+
+  // As WaitForChange; with fair=true it returns at once if the key is free and `waiter_id`
+  // heads the queue, and otherwise needs no 100 ms re-check: every way the head can change
+  // (release, abandon-wait, the head's entry expiring) either publishes or is timed.
+  Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
+                     std::stop_token stop) override;
 
   [[nodiscard]] Stats stats() const;
 
@@ -115,10 +131,18 @@ class RedisBackend final : public Backend {
   static std::string LeaseKeyName(std::string_view prefix, std::string_view key);
   static std::string FenceKeyName(std::string_view prefix, std::string_view key);
   static std::string ChannelName(std::string_view prefix, std::string_view key);
+  // fair=true: the wait queue (zset by arrival), its entries' deadlines (zset) and its arrival
+  // counter.
+  static std::string QueueKeyName(std::string_view prefix, std::string_view key);
+  static std::string QueueExpiryKeyName(std::string_view prefix, std::string_view key);
+  static std::string QueueSeqKeyName(std::string_view prefix, std::string_view key);
 
  private:
   RedisBackend(RedisOptions options, std::shared_ptr<RedisConnectionPool> pool,
                bool persistence_off);
+
+  // How long a waiter may sleep before re-checking `key`; nullopt if it should retry at once.
+  Result<std::optional<Duration>> TimeToRecheck(std::string_view key, std::string_view waiter_id);
 
   const RedisOptions options_;
   const std::shared_ptr<RedisConnectionPool> pool_;

@@ -186,10 +186,8 @@ Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
   }
   if (auto it = url.query.find(kFairParam); it != url.query.end()) {
     if (it->second == "true") {
-      return Status::Unimplemented(
-          "redis:// URL parameter fair=true is not implemented yet (TODO(#3))");
-    }
-    if (it->second != "false") {
+      options.fair = true;
+    } else if (it->second != "false") {
       return Status::InvalidArgument(
           fmt::format("redis:// URL parameter fair={} must be true or false", it->second));
     }

@@ -77,12 +77,18 @@ struct RedisOptions {
   // URL: pool_size=4. Default: 4.
   int pool_size = 4;
 
+  // Waiters queue in Redis beside the lease and are granted the key first come, first served;
+  // a TryAcquire without a place in the queue (or behind its head) does not barge ahead. Every
+  // handle that uses a key must agree on this: a handle with fair=false ignores the queue.
+  // URL: fair=true. Default: false.
+  bool fair = false;
+
   // Returns "host:port" or "unix:/path" (never credentials), for messages.
   [[nodiscard]] std::string Address() const;
 
   // Builds options from a "redis" or "redis+unix" URL. Returns kInvalidArgument for another
   // scheme, an unknown or malformed parameter (named in the message), a bad port or db, or
-  // several hosts; kUnimplemented for fair=true (TODO(#3)).
+  // several hosts.
   static Result<RedisOptions> FromUrl(const Url& url);
 };
 

@@ -10,7 +10,14 @@
 //   P:{H}         hash {token, holder, fence, ttl} with a PEXPIRE: the grant
 //   P:{H}:fence   integer, INCR'd per grant, never deleted: the fencing counter
 //   P:{H}:released  pub/sub channel, one message per release or force-release
-// Every key a script touches is passed in KEYS (cluster-safe; both share the {H} slot).
+// and, with fair=true, the wait queue:
+//   P:{H}:queue         zset waiter id -> arrival number: the queue order
+//   P:{H}:queue:expiry  zset waiter id -> deadline (server time, ms): a waiter that stops
+//                       re-attempting drops out of the queue at its deadline
+//   P:{H}:queue:seq     integer, INCR'd per arrival: the arrival numbers
+// The three queue keys get a PEXPIREAT at their latest entry's deadline, so a queue that every
+// waiter abandons by dying leaves nothing behind.
+// Every key a script touches is passed in KEYS (cluster-safe; all share the {H} slot).
 //
 // Thread safety: constants only.
 
@@ -44,6 +51,77 @@ return {1, fence}
 //   6   Record the grant: owner token (checked by renew/release), holder, fencing token, TTL.
 //   7   The grant ends by itself after the TTL unless renewed.
 //   8   Granted, with its fencing token.
+
+// The acquire script of fair=true. KEYS[1] = grant hash, KEYS[2] = fence counter,
+// KEYS[3] = queue, KEYS[4] = queue expiry, KEYS[5] = queue arrival counter.
+// ARGV[1] = owner token, ARGV[2] = holder identity, ARGV[3] = TTL in milliseconds,
+// ARGV[4] = waiter id ('' for a plain try-acquire), ARGV[5] = queue entry lifetime in ms.
+// Returns {1, fencing_token} when granted, or {0, holder, token_prefix, fencing_token, pttl_ms,
+// ttl_ms, next_prefix, queued, position} when not: the first five describe the live grant (all
+// nil, pttl -2, when the key is free but others are queued ahead), next_prefix is the first 8
+// characters of the head waiter's id, queued the queue length, position the caller's 0-based
+// place in the queue (-1 when not queued).
+inline constexpr std::string_view kFairAcquireScript = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', string.format('%d', now))) do
+  redis.call('ZREM', KEYS[3], w)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', string.format('%d', now))
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+if redis.call('EXISTS', KEYS[1]) == 0 and (head == nil or head == ARGV[4]) then
+  if head ~= nil then
+    redis.call('ZREM', KEYS[3], head)
+    redis.call('ZREM', KEYS[4], head)
+  end
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('DEL', KEYS[5])
+  end
+  local fence = redis.call('INCR', KEYS[2])
+  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'holder', ARGV[2], 'fence', fence, 'ttl', ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {1, fence}
+end
+local position = -1
+if ARGV[4] ~= '' then
+  if not redis.call('ZSCORE', KEYS[3], ARGV[4]) then
+    redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[5]), ARGV[4])
+  end
+  redis.call('ZADD', KEYS[4], string.format('%d', now + tonumber(ARGV[5])), ARGV[4])
+  local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+  redis.call('PEXPIREAT', KEYS[3], last)
+  redis.call('PEXPIREAT', KEYS[4], last)
+  redis.call('PEXPIREAT', KEYS[5], last)
+  head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  position = redis.call('ZRANK', KEYS[3], ARGV[4])
+end
+local queued = redis.call('ZCARD', KEYS[3])
+local first = string.sub(head or '', 1, 8)
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {0, false, false, false, -2, false, first, queued, position}
+end
+local h = redis.call('HMGET', KEYS[1], 'holder', 'token', 'fence', 'ttl')
+return {0, h[1], string.sub(h[2] or '', 1, 8), h[3], redis.call('PTTL', KEYS[1]), h[4], first,
+        queued, position}
+)lua";
+// Line by line:
+//   1-2 Now, on the server's clock, in ms. Redis 7 replicates a script's effects, not the
+//       script, so TIME before writes is allowed and replicas store the same deadlines. Numbers
+//       go back to Redis through string.format('%d'), never in exponent form.
+//   3-6 Drop every entry whose deadline has passed: a waiter that died, or stopped waiting
+//       without AbandonWait, is skipped once its entry expires.
+//   7   The head of the queue: the lowest arrival number still live.
+//   8   Grant only if the key is free and nobody is queued ahead: the queue is empty or its
+//       head is the caller. A plain try-acquire (ARGV[4] == '') never matches a head.
+//   9-12 The caller was the head: it leaves the queue.
+//  13-15 The queue is now empty: drop its arrival counter too (nobody is left to compare with).
+//  16-19 As kAcquireScript: bump the fencing counter, record the grant, set its TTL.
+//  22-25 Not granted. A waiter (ARGV[4] set) takes its place at the tail on its first attempt
+//       and keeps its arrival number on later ones...
+//  26   ...and every attempt pushes its entry's deadline to now + the entry lifetime.
+//  27-30 The queue keys live until the latest deadline, then vanish by themselves.
+//  31-32 The (possibly new) head and the caller's place.
+//  34-41 Answer with the queue and, when the key is held, the holder (as kAcquireScript).
 
 // KEYS[1] = grant hash. ARGV[1] = owner token, ARGV[2] = TTL in milliseconds.
 // Returns 1 if renewed, 0 if the grant is absent, expired or someone else's.
@@ -109,5 +187,55 @@ return {h[1], string.sub(h[2] or '', 1, 8), h[3], redis.call('PTTL', KEYS[1]), h
 //   4   Read the grant's fields.
 //   5   Answer with the same view as the acquire script's refusal, read in the same atomic
 //       step as the PTTL so that the fields and the time left belong to one grant.
+
+// fair=true: a waiter gives up (Backend::AbandonWait). KEYS[1] = grant hash, KEYS[2] = queue,
+// KEYS[3] = queue expiry, KEYS[4] = queue arrival counter. ARGV[1] = waiter id,
+// ARGV[2] = release channel. Returns 1 if the waiter was queued, else 0.
+inline constexpr std::string_view kAbandonWaitScript = R"lua(
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
+  return 0
+end
+redis.call('ZREM', KEYS[3], ARGV[1])
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('DEL', KEYS[4])
+elseif redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('PUBLISH', ARGV[2], 'next')
+end
+return 1
+)lua";
+// Line by line:
+//   1-3 Leave the queue; not queued (granted already, expired, or never queued): nothing to do.
+//   4   Drop the entry's deadline too.
+//   5-6 Nobody is left: drop the arrival counter.
+//   7-8 The key is free and others wait: the one behind us may now be the head. Wake the
+//       waiters as a release does (the head takes the key; the others wait again).
+
+// fair=true: what a waiter that was refused needs in order to sleep well (WaitForChange).
+// KEYS[1] = grant hash, KEYS[2] = queue, KEYS[3] = queue expiry. ARGV[1] = the caller's waiter
+// id, or '' if unknown.
+// Returns {pttl_ms, head_left_ms, is_head}: the grant's remaining time (-2 if the key is free),
+// the time until the head waiter's entry expires (-1 if nobody is queued), and 1 if the caller
+// is the head.
+inline constexpr std::string_view kQueueStateScript = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now))) do
+  redis.call('ZREM', KEYS[2], w)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now))
+local pttl = redis.call('PTTL', KEYS[1])
+local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+if head == nil then
+  return {pttl, -1, 0}
+end
+local deadline = redis.call('ZSCORE', KEYS[3], head)
+return {pttl, math.max(0, (tonumber(deadline) or now) - now), head == ARGV[1] and 1 or 0}
+)lua";
+// Line by line:
+//   1-6 Drop expired entries, as kFairAcquireScript does, so that a dead head is not reported.
+//   7   The grant's remaining time; -2 if there is no live grant.
+//   8-11 Nobody queued.
+//  12-13 How long until the head's entry expires (if the key is free and that waiter is dead,
+//       the next one in line may take the key then), and whether the head is the caller.
 
 }  // namespace leasehold::internal
