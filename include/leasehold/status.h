@@ -145,6 +145,12 @@ class [[nodiscard]] Status {
 
 namespace internal_status {
 [[noreturn]] void DieOnBadAccess(const Status& status);
+
+// The shared OK status that Result<T>::status() refers to when it holds a value.
+inline const Status& OkStatus() {
+  static const Status ok;
+  return ok;
+}
 }  // namespace internal_status
 
 // Result<T> holds either a T or a non-OK Status, with the absl::StatusOr surface.
@@ -166,8 +172,11 @@ class [[nodiscard]] Result {
 
   [[nodiscard]] bool ok() const { return v_.index() == 1; }
 
-  // Returns OK when a value is held.
-  [[nodiscard]] Status status() const { return ok() ? Status() : std::get<0>(v_); }
+  // Returns OK when a value is held. The reference lives as long as this Result, so
+  // `result.status().holder()` is safe to read while `result` is alive.
+  [[nodiscard]] const Status& status() const {
+    return ok() ? internal_status::OkStatus() : std::get<0>(v_);
+  }
 
   [[nodiscard]] const Status& error() const& { return std::get<0>(v_); }
 

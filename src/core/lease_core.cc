@@ -60,7 +60,7 @@ SteadyTime LeaseCore::NextRenewDue() {
 
 Duration LeaseCore::BatchSlack() {
   MutexLock lock(&mu_);
-  return failures_ > 0 ? Duration::zero() : params_.renew_interval / 4;
+  return failures_ > 0 ? Duration::zero() : params_.renew_interval / 2;
 }
 
 void LeaseCore::OnRenewResult(SteadyTime t_send, const Status& result) {

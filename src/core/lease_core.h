@@ -83,7 +83,7 @@ class LeaseCore {
   SteadyTime NextRenewDue() LH_EXCLUDES(mu_);
 
   // How much earlier than NextRenewDue() the heartbeat may renew to share a round trip with
-  // other leases: a quarter of the renew interval, or nothing while retrying after a failure
+  // other leases: half the renew interval, or nothing while retrying after a failure
   // (the retry delay is a backoff and must be kept).
   Duration BatchSlack() LH_EXCLUDES(mu_);
 

@@ -71,8 +71,10 @@ void Heartbeat::RenewLoop() {
       wake = renew_wake_.get_token();
       PruneLocked();
       SteadyTime now = clock_.Now();
-      // A lease joins the batch if it is due now or within a quarter of its renew interval:
-      // renewing slightly early costs nothing and lets leases share one round trip.
+      // A lease joins the batch if it is due now or within half its renew interval. Renewing
+      // early is always safe (safe_until only grows), and half an interval makes any two groups
+      // of leases merge: whichever of them is due first, the other is due within half an
+      // interval before or after it, so after one interval every lease shares one round trip.
       for (const auto& lease : leases_) {
         SteadyTime due = lease->NextRenewDue();
         if (due <= now + lease->BatchSlack()) {

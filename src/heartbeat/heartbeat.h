@@ -3,7 +3,7 @@
 // Heartbeat: renews every lease one Store handle holds. It owns two threads, started with the
 // first lease:
 //  - the renewer sleeps (on the injected Clock) until the earliest renew due time, then renews
-//    every lease due within a quarter of its renew interval in ONE Backend::RenewMany call, so
+//    every lease due within half its renew interval in ONE Backend::RenewMany call, so
 //    leases taken at different times fall into step and share round trips;
 //  - the expiry watchdog sleeps until the earliest safe_until and declares leases lost there,
 //    even while the renewer is stuck in a store call that never returns; it also marks a lease

@@ -286,6 +286,31 @@ TEST_F(LeaseSafetyTest, OneRenewRoundTripForManyLeases) {
   }
 }
 
+TEST_F(LeaseSafetyTest, LeasesTakenFarApartFallIntoOneRound) {
+  std::vector<Lease> leases;
+  for (int group = 0; group < 4; ++group) {
+    for (int i = 0; i < 10; ++i) {
+      leases.push_back(AcquireCounted(fmt::format("g{}-{}", group, i)));
+    }
+    clock_.Advance(kRenew * 3 / 10);  // groups 0.3 renew intervals apart
+  }
+  Settle();
+  // The first interval may take a few rounds while the groups merge...
+  for (int step = 0; step < 20; ++step) {
+    clock_.Advance(kRenew / 10);
+    Settle();
+  }
+  // ...after that, every round renews all 40 leases in one call.
+  int calls = backend_->renew_many_calls();
+  int renewals = backend_->renew_calls();
+  for (int step = 0; step < 30; ++step) {
+    clock_.Advance(kRenew / 10);
+    Settle();
+  }
+  EXPECT_EQ(backend_->renew_many_calls() - calls, 3) << "three intervals, three round trips";
+  EXPECT_EQ(backend_->renew_calls() - renewals, 3 * 40);
+}
+
 TEST_F(LeaseSafetyTest, WaiterGetsTheKeyWhenTheHolderReleases) {
   Lease holder = AcquireCounted();
   Settle();
