@@ -328,15 +328,16 @@ TEST_F(LeaseSafetyTest, WaiterTakesOverAtExpiryWhenTheHolderStopsRenewing) {
   backend_->FailRenewals(StatusCode::kUnavailable, -1);  // the holder is cut off
   Settle();
   Result<Lease> waited = Status::Internal("not run");
-  std::jthread waiter([&] { waited = store_->Acquire("k", {.ttl = kTtl}); });
+  std::atomic<bool> done{false};  // publishes `waited` to this thread (release/acquire)
+  std::jthread waiter([&] {
+    waited = store_->Acquire("k", {.ttl = kTtl});
+    done.store(true, std::memory_order_release);
+  });
   Settle(3);
   SteadyTime start = clock_.Now();
-  while (!waited.ok() && clock_.Now() < start + 2 * kTtl) {
+  while (!done.load(std::memory_order_acquire) && clock_.Now() < start + 2 * kTtl) {
     clock_.Advance(100ms);
-    if (waited.ok()) {
-      break;
-    }
-    (void)clock_.WaitForSleepers(1, 50ms);
+    (void)clock_.WaitForSleepers(3, 50ms);
   }
   waiter.join();
   ASSERT_TRUE(waited.ok()) << waited.status().ToString();
