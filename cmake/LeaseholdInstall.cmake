@@ -27,6 +27,13 @@ endif()
 if(LEASEHOLD_WITH_REDIS)
   string(APPEND LEASEHOLD_PC_REQUIRES_PRIVATE " hiredis")
 endif()
+# libpq by name, not through Requires.private: Debian's libpq.pc lists, for --static, the
+# libraries of a static libpq (-lpgcommon -lpgport -lgssapi_krb5...) that libpq-dev lacks, while
+# a static leasehold only needs the shared libpq.
+set(LEASEHOLD_PC_LIBS_PRIVATE "")
+if(LEASEHOLD_WITH_POSTGRES)
+  string(APPEND LEASEHOLD_PC_LIBS_PRIVATE " -lpq")
+endif()
 file(RELATIVE_PATH LEASEHOLD_PC_TO_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
 string(REGEX REPLACE "/$" "" LEASEHOLD_PC_TO_PREFIX "${LEASEHOLD_PC_TO_PREFIX}")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/leasehold.pc.in ${PROJECT_BINARY_DIR}/leasehold.pc @ONLY)

@@ -8,6 +8,8 @@ packages=(
   libfmt-dev libcli11-dev libsqlite3-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
   libhiredis-dev redis-server redis-tools
+  postgresql pgbouncer libpq-dev
+  libcpp-httplib-dev prometheus
 )
 
 missing=()

@@ -13,8 +13,12 @@
 #pragma once
 
 #include "leasehold/clock.h"
+#include "leasehold/election.h"
+#include "leasehold/fencing.h"
 #include "leasehold/lease.h"
 #include "leasehold/lease_info.h"
+#include "leasehold/logging.h"
+#include "leasehold/metrics.h"
 #include "leasehold/options.h"
 #include "leasehold/status.h"
 #include "leasehold/store.h"

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -22,6 +23,8 @@
 #include "leasehold/status.h"
 
 namespace leasehold {
+
+class Metrics;
 
 // A wait that never runs out (LeaseOptions::wait). Cancellation still ends it.
 inline constexpr Duration kWaitForever = Duration::max();
@@ -76,6 +79,15 @@ struct StoreOptions {
   // The clock that drives safe_until, renewals and waits. Must outlive the Store and every
   // Lease taken from it. Default: Clock::Real().
   Clock* clock = nullptr;
+
+  // The registry the handle records its metrics into (leasehold/metrics.h). Pass one registry
+  // to several handles to add them up; Store::metrics() returns it either way.
+  // Default: a new registry of this handle's own.
+  std::shared_ptr<Metrics> metrics;
+
+  // Records metrics when true. When false the handle records nothing and Store::metrics()
+  // stays empty (for measuring the cost of metrics). Default: true.
+  bool record_metrics = true;
 };
 
 }  // namespace leasehold

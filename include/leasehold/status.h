@@ -62,6 +62,23 @@ enum class StatusCode : int {
 // Returns the code's name without the leading 'k', e.g. "HeldByAnother".
 std::string_view StatusCodeName(StatusCode code);
 
+// Why a lease was lost (kLost statuses only). Also the `reason` label of the metric
+// leasehold_lease_lost_total (leasehold/metrics.h).
+enum class LostCause : std::uint8_t {
+  // No renewal was confirmed before safe_until (the store may not even have answered).
+  kExpired,
+  // The store answered that the grant is not ours: it expired there, was force-released, or is
+  // gone for a reason the store does not tell.
+  kStoreSaidNo,
+  // The store saw another owner's grant in place of ours: the key was taken over.
+  kStolen,
+  // The store session that kept the grant ended (PostgreSQL advisory locks, ZooKeeper, etcd).
+  kSessionLost,
+};
+
+// Returns "expired", "store_said_no", "stolen" or "session_lost".
+std::string_view LostCauseName(LostCause cause);
+
 class [[nodiscard]] Status {
  public:
   // Creates an OK status. An OK status allocates nothing.
@@ -82,7 +99,8 @@ class [[nodiscard]] Status {
 
   static Status HeldByAnother(std::string message, std::optional<LeaseInfo> holder = {});
 
-  static Status Lost(std::string message) { return {StatusCode::kLost, std::move(message)}; }
+  // A kLost status. Backends say kStolen or kSessionLost when they know; the core says kExpired.
+  static Status Lost(std::string message, LostCause cause = LostCause::kStoreSaidNo);
 
   static Status Unavailable(std::string message, std::string detail = {}) {
     return {StatusCode::kUnavailable, std::move(message), std::move(detail)};
@@ -122,6 +140,10 @@ class [[nodiscard]] Status {
   // For kHeldByAnother: the current holder, when the store keeps its identity; else null.
   [[nodiscard]] const LeaseInfo* holder() const;
 
+  // For kLost: why the lease was lost (kStoreSaidNo unless the store or core said more);
+  // nullopt for every other code.
+  [[nodiscard]] std::optional<LostCause> lost_cause() const;
+
   // Returns "HeldByAnother: job:x is held by host:42 (fencing token 7)" or "OK".
   [[nodiscard]] std::string ToString() const;
 
@@ -138,6 +160,7 @@ class [[nodiscard]] Status {
     std::string message;
     std::string detail;
     std::optional<LeaseInfo> holder;
+    LostCause lost_cause = LostCause::kStoreSaidNo;
   };
 
   std::unique_ptr<State> state_;

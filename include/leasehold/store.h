@@ -30,10 +30,13 @@
 
 #include "leasehold/lease.h"
 #include "leasehold/lease_info.h"
+#include "leasehold/metrics.h"
 #include "leasehold/options.h"
 #include "leasehold/status.h"
 
 namespace leasehold {
+
+class Election;
 
 namespace internal {
 class Backend;
@@ -90,12 +93,22 @@ class Store {
   // Returns the URL with any password masked, for logs and status output.
   [[nodiscard]] const std::string& display_url() const;
 
+  // Returns the registry this handle records its metrics into (StoreOptions::metrics, or the
+  // handle's own). Never null; it stays valid after the Store is destroyed.
+  [[nodiscard]] const std::shared_ptr<Metrics>& metrics() const;
+
  private:
+  // Election::Observe waits on the store's change notification (Backend::WaitForChange).
+  friend class Election;
+
   explicit Store(std::shared_ptr<internal::StoreCore> core);
 
   // TryAcquire as one attempt of a waiting Acquire (waiter_id non-empty) or alone (empty).
   Result<Lease> TryAcquireAs(std::string_view key, const LeaseOptions& options,
                              const std::string& waiter_id);
+
+  // Logs (and, where the store notifies waiters, times) the grant that ended a wait.
+  void LogHandoff(const Lease& lease, Duration waited, std::optional<Duration> handoff);
 
   std::shared_ptr<internal::StoreCore> core_;
 };

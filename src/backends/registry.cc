@@ -10,6 +10,9 @@
 #if LEASEHOLD_WITH_REDIS
 #include "backends/redis/redis_backend.h"
 #endif
+#if LEASEHOLD_WITH_POSTGRES
+#include "backends/postgres/postgres_backend.h"
+#endif
 
 namespace leasehold::internal {
 
@@ -39,7 +42,23 @@ std::vector<std::string> CompiledSchemes() {
   schemes.emplace_back("redis");
   schemes.emplace_back("redis+unix");
 #endif
+#if LEASEHOLD_WITH_POSTGRES
+  schemes.emplace_back("postgres");
+  schemes.emplace_back("postgresql");
+#endif
   return schemes;
+}
+
+Result<std::string> StoreSchemaSql(const Url& url) {
+#if LEASEHOLD_WITH_POSTGRES
+  if (url.scheme == "postgres" || url.scheme == "postgresql") {
+    return PostgresSchemaSql(url);
+  }
+#endif
+  return Status::Unimplemented(fmt::format(
+      "`leasehold schema` prints SQL for postgres:// stores (built in: {}); a {}:// store "
+      "creates what it needs by itself",
+      fmt::join(CompiledSchemes(), ", "), url.scheme));
 }
 
 Result<std::shared_ptr<Backend>> OpenBackend(const Url& url, Clock& clock) {
@@ -54,6 +73,11 @@ Result<std::shared_ptr<Backend>> OpenBackend(const Url& url, Clock& clock) {
 #if LEASEHOLD_WITH_REDIS
   if (url.scheme == "redis" || url.scheme == "redis+unix") {
     return OpenRedisBackend(url);
+  }
+#endif
+#if LEASEHOLD_WITH_POSTGRES
+  if (url.scheme == "postgres" || url.scheme == "postgresql") {
+    return OpenPostgresBackend(url);
   }
 #endif
   for (const SchemeInfo& known : kKnownSchemes) {

@@ -27,4 +27,9 @@ Result<std::shared_ptr<Backend>> OpenBackend(const Url& url, Clock& clock);
 // Returns the schemes compiled into this build, e.g. {"memory", "sqlite"}.
 std::vector<std::string> CompiledSchemes();
 
+// Returns the SQL a DBA applies to create the store's schema (`leasehold schema`), without
+// connecting. Returns kUnimplemented for stores that need none (or are not compiled in), and
+// kInvalidArgument for a bad URL.
+Result<std::string> StoreSchemaSql(const Url& url);
+
 }  // namespace leasehold::internal

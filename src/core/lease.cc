@@ -81,11 +81,31 @@ Status Lease::Release() {
   // Delete the grant only if the owner token still matches; the backend guarantees nothing of
   // anyone else's is touched. Do it even when the lease is locally lost: if the grant is still
   // ours in the store, deleting it hands the key over sooner.
+  const SteadyTime t_send = store->clock.Now();
   Status remote = store->backend->Release(core_->key(), core_->owner_token());
-  internal::Log(internal::LogLevel::kDebug,
-                fmt::format("released key={} fencing_token={} token={}: {}", core_->key(),
-                            core_->fencing_token(), internal::TokenPrefix(core_->owner_token()),
-                            remote.ToString()));
+  const Duration latency = store->clock.Now() - t_send;
+  const internal::ReleaseOutcome outcome =
+      !local.ok() || remote.code() == StatusCode::kLost ? internal::ReleaseOutcome::kLost
+      : remote.ok()                                     ? internal::ReleaseOutcome::kOk
+                                                        : internal::ReleaseOutcome::kError;
+  if (store->lease_metrics != nullptr) {
+    store->lease_metrics->RecordRelease(outcome);
+  }
+  if (internal::LogEnabled(internal::LogLevel::kInfo)) {
+    const std::string fencing = std::to_string(core_->fencing_token());
+    const std::string prefix = internal::TokenPrefix(core_->owner_token());
+    const std::string latency_s = internal::LogSeconds(latency);
+    const std::string result = remote.ToString();
+    internal::LogEvent(internal::LogLevel::kInfo, "released",
+                       {{"key", core_->key()},
+                        {"fencing_token", fencing, true},
+                        {"token", prefix},
+                        {"backend", store->backend->scheme()},
+                        {"latency_seconds", latency_s, true},
+                        {"outcome", internal::kReleaseOutcomeNames[static_cast<std::size_t>(
+                                        outcome)]},
+                        {"store_reply", result}});
+  }
   if (!local.ok()) {
     return local;
   }

@@ -77,13 +77,22 @@ void LeaseCore::OnRenewResult(SteadyTime t_send, const Status& result) {
       t = SetStateLocked(LeaseState::kLost,
                          Status::Lost(fmt::format("lease {} expired: no renewal confirmed before "
                                                   "safe_until",
-                                                  params_.key)));
+                                                  params_.key),
+                                      LostCause::kExpired));
     } else if (result.ok()) {
+      const Duration since_confirmed = now - last_renew_send_;
       safe_until_ = std::max(safe_until_, t_send + params_.ttl - params_.drift);
       last_renew_send_ = std::max(last_renew_send_, t_send);
       failures_ = 0;
       retry_at_ = SteadyTime::max();
       t = SetStateLocked(LeaseState::kHeld, Status());
+      // Due one renew interval after the last confirmation; more than half an interval past
+      // that, the margin to safe_until is visibly shrinking: say so before it becomes a risk.
+      if (!t.changed && since_confirmed > params_.renew_interval + params_.renew_interval / 2) {
+        t.renewed_late = true;
+        t.since_confirmed = since_confirmed;
+        t.safe_remaining = safe_until_ - now;
+      }
     } else if (result.code() == StatusCode::kLost) {
       t = SetStateLocked(LeaseState::kLost, result);
     } else {
@@ -97,6 +106,7 @@ void LeaseCore::OnRenewResult(SteadyTime t_send, const Status& result) {
       t = SetStateLocked(LeaseState::kAtRisk,
                          result.WithContext(fmt::format("renewing lease {}", params_.key)));
     }
+    t.latency = now - t_send;
   }
   Announce(t);
 }
@@ -121,7 +131,8 @@ bool LeaseCore::CheckExpiry() {
       t = SetStateLocked(
           LeaseState::kLost,
           Status::Lost(fmt::format("lease {} expired: no renewal confirmed before safe_until",
-                                   params_.key)));
+                                   params_.key),
+                       LostCause::kExpired));
     }
   }
   Announce(t);
@@ -168,8 +179,13 @@ Status LeaseCore::BeginRelease() {
     }
     if (clock_.Now() >= safe_until_) {
       state_ = LeaseState::kLost;
-      lost_reason_ = Status::Lost(fmt::format(
-          "lease {} expired before release: no renewal confirmed before safe_until", params_.key));
+      lost_reason_ = Status::Lost(
+          fmt::format("lease {} expired before release: no renewal confirmed before safe_until",
+                      params_.key),
+          LostCause::kExpired);
+      if (params_.metrics != nullptr) {
+        params_.metrics->RecordLost(LostCause::kExpired);
+      }
       // Fall through to the stop signal below; the caller still deletes the grant if ours.
       lost_source_.request_stop();
       return lost_reason_;
@@ -191,33 +207,71 @@ LeaseCore::Transition LeaseCore::SetStateLocked(LeaseState next, Status reason) 
   t.lost = next == LeaseState::kLost;
   if (t.lost) {
     lost_reason_ = reason;
+    if (params_.metrics != nullptr) {
+      params_.metrics->RecordLost(reason.lost_cause().value_or(LostCause::kStoreSaidNo));
+    }
   }
   t.reason = std::move(reason);
   return t;
 }
 
 void LeaseCore::Announce(const Transition& t) {
+  if (!t.changed && !t.renewed_late) {
+    return;
+  }
+  const std::string fencing = std::to_string(params_.fencing_token);
+  const std::string token = TokenPrefix(params_.owner_token);
+  const std::string latency = t.latency.has_value() ? LogSeconds(*t.latency) : std::string();
+  const LogField key_field{"key", params_.key};
+  const LogField fencing_field{"fencing_token", fencing, true};
+  const LogField token_field{"token", token};
+  const LogField backend_field{"backend", params_.backend_name};
   if (!t.changed) {
+    if (LogEnabled(LogLevel::kInfo)) {
+      const std::string since = LogSeconds(t.since_confirmed);
+      const std::string left = LogSeconds(t.safe_remaining);
+      LogEvent(LogLevel::kInfo, "renewed_late",
+               {key_field, fencing_field, token_field, backend_field,
+                {"latency_seconds", latency, true},
+                {"since_confirmed_seconds", since, true},
+                {"safe_remaining_seconds", left, true}});
+    }
     return;
   }
   if (t.lost) {
-    Log(LogLevel::kWarning,
-        fmt::format("lost key={} fencing_token={} token={} backend={} reason=\"{}\"", params_.key,
-                    params_.fencing_token, TokenPrefix(params_.owner_token),
-                    params_.backend_name, t.reason.message()));
+    const std::string_view cause = LostCauseName(t.reason.lost_cause().value_or(
+        LostCause::kStoreSaidNo));
+    if (LogEnabled(LogLevel::kWarning)) {
+      if (t.latency.has_value()) {
+        LogEvent(LogLevel::kWarning, "lost",
+                 {key_field, fencing_field, token_field, backend_field, {"cause", cause},
+                  {"latency_seconds", latency, true}, {"reason", t.reason.message()}});
+      } else {
+        LogEvent(LogLevel::kWarning, "lost",
+                 {key_field, fencing_field, token_field, backend_field, {"cause", cause},
+                  {"reason", t.reason.message()}});
+      }
+    }
     lost_source_.request_stop();
     if (params_.on_lost) {
       params_.on_lost(t.reason);
     }
   } else if (t.state == LeaseState::kAtRisk) {
-    Log(LogLevel::kWarning,
-        fmt::format("at-risk key={} fencing_token={} token={} backend={} reason=\"{}\"",
-                    params_.key, params_.fencing_token, TokenPrefix(params_.owner_token),
-                    params_.backend_name, t.reason.ToString()));
+    if (LogEnabled(LogLevel::kWarning)) {
+      const std::string reason = t.reason.ToString();
+      if (t.latency.has_value()) {
+        LogEvent(LogLevel::kWarning, "at_risk",
+                 {key_field, fencing_field, token_field, backend_field,
+                  {"latency_seconds", latency, true}, {"reason", reason}});
+      } else {
+        LogEvent(LogLevel::kWarning, "at_risk",
+                 {key_field, fencing_field, token_field, backend_field, {"reason", reason}});
+      }
+    }
   } else {
-    Log(LogLevel::kInfo, fmt::format("recovered key={} fencing_token={} token={} backend={}",
-                                     params_.key, params_.fencing_token,
-                                     TokenPrefix(params_.owner_token), params_.backend_name));
+    LogEvent(LogLevel::kInfo, "recovered",
+             {key_field, fencing_field, token_field, backend_field,
+              {"latency_seconds", latency, true}});
   }
   if (params_.on_state_change) {
     params_.on_state_change(t.state, t.reason);

@@ -26,6 +26,7 @@
 #include "leasehold/lease_info.h"
 #include "leasehold/options.h"
 #include "leasehold/status.h"
+#include "metrics/registry.h"
 #include "util/mutex.h"
 
 namespace leasehold::internal {
@@ -39,6 +40,9 @@ struct LeaseParams {
   Duration drift{};           // validated: 0 <= drift < ttl
   SteadyTime t_send{};        // read before the acquire request was sent
   std::string backend_name;   // for log lines
+  // Where losses are counted; null records nothing. Owned by the store's registry, which
+  // outlives every call that can change this lease's state (see StoreCore).
+  LeaseMetrics* metrics = nullptr;
   std::function<void(const Status&)> on_lost;
   std::function<void(LeaseState, const Status&)> on_state_change;
 };
@@ -114,6 +118,13 @@ class LeaseCore {
     LeaseState state = LeaseState::kHeld;
     Status reason;
     bool lost = false;
+    // The renew round trip that caused the change, if one did.
+    std::optional<Duration> latency;
+    // A renewal confirmed while held, but more than half a renew interval after it was due:
+    // logged as "renewed_late" (no state change).
+    bool renewed_late = false;
+    Duration since_confirmed{};
+    Duration safe_remaining{};
   };
 
   // Sets the state under mu_ and reports what the caller must announce after unlocking.

@@ -36,6 +36,20 @@ std::string_view StatusCodeName(StatusCode code) {
   return "Unknown";
 }
 
+std::string_view LostCauseName(LostCause cause) {
+  switch (cause) {
+    case LostCause::kExpired:
+      return "expired";
+    case LostCause::kStoreSaidNo:
+      return "store_said_no";
+    case LostCause::kStolen:
+      return "stolen";
+    case LostCause::kSessionLost:
+      return "session_lost";
+  }
+  return "unknown";
+}
+
 std::string_view LeaseStateName(LeaseState state) {
   switch (state) {
     case LeaseState::kHeld:
@@ -72,6 +86,19 @@ Status Status::HeldByAnother(std::string message, std::optional<LeaseInfo> holde
   return s;
 }
 
+Status Status::Lost(std::string message, LostCause cause) {
+  Status s(StatusCode::kLost, std::move(message));
+  s.state_->lost_cause = cause;
+  return s;
+}
+
+std::optional<LostCause> Status::lost_cause() const {
+  if (code() != StatusCode::kLost) {
+    return std::nullopt;
+  }
+  return state_->lost_cause;
+}
+
 std::string_view Status::message() const {
   return ok() ? std::string_view() : std::string_view(state_->message);
 }
@@ -101,6 +128,7 @@ Status Status::WithContext(std::string_view context) const {
   }
   Status s(state_->code, fmt::format("{}: {}", context, state_->message), state_->detail);
   s.state_->holder = state_->holder;
+  s.state_->lost_cause = state_->lost_cause;
   return s;
 }
 

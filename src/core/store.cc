@@ -161,6 +161,24 @@ Status ValidateKey(std::string_view key) {
   return Status();
 }
 
+namespace internal {
+
+std::shared_ptr<StoreCore> MakeStoreCore(std::shared_ptr<Backend> backend, Clock& clock,
+                                         std::string display_url, const StoreOptions& options) {
+  auto core = std::make_shared<StoreCore>(std::move(backend), clock, std::move(display_url),
+                                          options.metrics, options.record_metrics);
+  if (core->lease_metrics != nullptr) {
+    // The gauges are read from the heartbeat at scrape time, through a weak reference that
+    // shares the StoreCore's lifetime: a closed store drops out of the scrape by itself.
+    RegistryForInternalUse(*core->metrics)
+        .AddGaugeSource(*core->lease_metrics,
+                        std::shared_ptr<GaugeSource>(core, &core->heartbeat));
+  }
+  return core;
+}
+
+}  // namespace internal
+
 Result<std::string> Store::DefaultUrl() {
   if (const char* env = std::getenv("LEASEHOLD_STORE"); env != nullptr && *env != '\0') {
     return std::string(env);
@@ -180,8 +198,8 @@ Result<std::unique_ptr<Store>> Store::Open(std::string_view url, StoreOptions op
   LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
   LH_ASSIGN_OR_RETURN(std::shared_ptr<internal::Backend> backend,
                       internal::OpenBackend(parsed, clock));
-  return std::unique_ptr<Store>(new Store(
-      std::make_shared<internal::StoreCore>(std::move(backend), clock, parsed.Redacted())));
+  return std::unique_ptr<Store>(
+      new Store(internal::MakeStoreCore(std::move(backend), clock, parsed.Redacted(), options)));
 }
 
 std::unique_ptr<Store> Store::OpenWithBackendForTesting(std::shared_ptr<internal::Backend> backend,
@@ -189,7 +207,7 @@ std::unique_ptr<Store> Store::OpenWithBackendForTesting(std::shared_ptr<internal
   Clock& clock = options.clock != nullptr ? *options.clock : Clock::Real();
   std::string name = fmt::format("{}://(testing)", backend->scheme());
   return std::unique_ptr<Store>(
-      new Store(std::make_shared<internal::StoreCore>(std::move(backend), clock, name)));
+      new Store(internal::MakeStoreCore(std::move(backend), clock, name, options)));
 }
 
 Store::Store(std::shared_ptr<internal::StoreCore> core) : core_(std::move(core)) {}
@@ -200,6 +218,8 @@ std::string_view Store::backend_name() const { return core_->backend->scheme(); 
 
 const std::string& Store::display_url() const { return core_->display_url; }
 
+const std::shared_ptr<Metrics>& Store::metrics() const { return core_->metrics; }
+
 Result<Lease> Store::TryAcquire(std::string_view key, const LeaseOptions& options) {
   return TryAcquireAs(key, options, std::string());
 }
@@ -209,11 +229,22 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
   LH_ASSIGN_OR_RETURN(ResolvedOptions resolved, Resolve(key, options));
   LH_ASSIGN_OR_RETURN(std::string token, internal::NewOwnerToken());
   internal::Backend& backend = *core_->backend;
+  internal::LeaseMetrics* metrics = core_->lease_metrics;
   // Read t_send before sending: the grant cannot have started earlier than this.
   SteadyTime t_send = core_->clock.Now();
-  LH_ASSIGN_OR_RETURN(internal::Grant grant,
-                      backend.TryAcquire({std::string(key), token, resolved.holder, resolved.ttl,
-                                          waiter_id}));
+  Result<internal::Grant> granted =
+      backend.TryAcquire({std::string(key), token, resolved.holder, resolved.ttl, waiter_id});
+  const Duration latency = core_->clock.Now() - t_send;
+  if (!granted.ok()) {
+    if (metrics != nullptr) {
+      metrics->RecordAcquire(granted.error().code() == StatusCode::kHeldByAnother
+                                 ? internal::AcquireOutcome::kHeldByAnother
+                                 : internal::AcquireOutcome::kError,
+                             latency);
+    }
+    return granted.error();
+  }
+  const internal::Grant grant = *granted;
   Duration ttl = std::max(grant.ttl, resolved.ttl);
   if (Status s = CheckTimes(ttl, resolved.renew_interval, resolved.drift); !s.ok()) {
     (void)backend.Release(key, token);
@@ -228,6 +259,7 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
       .drift = resolved.drift.value_or(DefaultDrift(ttl)),
       .t_send = t_send,
       .backend_name = std::string(backend.scheme()),
+      .metrics = metrics,
       .on_lost = options.on_lost,
       .on_state_change = options.on_state_change,
   };
@@ -235,15 +267,32 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
   if (core_->clock.Now() >= core->safe_until()) {
     // The reply came so late that the grant may already have expired: it is worthless.
     (void)backend.Release(key, token);
+    if (metrics != nullptr) {
+      metrics->RecordAcquire(internal::AcquireOutcome::kError, latency);
+    }
     return Status::Unavailable(
         fmt::format("the store granted {} only after its ttl {} had passed", key,
                     FormatDuration(ttl)));
   }
   core_->heartbeat.Add(core);
-  internal::Log(internal::LogLevel::kDebug,
-                fmt::format("acquired key={} fencing_token={} token={} ttl={} backend={}", key,
-                            grant.fencing_token, internal::TokenPrefix(token),
-                            FormatDuration(ttl), backend.scheme()));
+  if (metrics != nullptr) {
+    metrics->RecordAcquire(internal::AcquireOutcome::kAcquired, latency);
+  }
+  if (internal::LogEnabled(internal::LogLevel::kInfo)) {
+    const std::string fencing = std::to_string(grant.fencing_token);
+    const std::string prefix = internal::TokenPrefix(token);
+    const std::string latency_s = internal::LogSeconds(latency);
+    const std::string ttl_s = internal::LogSeconds(ttl);
+    const std::string renew_s = internal::LogSeconds(core->renew_interval());
+    internal::LogEvent(internal::LogLevel::kInfo, "acquired",
+                       {{"key", key},
+                        {"fencing_token", fencing, true},
+                        {"token", prefix},
+                        {"backend", backend.scheme()},
+                        {"latency_seconds", latency_s, true},
+                        {"ttl_seconds", ttl_s, true},
+                        {"renew_interval_seconds", renew_s, true}});
+  }
   return Lease(core_, std::move(core));
 }
 
@@ -271,17 +320,45 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
   } leave{*core_->backend, key, waiter_id};
   Backoff poll(kPollBase, kPollCap);
   Backoff on_error(kErrorBackoffBase, kErrorBackoffCap);
+  internal::LeaseMetrics* const metrics = core_->lease_metrics;
+  // Records the call's wait once, whichever way it ends.
+  struct RecordWait {
+    internal::LeaseMetrics* metrics;
+    Clock& clock;
+    SteadyTime start;
+    internal::WaitOutcome outcome = internal::WaitOutcome::kError;
+    ~RecordWait() {
+      if (metrics != nullptr) {
+        metrics->RecordWait(outcome, clock.Now() - start);
+      }
+    }
+  } record_wait{metrics, clock, start};
+  // When the store last told us the key changed (a release or an expiry); cleared by an attempt
+  // that loses the race. A grant right after such a notification is a handoff.
+  // (A plain time and a flag rather than std::optional: g++ 12 -O2 warns, wrongly, that the
+  // optional's value may be read uninitialised.)
+  SteadyTime notified_at{};
+  bool notified = false;
+  bool waited = false;
   Status last;
   while (true) {
     if (cancel.stop_requested()) {
+      record_wait.outcome = internal::WaitOutcome::kCancelled;
       return Status::Cancelled(fmt::format("cancelled while waiting for {}", key));
     }
     Result<Lease> attempt = TryAcquireAs(key, options, waiter_id);
     if (attempt.ok()) {
       leave.acquired = true;
+      record_wait.outcome = internal::WaitOutcome::kAcquired;
+      if (waited) {
+        LogHandoff(*attempt, clock.Now() - start,
+                   notified ? std::optional<Duration>(clock.Now() - notified_at) : std::nullopt);
+      }
       return attempt;
     }
+    notified = false;
     last = attempt.status();
+    waited = waited || last.code() == StatusCode::kHeldByAnother;
     SteadyTime now = clock.Now();
     SteadyTime wake;
     if (last.code() == StatusCode::kHeldByAnother) {
@@ -292,6 +369,10 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
       if (native_wait) {
         Status w = core_->backend->WaitForTurn(
             key, waiter_id, std::min(deadline, now + kNotificationSafetyNet), cancel);
+        if (w.ok()) {
+          notified_at = clock.Now();
+          notified = true;
+        }
         if (w.code() != StatusCode::kUnimplemented) {
           continue;  // woken, timed out or cancelled: the loop head decides
         }
@@ -316,12 +397,43 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
     clock.SleepUntil(std::min(wake, deadline), cancel);
   }
   if (last.code() == StatusCode::kHeldByAnother) {
+    record_wait.outcome = internal::WaitOutcome::kDeadlineExceeded;
     Status out(StatusCode::kDeadlineExceeded,
                fmt::format("gave up waiting for {} after {}: {}", key,
                            FormatDuration(clock.Now() - start), last.message()));
     return out;
   }
   return last.WithContext(fmt::format("gave up waiting for {}", key));
+}
+
+void Store::LogHandoff(const Lease& lease, Duration waited, std::optional<Duration> handoff) {
+  if (handoff.has_value() && core_->lease_metrics != nullptr &&
+      core_->lease_metrics->handoff_observable) {
+    core_->lease_metrics->handoff.Observe(*handoff);
+  }
+  if (!internal::LogEnabled(internal::LogLevel::kInfo)) {
+    return;
+  }
+  const std::string fencing = std::to_string(lease.fencing_token());
+  const std::string prefix = lease.token_prefix();
+  const std::string waited_s = internal::LogSeconds(waited);
+  const std::string handoff_s = handoff.has_value() ? internal::LogSeconds(*handoff) : "";
+  if (handoff.has_value()) {
+    internal::LogEvent(internal::LogLevel::kInfo, "handoff",
+                       {{"key", lease.key()},
+                        {"fencing_token", fencing, true},
+                        {"token", prefix},
+                        {"backend", backend_name()},
+                        {"waited_seconds", waited_s, true},
+                        {"latency_seconds", handoff_s, true}});
+  } else {
+    internal::LogEvent(internal::LogLevel::kInfo, "handoff",
+                       {{"key", lease.key()},
+                        {"fencing_token", fencing, true},
+                        {"token", prefix},
+                        {"backend", backend_name()},
+                        {"waited_seconds", waited_s, true}});
+  }
 }
 
 Result<std::optional<LeaseInfo>> Store::Inspect(std::string_view key) {
@@ -339,9 +451,10 @@ Result<std::vector<LeaseInfo>> Store::List(std::string_view prefix) {
 Result<bool> Store::ForceRelease(std::string_view key) {
   LH_RETURN_IF_ERROR(ValidateKey(key));
   LH_ASSIGN_OR_RETURN(bool existed, core_->backend->ForceRelease(key));
-  internal::Log(internal::LogLevel::kInfo,
-                fmt::format("force-release key={} backend={}: {}", key, backend_name(),
-                            existed ? "grant deleted" : "key was free"));
+  internal::LogEvent(internal::LogLevel::kInfo, "force_released",
+                     {{"key", key},
+                      {"backend", backend_name()},
+                      {"result", existed ? "grant deleted" : "key was free"}});
   return existed;
 }
 

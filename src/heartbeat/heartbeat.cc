@@ -8,8 +8,8 @@
 
 namespace leasehold::internal {
 
-Heartbeat::Heartbeat(std::shared_ptr<Backend> backend, Clock& clock)
-    : backend_(std::move(backend)), clock_(clock) {}
+Heartbeat::Heartbeat(std::shared_ptr<Backend> backend, Clock& clock, LeaseMetrics* metrics)
+    : backend_(std::move(backend)), clock_(clock), metrics_(metrics) {}
 
 Heartbeat::~Heartbeat() {
   std::jthread renewer;
@@ -49,6 +49,26 @@ std::size_t Heartbeat::size() {
 std::uint64_t Heartbeat::rounds() {
   MutexLock lock(&mu_);
   return rounds_;
+}
+
+HeldLeaseGauges Heartbeat::CollectGauges() {
+  std::vector<std::shared_ptr<LeaseCore>> leases;
+  {
+    MutexLock lock(&mu_);
+    leases = leases_;
+  }
+  HeldLeaseGauges out;
+  const SteadyTime now = clock_.Now();
+  for (const auto& lease : leases) {
+    if (!lease->Active()) {
+      continue;
+    }
+    ++out.held;
+    const Duration left = lease->safe_until() - now;
+    out.min_safe_remaining =
+        out.min_safe_remaining.has_value() ? std::min(*out.min_safe_remaining, left) : left;
+  }
+  return out;
 }
 
 void Heartbeat::PruneLocked() {
@@ -96,6 +116,9 @@ void Heartbeat::RenewLoop() {
     // Read t_send before sending: replies can be arbitrarily late.
     SteadyTime t_send = clock_.Now();
     std::vector<Status> results = backend_->RenewMany(requests);
+    if (metrics_ != nullptr) {
+      metrics_->heartbeat_latency.Observe(clock_.Now() - t_send);
+    }
     {
       MutexLock lock(&mu_);
       ++rounds_;
@@ -104,6 +127,12 @@ void Heartbeat::RenewLoop() {
       Status result = i < results.size()
                           ? results[i]
                           : Status::Internal("backend returned too few renew results");
+      if (metrics_ != nullptr && !result.ok()) {
+        metrics_->RecordRenewFailure(result.code() == StatusCode::kUnavailable
+                                         ? RenewFailure::kUnavailable
+                                     : result.code() == StatusCode::kLost ? RenewFailure::kLost
+                                                                          : RenewFailure::kError);
+      }
       batch[i]->OnRenewResult(t_send, result);
     }
   }

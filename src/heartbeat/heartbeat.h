@@ -24,18 +24,21 @@
 #include "backends/backend.h"
 #include "core/lease_core.h"
 #include "leasehold/clock.h"
+#include "metrics/registry.h"
 #include "util/mutex.h"
 
 namespace leasehold::internal {
 
-class Heartbeat {
+class Heartbeat final : public GaugeSource {
  public:
-  Heartbeat(std::shared_ptr<Backend> backend, Clock& clock);
+  // `metrics` (may be null: record nothing) receives round-trip latencies and renew failures;
+  // it must outlive the heartbeat.
+  Heartbeat(std::shared_ptr<Backend> backend, Clock& clock, LeaseMetrics* metrics = nullptr);
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
   Heartbeat(Heartbeat&&) = delete;
   Heartbeat& operator=(Heartbeat&&) = delete;
-  ~Heartbeat();
+  ~Heartbeat() override;
 
   // Starts renewing `lease` and watching its safe_until.
   void Add(std::shared_ptr<LeaseCore> lease) LH_EXCLUDES(mu_);
@@ -50,6 +53,9 @@ class Heartbeat {
   // Returns the number of RenewMany calls made so far (round trips), for tests and benchmarks.
   std::uint64_t rounds() LH_EXCLUDES(mu_);
 
+  // The leases held (or at risk) and the smallest safe_until - now among them, for the gauges.
+  HeldLeaseGauges CollectGauges() override LH_EXCLUDES(mu_);
+
  private:
   void RenewLoop() LH_EXCLUDES(mu_);
   void WatchdogLoop() LH_EXCLUDES(mu_);
@@ -60,6 +66,7 @@ class Heartbeat {
   // Immutable after construction.
   const std::shared_ptr<Backend> backend_;
   Clock& clock_;
+  LeaseMetrics* const metrics_;
 
   Mutex mu_;
   std::vector<std::shared_ptr<LeaseCore>> leases_ LH_GUARDED_BY(mu_);

@@ -3,7 +3,8 @@
 #
 # End-to-end tests of the `leasehold` command against the embedded sqlite:// store: the issue's
 # acceptance list for `run` (contention, waiting, kill -9, force-release, SIGSTOP/SIGCONT, bad
-# input, signal forwarding) and the operator commands (status, list, release, --help).
+# input, signal forwarding), the operator commands (status, list, release, --help), and
+# `elect` / `leader` (ElectCliTest).
 #
 #   python3 tests/cli/cli_test.py --leasehold build/tools/cli/leasehold [-v] [CliTest.test_x]
 #
@@ -554,6 +555,276 @@ class CliTest(unittest.TestCase):
         self.assertLessEqual(time.monotonic() - t0, 1.0)
         self.assertFalse(os.path.exists(self.path("must-not-run")))
         self.assertEqual(self.status_json("job")["fencing_token"], held["fencing_token"])
+
+
+class ElectCliTest(unittest.TestCase):
+    """`leasehold elect` and `leasehold leader` (issue 8), on the embedded sqlite:// store."""
+
+    # CliTest's fixture and helpers, without inheriting (and re-running) its tests.
+    setUp = CliTest.setUp
+    tearDown = CliTest.tearDown
+    path = CliTest.path
+    cli = CliTest.cli
+    start = CliTest.start
+    stderr_of = CliTest.stderr_of
+    wait_for_file = CliTest.wait_for_file
+    wait_exit = CliTest.wait_exit
+    assert_one_error_line = CliTest.assert_one_error_line
+
+    def start_watch(self, name):
+        """Starts `leader NAME --watch --json`; its stdout goes to a file read by watch_lines."""
+        out = open(self.path("watch.out"), "w")
+        err = tempfile.NamedTemporaryFile(mode="w+", dir=self.tmp, prefix="stderr-", delete=False)
+        p = subprocess.Popen([LEASEHOLD, "leader", "--store", self.store, name, "--watch", "--json"],
+                             env=self.env, cwd=self.tmp, stdout=out, stderr=err,
+                             start_new_session=True)
+        out.close()
+        p.stderr_file = err
+        self.procs.append(p)
+        return p
+
+    def watch_lines(self):
+        with open(self.path("watch.out")) as f:
+            return [json.loads(line) for line in f.read().splitlines() if line.endswith("}")]
+
+    def wait_until(self, what, pred, timeout=10):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = pred()
+            if value:
+                return value
+            time.sleep(0.01)
+        self.fail(f"{what}: not within {timeout}s; started processes:\n"
+                  + "\n".join(f"{p.args[1:8]} rc={p.poll()}: {self.stderr_of(p)}"
+                               for p in self.procs))
+
+    def test_two_elects_run_one_child_and_kill_9_hands_over_with_higher_term(self):
+        watch = self.start_watch("svc")
+        self.wait_until("watch prints the vacancy", lambda: self.watch_lines())
+        self.assertEqual(self.watch_lines()[0], {"name": "svc", "leader": False})
+
+        elects = {}
+        for cid in ("a", "b"):
+            elects[cid] = self.start(
+                "elect", "--ttl", "2s", "--id", cid, "svc", "--", "sh", "-c",
+                f"date +%s.%N > {cid}.start; echo $LEASEHOLD_TERM > {cid}.term; "
+                f"echo $$ > {cid}.pid; exec sleep 60")
+        leader = self.wait_until(
+            "one child starts",
+            lambda: next((c for c in ("a", "b") if os.path.exists(self.path(c + ".pid"))), None))
+        other = "b" if leader == "a" else "a"
+        # The other candidate found a leader and is waiting: its child must not have started.
+        self.wait_until("the other elect waits", lambda: "not elected" in self.stderr_of(elects[other]))
+        self.assertFalse(os.path.exists(self.path(other + ".start")), "two children ran at once")
+        leader_term = int(self.wait_for_file(leader + ".term"))
+        leader_child = int(self.wait_for_file(leader + ".pid"))
+
+        t_kill = time.time()
+        os.kill(elects[leader].pid, signal.SIGKILL)
+        self.wait_until("the killed leader's child is gone", lambda: process_gone(leader_child))
+        other_term = int(self.wait_for_file(other + ".term", timeout=15))
+        takeover = float(self.wait_for_file(other + ".start")) - t_kill
+        figure("elect kill -9 takeover (other child's start - kill)", takeover, 3.0)
+        self.assertLessEqual(takeover, 2.0 + 1.0)
+        self.assertGreater(other_term, leader_term)
+        self.assertIsNone(elects[other].poll(), self.stderr_of(elects[other]))
+
+        def saw_both():
+            leaders = [(l["id"], l["term"]) for l in self.watch_lines() if l["leader"]]
+            return leaders if len(leaders) >= 2 else None
+        leaders = self.wait_until("watch prints both leaders", saw_both)
+        self.assertEqual(leaders, [(leader, leader_term), (other, other_term)])
+        watch.send_signal(signal.SIGTERM)
+        self.assertEqual(self.wait_exit(watch, 10), 0, self.stderr_of(watch))
+
+    def test_elect_again_campaigns_again_until_interrupted(self):
+        elect = self.start("elect", "--again", "--ttl", "2s", "--id", "a", "svc", "--", "sh", "-c",
+                           "echo $LEASEHOLD_TERM >> terms; "
+                           "if [ $(wc -l < terms) -ge 3 ]; then exec sleep 60; fi")
+        def read_terms():
+            if not os.path.exists(self.path("terms")):
+                return []
+            with open(self.path("terms")) as f:
+                return [int(x) for x in f.read().split()]
+        terms = self.wait_until("three terms", lambda: (lambda t: t if len(t) >= 3 else None)(
+            read_terms()))
+        self.assertEqual(terms, sorted(set(terms)), "each term is new and higher")
+        os.kill(elect.pid, signal.SIGTERM)  # forwarded to the child; no further campaign
+        self.assertEqual(self.wait_exit(elect, 10), 128 + signal.SIGTERM, self.stderr_of(elect))
+        self.assertEqual(len(read_terms()), 3)
+        r = self.cli("leader", "svc", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout), {"name": "svc", "leader": False},
+                         "the last leadership was resigned at exit")
+
+    def test_leader_shows_the_leader_and_a_candidate_without_wait_exits_75(self):
+        self.start("elect", "--ttl", "5s", "--id", "first", "svc", "--", "sh", "-c",
+                   "echo $LEASEHOLD_TERM $LEASEHOLD_ELECTION $LEASEHOLD_LEADER_ID "
+                   "$LEASEHOLD_FENCING_TOKEN > env; exec sleep 60")
+        term, election, leader_id, fencing = self.wait_for_file("env").split()
+        self.assertEqual((election, leader_id, fencing), ("svc", "first", term))
+        r = self.cli("leader", "svc")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, rf"^svc: leader first \(term {term}, .* left\)\n$")
+        r = self.cli("elect", "--quiet", "--wait", "0", "svc", "--", "touch", "must-not-run")
+        self.assert_one_error_line(r, EXIT_HELD)
+        self.assertIn("first", r.stderr)
+        self.assertFalse(os.path.exists(self.path("must-not-run")))
+        r = self.cli("elect", "", "--", "true")  # an empty election name
+        self.assert_one_error_line(r, EXIT_USAGE)
+
+    def test_help_lists_elect_and_leader(self):
+        for args in (["elect", "--help"], ["leader", "--help"]):
+            with self.subTest(args=args):
+                r = self.cli(*args, store=False)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertIn("  79 ", r.stdout)
+        self.assertIn("LEASEHOLD_TERM", self.cli("elect", "--help", store=False).stdout)
+        top = self.cli("--help", store=False).stdout
+        self.assertIn("elect", top)
+        self.assertIn("leader", top)
+
+
+class ObservabilityCliTest(unittest.TestCase):
+    """--metrics-addr (checked by promtool, Prometheus' own parser), --log-format=json and
+    --on-risk=term."""
+
+    setUp = CliTest.setUp
+    tearDown = CliTest.tearDown
+    path = CliTest.path
+    cli = CliTest.cli
+    start = CliTest.start
+    stderr_of = CliTest.stderr_of
+    wait_for_file = CliTest.wait_for_file
+    wait_exit = CliTest.wait_exit
+
+    @staticmethod
+    def free_port():
+        import socket
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    @staticmethod
+    def sample(text, name, **labels):
+        """The value of one sample of a scrape that promtool has accepted."""
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        for line in text.splitlines():
+            if line.startswith("#") or " " not in line:
+                continue
+            series, value = line.rsplit(" ", 1)
+            if series == f"{name}{{{want}}}" or (not want and series == name):
+                return float(value)
+        return None
+
+    def scrape(self, port, timeout=10):
+        import urllib.request
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    return r.headers.get("Content-Type"), r.read().decode()
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def promtool_check(self, text):
+        promtool = shutil.which("promtool")
+        self.assertIsNotNone(promtool, "promtool missing: scripts/install-deps.sh installs it")
+        r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                           text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, f"promtool: {r.stdout}{r.stderr}\n{text}")
+
+    def test_metrics_endpoint_during_run_is_valid_prometheus_text(self):
+        port = self.free_port()
+        # ttl 3s: renewed every second, so the heartbeat histogram fills during the run.
+        run = self.start("run", "--metrics-addr", f"127.0.0.1:{port}", "--ttl", "3s", "job",
+                         "--", "sleep", "5")
+        deadline = time.monotonic() + 4
+        while True:
+            content_type, text = self.scrape(port)
+            beats = self.sample(text, "leasehold_heartbeat_latency_seconds_count",
+                                backend="sqlite")
+            if (beats or 0) > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        self.assertTrue(content_type.startswith("text/plain; version=0.0.4"), content_type)
+        self.promtool_check(text)
+        self.assertEqual(self.sample(text, "leasehold_lease_acquired_total", backend="sqlite"), 1)
+        self.assertEqual(self.sample(text, "leasehold_leases_held", backend="sqlite"), 1)
+        self.assertGreater(beats or 0, 0, text)
+        self.assertGreater(
+            self.sample(text, "leasehold_heartbeat_latency_seconds_bucket", backend="sqlite",
+                        le="+Inf"), 0)
+        margin = self.sample(text, "leasehold_lease_safe_remaining_seconds", backend="sqlite")
+        self.assertIsNotNone(margin, text)
+        self.assertGreater(margin, 0)
+        self.assertLessEqual(margin, 3)
+        self.assertNotIn("job", text.replace("# HELP", ""))  # never a key in a label
+        self.assertEqual(self.wait_exit(run, 15), 0, self.stderr_of(run))
+
+    def test_metrics_addr_in_use_or_malformed_is_an_error(self):
+        r = self.cli("run", "--metrics-addr", "localhost", "job", "--", "true")
+        self.assertEqual(r.returncode, EXIT_USAGE, r.stderr)
+        self.assertIn("HOST:PORT", r.stderr)
+        import socket
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen(1)
+            port = s.getsockname()[1]
+            r = self.cli("run", "--metrics-addr", f"127.0.0.1:{port}", "job", "--", "true")
+        self.assertEqual(r.returncode, EXIT_UNAVAILABLE, r.stderr)
+        self.assertIn("cannot listen", r.stderr)
+
+    def test_log_format_json_is_one_object_per_event(self):
+        r = self.cli("run", "--log-format", "json", "job", "--", "true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        records = [json.loads(line) for line in r.stderr.splitlines()]  # every line is JSON
+        events = [rec["event"] for rec in records]
+        self.assertEqual(events.count("acquired"), 1, events)
+        self.assertEqual(events.count("released"), 1, events)
+        acquired = next(rec for rec in records if rec["event"] == "acquired")
+        self.assertEqual(acquired["key"], "job")
+        self.assertIsInstance(acquired["fencing_token"], int)
+        self.assertEqual(len(acquired["token"]), 8)
+        self.assertIsInstance(acquired["latency_seconds"], float)
+        self.assertEqual(acquired["level"], "info")
+        self.assertTrue(acquired["ts"].endswith("Z"))
+        released = next(rec for rec in records if rec["event"] == "released")
+        self.assertEqual(released["outcome"], "ok")
+        self.assertEqual(released["fencing_token"], acquired["fencing_token"])
+
+    def test_log_format_text_is_one_line_per_event(self):
+        r = self.cli("run", "job", "--", "true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stderr.splitlines()
+        self.assertEqual(sum(1 for l in lines if l.startswith("leasehold: acquired ")), 1, lines)
+        self.assertEqual(sum(1 for l in lines if l.startswith("leasehold: released ")), 1, lines)
+        self.assertTrue(any("fencing_token=" in l and "token=" in l and "latency_seconds=" in l
+                            for l in lines if l.startswith("leasehold: acquired ")), lines)
+        self.assertEqual(self.cli("run", "--log-format", "xml", "job", "--", "true").returncode,
+                         EXIT_USAGE)
+
+    def test_on_risk_term_stops_the_command_as_soon_as_the_lease_is_at_risk(self):
+        # ttl 6s, grace 500ms: without --on-risk=term SIGTERM would wait for safe_until - 0.5s.
+        run = self.start("run", "--ttl", "6s", "--kill-grace", "500ms", "--on-risk", "term",
+                         "job", "--", "sh", "-c",
+                         "trap 'echo term > child.term; exit 0' TERM; echo $$ > child.pid; "
+                         "while :; do sleep 0.05; done")
+        self.wait_for_file("child.pid")
+        blocker = sqlite3.connect(self.store[len("sqlite://"):], isolation_level=None, timeout=10)
+        try:
+            blocker.execute("BEGIN EXCLUSIVE")  # every renewal now fails (busy): at risk
+            self.assertEqual(self.wait_for_file("child.term", timeout=10), "term")
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        self.assertEqual(self.wait_exit(run, 15), EXIT_LOST, self.stderr_of(run))
+        log = self.stderr_of(run)
+        self.assertIn("at_risk key=job", log)
+        self.assertIn("at risk (--on-risk=term)", log)
+        self.assertNotIn("sending SIGKILL", log)
 
 
 def main():

@@ -12,8 +12,10 @@
 #include "leasehold/lease_info.h"
 #include "leasehold/store.h"
 
+#include "backends/registry.h"
 #include "cli_log.h"
 #include "core/duration.h"
+#include "core/url.h"
 #include "exit_codes.h"
 #include "store_flag.h"
 
@@ -133,6 +135,23 @@ int ReleaseCommand(const std::string& store_url, const std::string& key) {
   } else {
     Info(fmt::format("force-released {}", key));
   }
+  return 0;
+}
+
+int SchemaCommand(const std::string& store_url) {
+  Result<std::string> url = store_url.empty() ? Store::DefaultUrl() : Result<std::string>(store_url);
+  if (!url.ok()) {
+    return ReportFailure(url.error());
+  }
+  Result<internal::Url> parsed = internal::ParseUrl(*url);
+  if (!parsed.ok()) {
+    return ReportFailure(parsed.error());
+  }
+  Result<std::string> sql = internal::StoreSchemaSql(*parsed);
+  if (!sql.ok()) {
+    return ReportFailure(sql.error());
+  }
+  std::fputs(sql->c_str(), stdout);
   return 0;
 }
 

@@ -1,7 +1,7 @@
 // File: tools/cli/admin_commands.h
 //
-// The operator subcommands: `status KEY`, `list [PREFIX]` (both with --json) and
-// `release --force KEY`. Each returns the process exit code (exit_codes.h).
+// The operator subcommands: `status KEY`, `list [PREFIX]` (both with --json),
+// `release --force KEY` and `schema`. Each returns the process exit code (exit_codes.h).
 //
 // Text output (stdout) is for people; --json output is one JSON document for scripts:
 //   status: {"key": "job", "held": true, "holder": "web-3:42", "token_prefix": "1f2e3d4c",
@@ -24,5 +24,9 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
 // REQUIRES: force; without it the caller reports a usage error instead (only the holder
 // releases a lease; --force is the operator break-glass).
 int ReleaseCommand(const std::string& store_url, const std::string& key);
+
+// `schema`: prints the SQL that creates the store's table (postgres:// only), for a DBA to
+// apply when leasehold's role may not create tables. Does not connect.
+int SchemaCommand(const std::string& store_url);
 
 }  // namespace leasehold::cli

@@ -20,6 +20,18 @@ namespace leasehold::cli {
 // Silences Info() and lowers the library's log level to warnings. Call before any thread starts.
 void SetQuiet(bool quiet);
 
+enum class LogFormat {
+  // "leasehold: <line>"; the library's events as "leasehold: event key=value ...".
+  kText,
+  // One JSON object per line: {"ts":"<UTC RFC 3339>","level":"info","event":"acquired",
+  // "key":"job","fencing_token":7,...}; our own lines as {"event":"message","msg":"..."}.
+  kJson,
+};
+
+// Routes the library's log records (leasehold/logging.h) and Info()/Error() through one writer
+// in `format`. Call before any thread starts.
+void SetLogFormat(LogFormat format);
+
 // Writes "leasehold: <line>\n" to stderr unless --quiet.
 void Info(std::string_view line);
 

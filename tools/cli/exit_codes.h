@@ -66,17 +66,17 @@ inline int ExitCodeFor(const Status& status) {
 // The exit-code table printed at the end of every --help.
 inline constexpr std::string_view kExitCodeHelp =
     "Exit codes:\n"
-    "  0..125  run: the command's own exit code on normal completion\n"
+    "  0..125  run/elect: the command's own exit code on normal completion\n"
     "  64      usage or invalid argument (bad flag, key, duration, URL scheme, not a leasehold "
     "store)\n"
     "  69      store unavailable\n"
     "  70      internal error\n"
-    "  75      held by another (no --wait, or the wait expired)\n"
+    "  75      held by another / not elected (no --wait, or the wait expired)\n"
     "  77      permission denied (store refused access, store directory not writable)\n"
-    "  79      lease lost, command stopped\n"
-    "  126     run: command found but not executable\n"
-    "  127     run: command not found\n"
-    "  128+N   run: the command died of signal N\n"
+    "  79      lease (or leadership) lost, command stopped\n"
+    "  126     run/elect: command found but not executable\n"
+    "  127     run/elect: command not found\n"
+    "  128+N   run/elect: the command died of signal N\n"
     "  130     interrupted (SIGINT/SIGTERM/SIGHUP) while waiting for the lease\n";
 
 }  // namespace leasehold::cli

@@ -19,6 +19,7 @@
 #include "admin_commands.h"
 #include "cli_log.h"
 #include "exit_codes.h"
+#include "leader_command.h"
 #include "run_command.h"
 
 namespace leasehold::cli {
@@ -37,6 +38,8 @@ struct Flags {
   std::string key;
   std::string prefix;
   RunFlags run;
+  ElectFlags elect;
+  bool watch = false;
 };
 
 // --store and --quiet are accepted before and after the subcommand name.
@@ -90,10 +93,68 @@ int Main(int argc, char** argv) {
   run->add_option("--holder", flags.run.holder,
                   "Identity shown to others (status, list). Default: <hostname>:<pid>")
       ->type_name("ID");
+  AddObservabilityOptions(*run, flags.run.observability);
   run->add_option("KEY", flags.run.key, "The lease's name, 1..512 bytes of UTF-8")->required();
   run->add_option("COMMAND", flags.run.command, "The command to run, after --, with its arguments")
       ->required();
   run->footer(Footer());
+
+  CLI::App* elect = app.add_subcommand(
+      "elect",
+      "Campaign in election NAME and run COMMAND while leader, supervised as by `run` (same "
+      "kill schedule, signal forwarding and exit codes). Waits for leadership for as long as it "
+      "takes unless --wait says otherwise. The command sees LEASEHOLD_ELECTION, LEASEHOLD_TERM "
+      "(the leader's term: strictly increasing, use it as a fencing token), LEASEHOLD_LEADER_ID, "
+      "and LEASEHOLD_KEY/LEASEHOLD_FENCING_TOKEN as under `run`. With --again, campaigns again "
+      "after the command ends or leadership is lost, until SIGINT/SIGTERM/SIGHUP. The lease key "
+      "is election:NAME. Usage: leasehold elect [OPTIONS] NAME -- COMMAND [ARGS...]");
+  AddCommonOptions(*elect, flags);
+  std::string elect_ttl = "10s";
+  elect
+      ->add_option("--ttl", elect_ttl,
+                   "How long the store keeps leadership without renewal. Default: 10s")
+      ->type_name("DURATION");
+  CLI::Option* elect_renew_opt =
+      elect
+          ->add_option("--renew-every", renew_every,
+                       "How often to renew; must be less than --ttl. Default: ttl/3")
+          ->type_name("DURATION");
+  CLI::Option* elect_wait_opt =
+      elect
+          ->add_option("--wait", wait,
+                       "Campaign for at most DURATION (0: try once, exit 75 if another leads). "
+                       "Default: forever")
+          ->type_name("DURATION|forever");
+  CLI::Option* elect_grace_opt =
+      elect
+          ->add_option("--kill-grace", kill_grace,
+                       "Time between SIGTERM and SIGKILL when leadership is lost or at risk. "
+                       "Default: min(ttl/4, 5s)")
+          ->type_name("DURATION");
+  elect
+      ->add_option("--id", flags.elect.run.holder,
+                   "This candidate's id, shown as the leader's id. Default: <hostname>:<pid>")
+      ->type_name("ID");
+  elect->add_flag("--again", flags.elect.again,
+                  "Campaign again after the command ends or leadership is lost");
+  AddObservabilityOptions(*elect, flags.elect.run.observability);
+  elect->add_option("NAME", flags.elect.name, "The election's name")->required();
+  elect
+      ->add_option("COMMAND", flags.elect.run.command,
+                   "The command to run while leader, after --, with its arguments")
+      ->required();
+  elect->footer(Footer());
+
+  CLI::App* leader = app.add_subcommand(
+      "leader",
+      "Print the leader of election NAME and its term ('NAME: no leader' if none); with "
+      "--watch, print it and then every change of leader, one line each, until interrupted. A "
+      "term that jumps by more than one means a leader came and went between two reads");
+  AddCommonOptions(*leader, flags);
+  leader->add_flag("--watch", flags.watch, "Stream every change of leader");
+  leader->add_flag("--json", flags.json, "Print one JSON object (per line with --watch)");
+  leader->add_option("NAME", flags.elect.name, "The election's name")->required();
+  leader->footer(Footer());
 
   CLI::App* status = app.add_subcommand(
       "status", "Show who holds KEY, its fencing token and remaining TTL ('KEY: free' if none)");
@@ -116,6 +177,13 @@ int Main(int argc, char** argv) {
   release->add_flag("--force", flags.force, "Required: confirms the break-glass release");
   release->add_option("KEY", flags.key, "The lease's name")->required();
   release->footer(Footer());
+
+  CLI::App* schema = app.add_subcommand(
+      "schema",
+      "Print the SQL that creates the store's table (postgres:// only; leasehold creates it on "
+      "first use when its role may), for a DBA to apply. Does not connect.");
+  AddCommonOptions(*schema, flags);
+  schema->footer(Footer());
 
   try {
     app.parse(argc, argv);
@@ -145,6 +213,23 @@ int Main(int argc, char** argv) {
     }
     return RunCommand(flags.run);
   }
+  if (elect->parsed()) {
+    flags.elect.run.store_url = flags.store_url;
+    flags.elect.run.ttl = elect_ttl;
+    if (elect_renew_opt->count() > 0) {
+      flags.elect.run.renew_every = renew_every;
+    }
+    if (elect_wait_opt->count() > 0) {
+      flags.elect.run.wait = wait;
+    }
+    if (elect_grace_opt->count() > 0) {
+      flags.elect.run.kill_grace = kill_grace;
+    }
+    return ElectCommand(flags.elect);
+  }
+  if (leader->parsed()) {
+    return LeaderCommand(flags.store_url, flags.elect.name, flags.watch, flags.json);
+  }
   if (status->parsed()) {
     return StatusCommand(flags.store_url, flags.key, flags.json);
   }
@@ -161,6 +246,9 @@ int Main(int argc, char** argv) {
       return kExitUsage;
     }
     return ReleaseCommand(flags.store_url, flags.key);
+  }
+  if (schema->parsed()) {
+    return SchemaCommand(flags.store_url);
   }
   Error("no subcommand (see 'leasehold --help')");
   return kExitUsage;

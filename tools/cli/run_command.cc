@@ -12,7 +12,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stop_token>
@@ -26,6 +28,7 @@
 #include <sys/timerfd.h>
 
 #include "leasehold/clock.h"
+#include "leasehold/election.h"
 #include "leasehold/lease.h"
 #include "leasehold/options.h"
 #include "leasehold/status.h"
@@ -36,6 +39,7 @@
 #include "core/duration.h"
 #include "duration_flag.h"
 #include "exit_codes.h"
+#include "interrupt_watcher.h"
 #include "store_flag.h"
 #include "unique_fd.h"
 
@@ -54,10 +58,6 @@ constexpr Duration kMaxDefaultKillGrace = seconds(5);
 // does not stop the kernel from continuing the process.
 constexpr int kSupervisedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGCONT};
 
-bool IsInterrupt(int sig) {
-  return sig == SIGINT || sig == SIGTERM || sig == SIGHUP;
-}
-
 // True if a process sent the signal (kill, sigqueue, tgkill). Signals the terminal generates
 // (Ctrl-C: SI_KERNEL) already reach the child through the shared process group; forwarding
 // them too would make one Ctrl-C count twice.
@@ -65,101 +65,6 @@ bool SentByProcess(const signalfd_siginfo& info) {
   const int code = info.ssi_code;
   return code == SI_USER || code == SI_QUEUE || code == SI_TKILL;
 }
-
-// Reads one pending signal; returns false when none is left.
-bool ReadSignal(int signal_fd, signalfd_siginfo& info) {
-  for (;;) {
-    ssize_t n = ::read(signal_fd, &info, sizeof info);
-    if (n == static_cast<ssize_t>(sizeof info)) {
-      return true;
-    }
-    if (n < 0 && errno == EINTR) {
-      continue;
-    }
-    return false;
-  }
-}
-
-void Drain(int fd) {
-  std::uint64_t value = 0;
-  while (::read(fd, &value, sizeof value) > 0) {
-  }
-}
-
-// Wakes the supervisor loop. Async-signal-safe, allocation-free: it runs on the heartbeat
-// thread from the lease callbacks.
-void Poke(int event_fd) {
-  const std::uint64_t one = 1;
-  ssize_t n = ::write(event_fd, &one, sizeof one);
-  (void)n;  // EAGAIN means the counter is already non-zero: the loop wakes anyway
-}
-
-// Watches the signalfd while the store opens and the lease is taken, on its own thread, because
-// the main thread is blocked inside the library. The first SIGINT/SIGTERM/SIGHUP cancels the
-// wait (exit 130); a second one, if the library is stuck in a call that cannot be cancelled
-// (opening an unreachable store), exits at once.
-class InterruptWatcher {
- public:
-  explicit InterruptWatcher(int signal_fd)
-      : signal_fd_(signal_fd), done_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
-    thread_ = std::jthread([this] { Watch(); });
-  }
-
-  InterruptWatcher(const InterruptWatcher&) = delete;
-  InterruptWatcher& operator=(const InterruptWatcher&) = delete;
-  InterruptWatcher(InterruptWatcher&&) = delete;
-  InterruptWatcher& operator=(InterruptWatcher&&) = delete;
-
-  ~InterruptWatcher() { Stop(); }
-
-  // Ends the watch and joins the thread. Idempotent.
-  void Stop() {
-    if (thread_.joinable()) {
-      Poke(done_fd_.get());
-      thread_.join();
-    }
-  }
-
-  [[nodiscard]] std::stop_token token() const { return cancel_.get_token(); }
-
-  // Returns the interrupting signal, or 0.
-  [[nodiscard]] int signal() const { return signal_.load(); }
-
- private:
-  void Watch() {
-    for (;;) {
-      pollfd fds[2] = {{signal_fd_, POLLIN, 0}, {done_fd_.get(), POLLIN, 0}};
-      if (::poll(fds, 2, -1) < 0) {
-        if (errno == EINTR) {
-          continue;
-        }
-        return;
-      }
-      if ((fds[1].revents & POLLIN) != 0) {
-        return;
-      }
-      signalfd_siginfo info{};
-      while (ReadSignal(signal_fd_, info)) {
-        const int sig = static_cast<int>(info.ssi_signo);
-        if (!IsInterrupt(sig)) {
-          continue;  // SIGCHLD, SIGCONT: no child yet
-        }
-        if (signal_.exchange(sig) != 0) {
-          Error(fmt::format("{} again: giving up at once", SignalName(sig)));
-          ::_exit(kExitInterrupted);
-        }
-        Info(fmt::format("{}: giving up on the lease", SignalName(sig)));
-        cancel_.request_stop();
-      }
-    }
-  }
-
-  const int signal_fd_;
-  UniqueFd done_fd_;
-  std::stop_source cancel_;
-  std::atomic<int> signal_{0};
-  std::jthread thread_;
-};
 
 struct RunSettings {
   Duration ttl{};
@@ -234,10 +139,13 @@ class Supervisor {
     int timer_fd;   // CLOCK_BOOTTIME, the next kill-schedule instant
   };
 
-  Supervisor(Lease& lease, ChildProcess& child, Duration kill_grace, Fds fds)
+  // term_on_risk (--on-risk=term): SIGTERM as soon as the lease is at risk.
+  Supervisor(const Lease& lease, ChildProcess& child, Duration kill_grace, Fds fds,
+             bool term_on_risk = false)
       : lease_(lease),
         child_(child),
         kill_grace_(kill_grace),
+        term_on_risk_(term_on_risk),
         signal_fd_(fds.signal_fd),
         event_fd_(fds.event_fd),
         timer_fd_(fds.timer_fd) {}
@@ -268,6 +176,10 @@ class Supervisor {
   // True if we signalled the child because of the lease (lost or at risk past the grace).
   [[nodiscard]] bool stopped_for_lease() const { return stopped_for_lease_; }
 
+  // True if SIGINT, SIGTERM or SIGHUP reached us while the child ran (`elect --again` then
+  // stops campaigning).
+  [[nodiscard]] bool interrupted() const { return interrupted_; }
+
  private:
   // Applies the kill schedule at `now`; returns the next instant at which it must run again.
   std::optional<SteadyTime> Step(SteadyTime now) {
@@ -279,9 +191,11 @@ class Supervisor {
     if (state != last_state_) {
       if (state == LeaseState::kAtRisk) {
         Info(
-            fmt::format("renewals of {} are failing (at risk): SIGTERM to the command in {}, "
+            fmt::format("renewals of {} are failing (at risk): SIGTERM to the command {}, "
                         "SIGKILL in {} unless a renewal succeeds",
-                        lease_.key(), FormatDuration(safe_until - kill_grace_ - now),
+                        lease_.key(),
+                        term_on_risk_ ? std::string("now (--on-risk=term)")
+                                      : "in " + FormatDuration(safe_until - kill_grace_ - now),
                         FormatDuration(safe_until - now)));
       } else if (state == LeaseState::kHeld) {
         Info(fmt::format("renewals of {} succeed again", lease_.key()));
@@ -296,16 +210,20 @@ class Supervisor {
     // Without a loss: SIGTERM at safe_until - grace, SIGKILL at safe_until. safe_until moves
     // forward with every successful renew, so a healthy lease never gets there.
     // After a loss: SIGTERM at once, SIGKILL after the grace, and never later than safe_until.
-    const SteadyTime term_at = lost_ ? lost_at_ : safe_until - kill_grace_;
+    const bool term_now = term_on_risk_ && state == LeaseState::kAtRisk;
+    const SteadyTime term_at = lost_ ? lost_at_ : term_now ? now : safe_until - kill_grace_;
     const SteadyTime kill_at = lost_ ? std::min(safe_until, lost_at_ + kill_grace_) : safe_until;
     if (!kill_sent_ && now >= kill_at) {
       SignalChild(SIGKILL, now >= safe_until ? "safe_until has passed" : "grace period over");
       kill_sent_ = true;
       term_sent_ = true;
     } else if (!term_sent_ && now >= term_at) {
-      SignalChild(SIGTERM, lost_ ? "the lease is lost"
-                                 : fmt::format("the lease cannot be confirmed; SIGKILL in {}",
-                                               FormatDuration(kill_at - now)));
+      SignalChild(SIGTERM, lost_      ? std::string("the lease is lost")
+                           : term_now ? fmt::format("the lease is at risk (--on-risk=term); "
+                                                    "SIGKILL in {}",
+                                                    FormatDuration(kill_at - now))
+                                      : fmt::format("the lease cannot be confirmed; SIGKILL in {}",
+                                                    FormatDuration(kill_at - now)));
       term_sent_ = true;
     }
     if (kill_sent_) {
@@ -335,6 +253,9 @@ class Supervisor {
     signalfd_siginfo info{};
     while (ReadSignal(signal_fd_, info)) {
       const int sig = static_cast<int>(info.ssi_signo);
+      if (IsInterrupt(sig)) {
+        interrupted_ = true;
+      }
       if (IsInterrupt(sig) && SentByProcess(info)) {
         Info(fmt::format("forwarding {} to the command (pid {})", SignalName(sig), child_.pid()));
         child_.Signal(sig);
@@ -343,9 +264,10 @@ class Supervisor {
     }
   }
 
-  Lease& lease_;
+  const Lease& lease_;
   ChildProcess& child_;
   const Duration kill_grace_;
+  const bool term_on_risk_;
   const int signal_fd_;
   const int event_fd_;
   const int timer_fd_;
@@ -356,11 +278,121 @@ class Supervisor {
   bool term_sent_ = false;
   bool kill_sent_ = false;
   bool stopped_for_lease_ = false;
+  bool interrupted_ = false;
 };
+
+// The signal mask and descriptors of a supervised command, made before the store opens.
+struct Supervision {
+  sigset_t saved_mask{};
+  UniqueFd signal_fd;
+  UniqueFd event_fd;  // written by the lease callbacks; outlives the lease
+  UniqueFd timer_fd;
+};
+
+// Blocks the supervised signals before any library thread exists, so that all of them inherit
+// the mask and every supervised signal lands on the signalfd. SIGPIPE is blocked too, so that a
+// closed stderr or store socket gives EPIPE instead of killing us and orphaning the command.
+Result<std::unique_ptr<Supervision>> BlockSignals() {
+  auto sup = std::make_unique<Supervision>();
+  sigset_t supervised;
+  sigemptyset(&supervised);
+  for (int sig : kSupervisedSignals) {
+    sigaddset(&supervised, sig);
+  }
+  sigset_t blocked = supervised;
+  sigaddset(&blocked, SIGPIPE);
+  if (int err = ::pthread_sigmask(SIG_BLOCK, &blocked, &sup->saved_mask); err != 0) {
+    return Status::Internal(fmt::format("pthread_sigmask: {}", std::strerror(err)));
+  }
+  sup->signal_fd = UniqueFd(::signalfd(-1, &supervised, SFD_CLOEXEC | SFD_NONBLOCK));
+  sup->event_fd = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  sup->timer_fd = UniqueFd(::timerfd_create(CLOCK_BOOTTIME, TFD_CLOEXEC | TFD_NONBLOCK));
+  if (!sup->signal_fd.valid() || !sup->event_fd.valid() || !sup->timer_fd.valid()) {
+    return Status::Internal(fmt::format("signalfd/eventfd/timerfd: {}", std::strerror(errno)));
+  }
+  return sup;
+}
+
+// Lease options whose callbacks wake the supervisor loop.
+LeaseOptions SupervisedLeaseOptions(const RunSettings& settings, const Supervision& sup) {
+  const int wake_fd = sup.event_fd.get();
+  return LeaseOptions{
+      .ttl = settings.ttl,
+      .renew_interval = settings.renew_interval,
+      .drift = std::nullopt,  // the library's default; ParseSettings assumes it
+      .wait = kWaitForever,   // used only by Acquire, set by the caller
+      .holder = {},
+      .on_lost = [wake_fd](const Status&) { Poke(wake_fd); },
+      .on_state_change = [wake_fd](LeaseState, const Status&) { Poke(wake_fd); },
+  };
+}
+
+struct ChildOutcome {
+  int exit_code = 0;
+  // SIGINT/SIGTERM/SIGHUP reached us while the command ran.
+  bool interrupted = false;
+};
+
+// Runs `command` with `env` while `lease` is held, supervises it until it ends, then calls
+// `release` (Lease::Release or Leadership::Resign). `what` names the lease in messages ("lease
+// job", "leadership of svc"). Returns the child's code, 79 if the lease was lost, 126/127 if the
+// command could not run.
+ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status()>& release,
+                           const std::vector<std::string>& command, std::vector<std::string> env,
+                           Duration kill_grace, Supervision& sup, const std::string& what,
+                           bool term_on_risk = false) {
+  ChildProcess child(command, std::move(env));
+  if (int err = child.Start(sup.saved_mask); err != 0) {
+    Status released = release();
+    Error(fmt::format("cannot run '{}': {}{}", command.front(), std::strerror(err),
+                      released.ok() ? "" : "; release failed: " + Describe(released)));
+    return {err == ENOENT ? kExitCommandNotFound : kExitCannotExecute, false};
+  }
+  Info(fmt::format("started the command (pid {})", child.pid()));
+
+  Supervisor supervisor(lease, child, kill_grace,
+                        {.signal_fd = sup.signal_fd.get(),
+                         .event_fd = sup.event_fd.get(),
+                         .timer_fd = sup.timer_fd.get()},
+                        term_on_risk);
+  supervisor.Run();
+
+  const int child_code = child.ShellExitCode();
+  if (supervisor.lost() || supervisor.stopped_for_lease() || lease.state() == LeaseState::kLost) {
+    Status reason = lease.lost_reason();
+    // Release now rather than in the destructor: it deletes the grant if the lease was only at
+    // risk, and the destructor's best-effort release would log a lost lease as a failure.
+    (void)release();
+    Error(fmt::format("{} lost{}; the command was stopped ({})", what,
+                      reason.ok() ? std::string() : ": " + Describe(reason), child.DescribeExit()));
+    return {kExitLeaseLost, supervisor.interrupted()};
+  }
+  Info(fmt::format("the command (pid {}) {}", child.pid(), child.DescribeExit()));
+  if (Status released = release(); !released.ok()) {
+    Error(fmt::format("release of {} failed: {}", what, Describe(released)));
+    if (released.code() == StatusCode::kLost) {
+      return {kExitLeaseLost, supervisor.interrupted()};
+    }
+  }
+  // A successful release was logged by the library ("released key=... fencing_token=...").
+  return {child_code, supervisor.interrupted()};
+}
+
+const std::string& DefaultCandidateId() {
+  static const std::string id = [] {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) != 0) {
+      std::snprintf(host, sizeof(host), "unknown-host");
+    }
+    return fmt::format("{}:{}", host, ::getpid());
+  }();
+  return id;
+}
 
 }  // namespace
 
 int RunCommand(const RunFlags& flags) {
+  SetLogFormat(flags.observability.log_format == "json" ? LogFormat::kJson : LogFormat::kText);
   if (Status s = ValidateKey(flags.key); !s.ok()) {
     return ReportFailure(s);
   }
@@ -371,50 +403,32 @@ int RunCommand(const RunFlags& flags) {
   if (!settings.ok()) {
     return ReportFailure(settings.error());
   }
-
-  // Block before any library thread exists, so that all of them inherit the mask and every
-  // supervised signal lands on the signalfd. SIGPIPE is blocked too, so that a closed stderr
-  // or store socket gives EPIPE instead of killing us and orphaning the lease's command.
-  sigset_t supervised;
-  sigemptyset(&supervised);
-  for (int sig : kSupervisedSignals) {
-    sigaddset(&supervised, sig);
-  }
-  sigset_t blocked = supervised;
-  sigaddset(&blocked, SIGPIPE);
-  sigset_t saved_mask;
-  if (int err = ::pthread_sigmask(SIG_BLOCK, &blocked, &saved_mask); err != 0) {
-    return ReportFailure(Status::Internal(fmt::format("pthread_sigmask: {}", std::strerror(err))));
-  }
-  // These descriptors outlive the lease: its callbacks write to event_fd until it is destroyed.
-  UniqueFd signal_fd(::signalfd(-1, &supervised, SFD_CLOEXEC | SFD_NONBLOCK));
-  UniqueFd event_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  UniqueFd timer_fd(::timerfd_create(CLOCK_BOOTTIME, TFD_CLOEXEC | TFD_NONBLOCK));
-  if (!signal_fd.valid() || !event_fd.valid() || !timer_fd.valid()) {
-    return ReportFailure(
-        Status::Internal(fmt::format("signalfd/eventfd/timerfd: {}", std::strerror(errno))));
+  auto sup = BlockSignals();
+  if (!sup.ok()) {
+    return ReportFailure(sup.error());
   }
 
-  auto watcher = std::make_unique<InterruptWatcher>(signal_fd.get());
+  auto watcher = std::make_unique<InterruptWatcher>((*sup)->signal_fd.get());
   auto store = OpenStoreFromFlag(flags.store_url);
   if (!store.ok()) {
     return ReportFailure(store.error());
+  }
+  // Serves /metrics from before the wait until the command has ended and the lease is released.
+  auto metrics_server = MetricsServer::Start(flags.observability.metrics_addr, (*store)->metrics());
+  if (!metrics_server.ok()) {
+    return ReportFailure(metrics_server.error());
+  }
+  if (*metrics_server != nullptr) {
+    Info(fmt::format("serving metrics at http://{}/metrics (port {})",
+                     flags.observability.metrics_addr, (*metrics_server)->port()));
   }
   if (watcher->signal() != 0) {
     Error(fmt::format("interrupted before acquiring {}", flags.key));
     return kExitInterrupted;
   }
 
-  const int wake_fd = event_fd.get();
-  LeaseOptions options{
-      .ttl = settings->ttl,
-      .renew_interval = settings->renew_interval,
-      .drift = std::nullopt,  // the library's default; ParseSettings assumes it
-      .wait = kWaitForever,   // used only by Acquire, set below
-      .holder = flags.holder,
-      .on_lost = [wake_fd](const Status&) { Poke(wake_fd); },
-      .on_state_change = [wake_fd](LeaseState, const Status&) { Poke(wake_fd); },
-  };
+  LeaseOptions options = SupervisedLeaseOptions(*settings, **sup);
+  options.holder = flags.holder;
   Result<Lease> lease = (*store)->TryAcquire(flags.key, options);
   bool waited = false;
   if (!lease.ok() && lease.error().code() == StatusCode::kHeldByAnother &&
@@ -449,49 +463,112 @@ int RunCommand(const RunFlags& flags) {
     return ReportFailure(lease.error());
   }
 
-  Info(fmt::format("acquired {} (fencing token {}, token {}..., ttl {}, renew every {})",
-                   lease->key(), lease->fencing_token(), lease->token_prefix(),
-                   FormatDuration(lease->ttl()), FormatDuration(lease->renew_interval())));
+  // The acquisition was logged by the library ("acquired key=... fencing_token=... token=...").
 
   // Everything the child needs is allocated here, before fork().
   std::vector<std::string> env =
       BuildChildEnvironment({"LEASEHOLD_KEY", "LEASEHOLD_FENCING_TOKEN"},
                             {"LEASEHOLD_KEY=" + lease->key(),
                              fmt::format("LEASEHOLD_FENCING_TOKEN={}", lease->fencing_token())});
-  ChildProcess child(flags.command, std::move(env));
-  if (int err = child.Start(saved_mask); err != 0) {
-    Status released = lease->Release();
-    Error(fmt::format("cannot run '{}': {}{}", flags.command.front(), std::strerror(err),
-                      released.ok() ? "" : "; release failed: " + Describe(released)));
-    return err == ENOENT ? kExitCommandNotFound : kExitCannotExecute;
-  }
-  Info(fmt::format("started the command (pid {})", child.pid()));
+  return RunUnderLease(
+             *lease, [&lease] { return lease->Release(); }, flags.command, std::move(env),
+             settings->kill_grace, **sup, "lease " + flags.key, TermOnRisk(flags.observability))
+      .exit_code;
+}
 
-  Supervisor supervisor(
-      *lease, child, settings->kill_grace,
-      {.signal_fd = signal_fd.get(), .event_fd = event_fd.get(), .timer_fd = timer_fd.get()});
-  supervisor.Run();
-
-  const int child_code = child.ShellExitCode();
-  if (supervisor.lost() || supervisor.stopped_for_lease() || lease->state() == LeaseState::kLost) {
-    Status reason = lease->lost_reason();
-    // Release now rather than in ~Lease: it deletes the grant if the lease was only at risk, and
-    // the destructor's best-effort release would log a lost lease as a failure.
-    (void)lease->Release();
-    Error(fmt::format("lease {} lost{}; the command was stopped ({})", flags.key,
-                      reason.ok() ? std::string() : ": " + Describe(reason), child.DescribeExit()));
-    return kExitLeaseLost;
+int ElectCommand(const ElectFlags& flags) {
+  const RunFlags& run = flags.run;
+  SetLogFormat(run.observability.log_format == "json" ? LogFormat::kJson : LogFormat::kText);
+  if (run.command.empty()) {
+    return ReportFailure(Status::InvalidArgument("elect: missing COMMAND after NAME --"));
   }
-  Info(fmt::format("the command (pid {}) {}", child.pid(), child.DescribeExit()));
-  if (Status released = lease->Release(); !released.ok()) {
-    Error(fmt::format("release of {} failed: {}", flags.key, Describe(released)));
-    if (released.code() == StatusCode::kLost) {
-      return kExitLeaseLost;
+  Result<RunSettings> settings = ParseSettings(run);
+  if (!settings.ok()) {
+    return ReportFailure(settings.error());
+  }
+  const std::string id = run.holder.empty() ? DefaultCandidateId() : run.holder;
+  auto sup = BlockSignals();
+  if (!sup.ok()) {
+    return ReportFailure(sup.error());
+  }
+  auto watcher = std::make_unique<InterruptWatcher>((*sup)->signal_fd.get());
+  auto store = OpenStoreFromFlag(run.store_url);
+  if (!store.ok()) {
+    return ReportFailure(store.error());
+  }
+  // Serves /metrics across every term, until elect exits.
+  auto metrics_server = MetricsServer::Start(run.observability.metrics_addr, (*store)->metrics());
+  if (!metrics_server.ok()) {
+    return ReportFailure(metrics_server.error());
+  }
+  if (*metrics_server != nullptr) {
+    Info(fmt::format("serving metrics at http://{}/metrics (port {})",
+                     run.observability.metrics_addr, (*metrics_server)->port()));
+  }
+  const Duration wait = settings->wait.value_or(kWaitForever);
+  Election election(
+      **store, flags.name, id,
+      {.lease = SupervisedLeaseOptions(*settings, **sup),
+       .on_event = [&](ElectionEvent event, const LeaderInfo& leader, const Status&) {
+         // Runs on this thread for kNotElected; the supervisor reports a loss itself.
+         if (event == ElectionEvent::kNotElected) {
+           Info(fmt::format("not elected: {} is led by {} (term {}); {}", flags.name,
+                            leader.id.empty() ? std::string("another") : leader.id, leader.term,
+                            wait == Duration::zero() ? std::string("giving up")
+                            : wait == kWaitForever   ? std::string("waiting")
+                                                     : "waiting up to " + FormatDuration(wait)));
+         }
+       }});
+  int exit_code = 0;
+  for (;;) {
+    if (watcher == nullptr) {
+      watcher = std::make_unique<InterruptWatcher>((*sup)->signal_fd.get());
     }
-  } else {
-    Info(fmt::format("released {}", flags.key));
+    Result<Leadership> leadership = Status::Cancelled("interrupted");
+    if (watcher->signal() == 0) {
+      leadership = election.Campaign(wait, watcher->token());
+    }
+    watcher->Stop();
+    const int interrupted_by = watcher->signal();
+    watcher.reset();
+    if (interrupted_by != 0) {
+      if (leadership.ok()) {
+        (void)leadership->Resign();
+      }
+      Error(fmt::format("interrupted by {} while campaigning in {}", SignalName(interrupted_by),
+                        flags.name));
+      return kExitInterrupted;
+    }
+    if (!leadership.ok()) {
+      const StatusCode code = leadership.error().code();
+      if (code == StatusCode::kHeldByAnother || code == StatusCode::kDeadlineExceeded) {
+        Error(fmt::format("not elected in {}: {}", flags.name, Describe(leadership.error())));
+        return kExitHeldByAnother;
+      }
+      return ReportFailure(leadership.error());
+    }
+    const Lease& lease = leadership->lease();
+    Info(fmt::format("elected leader of {} as {} (term {}, ttl {}, renew every {})", flags.name, id,
+                     leadership->term(), FormatDuration(lease.ttl()),
+                     FormatDuration(lease.renew_interval())));
+    std::vector<std::string> env = BuildChildEnvironment(
+        {"LEASEHOLD_KEY", "LEASEHOLD_FENCING_TOKEN", "LEASEHOLD_ELECTION", "LEASEHOLD_TERM",
+         "LEASEHOLD_LEADER_ID"},
+        {"LEASEHOLD_KEY=" + lease.key(),
+         fmt::format("LEASEHOLD_FENCING_TOKEN={}", leadership->term()),
+         "LEASEHOLD_ELECTION=" + flags.name, fmt::format("LEASEHOLD_TERM={}", leadership->term()),
+         "LEASEHOLD_LEADER_ID=" + id});
+    ChildOutcome outcome = RunUnderLease(
+        lease, [&leadership] { return leadership->Resign(); }, run.command, std::move(env),
+        settings->kill_grace, **sup, "leadership of " + flags.name,
+        TermOnRisk(run.observability));
+    exit_code = outcome.exit_code;
+    if (!flags.again || outcome.interrupted) {
+      return exit_code;
+    }
+    Info(fmt::format("campaigning again in {} (--again; the command ended: exit {})", flags.name,
+                     exit_code));
   }
-  return child_code;
 }
 
 }  // namespace leasehold::cli

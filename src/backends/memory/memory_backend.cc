@@ -43,7 +43,7 @@ class MemoryTable {
     auto it = grants_.find(request.key);
     if (it == grants_.end() || it->second.token != request.owner_token ||
         it->second.expires <= now) {
-      return Status::Lost(LostReasonLocked(request.key, request.owner_token, now));
+      return LostLocked(request.key, request.owner_token, now);
     }
     it->second.expires = now + request.ttl;
     it->second.ttl = request.ttl;
@@ -57,7 +57,7 @@ class MemoryTable {
       SteadyTime now = clock_.Now();
       auto it = grants_.find(key);
       if (it == grants_.end() || it->second.token != token) {
-        return Status::Lost(LostReasonLocked(key, token, now));
+        return LostLocked(key, token, now);
       }
       if (it->second.expires <= now) {
         result = Status::Lost(fmt::format("lease {} was lost or stolen: it expired", key));
@@ -155,19 +155,22 @@ class MemoryTable {
                      std::chrono::duration_cast<std::chrono::milliseconds>(e.ttl)};
   }
 
-  std::string LostReasonLocked(std::string_view key, std::string_view token, SteadyTime now)
+  Status LostLocked(std::string_view key, std::string_view token, SteadyTime now)
       LH_REQUIRES(mu_) {
     auto it = grants_.find(key);
     if (it != grants_.end() && it->second.token != token && it->second.expires > now) {
-      return fmt::format("lease {} was lost or stolen: taken over by {}", key, it->second.holder);
+      return Status::Lost(
+          fmt::format("lease {} was lost or stolen: taken over by {}", key, it->second.holder),
+          LostCause::kStolen);
     }
     if (it != grants_.end() && it->second.token == token) {
-      return fmt::format("lease {} was lost or stolen: it expired", key);
+      return Status::Lost(fmt::format("lease {} was lost or stolen: it expired", key));
     }
     if (forced_.contains(key)) {
-      return fmt::format("lease {} was lost or stolen: released by force or expired", key);
+      return Status::Lost(
+          fmt::format("lease {} was lost or stolen: released by force or expired", key));
     }
-    return fmt::format("lease {} was lost or stolen: expired or released", key);
+    return Status::Lost(fmt::format("lease {} was lost or stolen: expired or released", key));
   }
 
   void WakeLocked(std::string_view key) LH_REQUIRES(mu_) {

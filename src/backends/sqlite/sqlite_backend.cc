@@ -947,7 +947,8 @@ Status SqliteBackend::LostStatusLocked(std::string_view key, std::string_view ow
         key));
   }
   if (any.Text(0) != owner_token) {
-    return Status::Lost(fmt::format("lease {} was lost: taken over by another owner", key));
+    return Status::Lost(fmt::format("lease {} was lost: taken over by another owner", key),
+                        LostCause::kStolen);
   }
   if (any.Text(1) != boot_id_) {
     return Status::Lost(

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <mutex>
 #include <numeric>
@@ -23,9 +24,13 @@
 
 #include "backends/registry.h"
 #include "core/url.h"
+#include "leasehold/election.h"
 #include "leasehold/store.h"
 #if LEASEHOLD_WITH_REDIS
 #include "testing/redis_server.h"
+#endif
+#if LEASEHOLD_WITH_POSTGRES
+#include "testing/postgres_server.h"
 #endif
 
 extern char** environ;
@@ -78,6 +83,52 @@ std::vector<BackendFactory> Factories() {
   factories.push_back({"redis", [redis_url](const std::string&) { return redis_url(""); }});
   factories.push_back(
       {"redis_fair", [redis_url](const std::string&) { return redis_url("&fair=true"); }});
+#endif
+#if LEASEHOLD_WITH_POSTGRES
+  // One PostgreSQL (and one PgBouncer in transaction pooling in front of it) per test process,
+  // started on first use in temporary directories on free loopback ports and stopped by PID at
+  // exit; each store gets its own schema, so every test starts empty.
+  struct PostgresFixtures {
+    std::unique_ptr<testing::PostgresServer> server;
+    std::unique_ptr<testing::PgBouncer> bouncer;
+  };
+  static PostgresFixtures* postgres = nullptr;
+  auto postgres_url = [](bool through_bouncer, std::string_view mode) {
+    if (postgres == nullptr) {
+      postgres = new PostgresFixtures();
+      std::atexit([] { delete postgres; });
+      auto server = testing::PostgresServer::Start();
+      if (server.ok()) {
+        postgres->server = std::move(server).value();
+        auto bouncer = testing::PgBouncer::Start(*postgres->server);
+        if (bouncer.ok()) {
+          postgres->bouncer = std::move(bouncer).value();
+        } else {
+          std::fprintf(stderr, "%s\n", bouncer.status().ToString().c_str());
+        }
+      } else {  // every test then fails to open the store
+        std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
+      }
+    }
+    static std::atomic<int> n{0};
+    std::string base = "postgres://postgres@127.0.0.1:1/postgres";
+    if (through_bouncer && postgres->bouncer != nullptr) {
+      base = postgres->bouncer->Url();
+    } else if (!through_bouncer && postgres->server != nullptr) {
+      base = postgres->server->Url();
+    }
+    return fmt::format("{}?mode={}&schema=conformance_{}_{}&connect_timeout=3", base, mode,
+                       getpid(), ++n);
+  };
+  factories.push_back({"postgres_advisory", [postgres_url](const std::string&) {
+                         return postgres_url(false, "advisory");
+                       }});
+  factories.push_back({"postgres_table", [postgres_url](const std::string&) {
+                         return postgres_url(false, "table");
+                       }});
+  factories.push_back({"postgres_table_pgbouncer", [postgres_url](const std::string&) {
+                         return postgres_url(true, "table");
+                       }});
 #endif
   return factories;
 }
@@ -464,6 +515,216 @@ TEST_P(ConformanceTest, FairStoresGrantWaitersInQueueOrderAndReleasersCannotBarg
   std::vector<int> expected(kWaiters);
   std::iota(expected.begin(), expected.end(), 0);
   EXPECT_EQ(order, expected) << "waiters were not granted the key in the order they queued";
+}
+
+// Election (leasehold/election.h): a recipe over Store and Lease, so every store gets it through
+// this suite. Waits below are on real signals (a condition variable fed by callbacks), each
+// bounded so that a broken store fails the test instead of hanging it.
+class ElectionEvents {
+ public:
+  void Add(std::optional<LeaderInfo> leader) {
+    std::lock_guard<std::mutex> lock(mu_);
+    seen_.push_back(std::move(leader));
+    cv_.notify_all();
+  }
+
+  // Waits until `pred(seen)` holds; false after 10 s.
+  template <typename Pred>
+  bool WaitFor(Pred pred) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, 10s, [&] { return pred(seen_); });
+  }
+
+  std::vector<std::optional<LeaderInfo>> seen() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::optional<LeaderInfo>> seen_;
+};
+
+TEST_P(ConformanceTest, ElectionHasOneLeaderAtATime) {
+  constexpr int kCandidates = 3;
+  constexpr int kTerms = 12;
+  std::vector<std::unique_ptr<Store>> handles;
+  for (int i = 0; i < kCandidates; ++i) {
+    handles.push_back(OpenHandle());
+  }
+  std::mutex mu;
+  int leading = 0;
+  int most_leading = 0;
+  std::vector<FencingToken> terms;
+  std::stop_source stop;
+  std::vector<Status> results(kCandidates);
+  std::vector<std::jthread> candidates;
+  for (int i = 0; i < kCandidates; ++i) {
+    candidates.emplace_back([&, i] {
+      Election election(*handles[i], "svc", fmt::format("candidate-{}", i),
+                        {.lease = {.ttl = 5s}});
+      results[i] = election.CampaignLoop(
+          [&](Leadership& leadership) {
+            EXPECT_TRUE(leadership.valid());
+            {
+              std::lock_guard<std::mutex> lock(mu);
+              ++leading;
+              most_leading = std::max(most_leading, leading);
+              terms.push_back(leadership.term());
+            }
+            // While we lead, the store names us, and a rival's campaign without wait fails.
+            auto leader = election.Leader();
+            EXPECT_TRUE(leader.ok() && leader->has_value()) << leader.status().ToString();
+            if (leader.ok() && leader->has_value()) {
+              EXPECT_EQ((*leader)->id, election.candidate_id());
+              EXPECT_EQ((*leader)->term, leadership.term());
+            }
+            Election rival(*handles[(i + 1) % kCandidates], "svc", "rival");
+            EXPECT_EQ(rival.Campaign(0s).status().code(), StatusCode::kHeldByAnother);
+            {
+              std::lock_guard<std::mutex> lock(mu);
+              --leading;
+              if (terms.size() >= static_cast<std::size_t>(kTerms)) {
+                stop.request_stop();
+              }
+            }
+            return Status();
+          },
+          stop.get_token());
+    });
+  }
+  candidates.clear();  // joins; every loop ends once kTerms terms were led
+  for (const Status& r : results) {
+    EXPECT_TRUE(r.ok()) << r.ToString();
+  }
+  EXPECT_EQ(most_leading, 1) << "two candidates led at once";
+  ASSERT_GE(terms.size(), static_cast<std::size_t>(kTerms));
+  for (std::size_t i = 1; i < terms.size(); ++i) {
+    EXPECT_GT(terms[i], terms[i - 1]) << "terms must strictly increase, leader after leader";
+  }
+}
+
+TEST_P(ConformanceTest, ElectionObserveSeesEveryChangeInOrder) {
+  auto watcher_handle = OpenHandle();
+  Election watcher(*watcher_handle, "svc", "watcher");
+  ElectionEvents events;
+  Status observed = Status::Internal("not run");
+  std::stop_source stop_observing;
+  std::jthread observer([&] {
+    observed = watcher.Observe([&](const std::optional<LeaderInfo>& l) { events.Add(l); },
+                               stop_observing.get_token());
+  });
+  ASSERT_TRUE(events.WaitFor([](const auto& seen) { return !seen.empty(); }));
+  EXPECT_FALSE(events.seen().front().has_value()) << "first report: no leader yet";
+
+  // Three leaders one after the other; each change is made only once the previous one was
+  // reported, so a correct observer sees every one of them.
+  std::vector<std::unique_ptr<Store>> handles;
+  std::vector<FencingToken> terms;
+  for (int i = 0; i < 3; ++i) {
+    handles.push_back(OpenHandle());
+    Election candidate(*handles.back(), "svc", fmt::format("leader-{}", i));
+    auto leadership = candidate.Campaign(5s);
+    ASSERT_TRUE(leadership.ok()) << leadership.status().ToString();
+    terms.push_back(leadership->term());
+    const FencingToken term = leadership->term();
+    ASSERT_TRUE(events.WaitFor([&](const auto& seen) {
+      return seen.back().has_value() && seen.back()->term == term;
+    })) << "observer missed leader-" << i;
+    ASSERT_TRUE(leadership->Resign().ok());
+    ASSERT_TRUE(events.WaitFor([](const auto& seen) { return !seen.back().has_value(); }))
+        << "observer missed the vacancy after leader-" << i << " resigned";
+  }
+  stop_observing.request_stop();
+  observer.join();
+  EXPECT_TRUE(observed.ok()) << observed.ToString();
+
+  std::vector<std::optional<LeaderInfo>> seen = events.seen();
+  ASSERT_EQ(seen.size(), 7u) << "none, then (leader, none) three times: nothing twice";
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto& leader = seen[1 + 2 * i];
+    ASSERT_TRUE(leader.has_value());
+    EXPECT_EQ(leader->id, fmt::format("leader-{}", i));
+    EXPECT_EQ(leader->term, terms[i]);
+    EXPECT_FALSE(seen[2 + 2 * i].has_value());
+  }
+  EXPECT_LT(terms[0], terms[1]);
+  EXPECT_LT(terms[1], terms[2]);
+}
+
+TEST_P(ConformanceTest, ElectionResignHandsOverAtOnce) {
+  auto a_handle = OpenHandle();
+  auto b_handle = OpenHandle();
+  // A long TTL: if the hand-over waited for expiry, B's 10 s campaign would run out first.
+  Election a(*a_handle, "svc", "a", {.lease = {.ttl = 60s}});
+  auto leading = a.Campaign(0s);
+  ASSERT_TRUE(leading.ok()) << leading.status().ToString();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool b_waiting = false;
+  LeaderInfo b_saw;
+  Election b(*b_handle, "svc", "b",
+             {.lease = {.ttl = 60s},
+              .on_event = [&](ElectionEvent event, const LeaderInfo& leader, const Status&) {
+                if (event == ElectionEvent::kNotElected) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  b_waiting = true;
+                  b_saw = leader;
+                  cv.notify_all();
+                }
+              }});
+  Result<Leadership> b_leads = Status::Internal("not run");
+  std::jthread campaign([&] { b_leads = b.Campaign(10s); });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return b_waiting; }));
+  }
+  EXPECT_EQ(b_saw.id, "a");
+  EXPECT_EQ(b_saw.term, leading->term());
+  ASSERT_TRUE(leading->Resign().ok());
+  EXPECT_FALSE(leading->valid());
+  EXPECT_TRUE(leading->Resign().ok()) << "resigning twice is harmless";
+  campaign.join();
+  ASSERT_TRUE(b_leads.ok()) << b_leads.status().ToString();
+  EXPECT_GT(b_leads->term(), leading->term());
+  auto leader = a.Leader();
+  ASSERT_TRUE(leader.ok() && leader->has_value());
+  EXPECT_EQ((*leader)->id, "b");
+  EXPECT_EQ((*leader)->term, b_leads->term());
+}
+
+TEST_P(ConformanceTest, ElectionReportsLostLeadership) {
+  auto handle = OpenHandle();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<ElectionEvent> events;
+  FencingToken lost_term = 0;
+  Election election(*handle, "svc", "a",
+                    {.lease = {.ttl = 1s},
+                     .on_event = [&](ElectionEvent event, const LeaderInfo& leader,
+                                     const Status& reason) {
+                       std::lock_guard<std::mutex> lock(mu);
+                       events.push_back(event);
+                       if (event == ElectionEvent::kLostLeadership) {
+                         lost_term = leader.term;
+                         EXPECT_FALSE(reason.ok());
+                       }
+                       cv.notify_all();
+                     }});
+  auto leadership = election.Campaign(0s);
+  ASSERT_TRUE(leadership.ok()) << leadership.status().ToString();
+  ASSERT_TRUE(handle->ForceRelease(Election::KeyFor("svc")).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return events.size() == 2; }));
+    EXPECT_EQ(events[0], ElectionEvent::kElected);
+    EXPECT_EQ(events[1], ElectionEvent::kLostLeadership);
+    EXPECT_EQ(lost_term, leadership->term());
+  }
+  EXPECT_TRUE(leadership->lost_token().stop_requested());
+  EXPECT_EQ(leadership->Resign().code(), StatusCode::kLost);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, ConformanceTest, ::testing::ValuesIn(Factories()),

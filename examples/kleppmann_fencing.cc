@@ -1,0 +1,290 @@
+// kleppmann_fencing: the scenario from Martin Kleppmann's "How to do distributed locking"
+// (2016), run for real, and the fencing token stopping it.
+//
+//   1. Client A acquires the lease and checks that it is valid.
+//   2. A is paused right before its write (here: SIGSTOP; in life: a GC pause, a VM freeze).
+//      Its heartbeat is paused with it, so the lease expires.
+//   3. Client B acquires the lease (a higher fencing token) and writes.
+//   4. A resumes and writes, still believing it holds the lease.
+//   5. The storage layer rejects A's write: its token is lower than one it has already seen.
+//
+// Two storage layers enforce the rule (leasehold/fencing.h): a local directory
+// (FencedDirectory) and a SQLite table with a lock_version column (BuildFencedUpsert). A
+// PostgreSQL table works the same way with SqlDialect::kPostgres and PQexecParams.
+// TODO(#8): add a PostgresLedger next to SqliteLedger once the postgres backend (and libpq in
+// the build) lands, selected by a third argument "postgresql://...".
+//
+//   kleppmann_fencing STORE_URL SCRATCH_DIR
+//
+// STORE_URL must be shared by two processes (sqlite://, redis://, postgres://...; not memory://).
+// Exits 0 if A's stale write was rejected by both storage layers and B's writes stand.
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include <sys/wait.h>
+
+#include "leasehold/leasehold.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using leasehold::FencingToken;
+using leasehold::Status;
+
+constexpr char kKey[] = "example:kleppmann";
+constexpr auto kTtl = 1s;
+
+// The SQL storage layer: one row per record, guarded by lock_version.
+class SqliteLedger {
+ public:
+  explicit SqliteLedger(const std::string& path) {
+    if (sqlite3_open(path.c_str(), &db_) != SQLITE_OK) {
+      std::fprintf(stderr, "sqlite3_open %s failed\n", path.c_str());
+      std::exit(70);
+    }
+    sqlite3_busy_timeout(db_, 5000);
+    Exec(
+        "CREATE TABLE IF NOT EXISTS ledger (id TEXT PRIMARY KEY, value TEXT NOT NULL, "
+        "lock_version INTEGER NOT NULL DEFAULT 0)");
+  }
+
+  SqliteLedger(const SqliteLedger&) = delete;
+  SqliteLedger& operator=(const SqliteLedger&) = delete;
+  SqliteLedger(SqliteLedger&&) = delete;
+  SqliteLedger& operator=(SqliteLedger&&) = delete;
+
+  ~SqliteLedger() { sqlite3_close(db_); }
+
+  // Writes `value` under `token`; kLost ("fenced out") if a higher token was stored first.
+  Status Write(const std::string& id, const std::string& value, FencingToken token) {
+    auto stmt = leasehold::BuildFencedUpsert({.table = "ledger",
+                                              .id = id,
+                                              .set = {{"value", value}},
+                                              .token = token,
+                                              .dialect = leasehold::SqlDialect::kSqlite});
+    if (!stmt.ok()) {
+      return stmt.status();
+    }
+    sqlite3_stmt* s = nullptr;
+    if (sqlite3_prepare_v2(db_, stmt->text.c_str(), -1, &s, nullptr) != SQLITE_OK) {
+      return Status::Internal(sqlite3_errmsg(db_));
+    }
+    for (std::size_t i = 0; i < stmt->params.size(); ++i) {
+      sqlite3_bind_text(s, static_cast<int>(i + 1), stmt->params[i].c_str(), -1, SQLITE_TRANSIENT);
+    }
+    const int rc = sqlite3_step(s);
+    sqlite3_finalize(s);
+    if (rc != SQLITE_DONE) {
+      return Status::Unavailable(sqlite3_errmsg(db_));
+    }
+    return leasehold::CheckFencedRows(sqlite3_changes(db_), token);
+  }
+
+  std::string Read(const std::string& id) {
+    sqlite3_stmt* s = nullptr;
+    sqlite3_prepare_v2(db_,
+                       "SELECT value || ' (lock_version ' || lock_version || ')' FROM ledger "
+                       "WHERE id = ?1",
+                       -1, &s, nullptr);
+    sqlite3_bind_text(s, 1, id.c_str(), -1, SQLITE_TRANSIENT);
+    std::string out = sqlite3_step(s) == SQLITE_ROW
+                          ? reinterpret_cast<const char*>(sqlite3_column_text(s, 0))
+                          : "(missing)";
+    sqlite3_finalize(s);
+    return out;
+  }
+
+ private:
+  void Exec(const char* sql) {
+    if (sqlite3_exec(db_, sql, nullptr, nullptr, nullptr) != SQLITE_OK) {
+      std::fprintf(stderr, "%s: %s\n", sql, sqlite3_errmsg(db_));
+      std::exit(70);
+    }
+  }
+
+  sqlite3* db_ = nullptr;
+};
+
+struct Outcome {
+  bool dir_ok = false;
+  bool sql_ok = false;
+};
+
+// Writes one value to both storage layers and prints what each said.
+Outcome WriteBoth(const char* who, const std::string& dir, FencingToken token) {
+  const std::string value = std::string("written by ") + who;
+  Status d = leasehold::FencedDirectory(dir).Write("report", value, token);
+  Status s = SqliteLedger(dir + "/ledger.db").Write("report", value, token);
+  std::printf("%s writes with fencing token %llu:\n  directory: %s\n  sqlite:    %s\n", who,
+              static_cast<unsigned long long>(token), d.ok() ? "accepted" : d.ToString().c_str(),
+              s.ok() ? "accepted" : s.ToString().c_str());
+  std::fflush(stdout);
+  return {d.ok(), s.ok()};
+}
+
+void WriteByte(int fd, char c) {
+  while (::write(fd, &c, 1) < 0 && errno == EINTR) {
+  }
+}
+
+bool ReadExact(int fd, void* buf, std::size_t n) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) {
+      continue;
+    }
+    if (r <= 0) {
+      return false;
+    }
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+// Client A, in its own process. Exit codes: 0 its write was rejected (as it must be), 1 it was
+// accepted (fencing failed), 2 setup failed.
+int ClientA(const std::string& url, const std::string& dir, int to_parent, int from_parent) {
+  auto store = leasehold::Store::Open(url);
+  if (!store.ok()) {
+    std::fprintf(stderr, "A: %s\n", store.status().ToString().c_str());
+    return 2;
+  }
+  auto lease = (*store)->TryAcquire(kKey, {.ttl = kTtl, .holder = "client-A"});
+  if (!lease.ok() || !lease->valid()) {
+    std::fprintf(stderr, "A: %s\n", lease.status().ToString().c_str());
+    return 2;
+  }
+  // A checked its lease: it is valid. From here A believes it may write...
+  FencingToken token = lease->fencing_token();
+  if (::write(to_parent, &token, sizeof token) != sizeof token) {
+    return 2;
+  }
+  // ...and is paused exactly here, between the check and the write (the parent SIGSTOPs us
+  // while we wait for its go-ahead; the blocking read only fixes *where* the pause lands).
+  char go = 0;
+  if (!ReadExact(from_parent, &go, 1)) {
+    return 2;
+  }
+  // Resumed. A naive client writes now. (A careful one would check lease->valid() again and
+  // find it false; but the pause could just as well strike after that check, so only the
+  // storage layer can make the write safe.)
+  Outcome a = WriteBoth("client A (stale)", dir, token);
+  return a.dir_ok || a.sql_ok ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: kleppmann_fencing STORE_URL SCRATCH_DIR\n");
+    return 64;
+  }
+  const std::string url = argv[1];
+  const std::string dir = argv[2];
+  if (url.rfind("memory:", 0) == 0) {
+    std::fprintf(stderr, "kleppmann_fencing needs a store shared by two processes\n");
+    return 64;
+  }
+  int a_to_parent[2];
+  int parent_to_a[2];
+  if (::pipe(a_to_parent) != 0 || ::pipe(parent_to_a) != 0) {
+    return 70;
+  }
+  std::fflush(stdout);
+  // Fork before opening any store in this process: the child starts with one thread.
+  const pid_t a = ::fork();
+  if (a < 0) {
+    return 70;
+  }
+  if (a == 0) {
+    ::close(a_to_parent[0]);
+    ::close(parent_to_a[1]);
+    ::_exit(ClientA(url, dir, a_to_parent[1], parent_to_a[0]));
+  }
+  ::close(a_to_parent[1]);
+  ::close(parent_to_a[0]);
+  auto reap_a = [a] {
+    int status = 0;
+    ::waitpid(a, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  };
+
+  FencingToken a_token = 0;
+  if (!ReadExact(a_to_parent[0], &a_token, sizeof a_token)) {
+    std::fprintf(stderr, "client A failed to acquire the lease\n");
+    return reap_a() == 0 ? 70 : 69;
+  }
+  std::printf("client A acquired %s with fencing token %llu (ttl %lld ms) and checked it\n", kKey,
+              static_cast<unsigned long long>(a_token),
+              static_cast<long long>(std::chrono::milliseconds(kTtl).count()));
+  ::kill(a, SIGSTOP);
+  std::printf("client A paused (SIGSTOP) right before its write; its heartbeat stops too\n");
+  std::fflush(stdout);
+
+  int rc = 0;
+  {
+    auto store = leasehold::Store::Open(url);
+    if (!store.ok()) {
+      std::fprintf(stderr, "B: %s\n", store.status().ToString().c_str());
+      ::kill(a, SIGKILL);
+      reap_a();
+      return 69;
+    }
+    // B waits for the key: it frees itself when A's unrenewed grant expires.
+    auto t0 = std::chrono::steady_clock::now();
+    auto lease = (*store)->Acquire(kKey, {.ttl = 10s, .wait = 30s, .holder = "client-B"});
+    if (!lease.ok()) {
+      std::fprintf(stderr, "B: %s\n", lease.status().ToString().c_str());
+      ::kill(a, SIGKILL);
+      reap_a();
+      return 69;
+    }
+    std::printf("client B acquired %s with fencing token %llu after waiting %lld ms\n", kKey,
+                static_cast<unsigned long long>(lease->fencing_token()),
+                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::steady_clock::now() - t0)
+                                           .count()));
+    Outcome b = WriteBoth("client B", dir, lease->fencing_token());
+    if (!b.dir_ok || !b.sql_ok) {
+      rc = 1;
+    }
+
+    ::kill(a, SIGCONT);
+    WriteByte(parent_to_a[1], 'g');
+    std::printf("client A resumed\n");
+    std::fflush(stdout);
+    const int a_rc = reap_a();
+    if (a_rc != 0) {
+      std::printf("FAIL: client A's stale write was %s\n",
+                  a_rc == 1 ? "accepted" : "not attempted");
+      rc = 1;
+    }
+    (void)lease->Release();
+  }
+  std::string file;
+  if (FILE* f = std::fopen((dir + "/report").c_str(), "r")) {
+    char buf[256] = {};
+    file = std::string(buf, std::fread(buf, 1, sizeof buf - 1, f));
+    std::fclose(f);
+  }
+  auto highest = leasehold::FencedDirectory(dir).HighestToken("report");
+  std::printf("final: directory holds \"%s\" (highest token %llu); sqlite holds \"%s\"\n",
+              file.c_str(), static_cast<unsigned long long>(highest.value_or(0)),
+              SqliteLedger(dir + "/ledger.db").Read("report").c_str());
+  if (file != "written by client B") {
+    rc = 1;
+  }
+  std::printf(rc == 0 ? "OK: the storage layers rejected the stale write\n" : "FAIL\n");
+  return rc;
+}

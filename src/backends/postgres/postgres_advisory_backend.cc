@@ -1,0 +1,851 @@
+// File: backends/postgres/postgres_advisory_backend.cc (internal)
+//
+// PostgresAdvisoryBackend: mode=advisory (see postgres_backend.h for the design).
+//
+// Invariants:
+// - held_ has at most one grant per key, across all sessions: the guard against advisory locks'
+//   per-session re-entrancy. It is checked while holding the primary session's mutex, and every
+//   plain try-acquire goes through that session, so two threads of one handle cannot both get
+//   the same key.
+// - Lock order: a session's mu, then the backend's mu_. mu_ is never held across a round trip.
+// - A session whose connection broke is lost for good: its leases move to lost_reasons_ at once
+//   (the server frees its locks when it notices, within the limits set on the session).
+// - The local expiry of a grant is taken after the reply of its acquire or renew, so it is never
+//   earlier than the holder's safe_until (read before the request): unlocking a grant whose
+//   holder stopped renewing, at that expiry, can never cut a holder's safe window short.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "backends/postgres/postgres_backend.h"
+#include "backends/postgres/postgres_sql.h"
+#include "backends/postgres/postgres_util.h"
+#include "core/duration.h"
+#include "core/logging.h"
+
+namespace leasehold::internal {
+
+namespace sql = postgres_sql;
+
+namespace {
+
+using std::chrono::milliseconds;
+
+// lock_timeout of a wait in the server's queue: the backstop for a wait nobody abandons. A wait
+// that reaches it re-queues at the back on its next WaitForTurn.
+constexpr long long kWaitBackstopMs = 60'000;
+// After AbandonWait's cancel, how long the wait has to end before its session is dropped.
+constexpr Duration kAbandonGrace = std::chrono::seconds(2);
+// Idle sessions kept for future waits.
+constexpr std::size_t kMaxIdleSessions = 2;
+// Bound on remembered reasons for lost grants.
+constexpr std::size_t kMaxLostReasons = 1024;
+
+std::atomic<bool> skip_pooler_check_for_testing{false};
+
+// Explains why a session's connection broke, for the kLost message.
+std::string SessionEndReason(const Status& status, std::string_view conn_reason) {
+  std::string_view detail = status.detail();
+  std::string text = std::string(conn_reason.empty() ? status.message() : conn_reason);
+  // libpq's text runs over several lines ("server closed the connection unexpectedly..."):
+  // the first one names the cause.
+  text = text.substr(0, text.find('\n'));
+  if (text.starts_with("FATAL:  ")) {
+    text = text.substr(8);
+  }
+  if (detail == kSqlStateAdminShutdown || text.find("administrator command") != std::string::npos) {
+    return fmt::format(
+        "the server ended this lease's session ({}): pg_terminate_backend, `leasehold release "
+        "--force` or a server shutdown; advisory locks die with their session",
+        text);
+  }
+  if (detail == kSqlStateIdleSessionTimeout || text.find("idle-session") != std::string::npos) {
+    return fmt::format(
+        "the server closed this lease's session after idle_session_timeout: no renewal reached "
+        "it within the ttl ({})",
+        text);
+  }
+  return fmt::format("the connection holding this lease's session failed ({}); advisory locks "
+                     "die with their session",
+                     text);
+}
+
+std::string Fill(std::string_view text, std::string_view name, long long value) {
+  std::string out(text);
+  std::size_t at = out.find(name);
+  if (at != std::string::npos) {
+    out.replace(at, name.size(), std::to_string(value));
+  }
+  return out;
+}
+
+std::string UnlockStatement(std::int64_t lock_id) {
+  return Fill(sql::kAdvisoryUnlock, "{lock_id}", lock_id);
+}
+
+std::string WaitStatement(std::int64_t lock_id) {
+  return Fill(Fill(sql::kAdvisoryWait, "{timeout_ms}", kWaitBackstopMs), "{lock_id}", lock_id);
+}
+
+}  // namespace
+
+// One server session. Its connection is used under mu; pid and the lost flag are set once.
+struct PostgresAdvisoryBackend::Session {
+  Mutex mu;
+  std::unique_ptr<PgConnection> conn LH_GUARDED_BY(mu);
+  int pid = 0;
+  std::atomic<bool> lost{false};
+};
+
+struct PostgresAdvisoryBackend::Held {
+  std::string key;
+  std::string token;
+  std::string holder;
+  std::shared_ptr<Session> session;
+  std::int64_t lock_id = 0;
+  FencingToken fence = 0;
+  Duration ttl{};
+  // Past this instant, with no renewal, the grant has expired: it is unlocked, never renewed.
+  SteadyTime expires{};
+};
+
+// A waiter of Store::Acquire, queued in the server on its own session. Fields are used by the
+// waiter's own thread under session->mu.
+struct PostgresAdvisoryBackend::Waiting {
+  std::string key;
+  std::int64_t lock_id = 0;
+  std::shared_ptr<Session> session;
+  bool in_flight = false;
+  bool got = false;
+};
+
+namespace {
+
+// The session limits for a largest TTL `t` (see postgres_backend.h): idle_session_timeout (ms),
+// tcp_keepalives_idle (s), tcp_user_timeout (ms).
+struct Limits {
+  std::string idle_ms;
+  std::string keepalive_idle_s;
+  std::string user_timeout_ms;
+};
+
+Limits LimitsFor(Duration t) {
+  long long ms = PgCeilMillis(t);
+  return Limits{std::to_string(ms), std::to_string((ms + 999) / 1000),
+                std::to_string(ms + 1000)};
+}
+
+}  // namespace
+
+Result<std::shared_ptr<PostgresAdvisoryBackend>> PostgresAdvisoryBackend::Open(
+    PostgresOptions options) {
+  std::shared_ptr<PostgresAdvisoryBackend> backend(new PostgresAdvisoryBackend(std::move(options)));
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, backend->NewSession());
+  {
+    MutexLock slock(&session->mu);
+    LH_RETURN_IF_ERROR(EnsureSchema(*session->conn, backend->options_));
+  }
+  MutexLock lock(&backend->mu_);
+  backend->primary_ = std::move(session);
+  return backend;
+}
+
+PostgresAdvisoryBackend::PostgresAdvisoryBackend(PostgresOptions options)
+    : options_(std::move(options)) {}
+
+PostgresAdvisoryBackend::~PostgresAdvisoryBackend() {
+  MutexLock lock(&mu_);
+  held_.clear();
+  waits_.clear();
+  idle_.clear();
+  primary_.reset();
+}
+
+Capabilities PostgresAdvisoryBackend::capabilities() const {
+  return Capabilities{.multi_process = true,
+                      .native_wait = true,
+                      .fencing_survives_restart = true,
+                      .fair_queue = true};
+}
+
+Result<std::shared_ptr<PostgresAdvisoryBackend::Session>> PostgresAdvisoryBackend::NewSession() {
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<PgConnection> conn, PgConnection::Connect(options_));
+  LH_ASSIGN_OR_RETURN(PgResult r, conn->Exec("pg_backend_pid", std::string(sql::kBackendPid), {},
+                                             PgDeadline(options_)));
+  int pid = static_cast<int>(r.GetInt(0, 0));
+  if (pid != conn->startup_pid() && !skip_pooler_check_for_testing) {
+    return Status::InvalidArgument(fmt::format(
+        "postgres at {} is reached through a connection pooler (the backend pid {} sent at "
+        "startup is not the server's pg_backend_pid() {}, as with PgBouncer): mode=advisory "
+        "needs a dedicated server session, because advisory locks belong to the session and a "
+        "pooler hands it to other clients. Use mode=table through poolers, or connect to "
+        "PostgreSQL directly",
+        options_.display, conn->startup_pid(), pid));
+  }
+  auto session = std::make_shared<Session>();
+  MutexLock slock(&session->mu);
+  session->conn = std::move(conn);
+  session->pid = pid;
+  return session;
+}
+
+Result<std::shared_ptr<PostgresAdvisoryBackend::Session>> PostgresAdvisoryBackend::PrimarySession() {
+  {
+    MutexLock lock(&mu_);
+    if (primary_ != nullptr && !primary_->lost) {
+      return primary_;
+    }
+  }
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> fresh, NewSession());
+  MutexLock lock(&mu_);
+  if (primary_ == nullptr || primary_->lost) {
+    primary_ = fresh;
+  }
+  return primary_;
+}
+
+void PostgresAdvisoryBackend::SessionLost(const std::shared_ptr<Session>& session,
+                                          const std::string& reason) {
+  session->lost = true;
+  MutexLock lock(&mu_);
+  if (lost_reasons_.size() > kMaxLostReasons) {
+    lost_reasons_.clear();
+  }
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->second->session == session) {
+      lost_reasons_[it->second->token] = {reason, LostCause::kSessionLost};
+      Log(LogLevel::kWarning, fmt::format("postgres advisory lease lost: key={} fencing_token={}: "
+                                          "{}",
+                                          it->first, it->second->fence, reason));
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = waits_.begin(); it != waits_.end();) {
+    it = it->second->session == session ? waits_.erase(it) : std::next(it);
+  }
+  idle_.erase(std::remove(idle_.begin(), idle_.end(), session), idle_.end());
+  if (primary_ == session) {
+    primary_.reset();
+  }
+}
+
+void PostgresAdvisoryBackend::Recycle(std::shared_ptr<Session> session) {
+  if (session == nullptr || session->lost) {
+    return;
+  }
+  MutexLock lock(&mu_);
+  if (session == primary_) {
+    return;
+  }
+  for (const auto& [key, held] : held_) {
+    if (held->session == session) {
+      return;
+    }
+  }
+  if (idle_.size() < kMaxIdleSessions &&
+      std::find(idle_.begin(), idle_.end(), session) == idle_.end()) {
+    idle_.push_back(std::move(session));
+  }
+}
+
+Status PostgresAdvisoryBackend::LostStatus(std::string_view key, std::string_view owner_token) {
+  MutexLock lock(&mu_);
+  if (auto it = lost_reasons_.find(owner_token); it != lost_reasons_.end()) {
+    return Status::Lost(fmt::format("{} was lost: {}", key, it->second.first), it->second.second);
+  }
+  return Status::Lost(fmt::format(
+      "{} is not held by this owner (released, expired, force-released or never granted)", key));
+}
+
+Result<Grant> PostgresAdvisoryBackend::TryAcquire(const GrantRequest& request) {
+  if (!request.waiter_id.empty()) {
+    std::shared_ptr<Waiting> wait;
+    {
+      MutexLock lock(&mu_);
+      if (auto it = waits_.find(request.waiter_id); it != waits_.end()) {
+        wait = it->second;
+      }
+    }
+    if (wait != nullptr && wait->key == request.key) {
+      return CompleteWaitedGrant(request, std::move(wait));
+    }
+  }
+  const std::int64_t lock_id = AdvisoryLockId(options_.schema, request.key);
+  const std::string statement = PgStatement(sql::kAdvisoryAcquire, options_);
+  for (int attempt = 0;; ++attempt) {
+    LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
+    MutexLock slock(&session->mu);
+    Duration largest = request.ttl;
+    std::shared_ptr<Held> local;
+    {
+      MutexLock lock(&mu_);
+      if (auto it = held_.find(request.key); it != held_.end()) {
+        local = it->second;
+      }
+      for (const auto& [key, held] : held_) {
+        if (held->session == session) {
+          largest = std::max(largest, held->ttl);
+        }
+      }
+    }
+    if (local != nullptr) {
+      // One of our sessions holds the key, and would get it again (advisory locks are
+      // re-entrant): refuse, unless that session has died unnoticed since (an operator's
+      // pg_terminate_backend, say), which one round trip on it tells.
+      if (!SessionAlive(local->session, session)) {
+        continue;
+      }
+      LeaseInfo info;
+      info.key = local->key;
+      info.holder = local->holder;
+      info.token_prefix = local->token.substr(0, 8);
+      info.fencing_token = local->fence;
+      info.ttl = std::chrono::duration_cast<milliseconds>(local->ttl);
+      info.remaining = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(
+                                                     local->expires - BootClock::now()));
+      return PgHeld(request.key, std::move(info));
+    }
+    if (session->lost || session->conn->broken()) {
+      continue;
+    }
+    Limits limits = LimitsFor(largest);
+    Result<PgResult> r = session->conn->Exec(
+        "acquire", statement,
+        {request.key, request.owner_token, request.holder,
+         std::to_string(PgCeilMillis(request.ttl)), std::to_string(lock_id), limits.idle_ms,
+         limits.keepalive_idle_s, limits.user_timeout_ms},
+        PgDeadline(options_));
+    if (!r.ok()) {
+      if (session->conn->broken()) {
+        // The session is gone, and with it any lock this statement may have taken. Its leases
+        // are lost; this new acquire is independent of them and may try once more.
+        SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
+        if (attempt == 0) {
+          continue;
+        }
+        return r.status();
+      }
+      // The lock may have been taken before the statement failed, and it outlives the error.
+      (void)session->conn->Exec("unlock", UnlockStatement(lock_id), {}, PgDeadline(options_));
+      return r.status();
+    }
+    if (r->rows() >= 1 && r->GetBool(0, 0)) {
+      auto held = std::make_shared<Held>();
+      held->key = request.key;
+      held->token = request.owner_token;
+      held->holder = request.holder;
+      held->session = session;
+      held->lock_id = lock_id;
+      held->fence = static_cast<FencingToken>(r->GetInt(0, 1));
+      held->ttl = request.ttl;
+      held->expires = BootClock::now() + request.ttl;
+      MutexLock lock(&mu_);
+      held_[request.key] = held;
+      return Grant{.fencing_token = held->fence, .ttl = request.ttl};
+    }
+    if (r->rows() == 0) {
+      return PgHeld(request.key, std::nullopt);
+    }
+    LeaseInfo info;
+    info.key = request.key;
+    info.fencing_token = static_cast<FencingToken>(r->GetInt(0, 1));
+    info.holder = std::string(r->Get(0, 2));
+    info.token_prefix = std::string(r->Get(0, 3));
+    info.ttl = milliseconds(r->GetInt(0, 4));
+    info.remaining = milliseconds(r->GetInt(0, 5));
+    return PgHeld(request.key, std::move(info));
+  }
+}
+
+bool PostgresAdvisoryBackend::SessionAlive(const std::shared_ptr<Session>& session,
+                                           const std::shared_ptr<Session>& locked) {
+  auto ping = [&]() LH_NO_THREAD_SAFETY_ANALYSIS {
+    if (session->lost || session->conn == nullptr || session->conn->broken()) {
+      return false;
+    }
+    Result<PgResult> r = session->conn->Exec("ping", std::string(sql::kPing), {},
+                                             PgDeadline(options_));
+    if (!r.ok() && session->conn->broken()) {
+      SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
+      return false;
+    }
+    return true;
+  };
+  if (session == locked) {
+    return ping();  // the caller holds its mutex already
+  }
+  MutexLock slock(&session->mu);
+  return ping();
+}
+
+Result<Grant> PostgresAdvisoryBackend::CompleteWaitedGrant(const GrantRequest& request,
+                                                           std::shared_ptr<Waiting> wait) {
+  std::shared_ptr<Session> session = wait->session;
+  MutexLock slock(&session->mu);
+  if (session->lost || session->conn == nullptr || session->conn->broken()) {
+    return Status::Unavailable("the waiting session was lost");
+  }
+  if (!wait->got && wait->in_flight) {
+    // The server may have granted the lock since the last look: check without blocking.
+    Result<std::optional<PgResult>> done =
+        session->conn->Await("wait", BootClock::now(), std::stop_token());
+    if (done.ok() && done->has_value()) {
+      wait->in_flight = false;
+      wait->got = true;
+    } else if (!done.ok()) {
+      wait->in_flight = session->conn->busy();
+    }
+  }
+  if (!wait->got) {
+    return Status::HeldByAnother(fmt::format(
+        "{} is held by another session; this waiter is queued in the server's lock queue",
+        request.key));
+  }
+  Duration largest = request.ttl;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [key, held] : held_) {
+      if (held->session == session) {
+        largest = std::max(largest, held->ttl);
+      }
+    }
+  }
+  Limits limits = LimitsFor(largest);
+  Result<PgResult> r = session->conn->Exec(
+      "acquire", PgStatement(sql::kAdvisoryGrantHeld, options_),
+      {request.key, request.owner_token, request.holder, std::to_string(PgCeilMillis(request.ttl)),
+       std::to_string(wait->lock_id), limits.idle_ms, limits.keepalive_idle_s,
+       limits.user_timeout_ms},
+      PgDeadline(options_));
+  if (!r.ok()) {
+    if (session->conn->broken()) {
+      SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
+    }
+    return r.status();  // still queued-and-granted: AbandonWait unlocks if the caller gives up
+  }
+  auto held = std::make_shared<Held>();
+  held->key = request.key;
+  held->token = request.owner_token;
+  held->holder = request.holder;
+  held->session = session;
+  held->lock_id = wait->lock_id;
+  held->fence = static_cast<FencingToken>(r->GetInt(0, 0));
+  held->ttl = request.ttl;
+  held->expires = BootClock::now() + request.ttl;
+  MutexLock lock(&mu_);
+  waits_.erase(request.waiter_id);
+  held_[request.key] = held;
+  return Grant{.fencing_token = held->fence, .ttl = request.ttl};
+}
+
+Status PostgresAdvisoryBackend::Renew(const RenewRequest& request) {
+  return RenewMany(std::span<const RenewRequest>(&request, 1)).front();
+}
+
+std::vector<Status> PostgresAdvisoryBackend::RenewMany(std::span<const RenewRequest> requests) {
+  std::vector<Status> results(requests.size());
+  std::map<std::shared_ptr<Session>, std::vector<std::size_t>> by_session;
+  std::vector<std::pair<std::string, std::string>> expired;
+  const SteadyTime now = BootClock::now();
+  {
+    MutexLock lock(&mu_);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      auto it = held_.find(requests[i].key);
+      if (it == held_.end() || it->second->token != requests[i].owner_token) {
+        results[i] = Status::Lost("");  // filled in below, outside mu_
+        continue;
+      }
+      if (now >= it->second->expires) {
+        expired.emplace_back(it->first, it->second->token);
+        continue;
+      }
+      by_session[it->second->session].push_back(i);
+    }
+  }
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (results[i].code() == StatusCode::kLost && results[i].message().empty()) {
+      results[i] = LostStatus(requests[i].key, requests[i].owner_token);
+    }
+  }
+  for (const auto& [key, token] : expired) {
+    // Its holder stopped renewing for a whole ttl: free the lock for others.
+    (void)Release(key, token);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      if (requests[i].key == key && requests[i].owner_token == token) {
+        results[i] = Status::Lost(fmt::format("{} expired: not renewed within its ttl", key),
+                                  LostCause::kExpired);
+      }
+    }
+  }
+  const std::string statement = PgStatement(sql::kAdvisoryRenewMany, options_);
+  for (auto& [session, indexes] : by_session) {
+    std::vector<std::string> keys;
+    std::vector<std::string> tokens;
+    std::vector<std::string> ttls;
+    for (std::size_t i : indexes) {
+      keys.push_back(requests[i].key);
+      tokens.push_back(requests[i].owner_token);
+      ttls.push_back(std::to_string(PgCeilMillis(requests[i].ttl)));
+    }
+    Result<PgResult> r = Status::Unavailable("session already lost");
+    {
+      MutexLock slock(&session->mu);
+      if (!session->lost && !session->conn->broken()) {
+        r = session->conn->Exec(
+            "renew", statement,
+            {PgArrayLiteral(keys), PgArrayLiteral(tokens), PgArrayLiteral(ttls)},
+            PgDeadline(options_));
+      }
+      if (!r.ok() && (session->lost || session->conn->broken())) {
+        SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
+      }
+    }
+    if (!r.ok()) {
+      for (std::size_t i : indexes) {
+        results[i] = session->lost ? LostStatus(requests[i].key, requests[i].owner_token)
+                                   : r.status();
+      }
+      continue;
+    }
+    int pid = 0;
+    std::set<std::int64_t> locks;
+    std::set<std::string, std::less<>> renewed;
+    for (int row = 0; row < r->rows(); ++row) {
+      std::string_view tag = r->Get(row, 0);
+      if (tag == "pid") {
+        pid = static_cast<int>(r->GetInt(row, 1));
+      } else if (tag == "lock") {
+        locks.insert(r->GetInt(row, 1));
+      } else {
+        renewed.emplace(r->Get(row, 1));
+      }
+    }
+    if (pid != session->pid) {
+      std::string reason = fmt::format(
+          "the server session changed under this lease (pg_backend_pid {} became {}): a "
+          "connection pooler (PgBouncer in transaction or statement pooling) sits between "
+          "leasehold and PostgreSQL, and advisory locks need one dedicated session; use "
+          "mode=table through poolers",
+          session->pid, pid);
+      SessionLost(session, reason);
+      MutexLock slock(&session->mu);
+      session->conn.reset();  // never use it again; closing it frees whatever it holds
+      session->conn = nullptr;
+      for (std::size_t i : indexes) {
+        results[i] = LostStatus(requests[i].key, requests[i].owner_token);
+      }
+      continue;
+    }
+    const SteadyTime replied = BootClock::now();
+    MutexLock lock(&mu_);
+    for (std::size_t i : indexes) {
+      auto it = held_.find(requests[i].key);
+      if (it == held_.end() || it->second->token != requests[i].owner_token) {
+        results[i] = Status::Lost(fmt::format("{} was released meanwhile", requests[i].key));
+        continue;
+      }
+      Held& h = *it->second;
+      if (locks.count(h.lock_id) == 0) {
+        std::string reason = fmt::format(
+            "session pid {} no longer holds the advisory lock (pg_advisory_unlock_all, DISCARD "
+            "ALL or a pooler reset ran on it)",
+            session->pid);
+        lost_reasons_[h.token] = {reason, LostCause::kSessionLost};
+        held_.erase(it);
+        results[i] = Status::Lost(fmt::format("{} was lost: {}", requests[i].key, reason),
+                                  LostCause::kSessionLost);
+        continue;
+      }
+      if (renewed.count(requests[i].key) == 0) {
+        std::string reason = "its row no longer records this grant (changed by someone else)";
+        lost_reasons_[h.token] = {reason, LostCause::kStolen};
+        results[i] = Status::Lost(fmt::format("{} was lost: {}", requests[i].key, reason),
+                                  LostCause::kStolen);
+        continue;  // keeps held_ so that Release still unlocks it
+      }
+      h.ttl = requests[i].ttl;
+      h.expires = replied + requests[i].ttl;
+      results[i] = Status();
+    }
+  }
+  return results;
+}
+
+Status PostgresAdvisoryBackend::Release(std::string_view key, std::string_view owner_token) {
+  std::shared_ptr<Held> held;
+  {
+    MutexLock lock(&mu_);
+    if (auto it = held_.find(key); it != held_.end() && it->second->token == owner_token) {
+      held = it->second;
+    }
+  }
+  if (held == nullptr) {
+    return LostStatus(key, owner_token);
+  }
+  std::shared_ptr<Session> session = held->session;
+  Result<PgResult> r = Status::Unavailable("session lost");
+  {
+    MutexLock slock(&session->mu);
+    Duration largest{};
+    bool others = false;
+    {
+      MutexLock lock(&mu_);
+      for (const auto& [k, h] : held_) {
+        if (h->session == session && h != held) {
+          largest = std::max(largest, h->ttl);
+          others = true;
+        }
+      }
+    }
+    if (!session->lost && session->conn != nullptr && !session->conn->broken()) {
+      r = session->conn->Exec(
+          "release", PgStatement(sql::kAdvisoryRelease, options_),
+          {std::to_string(held->lock_id), others ? LimitsFor(largest).idle_ms : std::string("0")},
+          PgDeadline(options_));
+      if (!r.ok() && session->conn->broken()) {
+        SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
+      }
+    }
+    MutexLock lock(&mu_);
+    if (auto it = held_.find(key); it != held_.end() && it->second == held) {
+      held_.erase(it);
+    }
+  }
+  if (!r.ok()) {
+    return session->lost ? LostStatus(key, owner_token) : r.status();
+  }
+  Recycle(session);
+  if (!r->GetBool(0, 0)) {
+    return Status::Lost(fmt::format(
+        "{}: this session no longer held the advisory lock (lost); nothing released", key));
+  }
+  return Status();
+}
+
+Result<std::optional<LeaseInfo>> PostgresAdvisoryBackend::Inspect(std::string_view key) {
+  for (int attempt = 0;; ++attempt) {
+    LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
+    MutexLock slock(&session->mu);
+    Result<PgResult> r = session->conn->Exec("inspect", PgStatement(sql::kAdvisoryInspect, options_),
+                                             {std::string(key)}, PgDeadline(options_));
+    if (!r.ok()) {
+      if (session->conn->broken()) {
+        SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
+        if (attempt == 0) {
+          continue;
+        }
+      }
+      return r.status();
+    }
+    if (r->rows() == 0) {
+      return std::optional<LeaseInfo>();
+    }
+    return std::optional<LeaseInfo>(PgLeaseInfo(*r, 0));
+  }
+}
+
+Result<std::vector<LeaseInfo>> PostgresAdvisoryBackend::List(std::string_view prefix) {
+  for (int attempt = 0;; ++attempt) {
+    LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
+    MutexLock slock(&session->mu);
+    Result<PgResult> r = session->conn->Exec("list", PgStatement(sql::kAdvisoryList, options_),
+                                             {std::string(prefix)}, PgDeadline(options_));
+    if (!r.ok()) {
+      if (session->conn->broken()) {
+        SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
+        if (attempt == 0) {
+          continue;
+        }
+      }
+      return r.status();
+    }
+    std::vector<LeaseInfo> out;
+    for (int i = 0; i < r->rows(); ++i) {
+      out.push_back(PgLeaseInfo(*r, i));
+    }
+    return out;
+  }
+}
+
+Result<bool> PostgresAdvisoryBackend::ForceRelease(std::string_view key) {
+  std::string own_token;
+  {
+    MutexLock lock(&mu_);
+    if (auto it = held_.find(key); it != held_.end()) {
+      own_token = it->second->token;
+    }
+  }
+  if (!own_token.empty()) {
+    // Held by this very handle: its own session can unlock it; its lease learns at renewal.
+    Status s = Release(key, own_token);
+    MutexLock lock(&mu_);
+    lost_reasons_[own_token] = {"force-released (release --force)", LostCause::kStoreSaidNo};
+    if (s.ok() || s.code() == StatusCode::kLost) {
+      return true;
+    }
+    return s;
+  }
+  const std::int64_t lock_id = AdvisoryLockId(options_.schema, key);
+  for (int attempt = 0;; ++attempt) {
+    LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
+    MutexLock slock(&session->mu);
+    Result<PgResult> r = session->conn->Exec(
+        "force-release", PgStatement(sql::kAdvisoryForceRelease, options_),
+        {std::string(key), std::to_string(lock_id)},
+        BootClock::now() + std::max<Duration>(options_.command_timeout, std::chrono::seconds(4)));
+    if (!r.ok()) {
+      if (session->conn->broken()) {
+        SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
+        if (attempt == 0) {
+          continue;
+        }
+      }
+      if (r.status().code() == StatusCode::kPermissionDenied) {
+        return Status::PermissionDenied(fmt::format(
+            "{}: in mode=advisory, force-release ends the holder's session "
+            "(pg_terminate_backend), which needs the holder's role or membership in "
+            "pg_signal_backend",
+            r.status().message()));
+      }
+      return r.status();
+    }
+    return r->rows() > 0;
+  }
+}
+
+Status PostgresAdvisoryBackend::WaitForTurn(std::string_view key, std::string_view waiter_id,
+                                            SteadyTime deadline, std::stop_token stop) {
+  std::shared_ptr<Waiting> wait;
+  {
+    MutexLock lock(&mu_);
+    if (auto it = waits_.find(waiter_id); it != waits_.end()) {
+      wait = it->second;
+    } else if (!idle_.empty()) {
+      wait = std::make_shared<Waiting>();
+      wait->session = idle_.back();
+      idle_.pop_back();
+    }
+  }
+  if (wait == nullptr) {
+    LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, NewSession());
+    wait = std::make_shared<Waiting>();
+    wait->session = std::move(session);
+  }
+  if (wait->key.empty()) {
+    wait->key = std::string(key);
+    wait->lock_id = AdvisoryLockId(options_.schema, key);
+    MutexLock lock(&mu_);
+    waits_[std::string(waiter_id)] = wait;
+  }
+  std::shared_ptr<Session> session = wait->session;
+  MutexLock slock(&session->mu);
+  if (wait->got) {
+    return Status();
+  }
+  if (session->lost || session->conn->broken()) {
+    MutexLock lock(&mu_);
+    waits_.erase(std::string(waiter_id));
+    return Status::Unavailable("the waiting session was lost; waiting again");
+  }
+  if (!wait->in_flight) {
+    LH_RETURN_IF_ERROR(session->conn->Send("wait", WaitStatement(wait->lock_id), {}));
+    wait->in_flight = true;
+  }
+  Result<std::optional<PgResult>> done = session->conn->Await("wait", deadline, stop);
+  if (!done.ok()) {
+    wait->in_flight = session->conn->busy();
+    if (session->conn->broken()) {
+      MutexLock lock(&mu_);
+      waits_.erase(std::string(waiter_id));
+      return done.status();
+    }
+    if (done.status().detail() == kSqlStateLockNotAvailable) {
+      return Status();  // the backstop lock_timeout: re-check, and queue again
+    }
+    return done.status();
+  }
+  if (!done->has_value()) {
+    if (stop.stop_requested()) {
+      return Status::Cancelled(fmt::format("cancelled while waiting for {}", key));
+    }
+    return Status::DeadlineExceeded(fmt::format("still queued for {}", key));
+  }
+  wait->in_flight = false;
+  wait->got = true;
+  return Status();
+}
+
+void PostgresAdvisoryBackend::AbandonWait(std::string_view /*key*/, std::string_view waiter_id) {
+  std::shared_ptr<Waiting> wait;
+  {
+    MutexLock lock(&mu_);
+    auto it = waits_.find(waiter_id);
+    if (it == waits_.end()) {
+      return;
+    }
+    wait = it->second;
+    waits_.erase(it);
+  }
+  std::shared_ptr<Session> session = wait->session;
+  {
+    MutexLock slock(&session->mu);
+    if (session->conn == nullptr || session->conn->broken()) {
+      return;
+    }
+    if (wait->in_flight) {
+      session->conn->Cancel();
+      Result<std::optional<PgResult>> done =
+          session->conn->Await("abandon wait", BootClock::now() + kAbandonGrace, {});
+      if ((done.ok() && !done->has_value()) || session->conn->broken()) {
+        session->lost = true;  // no answer: drop the session, which ends the wait for sure
+        return;
+      }
+      wait->in_flight = false;
+      wait->got = done.ok();  // granted just before the cancel arrived
+    }
+    if (wait->got) {
+      Result<PgResult> r = session->conn->Exec(
+          "unlock", UnlockStatement(wait->lock_id), {},
+          PgDeadline(options_));
+      if (!r.ok()) {
+        session->lost = true;  // closing the session is the unlock of last resort
+        return;
+      }
+    }
+  }
+  Recycle(session);
+}
+
+Status PostgresAdvisoryBackend::WaitForChange(std::string_view key, SteadyTime deadline,
+                                              std::stop_token stop) {
+  std::string waiter;
+  {
+    MutexLock lock(&mu_);
+    waiter = fmt::format("change-{}", ++next_private_waiter_);
+  }
+  Status s = WaitForTurn(key, waiter, deadline, std::move(stop));
+  AbandonWait(key, waiter);
+  return s;
+}
+
+void PostgresAdvisoryBackend::SkipPoolerCheckForTesting(bool skip) {
+  skip_pooler_check_for_testing = skip;
+}
+
+std::vector<int> PostgresAdvisoryBackend::SessionPidsForTesting() const {
+  MutexLock lock(&mu_);
+  std::set<int> pids;
+  for (const auto& [key, held] : held_) {
+    pids.insert(held->session->pid);
+  }
+  return {pids.begin(), pids.end()};
+}
+
+}  // namespace leasehold::internal

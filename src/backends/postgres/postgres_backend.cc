@@ -1,0 +1,566 @@
+// File: backends/postgres/postgres_backend.cc (internal)
+//
+// OpenPostgresBackend, the helpers both modes share, and table mode (PostgresTableBackend).
+// Advisory mode is in postgres_advisory_backend.cc.
+//
+// Table mode invariants:
+// - Every operation is one statement on a pooled connection (postgres_sql.h); a connection is
+//   borrowed by one thread at a time and dropped when broken.
+// - Expiry is judged only by the server's clock (clock_timestamp() in the statements).
+// - A waiter subscribes (the shared LISTEN connection is up and counts it) before it reads the
+//   holder's remaining time: a release between the two is either seen by the read (the key is
+//   free: return at once) or delivered as a NOTIFY afterwards.
+
+#include "backends/postgres/postgres_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "backends/postgres/postgres_sql.h"
+#include "backends/postgres/postgres_util.h"
+#include "core/duration.h"
+#include "core/logging.h"
+
+namespace leasehold::internal {
+
+namespace sql = postgres_sql;
+
+namespace {
+
+using std::chrono::milliseconds;
+
+// While the LISTEN connection is down, waiters re-check this often.
+constexpr Duration kFallbackPoll = milliseconds(100);
+// Waiters woken by a grant's expiry spread out over up to this much.
+constexpr Duration kMaxExpiryJitter = milliseconds(20);
+// The listener's reconnect backoff.
+constexpr Duration kListenRetryBase = milliseconds(50);
+constexpr Duration kListenRetryCap = milliseconds(2000);
+// Idle connections kept for reuse in table mode.
+constexpr std::size_t kMaxIdleConnections = 4;
+
+std::string QuoteLiteral(std::string_view text) {
+  std::string out = "'";
+  for (char c : text) {
+    out += c;
+    if (c == '\'') {
+      out += '\'';
+    }
+  }
+  return out + "'";
+}
+
+std::string ReplaceAll(std::string text, std::string_view from, std::string_view to) {
+  for (std::size_t at = text.find(from); at != std::string::npos;
+       at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+Duration Jitter(Duration up_to) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  if (up_to <= Duration::zero()) {
+    return Duration::zero();
+  }
+  std::uniform_int_distribution<Duration::rep> dist(0, up_to.count());
+  return Duration(dist(rng));
+}
+
+std::chrono::steady_clock::time_point ToSteady(SteadyTime t) {
+  Duration left = std::clamp<Duration>(t - BootClock::now(), Duration::zero(),
+                                       std::chrono::hours(24));
+  return std::chrono::steady_clock::now() + left;
+}
+
+// Opens a connection and tells whether a pooler sits between it and the server.
+Result<std::pair<std::unique_ptr<PgConnection>, bool>> ConnectAndProbe(
+    const PostgresOptions& options) {
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<PgConnection> conn, PgConnection::Connect(options));
+  LH_ASSIGN_OR_RETURN(PgResult r, conn->Exec("pg_backend_pid", std::string(sql::kBackendPid), {},
+                                             PgDeadline(options)));
+  const bool pooled = r.GetInt(0, 0) != conn->startup_pid();
+  return std::make_pair(std::move(conn), pooled);
+}
+
+}  // namespace
+
+// ---- shared helpers ----
+
+std::string PgStatement(std::string_view text, const PostgresOptions& options) {
+  std::string out(text);
+  const std::string ident = "\"" + options.schema + "\"";
+  out = ReplaceAll(std::move(out), "{schema_ident}", ident);
+  out = ReplaceAll(std::move(out), "{schema}", ident);
+  out = ReplaceAll(std::move(out), "{channel}", QuoteLiteral(options.schema));
+  return out;
+}
+
+std::string PgArrayLiteral(const std::vector<std::string>& items) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    out += i == 0 ? "\"" : ",\"";
+    for (char c : items[i]) {
+      if (c == '"' || c == '\\') {
+        out += '\\';
+      }
+      out += c;
+    }
+    out += '"';
+  }
+  return out + "}";
+}
+
+long long PgCeilMillis(Duration d) {
+  return std::max<long long>(1, std::chrono::ceil<milliseconds>(d).count());
+}
+
+SteadyTime PgDeadline(const PostgresOptions& options) {
+  return BootClock::now() + options.command_timeout;
+}
+
+LeaseInfo PgLeaseInfo(const PgResult& r, int row) {
+  LeaseInfo info;
+  info.key = std::string(r.Get(row, 0));
+  info.holder = std::string(r.Get(row, 1));
+  info.token_prefix = std::string(r.Get(row, 2));
+  info.fencing_token = static_cast<FencingToken>(r.GetInt(row, 3));
+  info.ttl = milliseconds(r.GetInt(row, 4));
+  info.remaining = milliseconds(r.GetInt(row, 5));
+  return info;
+}
+
+Status PgHeld(std::string_view key, std::optional<LeaseInfo> holder) {
+  if (!holder) {
+    return Status::HeldByAnother(fmt::format("{} is held by another session", key));
+  }
+  std::string message =
+      fmt::format("{} is held by {} (fencing token {}, {} left)", key, holder->holder,
+                  holder->fencing_token, FormatDuration(holder->remaining));
+  return Status::HeldByAnother(std::move(message), std::move(holder));
+}
+
+std::string SchemaSql(const PostgresOptions& options) {
+  return fmt::format(
+      "-- leasehold schema for {}\n"
+      "-- One row per lease key; `fence` (the fencing counter) only ever grows. The role that\n"
+      "-- leasehold connects as needs SELECT, INSERT, UPDATE on the table and USAGE on the "
+      "schema.\n{}\n{}\n",
+      options.display, PgStatement(sql::kCreateSchema, options),
+      PgStatement(sql::kCreateTable, options));
+}
+
+Status EnsureSchema(PgConnection& conn, const PostgresOptions& options) {
+  const std::string table = "\"" + options.schema + "\".leases";
+  auto state = [&]() -> Result<std::pair<bool, bool>> {
+    LH_ASSIGN_OR_RETURN(PgResult r,
+                        conn.Exec("schema check", std::string(sql::kSchemaState),
+                                  {"\"" + options.schema + "\"", table}, PgDeadline(options)));
+    return std::make_pair(r.GetBool(0, 0), r.GetBool(0, 1));
+  };
+  LH_ASSIGN_OR_RETURN(auto exists, state());
+  if (exists.second) {
+    return Status();
+  }
+  auto missing = [&](std::string_view why) {
+    return fmt::format(
+        "table {}.leases does not exist in the database of {} and {}: have someone with the "
+        "CREATE privilege run the SQL printed by `leasehold schema --store URL`, or grant it",
+        options.schema, options.display, why);
+  };
+  if (!options.create_schema) {
+    return Status::InvalidArgument(missing("create_schema=false forbids creating it"));
+  }
+  std::string ddl = exists.first ? "" : PgStatement(sql::kCreateSchema, options);
+  ddl += PgStatement(sql::kCreateTable, options);
+  Result<PgResult> created = conn.Exec("create table", ddl, {}, PgDeadline(options));
+  if (created.ok()) {
+    Log(LogLevel::kInfo, fmt::format("postgres at {}: created {}", options.display, table));
+    return Status();
+  }
+  if (created.status().code() == StatusCode::kPermissionDenied) {
+    return Status::PermissionDenied(missing(fmt::format("this role may not create it ({})",
+                                                        created.status().message())));
+  }
+  // Another process may have created it at the same moment (unique violation on the catalog).
+  LH_ASSIGN_OR_RETURN(exists, state());
+  return exists.second ? Status() : created.status();
+}
+
+std::int64_t AdvisoryLockId(std::string_view schema, std::string_view key) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  auto mix = [&hash](unsigned char c) {
+    hash ^= c;
+    hash *= 0x100000001b3ULL;
+  };
+  for (char c : schema) {
+    mix(static_cast<unsigned char>(c));
+  }
+  mix(0);
+  for (char c : key) {
+    mix(static_cast<unsigned char>(c));
+  }
+  return static_cast<std::int64_t>(hash);
+}
+
+Result<std::shared_ptr<Backend>> OpenPostgresBackend(const Url& url) {
+  LH_ASSIGN_OR_RETURN(PostgresOptions options, PostgresOptions::FromUrl(url));
+  if (options.mode == PostgresMode::kTable) {
+    LH_ASSIGN_OR_RETURN(auto backend, PostgresTableBackend::Open(std::move(options)));
+    return std::shared_ptr<Backend>(std::move(backend));
+  }
+  LH_ASSIGN_OR_RETURN(auto backend, PostgresAdvisoryBackend::Open(std::move(options)));
+  return std::shared_ptr<Backend>(std::move(backend));
+}
+
+Result<std::string> PostgresSchemaSql(const Url& url) {
+  LH_ASSIGN_OR_RETURN(PostgresOptions options, PostgresOptions::FromUrl(url));
+  return SchemaSql(options);
+}
+
+// ---- table mode ----
+
+// Idle connections for statements. Thread-safe.
+struct PostgresTableBackend::Pool {
+  explicit Pool(const PostgresOptions& o) : options(o) {}
+
+  Result<std::unique_ptr<PgConnection>> Borrow(bool* reused) {
+    *reused = false;
+    {
+      MutexLock lock(&mu);
+      if (!idle.empty()) {
+        *reused = true;
+        std::unique_ptr<PgConnection> conn = std::move(idle.back());
+        idle.pop_back();
+        return conn;
+      }
+    }
+    return PgConnection::Connect(options);
+  }
+
+  void Return(std::unique_ptr<PgConnection> conn) {
+    if (conn == nullptr || conn->broken() || conn->busy()) {
+      return;
+    }
+    MutexLock lock(&mu);
+    if (idle.size() < kMaxIdleConnections) {
+      idle.push_back(std::move(conn));
+    }
+  }
+
+  const PostgresOptions options;
+  Mutex mu;
+  std::vector<std::unique_ptr<PgConnection>> idle LH_GUARDED_BY(mu);
+};
+
+// The shared LISTEN connection: a std::jthread that (re)connects, LISTENs on the schema's
+// channel and counts NOTIFYs per watched key. Thread-safe.
+class PostgresTableBackend::Listener {
+ public:
+  explicit Listener(const PostgresOptions& options) : options_(options) {
+    thread_ = std::jthread([this](std::stop_token stop) { Run(stop); });
+  }
+
+  ~Listener() {
+    thread_.request_stop();
+    thread_.join();
+  }
+
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+  Listener(Listener&&) = delete;
+  Listener& operator=(Listener&&) = delete;
+
+  // Registers interest in `key`; returns its generation and whether LISTEN is active now.
+  std::pair<std::uint64_t, bool> Watch(const std::string& key) {
+    MutexLock lock(&mu_);
+    Entry& e = keys_[key];
+    ++e.watchers;
+    return {e.generation, listening_};
+  }
+
+  void Unwatch(const std::string& key) {
+    MutexLock lock(&mu_);
+    auto it = keys_.find(key);
+    if (it != keys_.end() && --it->second.watchers == 0) {
+      keys_.erase(it);
+    }
+  }
+
+  // Waits until `key`'s generation moves past `seen`, `until` or `stop`; while not listening,
+  // returns after kFallbackPoll. Returns true if woken by a notification.
+  bool Wait(const std::string& key, std::uint64_t seen, SteadyTime until, std::stop_token stop) {
+    MutexLock lock(&mu_);
+    if (!listening_) {
+      until = std::min(until, BootClock::now() + kFallbackPoll);
+    }
+    return cv_.WaitUntil(ToSteady(until), std::move(stop), [&]() LH_REQUIRES(mu_) {
+      auto it = keys_.find(key);
+      return it == keys_.end() || it->second.generation != seen;
+    });
+  }
+
+  // Waits up to `timeout` for LISTEN to be active (the first waiter gives it a moment).
+  void AwaitListening(Duration timeout) {
+    MutexLock lock(&mu_);
+    cv_.WaitUntil(ToSteady(BootClock::now() + timeout), {},
+                  [&]() LH_REQUIRES(mu_) { return listening_; });
+  }
+
+ private:
+  struct Entry {
+    std::uint64_t generation = 0;
+    int watchers = 0;
+  };
+
+  void Run(std::stop_token stop) {
+    Duration backoff = kListenRetryBase;
+    const std::string listen = PgStatement(sql::kListen, options_);
+    while (!stop.stop_requested()) {
+      Result<std::unique_ptr<PgConnection>> conn = PgConnection::Connect(options_);
+      Status s = conn.ok() ? conn.value()
+                                 ->Exec("LISTEN", listen, {}, PgDeadline(options_), stop)
+                                 .status()
+                           : conn.status();
+      if (!s.ok()) {
+        Log(LogLevel::kInfo, fmt::format("postgres LISTEN connection down, retrying: {}",
+                                         s.ToString()));
+        std::mutex m;
+        std::unique_lock<std::mutex> l(m);
+        std::condition_variable_any().wait_for(l, stop, backoff, [] { return false; });
+        backoff = std::min(backoff * 2, kListenRetryCap);
+        continue;
+      }
+      backoff = kListenRetryBase;
+      SetListening(true);
+      while (!stop.stop_requested()) {
+        Result<std::vector<std::string>> keys = conn.value()->ReadNotifications(
+            options_.schema, BootClock::now() + std::chrono::seconds(1), stop);
+        if (!keys.ok()) {
+          break;
+        }
+        if (!keys->empty()) {
+          MutexLock lock(&mu_);
+          for (const std::string& key : *keys) {
+            if (auto it = keys_.find(key); it != keys_.end()) {
+              ++it->second.generation;
+            }
+          }
+          cv_.NotifyAll();
+        }
+      }
+      SetListening(false);
+    }
+  }
+
+  void SetListening(bool on) {
+    MutexLock lock(&mu_);
+    listening_ = on;
+    // Notifications may have been missed while down: wake everyone to re-check.
+    for (auto& [key, entry] : keys_) {
+      ++entry.generation;
+    }
+    cv_.NotifyAll();
+  }
+
+  const PostgresOptions& options_;
+  Mutex mu_;
+  CondVar cv_{&mu_};
+  std::map<std::string, Entry, std::less<>> keys_ LH_GUARDED_BY(mu_);
+  bool listening_ LH_GUARDED_BY(mu_) = false;
+  std::jthread thread_;
+};
+
+Result<std::shared_ptr<PostgresTableBackend>> PostgresTableBackend::Open(PostgresOptions options) {
+  LH_ASSIGN_OR_RETURN(auto probed, ConnectAndProbe(options));
+  LH_RETURN_IF_ERROR(EnsureSchema(*probed.first, options));
+  auto pool = std::make_unique<Pool>(options);
+  std::shared_ptr<PostgresTableBackend> backend(
+      new PostgresTableBackend(std::move(options), std::move(pool), probed.second));
+  backend->pool_->Return(std::move(probed.first));
+  return backend;
+}
+
+PostgresTableBackend::PostgresTableBackend(PostgresOptions options, std::unique_ptr<Pool> pool,
+                                           bool pooled)
+    : options_(std::move(options)), pool_(std::move(pool)), pooled_(pooled) {}
+
+PostgresTableBackend::~PostgresTableBackend() {
+  MutexLock lock(&listener_mu_);
+  listener_.reset();
+}
+
+Capabilities PostgresTableBackend::capabilities() const {
+  return Capabilities{.multi_process = true,
+                      .native_wait = !pooled_,
+                      .fencing_survives_restart = true,
+                      .fair_queue = false};
+}
+
+Result<PgResult> PostgresTableBackend::Run(std::string_view what, const std::string& statement,
+                                           const PgParams& params) {
+  bool reused = false;
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<PgConnection> conn, pool_->Borrow(&reused));
+  Result<PgResult> r = conn->Exec(what, statement, params, PgDeadline(options_));
+  if (!r.ok() && conn->broken() && reused) {
+    // An idle connection from the pool may have been closed by the server meanwhile (restart,
+    // idle timeout): one more try on a fresh connection.
+    LH_ASSIGN_OR_RETURN(conn, PgConnection::Connect(options_));
+    r = conn->Exec(what, statement, params, PgDeadline(options_));
+  }
+  pool_->Return(std::move(conn));
+  return r;
+}
+
+Result<Grant> PostgresTableBackend::TryAcquire(const GrantRequest& request) {
+  LH_ASSIGN_OR_RETURN(PgResult r,
+                      Run("acquire", PgStatement(sql::kTableAcquire, options_),
+                          {request.key, request.owner_token, request.holder,
+                           std::to_string(PgCeilMillis(request.ttl))}));
+  if (r.rows() >= 1 && r.GetBool(0, 0)) {
+    return Grant{.fencing_token = static_cast<FencingToken>(r.GetInt(0, 1)), .ttl = request.ttl};
+  }
+  if (r.rows() == 0) {
+    return PgHeld(request.key, std::nullopt);
+  }
+  LeaseInfo info;
+  info.key = request.key;
+  info.fencing_token = static_cast<FencingToken>(r.GetInt(0, 1));
+  info.holder = std::string(r.Get(0, 2));
+  info.token_prefix = std::string(r.Get(0, 3));
+  info.ttl = milliseconds(r.GetInt(0, 4));
+  info.remaining = milliseconds(r.GetInt(0, 5));
+  return PgHeld(request.key, std::move(info));
+}
+
+Status PostgresTableBackend::Renew(const RenewRequest& request) {
+  return RenewMany(std::span<const RenewRequest>(&request, 1)).front();
+}
+
+std::vector<Status> PostgresTableBackend::RenewMany(std::span<const RenewRequest> requests) {
+  std::vector<std::string> keys;
+  std::vector<std::string> tokens;
+  std::vector<std::string> ttls;
+  for (const RenewRequest& r : requests) {
+    keys.push_back(r.key);
+    tokens.push_back(r.owner_token);
+    ttls.push_back(std::to_string(PgCeilMillis(r.ttl)));
+  }
+  Result<PgResult> r = Run("renew", PgStatement(sql::kTableRenewMany, options_),
+                           {PgArrayLiteral(keys), PgArrayLiteral(tokens), PgArrayLiteral(ttls)});
+  if (!r.ok()) {
+    return std::vector<Status>(requests.size(), r.status());
+  }
+  std::vector<Status> results;
+  results.reserve(requests.size());
+  for (const RenewRequest& request : requests) {
+    bool renewed = false;
+    for (int i = 0; i < r->rows() && !renewed; ++i) {
+      renewed = r->Get(i, 0) == request.key && r->Get(i, 1) == request.owner_token;
+    }
+    results.push_back(renewed ? Status()
+                              : Status::Lost(fmt::format(
+                                    "{} is no longer held by this owner (expired, released "
+                                    "or force-released)",
+                                    request.key)));
+  }
+  return results;
+}
+
+Status PostgresTableBackend::Release(std::string_view key, std::string_view owner_token) {
+  LH_ASSIGN_OR_RETURN(PgResult r, Run("release", PgStatement(sql::kTableRelease, options_),
+                                      {std::string(key), std::string(owner_token)}));
+  if (r.rows() == 0) {
+    return Status::Lost(
+        fmt::format("{} was not held by this owner (lost or stolen): nothing released", key));
+  }
+  return Status();
+}
+
+Result<std::optional<LeaseInfo>> PostgresTableBackend::Inspect(std::string_view key) {
+  LH_ASSIGN_OR_RETURN(PgResult r, Run("inspect", PgStatement(sql::kTableInspect, options_),
+                                      {std::string(key)}));
+  if (r.rows() == 0) {
+    return std::optional<LeaseInfo>();
+  }
+  return std::optional<LeaseInfo>(PgLeaseInfo(r, 0));
+}
+
+Result<std::vector<LeaseInfo>> PostgresTableBackend::List(std::string_view prefix) {
+  LH_ASSIGN_OR_RETURN(PgResult r, Run("list", PgStatement(sql::kTableList, options_),
+                                      {std::string(prefix)}));
+  std::vector<LeaseInfo> out;
+  for (int i = 0; i < r.rows(); ++i) {
+    out.push_back(PgLeaseInfo(r, i));
+  }
+  return out;
+}
+
+Result<bool> PostgresTableBackend::ForceRelease(std::string_view key) {
+  LH_ASSIGN_OR_RETURN(PgResult r, Run("force-release",
+                                      PgStatement(sql::kTableForceRelease, options_),
+                                      {std::string(key)}));
+  return r.rows() > 0;
+}
+
+Status PostgresTableBackend::WaitForChange(std::string_view key_view, SteadyTime deadline,
+                                           std::stop_token stop) {
+  if (pooled_) {
+    return Status::Unimplemented("LISTEN does not work through a transaction pooler; polling");
+  }
+  std::shared_ptr<Listener> listener;
+  {
+    MutexLock lock(&listener_mu_);
+    if (listener_ == nullptr) {
+      listener_ = std::make_shared<Listener>(options_);
+    }
+    listener = listener_;
+  }
+  const std::string key(key_view);
+  auto [seen, listening] = listener->Watch(key);
+  if (!listening) {
+    listener->AwaitListening(milliseconds(500));
+    std::tie(seen, listening) = listener->Watch(key);
+    listener->Unwatch(key);
+  }
+  struct Unwatch {
+    Listener& l;
+    const std::string& k;
+    ~Unwatch() { l.Unwatch(k); }
+  } unwatch{*listener, key};
+  // Subscribed: now read how long the current grant may last by itself.
+  Result<PgResult> r =
+      Run("wait", PgStatement(sql::kTableRemaining, options_), {key});
+  if (!r.ok()) {
+    return r.status();
+  }
+  if (r->rows() == 0) {
+    return Status();  // free already
+  }
+  SteadyTime until = std::min(
+      deadline, BootClock::now() + milliseconds(r->GetInt(0, 0)) + Jitter(kMaxExpiryJitter));
+  while (true) {
+    if (listener->Wait(key, seen, until, stop)) {
+      return Status();
+    }
+    if (stop.stop_requested()) {
+      return Status::Cancelled(fmt::format("cancelled while waiting for {}", key));
+    }
+    SteadyTime now = BootClock::now();
+    if (now >= deadline) {
+      return Status::DeadlineExceeded(fmt::format("deadline while waiting for {}", key));
+    }
+    if (now >= until) {
+      return Status();  // the holder's grant has expired by now, or LISTEN is down: re-check
+    }
+  }
+}
+
+}  // namespace leasehold::internal

@@ -1,0 +1,343 @@
+// File: backends/postgres/postgres_connection.cc (internal)
+//
+// PgConnection over libpq's asynchronous API: PQsendQuery*, then poll() on the socket (and on
+// an eventfd that a stop request writes to) until PQisBusy says the results are in. The only
+// file that includes libpq-fe.h.
+//
+// Invariants:
+// - No call blocks past its deadline plus a short cancel grace: sends are flushed without
+//   blocking, reads happen only after poll() says the socket is readable.
+// - A connection that lost a statement (no answer even after PQcancel) or saw an I/O error is
+//   broken for good: nobody can tell which of its statements ran, and in advisory mode its
+//   session (and with it every lock) is gone or about to go.
+// - Every message that can quote libpq goes through ScrubPassword.
+
+#include "backends/postgres/postgres_connection.h"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <utility>
+
+#include <fmt/format.h>
+#include <libpq-fe.h>
+#include <sys/eventfd.h>
+
+#include "util/sigpipe_guard.h"
+
+namespace leasehold::internal {
+
+namespace {
+
+// After a cancel, how long the statement has to end before the connection is given up.
+constexpr Duration kCancelGrace = std::chrono::seconds(2);
+
+std::string Trim(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) {
+    text.pop_back();
+  }
+  return text;
+}
+
+bool IsAuthFailure(std::string_view message) {
+  for (std::string_view s : {"password authentication failed", "no password supplied",
+                             "pg_hba.conf", "authentication failed", "role \"",
+                             "permission denied"}) {
+    if (message.find(s) != std::string_view::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+PgResult::PgResult(pg_result* result) : result_(result) {}
+
+void PgResult::Deleter::operator()(pg_result* r) const { PQclear(r); }
+
+int PgResult::rows() const { return result_ ? PQntuples(result_.get()) : 0; }
+
+bool PgResult::IsNull(int row, int col) const {
+  return !result_ || row >= rows() || col >= PQnfields(result_.get()) ||
+         PQgetisnull(result_.get(), row, col) != 0;
+}
+
+std::string_view PgResult::Get(int row, int col) const {
+  if (IsNull(row, col)) {
+    return {};
+  }
+  return {PQgetvalue(result_.get(), row, col),
+          static_cast<std::size_t>(PQgetlength(result_.get(), row, col))};
+}
+
+long long PgResult::GetInt(int row, int col) const {
+  std::string_view text = Get(row, col);
+  long long value = 0;
+  std::from_chars(text.data(), text.data() + text.size(), value);
+  return value;
+}
+
+bool PgResult::GetBool(int row, int col) const { return Get(row, col) == "t"; }
+
+Result<std::unique_ptr<PgConnection>> PgConnection::Connect(const PostgresOptions& options) {
+  std::vector<const char*> keywords;
+  std::vector<const char*> values;
+  for (const auto& [k, v] : options.libpq_params) {
+    keywords.push_back(k.c_str());
+    values.push_back(v.c_str());
+  }
+  keywords.push_back(nullptr);
+  values.push_back(nullptr);
+  SigpipeGuard no_sigpipe;
+  pg_conn* conn = PQconnectdbParams(keywords.data(), values.data(), /*expand_dbname=*/0);
+  if (conn == nullptr) {
+    return Status::Unavailable(
+        fmt::format("cannot connect to postgres at {}: out of memory", options.display));
+  }
+  if (PQstatus(conn) != CONNECTION_OK) {
+    std::string reason = ScrubPassword(Trim(PQerrorMessage(conn)), options.password);
+    PQfinish(conn);
+    std::string message =
+        fmt::format("cannot connect to postgres at {}: {}", options.display, reason);
+    if (IsAuthFailure(reason)) {
+      return Status::PermissionDenied(std::move(message));
+    }
+    if (reason.find("invalid connection option") != std::string::npos ||
+        reason.find("invalid sslmode") != std::string::npos ||
+        reason.find("invalid integer value") != std::string::npos) {
+      return Status::InvalidArgument(std::move(message));
+    }
+    return Status::Unavailable(std::move(message));
+  }
+  if (PQsetnonblocking(conn, 1) != 0) {
+    PQfinish(conn);
+    return Status::Unavailable(
+        fmt::format("cannot use postgres at {}: non-blocking mode refused", options.display));
+  }
+  return std::unique_ptr<PgConnection>(new PgConnection(conn, options));
+}
+
+PgConnection::PgConnection(pg_conn* conn, const PostgresOptions& options)
+    : conn_(conn),
+      cancel_(PQgetCancel(conn)),
+      display_(options.display),
+      password_(options.password),
+      startup_pid_(PQbackendPID(conn)),
+      wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+
+PgConnection::~PgConnection() {
+  if (cancel_ != nullptr) {
+    PQfreeCancel(cancel_);
+  }
+  SigpipeGuard no_sigpipe;
+  PQfinish(conn_);
+  if (wake_fd_ >= 0) {
+    close(wake_fd_);
+  }
+}
+
+void PgConnection::Cancel() {
+  if (cancel_ != nullptr) {
+    char err[256];
+    (void)PQcancel(cancel_, err, sizeof(err));
+  }
+}
+
+Status PgConnection::MarkBroken(std::string_view what, std::string reason) {
+  broken_ = true;
+  busy_ = false;
+  broken_reason_ = ScrubPassword(Trim(std::move(reason)), password_);
+  return Status::Unavailable(fmt::format("connection to postgres at {} failed during {}: {}",
+                                         display_, what, broken_reason_));
+}
+
+Status PgConnection::ResultStatus(std::string_view what, pg_result* result) {
+  ExecStatusType st = PQresultStatus(result);
+  if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK || st == PGRES_EMPTY_QUERY) {
+    return Status();
+  }
+  const char* state = PQresultErrorField(result, PG_DIAG_SQLSTATE);
+  std::string sqlstate = state != nullptr ? state : "";
+  std::string text = ScrubPassword(Trim(PQresultErrorMessage(result)), password_);
+  if (text.starts_with("ERROR:  ") || text.starts_with("FATAL:  ")) {
+    text = text.substr(8);
+  }
+  std::string message = fmt::format("postgres at {} refused {}: {}", display_, what, text);
+  if (sqlstate.starts_with("28") || sqlstate == kSqlStateInsufficientPrivilege) {
+    return Status::PermissionDenied(std::move(message), sqlstate);
+  }
+  if (sqlstate.starts_with("08") || sqlstate.starts_with("57") || sqlstate.starts_with("53") ||
+      sqlstate.starts_with("40") || sqlstate == kSqlStateLockNotAvailable || sqlstate.empty()) {
+    return Status::Unavailable(std::move(message), sqlstate);
+  }
+  return Status::Internal(std::move(message), sqlstate);
+}
+
+Status PgConnection::Send(std::string_view what, const std::string& sql, const PgParams& params) {
+  if (broken_) {
+    return Status::Unavailable(fmt::format("connection to postgres at {} is closed: {}", display_,
+                                           broken_reason_));
+  }
+  if (busy_) {
+    return Status::Internal(fmt::format("{}: connection busy with another statement", what));
+  }
+  SigpipeGuard no_sigpipe;
+  int sent = 0;
+  if (params.empty()) {
+    sent = PQsendQuery(conn_, sql.c_str());
+  } else {
+    std::vector<const char*> values;
+    values.reserve(params.size());
+    for (const auto& p : params) {
+      values.push_back(p ? p->c_str() : nullptr);
+    }
+    sent = PQsendQueryParams(conn_, sql.c_str(), static_cast<int>(params.size()), nullptr,
+                             values.data(), nullptr, nullptr, 0);
+  }
+  if (sent != 1) {
+    return MarkBroken(what, PQerrorMessage(conn_));
+  }
+  busy_ = true;
+  pending_error_.reset();
+  pending_result_ = PgResult();
+  return Status();
+}
+
+Result<std::optional<PgResult>> PgConnection::Await(std::string_view what, SteadyTime deadline,
+                                                    std::stop_token stop) {
+  if (!busy_) {
+    return Status::Internal(fmt::format("{}: no statement in flight", what));
+  }
+  const int wake_fd = wake_fd_;
+  std::stop_callback wake(stop, [wake_fd] {
+    std::uint64_t one = 1;
+    (void)!write(wake_fd, &one, sizeof(one));
+  });
+  SigpipeGuard no_sigpipe;
+  while (true) {
+    int flushed = PQflush(conn_);
+    if (flushed < 0) {
+      return MarkBroken(what, PQerrorMessage(conn_));
+    }
+    while (flushed == 0 && PQisBusy(conn_) == 0) {
+      pg_result* r = PQgetResult(conn_);
+      if (r == nullptr) {
+        busy_ = false;
+        if (PQstatus(conn_) == CONNECTION_BAD) {
+          Status s = MarkBroken(what, pending_error_ ? std::string(pending_error_->message())
+                                                     : std::string(PQerrorMessage(conn_)));
+          return pending_error_ ? *pending_error_ : s;
+        }
+        if (pending_error_) {
+          return *pending_error_;
+        }
+        return std::optional<PgResult>(std::move(pending_result_));
+      }
+      if (Status s = ResultStatus(what, r); !s.ok()) {
+        if (!pending_error_) {
+          pending_error_ = s;
+        }
+        PQclear(r);
+      } else {
+        pending_result_ = PgResult(r);
+      }
+    }
+    SteadyTime now = BootClock::now();
+    if (now >= deadline || stop.stop_requested()) {
+      return std::optional<PgResult>();
+    }
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+    pollfd fds[2] = {{PQsocket(conn_), static_cast<short>(POLLIN | (flushed == 1 ? POLLOUT : 0)),
+                      0},
+                     {wake_fd_, POLLIN, 0}};
+    int n = poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000)));
+    if (n < 0 && errno != EINTR) {
+      return MarkBroken(what, "poll failed");
+    }
+    if ((fds[1].revents & POLLIN) != 0) {
+      std::uint64_t drained = 0;
+      (void)!read(wake_fd_, &drained, sizeof(drained));
+    }
+    if ((fds[0].revents & (POLLIN | POLLERR | POLLHUP)) != 0 && PQconsumeInput(conn_) == 0) {
+      return MarkBroken(what, PQerrorMessage(conn_));
+    }
+  }
+}
+
+Result<std::vector<std::string>> PgConnection::ReadNotifications(std::string_view channel,
+                                                                 SteadyTime deadline,
+                                                                 std::stop_token stop) {
+  if (broken_) {
+    return Status::Unavailable(fmt::format("connection to postgres at {} is closed: {}", display_,
+                                           broken_reason_));
+  }
+  const int wake_fd = wake_fd_;
+  std::stop_callback wake(stop, [wake_fd] {
+    std::uint64_t one = 1;
+    (void)!write(wake_fd, &one, sizeof(one));
+  });
+  std::vector<std::string> payloads;
+  auto drain = [&] {
+    while (PGnotify* n = PQnotifies(conn_)) {
+      if (channel == n->relname) {
+        payloads.emplace_back(n->extra);
+      }
+      PQfreemem(n);
+    }
+  };
+  drain();
+  while (payloads.empty() && !stop.stop_requested()) {
+    SteadyTime now = BootClock::now();
+    if (now >= deadline) {
+      break;
+    }
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+    pollfd fds[2] = {{PQsocket(conn_), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    int n = poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000)));
+    if (n < 0 && errno != EINTR) {
+      return MarkBroken("LISTEN", "poll failed");
+    }
+    if ((fds[1].revents & POLLIN) != 0) {
+      std::uint64_t drained = 0;
+      (void)!read(wake_fd_, &drained, sizeof(drained));
+    }
+    if ((fds[0].revents & (POLLIN | POLLERR | POLLHUP)) != 0) {
+      if (PQconsumeInput(conn_) == 0 || PQstatus(conn_) == CONNECTION_BAD) {
+        return MarkBroken("LISTEN", PQerrorMessage(conn_));
+      }
+      drain();
+    }
+  }
+  return payloads;
+}
+
+Result<PgResult> PgConnection::Exec(std::string_view what, const std::string& sql,
+                                    const PgParams& params, SteadyTime deadline,
+                                    std::stop_token stop) {
+  LH_RETURN_IF_ERROR(Send(what, sql, params));
+  LH_ASSIGN_OR_RETURN(std::optional<PgResult> result, Await(what, deadline, stop));
+  if (result) {
+    return std::move(*result);
+  }
+  const bool stopped = stop.stop_requested();
+  Cancel();
+  Result<std::optional<PgResult>> after = Await(what, BootClock::now() + kCancelGrace, {});
+  if (after.ok() && !after->has_value()) {
+    return MarkBroken(what, "no answer even after a cancel request");
+  }
+  if (stopped) {
+    return Status::Cancelled(fmt::format("{} cancelled", what));
+  }
+  if (after.ok()) {
+    return std::move(**after);  // it finished just as we gave up
+  }
+  return Status::Unavailable(
+      fmt::format("postgres at {} did not answer {} in time (cancelled)", display_, what),
+      std::string(after.status().detail()));
+}
+
+}  // namespace leasehold::internal

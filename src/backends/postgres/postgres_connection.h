@@ -1,0 +1,142 @@
+// File: backends/postgres/postgres_connection.h (internal)
+//
+// PgConnection: one libpq connection, with every wait bounded and cancellable. Statements are
+// sent with PQsendQuery (simple protocol, may hold several statements) or PQsendQueryParams
+// (one statement, text parameters, the unnamed statement): never a named prepared statement,
+// so that transaction-pooling PgBouncer can carry them.
+//
+// Example:
+//
+//   LH_ASSIGN_OR_RETURN(auto conn, PgConnection::Connect(options));
+//   LH_ASSIGN_OR_RETURN(PgResult r, conn->Exec("inspect", kSql, {key}, deadline));
+//   std::string_view holder = r.Get(0, 1);
+//
+// Thread safety: not thread-safe (libpq connections are not); the backend serialises access.
+// Cancel() alone may be called from another thread while a statement runs.
+
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "leasehold/clock.h"
+#include "leasehold/status.h"
+
+#include "backends/postgres/postgres_options.h"
+
+// libpq's types, declared here so that only postgres_connection.cc includes libpq-fe.h.
+struct pg_conn;
+struct pg_result;
+struct pg_cancel;
+
+namespace leasehold::internal {
+
+// The SQLSTATEs the backend acts on.
+inline constexpr std::string_view kSqlStateLockNotAvailable = "55P03";
+inline constexpr std::string_view kSqlStateQueryCanceled = "57014";
+inline constexpr std::string_view kSqlStateUndefinedTable = "42P01";
+inline constexpr std::string_view kSqlStateInsufficientPrivilege = "42501";
+inline constexpr std::string_view kSqlStateAdminShutdown = "57P01";
+inline constexpr std::string_view kSqlStateIdleSessionTimeout = "57P05";
+
+// One statement's result: rows of text values.
+class PgResult {
+ public:
+  PgResult() = default;
+  explicit PgResult(pg_result* result);
+
+  [[nodiscard]] int rows() const;
+  [[nodiscard]] bool IsNull(int row, int col) const;
+  // Returns the value as text ("" for NULL).
+  [[nodiscard]] std::string_view Get(int row, int col) const;
+  // Returns the value as an integer; 0 for NULL or junk.
+  [[nodiscard]] long long GetInt(int row, int col) const;
+  // Returns true for PostgreSQL's boolean "t".
+  [[nodiscard]] bool GetBool(int row, int col) const;
+
+ private:
+  struct Deleter {
+    void operator()(pg_result* r) const;
+  };
+  std::unique_ptr<pg_result, Deleter> result_;
+};
+
+// Text parameters for PQsendQueryParams; nullopt is SQL NULL.
+using PgParams = std::vector<std::optional<std::string>>;
+
+class PgConnection {
+ public:
+  // Connects (bounded by libpq's connect_timeout) and reads the backend key the server, or a
+  // pooler in front of it, sent at startup. Returns kUnavailable if the server cannot be
+  // reached, kPermissionDenied for rejected credentials; messages carry options.display and
+  // never a password.
+  static Result<std::unique_ptr<PgConnection>> Connect(const PostgresOptions& options);
+
+  ~PgConnection();
+  PgConnection(const PgConnection&) = delete;
+  PgConnection& operator=(const PgConnection&) = delete;
+  PgConnection(PgConnection&&) = delete;
+  PgConnection& operator=(PgConnection&&) = delete;
+
+  // Sends `sql` (with `params` when non-empty: one statement only) and waits for its last
+  // result until `deadline`. At the deadline, or when `stop` is requested, the statement is
+  // cancelled (PQcancel) and its end awaited for a short grace; a connection that still does
+  // not answer is closed (broken()). Returns the statement's error as a Status (detail: the
+  // SQLSTATE), kCancelled after `stop`, kUnavailable after the deadline or a broken connection.
+  Result<PgResult> Exec(std::string_view what, const std::string& sql, const PgParams& params,
+                        SteadyTime deadline, std::stop_token stop = {});
+
+  // The two halves of Exec, for a statement that outlives one call (a wait in the server's
+  // lock queue). Send starts it; Await waits until `deadline` or `stop` and returns nullopt if it
+  // is still running then (nothing is cancelled), else its result as Exec does.
+  Status Send(std::string_view what, const std::string& sql, const PgParams& params);
+  Result<std::optional<PgResult>> Await(std::string_view what, SteadyTime deadline,
+                                        std::stop_token stop);
+
+  // Waits until `deadline` or `stop` for NOTIFY messages (after a LISTEN) and returns the
+  // payloads of those on `channel` (possibly none). Returns kUnavailable if the connection broke.
+  Result<std::vector<std::string>> ReadNotifications(std::string_view channel, SteadyTime deadline,
+                                                     std::stop_token stop);
+
+  // Asks the server to cancel the running statement (PQcancel). Thread-safe.
+  void Cancel();
+
+  // True once the connection failed; it is never used again.
+  [[nodiscard]] bool broken() const { return broken_; }
+
+  // Why the connection broke (scrubbed), or "".
+  [[nodiscard]] const std::string& broken_reason() const { return broken_reason_; }
+
+  // True while a statement sent by Send has not been awaited to its end.
+  [[nodiscard]] bool busy() const { return busy_; }
+
+  // The process id in the BackendKeyData message: the server's own pid on a direct connection,
+  // a number of the pooler's choosing through PgBouncer.
+  [[nodiscard]] int startup_pid() const { return startup_pid_; }
+
+ private:
+  PgConnection(pg_conn* conn, const PostgresOptions& options);
+
+  Status MarkBroken(std::string_view what, std::string reason);
+  Status ResultStatus(std::string_view what, pg_result* result);
+
+  pg_conn* const conn_;
+  pg_cancel* const cancel_;
+  const std::string display_;
+  const std::optional<std::string> password_;
+  const int startup_pid_;
+  // Written by a stop request to wake Await's poll().
+  const int wake_fd_;
+  bool broken_ = false;
+  bool busy_ = false;
+  std::string broken_reason_;
+  // Results of the statement in flight, collected by Await: the first error, else the last.
+  std::optional<Status> pending_error_;
+  PgResult pending_result_;
+};
+
+}  // namespace leasehold::internal

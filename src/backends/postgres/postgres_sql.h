@@ -1,0 +1,283 @@
+// File: backends/postgres/postgres_sql.h (internal)
+//
+// Every SQL statement of the postgres:// store, each explained once. "{schema}" is replaced by
+// the (validated, quoted) schema name when a backend opens; "{channel}" by the NOTIFY channel
+// (the schema name as a string literal). Parameters are text ($1...) sent with
+// PQsendQueryParams: the unnamed statement, never a named prepared one, so that PgBouncer in
+// transaction pooling can carry every statement of table mode.
+//
+// One table serves both modes. A key's row is created by its first grant and never deleted:
+// `fence` therefore only ever grows, whatever happens to grants (release, expiry, force-release,
+// a killed holder), and a release clears the grant's columns instead of deleting the row.
+//
+// Advisory mode's lock id is FNV-1a 64 over "<schema>\0<key>" (see AdvisoryLockId), computed the
+// same way by every client; pg_locks shows a bigint advisory lock as classid (high 32 bits),
+// objid (low 32 bits) and objsubid = 1, which kLockIdOf reassembles.
+//
+// Thread safety: constants.
+
+#pragma once
+
+#include <string_view>
+
+namespace leasehold::internal::postgres_sql {
+
+// The table, also printed by `leasehold schema`. key: the lease's name; fence: the last fencing
+// token handed out for it; token/holder/ttl_ms: the live grant (NULL when free); expires_at: the
+// grant's end on the server's clock (table mode), or its last renewal plus ttl (advisory mode,
+// for status and list only: the session, not this column, keeps an advisory grant); lock_id/pid:
+// advisory mode's lock and the server process of the session that holds it.
+inline constexpr std::string_view kCreateSchema = R"sql(CREATE SCHEMA IF NOT EXISTS {schema};)sql";
+
+inline constexpr std::string_view kCreateTable = R"sql(CREATE TABLE IF NOT EXISTS {schema}.leases (
+  key        text PRIMARY KEY,
+  fence      bigint NOT NULL,
+  token      text,
+  holder     text,
+  ttl_ms     bigint,
+  expires_at timestamptz,
+  lock_id    bigint,
+  pid        integer
+);)sql";
+
+// Whether the schema and the table exist: to_regnamespace/to_regclass return NULL, not an
+// error, for a missing name.
+inline constexpr std::string_view kSchemaState = R"sql(
+SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL)sql";
+
+// pg_backend_pid() of the session that runs it: compared with the pid libpq got at startup
+// (PQbackendPID), which a pooler such as PgBouncer makes up, to detect a pooler in between.
+inline constexpr std::string_view kBackendPid = R"sql(SELECT pg_backend_pid())sql";
+
+// The advisory lock id of a pg_locks row (bigint form: objsubid = 1).
+#define LH_PG_LOCK_ID_OF(k) "((" k ".classid::bigint << 32) | " k ".objid::bigint)"
+
+// ---- table mode ----
+
+// Try-acquire, table mode. $1 key, $2 owner token, $3 holder, $4 ttl in ms.
+// - `granted` inserts the key's first row (fence 1), or takes over the existing row only if it
+//   is free (token NULL) or expired on the server's clock, bumping fence in the same statement;
+//   ON CONFLICT locks the row, so two acquirers never both succeed.
+// - If nothing was granted, the second branch returns the current holder (from the statement's
+//   snapshot; a holder that committed after it shows as no row: held, holder unknown).
+// - remaining is rounded up so that a live grant never shows 0 ms.
+inline constexpr std::string_view kTableAcquire = R"sql(
+WITH granted AS (
+  INSERT INTO {schema}.leases AS l (key, fence, token, holder, ttl_ms, expires_at)
+  VALUES ($1, 1, $2, $3, $4::bigint, clock_timestamp() + $4::bigint * interval '1 millisecond')
+  ON CONFLICT (key) DO UPDATE
+    SET fence = l.fence + 1, token = EXCLUDED.token, holder = EXCLUDED.holder,
+        ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at, lock_id = NULL, pid = NULL
+    WHERE l.token IS NULL OR l.expires_at <= clock_timestamp()
+  RETURNING l.fence)
+SELECT true, fence, NULL, NULL, NULL, NULL FROM granted
+UNION ALL
+SELECT false, l.fence, l.holder, left(l.token, 8), l.ttl_ms,
+       greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
+FROM {schema}.leases l
+WHERE l.key = $1 AND l.token IS NOT NULL AND NOT EXISTS (SELECT 1 FROM granted))sql";
+
+// Renews many grants in one statement. $1 keys, $2 owner tokens, $3 ttls in ms (arrays of the
+// same length). A row is extended only while its token matches and it has not expired; the
+// returned (key, token) pairs are the renewals that took, every other request is lost.
+inline constexpr std::string_view kTableRenewMany = R"sql(
+UPDATE {schema}.leases AS l
+SET expires_at = clock_timestamp() + r.ttl_ms * interval '1 millisecond', ttl_ms = r.ttl_ms
+FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, token, ttl_ms)
+WHERE l.key = r.key AND l.token = r.token AND l.expires_at > clock_timestamp()
+RETURNING l.key, l.token)sql";
+
+// Release, table mode. $1 key, $2 owner token. Clears the grant only if the token matches and
+// it is live, and NOTIFYs the key on the schema's channel (delivered at commit, i.e. at once):
+// one row means released, none means lost.
+inline constexpr std::string_view kTableRelease = R"sql(
+WITH released AS (
+  UPDATE {schema}.leases
+  SET token = NULL, holder = NULL, expires_at = NULL
+  WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()
+  RETURNING key)
+SELECT pg_notify({channel}, key) FROM released)sql";
+
+// Force-release, table mode. $1 key. As kTableRelease, whoever holds the key.
+inline constexpr std::string_view kTableForceRelease = R"sql(
+WITH released AS (
+  UPDATE {schema}.leases
+  SET token = NULL, holder = NULL, expires_at = NULL
+  WHERE key = $1 AND token IS NOT NULL AND expires_at > clock_timestamp()
+  RETURNING key)
+SELECT pg_notify({channel}, key) FROM released)sql";
+
+// Inspect and list, table mode: live grants only. $1 key (inspect) or prefix (list; starts_with
+// takes it literally, so '%' and '_' in keys need no escaping). Ordered bytewise (COLLATE "C").
+inline constexpr std::string_view kTableInspect = R"sql(
+SELECT key, holder, left(token, 8), fence, ttl_ms,
+       greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+FROM {schema}.leases
+WHERE key = $1 AND token IS NOT NULL AND expires_at > clock_timestamp())sql";
+
+inline constexpr std::string_view kTableList = R"sql(
+SELECT key, holder, left(token, 8), fence, ttl_ms,
+       greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+FROM {schema}.leases
+WHERE starts_with(key, $1) AND token IS NOT NULL AND expires_at > clock_timestamp()
+ORDER BY key COLLATE "C")sql";
+
+// Remaining time of the key's live grant in ms, or no row if it is free: how long a waiter may
+// sleep before the grant expires by itself.
+inline constexpr std::string_view kTableRemaining = R"sql(
+SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+FROM {schema}.leases
+WHERE key = $1 AND token IS NOT NULL AND expires_at > clock_timestamp())sql";
+
+// The waiters' channel: one per schema, payload = the released key.
+inline constexpr std::string_view kListen = R"sql(LISTEN {schema_ident})sql";
+
+// ---- advisory mode ----
+
+// The advisory locks this session holds, as pg_locks shows them (granted, bigint form, this
+// database).
+#define LH_PG_HELD_BY_ME                                                                   \
+  "SELECT " LH_PG_LOCK_ID_OF("k") " AS lock_id FROM pg_locks k "                           \
+  "WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.granted "                        \
+  "AND k.pid = pg_backend_pid() "                                                          \
+  "AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+
+// Whether the session `pid_expr` holds the advisory lock `id_expr`.
+#define LH_PG_LOCK_HELD(pid_expr, id_expr)                                                 \
+  "EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory' AND k.objsubid = 1 "     \
+  "AND k.granted AND k.pid = " pid_expr " AND " LH_PG_LOCK_ID_OF("k") " = " id_expr " "     \
+  "AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+
+// Try-acquire, advisory mode. $1 key, $2 owner token, $3 holder, $4 ttl in ms, $5 lock id,
+// $6 idle_session_timeout, $7 tcp_keepalives_idle, $8 tcp_user_timeout (the session limits of
+// postgres_backend.h, computed by the backend for the largest TTL on the session).
+// - `limits` raises the session's TCP limits first, so that they hold before the lock does.
+// - `lock` then takes the session-level advisory lock if free (MATERIALIZED: evaluated once).
+// - `granted` bumps the key's fence and records the grant only if the lock was taken: both in
+//   one statement, so the fence moves exactly with the grant; the first branch of the result
+//   then sets idle_session_timeout (only a session that holds leases gets an idle limit).
+// - Otherwise the second branch returns the holder recorded in the row, but only if that row's
+//   session really holds the lock now (a row left by a dead session is no holder).
+// Note: a session-level advisory lock survives an error of the statement that took it, so the
+// backend unlocks after any error of this statement.
+inline constexpr std::string_view kAdvisoryAcquire = R"sql(
+WITH limits AS MATERIALIZED (
+  SELECT set_config('tcp_keepalives_idle', $7, false),
+         set_config('tcp_keepalives_interval', '1', false),
+         set_config('tcp_keepalives_count', '1', false),
+         set_config('tcp_user_timeout', $8, false)),
+lock AS MATERIALIZED (SELECT pg_try_advisory_lock($5::bigint) AS got FROM limits),
+granted AS (
+  INSERT INTO {schema}.leases AS l (key, fence, token, holder, ttl_ms, expires_at, lock_id, pid)
+  SELECT $1, 1, $2, $3, $4::bigint, clock_timestamp() + $4::bigint * interval '1 millisecond',
+         $5::bigint, pg_backend_pid()
+  FROM lock WHERE got
+  ON CONFLICT (key) DO UPDATE
+    SET fence = l.fence + 1, token = EXCLUDED.token, holder = EXCLUDED.holder,
+        ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at, lock_id = EXCLUDED.lock_id,
+        pid = EXCLUDED.pid
+  RETURNING l.fence)
+SELECT true, fence, set_config('idle_session_timeout', $6, false), NULL, NULL::bigint,
+       NULL::bigint
+FROM granted
+UNION ALL
+SELECT false, l.fence, l.holder, left(l.token, 8), l.ttl_ms,
+       greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
+FROM {schema}.leases l
+WHERE l.key = $1 AND l.token IS NOT NULL AND NOT EXISTS (SELECT 1 FROM granted)
+  AND )sql" LH_PG_LOCK_HELD("l.pid", "l.lock_id");
+
+// Completes a grant whose lock this session already holds (it waited in the server's lock
+// queue: kAdvisoryWait). Parameters as kAdvisoryAcquire. Sets the session limits, then bumps the
+// fence and records the grant, in one statement.
+inline constexpr std::string_view kAdvisoryGrantHeld = R"sql(
+WITH limits AS MATERIALIZED (
+  SELECT set_config('tcp_keepalives_idle', $7, false),
+         set_config('tcp_keepalives_interval', '1', false),
+         set_config('tcp_keepalives_count', '1', false),
+         set_config('tcp_user_timeout', $8, false),
+         set_config('idle_session_timeout', $6, false))
+INSERT INTO {schema}.leases AS l (key, fence, token, holder, ttl_ms, expires_at, lock_id, pid)
+SELECT $1, 1, $2, $3, $4::bigint, clock_timestamp() + $4::bigint * interval '1 millisecond',
+       $5::bigint, pg_backend_pid()
+FROM limits
+ON CONFLICT (key) DO UPDATE
+  SET fence = l.fence + 1, token = EXCLUDED.token, holder = EXCLUDED.holder,
+      ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at, lock_id = EXCLUDED.lock_id,
+      pid = EXCLUDED.pid
+RETURNING l.fence)sql";
+
+// Waits in the server's lock queue for the lock {lock_id}: SET LOCAL applies lock_timeout to
+// this statement only (several statements in one simple query form one implicit transaction),
+// so a forgotten wait ends by itself after {timeout_ms}. 55P03 = timed out; 57014 = cancelled.
+inline constexpr std::string_view kAdvisoryWait =
+    "SET LOCAL lock_timeout = {timeout_ms}; SELECT pg_advisory_lock({lock_id})";
+
+// Unlocks {lock_id} once (after a failed acquire, or an abandoned wait that got the lock).
+inline constexpr std::string_view kAdvisoryUnlock = "SELECT pg_advisory_unlock({lock_id})";
+
+// Heartbeat, advisory mode: one statement per session for all its leases. $1 keys, $2 owner
+// tokens, $3 ttls in ms. Returns tagged rows:
+// - ('pid', pg_backend_pid()): must be the session's pid from connect, or a pooler swapped the
+//   session under us;
+// - ('lock', id) for every advisory lock the session holds (pg_locks);
+// - ('renewed', key) for every row still recorded as this session's grant with this token,
+//   whose expires_at (shown by status/list) moves to now + ttl.
+inline constexpr std::string_view kAdvisoryRenewMany = R"sql(
+WITH renewed AS (
+  UPDATE {schema}.leases AS l
+  SET expires_at = clock_timestamp() + r.ttl_ms * interval '1 millisecond', ttl_ms = r.ttl_ms
+  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, token, ttl_ms)
+  WHERE l.key = r.key AND l.token = r.token AND l.pid = pg_backend_pid()
+  RETURNING l.key)
+SELECT 'pid', pg_backend_pid()::text
+UNION ALL SELECT 'lock', lock_id::text FROM ()sql" LH_PG_HELD_BY_ME R"sql() held
+UNION ALL SELECT 'renewed', key FROM renewed)sql";
+
+// Release, advisory mode. $1 lock id, $2 the session's idle limit for the leases it keeps
+// ('0': none left, no limit). Unlocks: the next waiter in the server's queue gets the lock at
+// once. The row is left as is on purpose: writing it would make the next holder's grant wait
+// for this statement's commit (a row lock, and a WAL flush with synchronous_commit on), and a
+// row whose session no longer holds the lock already counts as no grant (kAdvisoryInspect); the
+// next grant overwrites it. Returns whether the lock was held by this session.
+inline constexpr std::string_view kAdvisoryRelease = R"sql(
+SELECT pg_advisory_unlock($1::bigint), set_config('idle_session_timeout', $2, false))sql";
+
+// Force-release, advisory mode. $1 key, $2 lock id. An advisory lock can only be freed by its
+// own session, so the operator's break-glass ends that session: pg_terminate_backend(pid, 3000)
+// waits up to 3 s for it to exit (every lease on it is lost; its holder finds out at its next
+// heartbeat). The row's grant is cleared. Needs the holder's role, or pg_signal_backend.
+inline constexpr std::string_view kAdvisoryForceRelease = R"sql(
+WITH cleared AS (
+  UPDATE {schema}.leases
+  SET token = NULL, holder = NULL, expires_at = NULL, pid = NULL, lock_id = NULL
+  WHERE key = $1
+  RETURNING key),
+target AS (
+  SELECT k.pid FROM pg_locks k
+  WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.granted
+    AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    AND )sql" LH_PG_LOCK_ID_OF("k") R"sql( = $2::bigint AND k.pid <> pg_backend_pid())
+SELECT pid, pg_terminate_backend(pid, 3000), (SELECT count(*) FROM cleared) FROM target)sql";
+
+// Inspect and list, advisory mode: rows whose recorded session holds the lock now (pg_locks)
+// and whose holder renewed within its ttl. $1 key or prefix.
+inline constexpr std::string_view kAdvisoryInspect = R"sql(
+SELECT l.key, l.holder, left(l.token, 8), l.fence, l.ttl_ms,
+       greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
+FROM {schema}.leases l
+WHERE l.key = $1 AND l.token IS NOT NULL AND l.expires_at > clock_timestamp()
+  AND )sql" LH_PG_LOCK_HELD("l.pid", "l.lock_id");
+
+inline constexpr std::string_view kAdvisoryList = R"sql(
+SELECT l.key, l.holder, left(l.token, 8), l.fence, l.ttl_ms,
+       greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
+FROM {schema}.leases l
+WHERE starts_with(l.key, $1) AND l.token IS NOT NULL AND l.expires_at > clock_timestamp()
+  AND )sql" LH_PG_LOCK_HELD("l.pid", "l.lock_id") R"sql(
+ORDER BY l.key COLLATE "C")sql";
+
+// The benchmark's and tests' reference round trip.
+inline constexpr std::string_view kPing = "SELECT 1";
+
+}  // namespace leasehold::internal::postgres_sql

@@ -1,0 +1,218 @@
+#include "metrics/registry.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace leasehold {
+
+namespace internal {
+
+namespace {
+
+constexpr double kNanosPerSecond = 1e9;
+
+MetricFamily Family(std::string name, MetricType type, std::string help) {
+  return MetricFamily{
+      .name = std::move(name), .help = std::move(help), .type = type, .points = {}};
+}
+
+MetricPoint CounterPoint(std::vector<MetricLabel> labels, const Counter& counter) {
+  MetricPoint p;
+  p.labels = std::move(labels);
+  p.value = static_cast<double>(counter.value());
+  return p;
+}
+
+MetricPoint HistogramPoint(std::vector<MetricLabel> labels, const Histogram& histogram) {
+  MetricPoint p;
+  p.labels = std::move(labels);
+  histogram.SnapshotInto(p);
+  return p;
+}
+
+}  // namespace
+
+Histogram::Histogram(std::span<const std::int64_t> bounds_ns)
+    : bounds_ns_(bounds_ns.subspan(0, std::min(bounds_ns.size(), kMaxBounds))) {}
+
+void Histogram::Observe(Duration d) {
+  const std::int64_t ns = std::max<std::int64_t>(d.count(), 0);
+  // A dozen compares on a span that stays in cache: cheaper than a binary search's branches.
+  std::size_t i = 0;
+  while (i < bounds_ns_.size() && ns > bounds_ns_[i]) {
+    ++i;
+  }
+  counts_[i].fetch_add(1, std::memory_order_relaxed);
+  sum_ns_.fetch_add(static_cast<std::uint64_t>(ns), std::memory_order_relaxed);
+}
+
+void Histogram::SnapshotInto(MetricPoint& point) const {
+  point.buckets.clear();
+  point.buckets.reserve(bounds_ns_.size() + 1);
+  std::uint64_t cumulative = 0;
+  for (std::size_t i = 0; i < bounds_ns_.size(); ++i) {
+    cumulative += counts_[i].load(std::memory_order_relaxed);
+    point.buckets.push_back(
+        {static_cast<double>(bounds_ns_[i]) / kNanosPerSecond, cumulative});
+  }
+  cumulative += counts_[bounds_ns_.size()].load(std::memory_order_relaxed);
+  point.buckets.push_back({std::numeric_limits<double>::infinity(), cumulative});
+  // The count is the +Inf bucket, so that _count and the buckets always agree, even while
+  // observations land between the loads.
+  point.count = cumulative;
+  point.sum = static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / kNanosPerSecond;
+}
+
+LeaseMetrics::LeaseMetrics(std::string backend_name, bool handoff_is_observable)
+    : backend(std::move(backend_name)),
+      handoff_observable(handoff_is_observable),
+      acquire_latency{Histogram(kLatencyBoundsNs), Histogram(kLatencyBoundsNs),
+                      Histogram(kLatencyBoundsNs)},
+      heartbeat_latency(kLatencyBoundsNs),
+      wait{Histogram(kWaitBoundsNs), Histogram(kWaitBoundsNs), Histogram(kWaitBoundsNs),
+           Histogram(kWaitBoundsNs)},
+      handoff(kLatencyBoundsNs) {}
+
+LeaseMetrics& MetricsRegistry::ForBackend(std::string_view backend, bool handoff_observable) {
+  MutexLock lock(&mu_);
+  for (const auto& s : series_) {
+    if (s->backend == backend) {
+      return *s;
+    }
+  }
+  series_.push_back(std::make_unique<LeaseMetrics>(std::string(backend), handoff_observable));
+  return *series_.back();
+}
+
+void MetricsRegistry::AddGaugeSource(const LeaseMetrics& series,
+                                     std::weak_ptr<GaugeSource> source) {
+  MutexLock lock(&mu_);
+  std::erase_if(sources_, [](const auto& s) { return s.second.expired(); });
+  sources_.emplace_back(&series, std::move(source));
+}
+
+MetricsSnapshot MetricsRegistry::Snapshot() {
+  std::vector<const LeaseMetrics*> series;
+  std::vector<std::pair<const LeaseMetrics*, std::weak_ptr<GaugeSource>>> sources;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& s : series_) {
+      series.push_back(s.get());
+    }
+    std::erase_if(sources_, [](const auto& s) { return s.second.expired(); });
+    sources = sources_;
+  }
+  // Gauges, computed now from each store's heartbeat, outside mu_ (a heartbeat takes its own
+  // locks). A store closed meanwhile simply contributes nothing.
+  struct Gauges {
+    std::uint64_t held = 0;
+    std::optional<Duration> min_safe_remaining;
+  };
+  std::vector<Gauges> gauges(series.size());
+  for (const auto& [owner, weak] : sources) {
+    std::shared_ptr<GaugeSource> source = weak.lock();
+    auto it = std::find(series.begin(), series.end(), owner);
+    if (source == nullptr || it == series.end()) {
+      continue;
+    }
+    HeldLeaseGauges g = source->CollectGauges();
+    Gauges& out = gauges[static_cast<std::size_t>(it - series.begin())];
+    out.held += g.held;
+    if (g.min_safe_remaining.has_value()) {
+      out.min_safe_remaining = out.min_safe_remaining.has_value()
+                                   ? std::min(*out.min_safe_remaining, *g.min_safe_remaining)
+                                   : *g.min_safe_remaining;
+    }
+    // Release the store reference here, not at the end: the last reference to a closed store
+    // may be this one, and its heartbeat joins its threads when it goes.
+    source.reset();
+  }
+
+  MetricsSnapshot snap;
+  auto& f = snap.families;
+  f.push_back(Family("leasehold_lease_acquired_total", MetricType::kCounter,
+                     "Leases acquired (try-acquire attempts that got the key)."));
+  f.push_back(Family("leasehold_acquire_conflicts_total", MetricType::kCounter,
+                     "Try-acquire attempts that found the key held by another owner."));
+  f.push_back(Family("leasehold_lease_lost_total", MetricType::kCounter,
+                     "Leases lost, by reason: expired (no renewal confirmed before safe_until), "
+                     "store_said_no, stolen (taken over), session_lost."));
+  f.push_back(Family("leasehold_lease_released_total", MetricType::kCounter,
+                     "Leases released by their holder, by outcome: ok, lost (lost or taken "
+                     "over before the release), error (the store did not answer)."));
+  f.push_back(Family("leasehold_renew_failures_total", MetricType::kCounter,
+                     "Lease renewals that failed, by outcome: unavailable (retried until "
+                     "safe_until), lost (the store said the grant is not ours), error."));
+  f.push_back(Family("leasehold_acquire_latency_seconds", MetricType::kHistogram,
+                     "Round trip of one try-acquire to the store, by outcome."));
+  f.push_back(Family("leasehold_heartbeat_latency_seconds", MetricType::kHistogram,
+                     "Round trip of one heartbeat renew round (all due leases of a store "
+                     "handle in one call)."));
+  f.push_back(Family("leasehold_wait_seconds", MetricType::kHistogram,
+                     "Time spent in Store::Acquire, from the call to its result, by outcome."));
+  f.push_back(Family("leasehold_handoff_seconds", MetricType::kHistogram,
+                     "For an acquire that waited: time from the store's notification that the "
+                     "key changed (release or expiry) to the new grant. Only for stores that "
+                     "notify waiters."));
+  f.push_back(Family("leasehold_leases_held", MetricType::kGauge,
+                     "Leases currently held (or at risk) by the store handles recording here."));
+  f.push_back(Family("leasehold_lease_safe_remaining_seconds", MetricType::kGauge,
+                     "Smallest safe_until - now among held leases: how long the most endangered "
+                     "holder may still act without another confirmed renewal."));
+  for (std::size_t si = 0; si < series.size(); ++si) {
+    const LeaseMetrics& s = *series[si];
+    const MetricLabel backend{"backend", s.backend};
+    f[0].points.push_back(CounterPoint({backend}, s.acquired));
+    f[1].points.push_back(CounterPoint({backend}, s.conflicts));
+    for (std::size_t i = 0; i < std::size(kLostCauses); ++i) {
+      f[2].points.push_back(CounterPoint(
+          {backend, {"reason", std::string(LostCauseName(kLostCauses[i]))}}, s.lost[i]));
+    }
+    for (std::size_t i = 0; i < std::size(kReleaseOutcomeNames); ++i) {
+      f[3].points.push_back(CounterPoint(
+          {backend, {"outcome", std::string(kReleaseOutcomeNames[i])}}, s.released[i]));
+    }
+    for (std::size_t i = 0; i < std::size(kRenewFailureNames); ++i) {
+      f[4].points.push_back(CounterPoint(
+          {backend, {"outcome", std::string(kRenewFailureNames[i])}}, s.renew_failures[i]));
+    }
+    for (std::size_t i = 0; i < std::size(kAcquireOutcomeNames); ++i) {
+      f[5].points.push_back(HistogramPoint(
+          {backend, {"outcome", std::string(kAcquireOutcomeNames[i])}}, s.acquire_latency[i]));
+    }
+    f[6].points.push_back(HistogramPoint({backend}, s.heartbeat_latency));
+    for (std::size_t i = 0; i < std::size(kWaitOutcomeNames); ++i) {
+      f[7].points.push_back(
+          HistogramPoint({backend, {"outcome", std::string(kWaitOutcomeNames[i])}}, s.wait[i]));
+    }
+    if (s.handoff_observable) {
+      f[8].points.push_back(HistogramPoint({backend}, s.handoff));
+    }
+    MetricPoint held;
+    held.labels = {backend};
+    held.value = static_cast<double>(gauges[si].held);
+    f[9].points.push_back(std::move(held));
+    if (gauges[si].min_safe_remaining.has_value()) {
+      MetricPoint margin;
+      margin.labels = {backend};
+      margin.value =
+          static_cast<double>(gauges[si].min_safe_remaining->count()) / kNanosPerSecond;
+      f[10].points.push_back(std::move(margin));
+    }
+  }
+  return snap;
+}
+
+}  // namespace internal
+
+Metrics::Metrics() : registry_(std::make_unique<internal::MetricsRegistry>()) {}
+
+Metrics::~Metrics() = default;
+
+MetricsSnapshot Metrics::Snapshot() const { return registry_->Snapshot(); }
+
+std::string Metrics::PrometheusText() const { return FormatPrometheusText(Snapshot()); }
+
+internal::MetricsRegistry& RegistryForInternalUse(Metrics& metrics) { return *metrics.registry_; }
+
+}  // namespace leasehold

@@ -1,0 +1,172 @@
+// File: metrics/registry.h (internal)
+//
+// MetricsRegistry: what leasehold::Metrics (leasehold/metrics.h) holds. One LeaseMetrics per
+// backend label value, created once when a Store opens and then recorded into without locks:
+// every counter and histogram bucket is a relaxed atomic, so the acquire, renew and release
+// paths pay a few uncontended atomic adds and never allocate. Gauges are not recorded: they are
+// computed at scrape time from the heartbeats of the stores that record here (GaugeSource).
+//
+// Thread safety: thread-safe. LeaseMetrics live as long as the registry, at a stable address.
+
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "leasehold/clock.h"
+#include "leasehold/metrics.h"
+#include "leasehold/status.h"
+#include "util/mutex.h"
+
+namespace leasehold::internal {
+
+// Histogram bucket upper bounds ("le", inclusive) in nanoseconds.
+// Store round trips: 100 us (memory://, a local SQLite file) to 10 s (a store timing out).
+inline constexpr std::int64_t kLatencyBoundsNs[] = {
+    100'000,     250'000,     500'000,       1'000'000,     2'500'000,     5'000'000,
+    10'000'000,  25'000'000,  50'000'000,    100'000'000,   250'000'000,   500'000'000,
+    1'000'000'000, 2'500'000'000, 5'000'000'000, 10'000'000'000};
+// Waiting for a key: 1 ms to 10 min.
+inline constexpr std::int64_t kWaitBoundsNs[] = {
+    1'000'000,       10'000'000,      50'000'000,      100'000'000,     250'000'000,
+    500'000'000,     1'000'000'000,   2'500'000'000,   5'000'000'000,   10'000'000'000,
+    30'000'000'000,  60'000'000'000,  120'000'000'000, 300'000'000'000, 600'000'000'000};
+
+class Counter {
+ public:
+  void Add(std::uint64_t n = 1) { v_.fetch_add(n, std::memory_order_relaxed); }
+
+  [[nodiscard]] std::uint64_t value() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> v_{0};
+};
+
+class Histogram {
+ public:
+  static constexpr std::size_t kMaxBounds = 16;
+
+  // REQUIRES: bounds_ns ascending, at most kMaxBounds, and outliving the histogram.
+  explicit Histogram(std::span<const std::int64_t> bounds_ns);
+
+  // Records one observation; negative durations count as zero.
+  void Observe(Duration d);
+
+  // Fills point.buckets (cumulative, ending with +Inf), point.sum (seconds) and point.count.
+  void SnapshotInto(MetricPoint& point) const;
+
+ private:
+  const std::span<const std::int64_t> bounds_ns_;
+  // counts_[i]: observations in (bounds_ns_[i-1], bounds_ns_[i]]; the last: above every bound.
+  std::array<std::atomic<std::uint64_t>, kMaxBounds + 1> counts_{};
+  std::atomic<std::uint64_t> sum_ns_{0};
+};
+
+// Label values. Each enum indexes an array of counters or histograms; the names are the label
+// values in the exposition.
+enum class AcquireOutcome : std::uint8_t { kAcquired, kHeldByAnother, kError };
+inline constexpr std::string_view kAcquireOutcomeNames[] = {"acquired", "held_by_another",
+                                                            "error"};
+enum class WaitOutcome : std::uint8_t { kAcquired, kDeadlineExceeded, kCancelled, kError };
+inline constexpr std::string_view kWaitOutcomeNames[] = {"acquired", "deadline_exceeded",
+                                                         "cancelled", "error"};
+enum class ReleaseOutcome : std::uint8_t { kOk, kLost, kError };
+inline constexpr std::string_view kReleaseOutcomeNames[] = {"ok", "lost", "error"};
+enum class RenewFailure : std::uint8_t { kUnavailable, kLost, kError };
+inline constexpr std::string_view kRenewFailureNames[] = {"unavailable", "lost", "error"};
+inline constexpr LostCause kLostCauses[] = {LostCause::kExpired, LostCause::kStoreSaidNo,
+                                            LostCause::kStolen, LostCause::kSessionLost};
+
+// Everything recorded for one backend label value.
+struct LeaseMetrics {
+  LeaseMetrics(std::string backend_name, bool handoff_is_observable);
+
+  void RecordAcquire(AcquireOutcome outcome, Duration latency) {
+    acquire_latency[static_cast<std::size_t>(outcome)].Observe(latency);
+    if (outcome == AcquireOutcome::kAcquired) {
+      acquired.Add();
+    } else if (outcome == AcquireOutcome::kHeldByAnother) {
+      conflicts.Add();
+    }
+  }
+
+  void RecordWait(WaitOutcome outcome, Duration waited) {
+    wait[static_cast<std::size_t>(outcome)].Observe(waited);
+  }
+
+  void RecordLost(LostCause cause) { lost[static_cast<std::size_t>(cause)].Add(); }
+
+  void RecordRelease(ReleaseOutcome outcome) {
+    released[static_cast<std::size_t>(outcome)].Add();
+  }
+
+  void RecordRenewFailure(RenewFailure failure) {
+    renew_failures[static_cast<std::size_t>(failure)].Add();
+  }
+
+  // Immutable after construction.
+  const std::string backend;
+  // The store tells a waiter when the key changes (Capabilities::native_wait), so the time from
+  // that notification to the new grant can be measured (leasehold_handoff_seconds).
+  const bool handoff_observable;
+
+  Counter acquired;
+  Counter conflicts;
+  std::array<Counter, std::size(kLostCauses)> lost;
+  std::array<Counter, std::size(kReleaseOutcomeNames)> released;
+  std::array<Counter, std::size(kRenewFailureNames)> renew_failures;
+  std::array<Histogram, std::size(kAcquireOutcomeNames)> acquire_latency;
+  Histogram heartbeat_latency;
+  std::array<Histogram, std::size(kWaitOutcomeNames)> wait;
+  Histogram handoff;
+};
+
+// What one store's heartbeat reports at scrape time.
+struct HeldLeaseGauges {
+  // Leases held or at risk.
+  std::uint64_t held = 0;
+  // The smallest safe_until - now among them; nullopt if none.
+  std::optional<Duration> min_safe_remaining;
+};
+
+class GaugeSource {
+ public:
+  GaugeSource() = default;
+  GaugeSource(const GaugeSource&) = delete;
+  GaugeSource& operator=(const GaugeSource&) = delete;
+  GaugeSource(GaugeSource&&) = delete;
+  GaugeSource& operator=(GaugeSource&&) = delete;
+  virtual ~GaugeSource() = default;
+
+  // Called at scrape time, with no registry lock held.
+  virtual HeldLeaseGauges CollectGauges() = 0;
+};
+
+class MetricsRegistry {
+ public:
+  // Returns the metrics of `backend`, created on first use.
+  LeaseMetrics& ForBackend(std::string_view backend, bool handoff_observable) LH_EXCLUDES(mu_);
+
+  // Adds a store's heartbeat to the gauges of `series`. The registry keeps only a weak
+  // reference: a closed store drops out by itself.
+  void AddGaugeSource(const LeaseMetrics& series, std::weak_ptr<GaugeSource> source)
+      LH_EXCLUDES(mu_);
+
+  MetricsSnapshot Snapshot() LH_EXCLUDES(mu_);
+
+ private:
+  Mutex mu_;
+  std::vector<std::unique_ptr<LeaseMetrics>> series_ LH_GUARDED_BY(mu_);
+  std::vector<std::pair<const LeaseMetrics*, std::weak_ptr<GaugeSource>>> sources_
+      LH_GUARDED_BY(mu_);
+};
+
+}  // namespace leasehold::internal

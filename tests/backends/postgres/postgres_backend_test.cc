@@ -1,0 +1,460 @@
+// File: tests/backends/postgres/postgres_backend_test.cc
+//
+// Behaviour specific to the postgres:// store, against a real PostgreSQL 15 (and PgBouncer)
+// started by the test on free loopback ports. The generic behaviour is in the conformance suite.
+// Bounds on time are generous functional bounds (the issue's "within one second", "within one
+// renew interval"), never performance thresholds.
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "backends/postgres/postgres_backend.h"
+#include "backends/postgres/postgres_options.h"
+#include "core/url.h"
+#include "leasehold/store.h"
+#include "testing/postgres_server.h"
+
+extern char** environ;
+
+namespace leasehold {
+namespace {
+
+using namespace std::chrono_literals;
+using internal::ParseUrl;
+using internal::PostgresMode;
+using internal::PostgresOptions;
+using Clock = std::chrono::steady_clock;
+
+double MillisSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+class PostgresBackendTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto server = testing::PostgresServer::Start();
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(server).value().release();
+    auto bouncer = testing::PgBouncer::Start(*server_);
+    ASSERT_TRUE(bouncer.ok()) << bouncer.status().ToString();
+    bouncer_ = std::move(bouncer).value().release();
+  }
+
+  static void TearDownTestSuite() {
+    delete bouncer_;
+    delete server_;
+  }
+
+  // A fresh schema per call, so tests never see each other's rows.
+  static std::string Url(std::string_view mode, bool through_bouncer = false) {
+    static int n = 0;
+    return fmt::format("{}?mode={}&schema=t_{}_{}", through_bouncer ? bouncer_->Url() : server_->Url(),
+                       mode, getpid(), ++n);
+  }
+
+  static std::unique_ptr<Store> Open(const std::string& url) {
+    auto store = Store::Open(url);
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    return store.ok() ? std::move(store).value() : nullptr;
+  }
+
+  static std::string Schema(const std::string& url) {
+    return url.substr(url.find("schema=") + 7);
+  }
+
+  static testing::PostgresServer* server_;
+  static testing::PgBouncer* bouncer_;
+};
+
+testing::PostgresServer* PostgresBackendTest::server_ = nullptr;
+testing::PgBouncer* PostgresBackendTest::bouncer_ = nullptr;
+
+// A child process (lease_holder) whose stdout we read line by line.
+class Holder {
+ public:
+  explicit Holder(const std::vector<std::string>& args) {
+    int fds[2];
+    if (pipe(fds) != 0) {
+      return;
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    std::vector<char*> argv;
+    for (const auto& a : args) {
+      argv.push_back(const_cast<char*>(a.c_str()));
+    }
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
+      pid_ = -1;
+    }
+    posix_spawn_file_actions_destroy(&actions);
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+  }
+
+  Holder(const Holder&) = delete;
+  Holder& operator=(const Holder&) = delete;
+  Holder(Holder&&) = delete;
+  Holder& operator=(Holder&&) = delete;
+
+  ~Holder() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_ != nullptr) {
+      fclose(out_);
+    }
+  }
+
+  std::string ReadLine() {
+    char buf[512];
+    if (out_ == nullptr || fgets(buf, sizeof(buf), out_) == nullptr) {
+      return "";
+    }
+    std::string line(buf);
+    if (!line.empty() && line.back() == '\n') {
+      line.pop_back();
+    }
+    return line;
+  }
+
+  void Kill9() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+TEST(PostgresOptionsTest, BothConninfoFormsAndLeaseholdParametersAreStripped) {
+  auto uri = ParseUrl("postgres://app:s3cret@db1:5433,db2/appdb?mode=table&schema=jobs&sslmode=require");
+  ASSERT_TRUE(uri.ok());
+  auto options = PostgresOptions::FromUrl(*uri);
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  EXPECT_EQ(options->mode, PostgresMode::kTable);
+  EXPECT_EQ(options->schema, "jobs");
+  std::map<std::string, std::string> params(options->libpq_params.begin(),
+                                            options->libpq_params.end());
+  EXPECT_EQ(params["host"], "db1,db2");
+  EXPECT_EQ(params["port"], "5433,");
+  EXPECT_EQ(params["dbname"], "appdb");
+  EXPECT_EQ(params["sslmode"], "require");
+  EXPECT_EQ(params.count("mode"), 0u) << "mode= must not reach libpq";
+  EXPECT_EQ(params.count("schema"), 0u);
+  EXPECT_EQ(options->display.find("s3cret"), std::string::npos);
+
+  auto kv = ParseUrl("host=127.0.0.1 port=5432 dbname=app password='a b\\'c' mode=advisory");
+  ASSERT_TRUE(kv.ok()) << kv.status().ToString();
+  EXPECT_EQ(kv->scheme, "postgres");
+  auto kv_options = PostgresOptions::FromUrl(*kv);
+  ASSERT_TRUE(kv_options.ok());
+  EXPECT_EQ(kv_options->mode, PostgresMode::kAdvisory);
+  EXPECT_EQ(kv_options->password, "a b'c");
+  EXPECT_EQ(kv_options->display.find("a b'c"), std::string::npos);
+
+  for (const char* bad : {"postgres://h/db?mode=lock", "postgres://h/db?schema=Bad-Name",
+                          "postgres://h/db?command_timeout=10", "postgres://h/db?create_schema=1"}) {
+    auto url = ParseUrl(bad);
+    ASSERT_TRUE(url.ok());
+    EXPECT_EQ(PostgresOptions::FromUrl(*url).status().code(), StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
+TEST(PostgresOptionsTest, PasswordsAreScrubbedFromEchoedConninfo) {
+  EXPECT_EQ(internal::ScrubPassword("bad option: host=h password=hunter22 port=1", "hunter22"),
+            "bad option: host=h password=*** port=1");
+  EXPECT_EQ(internal::ScrubPassword("password = 'x y' and", std::nullopt), "password = *** and");
+  EXPECT_EQ(internal::ScrubPassword("echo hunter22 twice hunter22", "hunter22"),
+            "echo *** twice ***");
+}
+
+TEST(PostgresOptionsTest, AdvisoryLockIdIsTheDocumentedFnv1a) {
+  // FNV-1a 64 of "leasehold\0job", computed by hand from the documented constants.
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (char c : std::string("leasehold") + std::string(1, '\0') + "job") {
+    h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  }
+  EXPECT_EQ(internal::AdvisoryLockId("leasehold", "job"), static_cast<std::int64_t>(h));
+  EXPECT_NE(internal::AdvisoryLockId("a", "job"), internal::AdvisoryLockId("b", "job"));
+}
+
+TEST_F(PostgresBackendTest, UnreachableServerIsUnavailableAndNeverEchoesThePassword) {
+  int port = testing::PickFreePostgresPort();
+  auto store = Store::Open(fmt::format(
+      "postgres://app:Sup3rSecretPw@127.0.0.1:{}/db?connect_timeout=2", port));
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kUnavailable) << store.status().ToString();
+  EXPECT_EQ(store.status().ToString().find("Sup3rSecretPw"), std::string::npos)
+      << store.status().ToString();
+  auto typo = Store::Open(server_->Url() + "?sslmod=disable&password=Sup3rSecretPw");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_EQ(typo.status().code(), StatusCode::kInvalidArgument) << typo.status().ToString();
+  EXPECT_EQ(typo.status().ToString().find("Sup3rSecretPw"), std::string::npos)
+      << typo.status().ToString();
+}
+
+TEST_F(PostgresBackendTest, AdvisoryGrantIsARealLockWithTheDocumentedId) {
+  std::string url = Url("advisory");
+  auto store = Open(url);
+  ASSERT_NE(store, nullptr);
+  auto lease = store->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  auto locks = server_->Psql(fmt::format(
+      "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 "
+      "AND ((classid::bigint << 32) | objid::bigint) = {}",
+      internal::AdvisoryLockId(Schema(url), "job")));
+  ASSERT_TRUE(locks.ok()) << locks.status().ToString();
+  EXPECT_EQ(*locks, "1");
+  // The lock is the grant: a plain pg_try_advisory_lock from another session fails.
+  auto other = server_->Psql(fmt::format("SELECT pg_try_advisory_lock({})",
+                                         internal::AdvisoryLockId(Schema(url), "job")));
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(*other, "f");
+  ASSERT_TRUE(lease->Release().ok());
+  auto after = server_->Psql(fmt::format("SELECT pg_try_advisory_lock({})",
+                                         internal::AdvisoryLockId(Schema(url), "job")));
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(*after, "t");
+}
+
+TEST_F(PostgresBackendTest, AdvisoryReentrantLockIsRefusedOnOneHandleEvenFromManyThreads) {
+  auto store = Open(Url("advisory"));
+  ASSERT_NE(store, nullptr);
+  std::atomic<int> granted{0};
+  std::vector<Lease> leases(8);
+  {
+    std::vector<std::jthread> threads;
+    for (int i = 0; i < 8; ++i) {
+      threads.emplace_back([&, i] {
+        auto lease = store->TryAcquire("job", {.ttl = 10s});
+        if (lease.ok()) {
+          ++granted;
+          leases[i] = std::move(lease).value();
+        } else {
+          EXPECT_EQ(lease.status().code(), StatusCode::kHeldByAnother)
+              << lease.status().ToString();
+        }
+      });
+    }
+  }
+  EXPECT_EQ(granted, 1) << "the session's re-entrant advisory lock must not grant twice";
+}
+
+TEST_F(PostgresBackendTest, AdvisoryKillNineOfTheHolderHandsOverWithinOneSecond) {
+  std::string url = Url("advisory");
+  // TTL 30 s: a waiter that had to wait for a TTL would blow the 1 s bound by far.
+  Holder holder({LEASE_HOLDER_PATH, url, "job", "hold", "30000", "120000"});
+  std::string line = holder.ReadLine();
+  ASSERT_TRUE(line.starts_with("acquired ")) << line;
+  const FencingToken first = std::stoull(line.substr(9));
+  auto store = Open(url);
+  ASSERT_NE(store, nullptr);
+  std::atomic<bool> waiting{false};
+  Result<Lease> taken = Status::Internal("not run");
+  Clock::time_point granted_at;
+  std::jthread waiter([&] {
+    waiting = true;
+    taken = store->Acquire("job", {.ttl = 30s, .wait = 20s});
+    granted_at = Clock::now();
+  });
+  while (!waiting) {
+    std::this_thread::yield();
+  }
+  std::this_thread::sleep_for(300ms);  // the waiter is queued in the server by now
+  const auto killed_at = Clock::now();
+  holder.Kill9();
+  waiter.join();
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  double ms = std::chrono::duration<double, std::milli>(granted_at - killed_at).count();
+  std::printf("[ figure ] advisory takeover after kill -9 of a 30s-ttl holder: %.1f ms\n", ms);
+  EXPECT_LT(ms, 1000) << "the waiter must hold the lease within one second of the kill";
+  EXPECT_GT(taken->fencing_token(), first);
+}
+
+TEST_F(PostgresBackendTest, AdvisoryTerminatedSessionIsLostWithinOneRenewInterval) {
+  std::string url = Url("advisory");
+  auto store = Open(url);
+  ASSERT_NE(store, nullptr);
+  auto lease = store->TryAcquire("job", {.ttl = 10s, .renew_interval = 500ms});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  auto pid = server_->Psql(fmt::format("SELECT pid FROM \"{}\".leases WHERE key = 'job'",
+                                       Schema(url)));
+  ASSERT_TRUE(pid.ok() && !pid->empty()) << pid.status().ToString();
+  auto killed = server_->Psql(fmt::format("SELECT pg_terminate_backend({}, 3000)", *pid));
+  ASSERT_TRUE(killed.ok()) << killed.status().ToString();
+  const auto terminated_at = Clock::now();
+  while (!lease->lost_token().stop_requested() && Clock::now() - terminated_at < 5s) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_TRUE(lease->lost_token().stop_requested());
+  double ms = MillisSince(terminated_at);
+  std::printf("[ figure ] advisory loss noticed %.0f ms after pg_terminate_backend\n", ms);
+  // One renew interval (500 ms) plus a generous allowance for a loaded 2-core machine.
+  EXPECT_LT(ms, 500 + 700);
+  EXPECT_EQ(lease->lost_reason().code(), StatusCode::kLost);
+  EXPECT_EQ(lease->lost_reason().lost_cause(), LostCause::kSessionLost);
+  EXPECT_NE(lease->lost_reason().message().find("pg_terminate_backend"), std::string::npos)
+      << lease->lost_reason().ToString();
+  // The key is free for others at once, and the handle itself still works.
+  auto again = store->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_GT(again->fencing_token(), lease->fencing_token());
+}
+
+TEST_F(PostgresBackendTest, AdvisoryThroughPgBouncerIsRefusedAtOpenNamingPooling) {
+  auto store = Store::Open(Url("advisory", /*through_bouncer=*/true));
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(store.status().message().find("pooler"), std::string::npos)
+      << store.status().ToString();
+  EXPECT_NE(store.status().message().find("mode=table"), std::string::npos);
+}
+
+TEST_F(PostgresBackendTest, AdvisoryHeartbeatDetectsAPooledSessionSwap) {
+  // A pooler the open-time check cannot see: emulated by turning that check off, then making
+  // PgBouncer (transaction pooling) hand our next statement to another server connection.
+  internal::PostgresAdvisoryBackend::SkipPoolerCheckForTesting(true);
+  auto store = Store::Open(Url("advisory", /*through_bouncer=*/true));
+  internal::PostgresAdvisoryBackend::SkipPoolerCheckForTesting(false);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto lease = (*store)->TryAcquire("job", {.ttl = 10s, .renew_interval = 300ms});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  // Keep every server connection busy in turn for a moment, so that the heartbeat lands on
+  // another one than the session that took the lock.
+  std::vector<std::jthread> busy;
+  for (int i = 0; i < 4; ++i) {
+    busy.emplace_back([&] {
+      (void)testing::RunPsqlForTesting(bouncer_->port(), "SELECT pg_sleep(1.5)");
+    });
+  }
+  const auto start = Clock::now();
+  while (!lease->lost_token().stop_requested() && Clock::now() - start < 5s) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_TRUE(lease->lost_token().stop_requested()) << "a session swap went unnoticed";
+  EXPECT_EQ(lease->lost_reason().lost_cause(), LostCause::kSessionLost);
+  // The pid check names the swap; the lock check (its backstop) would say the lock is gone.
+  EXPECT_NE(lease->lost_reason().message().find("session changed"), std::string::npos)
+      << lease->lost_reason().ToString();
+  EXPECT_NE(lease->lost_reason().message().find("pooler"), std::string::npos)
+      << lease->lost_reason().ToString();
+}
+
+TEST_F(PostgresBackendTest, AbandonedAndCancelledWaitsLeaveTheServerQueue) {
+  std::string url = Url("advisory");
+  auto a = Open(url);
+  auto b = Open(url);
+  auto c = Open(url);
+  auto held = a->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(held.ok());
+  auto timed_out = b->Acquire("job", {.ttl = 10s, .wait = 300ms});
+  EXPECT_EQ(timed_out.status().code(), StatusCode::kDeadlineExceeded)
+      << timed_out.status().ToString();
+  std::stop_source cancel;
+  Result<Lease> cancelled = Status::Internal("not run");
+  Clock::time_point returned;
+  std::jthread waiter([&] {
+    cancelled = b->Acquire("job", {.ttl = 10s, .wait = 30s}, cancel.get_token());
+    returned = Clock::now();
+  });
+  std::this_thread::sleep_for(300ms);
+  const auto asked = Clock::now();
+  cancel.request_stop();
+  waiter.join();
+  EXPECT_EQ(cancelled.status().code(), StatusCode::kCancelled) << cancelled.status().ToString();
+  const double cancel_ms = std::chrono::duration<double, std::milli>(returned - asked).count();
+  EXPECT_LT(cancel_ms, 1000);
+  // Neither wait kept a place (or the lock) after it ended: c gets the key at once.
+  ASSERT_TRUE(held->Release().ok());
+  auto next = c->TryAcquire("job", {.ttl = 10s});
+  EXPECT_TRUE(next.ok()) << next.status().ToString();
+}
+
+TEST_F(PostgresBackendTest, MissingTableWithoutCreateRightNamesTheSchemaCommand) {
+  ASSERT_TRUE(server_->Psql("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
+                            "'app') THEN CREATE ROLE app LOGIN; END IF; END $$")
+                  .ok());
+  for (std::string_view mode : {"advisory", "table"}) {
+    auto store = Store::Open(fmt::format("postgres://app@127.0.0.1:{}/postgres?mode={}&schema="
+                                         "no_rights_{}",
+                                         server_->port(), mode, getpid()));
+    ASSERT_FALSE(store.ok()) << mode;
+    EXPECT_EQ(store.status().code(), StatusCode::kPermissionDenied) << store.status().ToString();
+    EXPECT_NE(store.status().message().find("leasehold schema"), std::string::npos)
+        << store.status().ToString();
+  }
+  auto refused = Store::Open(Url("table") + "&create_schema=false");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("leasehold schema"), std::string::npos);
+  // Once a DBA applied the printed schema and granted rights, the same role works.
+  auto url = ParseUrl(fmt::format("postgres://app@127.0.0.1:{}/postgres?mode=table&schema=dba_{}",
+                                  server_->port(), getpid()));
+  ASSERT_TRUE(url.ok());
+  auto ddl = internal::PostgresSchemaSql(*url);
+  ASSERT_TRUE(ddl.ok());
+  ASSERT_TRUE(server_->Psql(*ddl).ok());
+  ASSERT_TRUE(server_->Psql(fmt::format("GRANT USAGE ON SCHEMA dba_{0} TO app; GRANT SELECT, "
+                                        "INSERT, UPDATE ON dba_{0}.leases TO app",
+                                        getpid()))
+                  .ok());
+  auto store = Store::Open(url->Redacted());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_TRUE((*store)->TryAcquire("job", {.ttl = 5s}).ok());
+}
+
+TEST_F(PostgresBackendTest, FencingCountersSurviveEveryEndInBothModesAndAcrossModes) {
+  std::string url = Url("table");
+  auto table = Open(url);
+  ASSERT_NE(table, nullptr);
+  FencingToken last = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto lease = table->TryAcquire("job", {.ttl = 5s});
+    ASSERT_TRUE(lease.ok());
+    EXPECT_GT(lease->fencing_token(), last);
+    last = lease->fencing_token();
+    ASSERT_TRUE(lease->Release().ok());
+  }
+  // The counter is the row's, whichever client bumps it.
+  auto fence = server_->Psql(fmt::format("SELECT fence FROM \"{}\".leases WHERE key = 'job'",
+                                         Schema(url)));
+  ASSERT_TRUE(fence.ok());
+  EXPECT_EQ(*fence, std::to_string(last));
+}
+
+TEST_F(PostgresBackendTest, TableModeThroughPgBouncerWaitsByPollingAndStillHandsOver) {
+  std::string url = Url("table", /*through_bouncer=*/true);
+  auto a = Open(url);
+  auto b = Open(url);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto held = a->TryAcquire("job", {.ttl = 30s});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  Result<Lease> waited = Status::Internal("not run");
+  std::jthread waiter([&] { waited = b->Acquire("job", {.ttl = 30s, .wait = 10s}); });
+  std::this_thread::sleep_for(200ms);
+  ASSERT_TRUE(held->Release().ok());
+  waiter.join();
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+  EXPECT_GT(waited->fencing_token(), held->fencing_token());
+}
+
+}  // namespace
+}  // namespace leasehold

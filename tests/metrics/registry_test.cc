@@ -1,0 +1,109 @@
+// The lock-free counters and histograms of metrics/registry.h.
+
+#include "metrics/registry.h"
+
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace leasehold::internal {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::int64_t kBounds[] = {1'000'000, 10'000'000, 100'000'000};  // 1, 10, 100 ms
+
+TEST(HistogramTest, BucketsAreCumulativeInclusiveAndEndWithInf) {
+  Histogram h(kBounds);
+  h.Observe(0ns);
+  h.Observe(1ms);      // le is inclusive: the 1 ms bucket
+  h.Observe(1001us);   // the 10 ms bucket
+  h.Observe(100ms);
+  h.Observe(3s);       // only +Inf
+  h.Observe(-5ms);     // counts as zero
+  MetricPoint p;
+  h.SnapshotInto(p);
+  ASSERT_EQ(p.buckets.size(), 4U);
+  EXPECT_DOUBLE_EQ(p.buckets[0].upper_bound, 0.001);
+  EXPECT_EQ(p.buckets[0].cumulative_count, 3U);
+  EXPECT_DOUBLE_EQ(p.buckets[1].upper_bound, 0.01);
+  EXPECT_EQ(p.buckets[1].cumulative_count, 4U);
+  EXPECT_EQ(p.buckets[2].cumulative_count, 5U);
+  EXPECT_TRUE(std::isinf(p.buckets[3].upper_bound));
+  EXPECT_EQ(p.buckets[3].cumulative_count, 6U);
+  EXPECT_EQ(p.count, 6U);
+  EXPECT_NEAR(p.sum, 0.001 + 0.001001 + 0.1 + 3.0, 1e-12);
+}
+
+TEST(HistogramTest, ConcurrentObservationsAreAllCounted) {
+  Histogram h(kLatencyBoundsNs);
+  constexpr int kThreads = 4;
+  constexpr int kEach = 20000;
+  {
+    std::vector<std::jthread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&h, t] {
+        for (int i = 0; i < kEach; ++i) {
+          h.Observe(std::chrono::microseconds(50 * (i % 7 + t)));
+        }
+      });
+    }
+  }
+  MetricPoint p;
+  h.SnapshotInto(p);
+  EXPECT_EQ(p.count, static_cast<std::uint64_t>(kThreads * kEach));
+  EXPECT_EQ(p.buckets.back().cumulative_count, p.count);
+}
+
+TEST(MetricsRegistryTest, OneSeriesPerBackendAtAStableAddress) {
+  MetricsRegistry registry;
+  LeaseMetrics& a = registry.ForBackend("sqlite", false);
+  LeaseMetrics& b = registry.ForBackend("redis", true);
+  EXPECT_EQ(&registry.ForBackend("sqlite", false), &a);
+  EXPECT_NE(&a, &b);
+  a.RecordAcquire(AcquireOutcome::kAcquired, 2ms);
+  a.RecordAcquire(AcquireOutcome::kHeldByAnother, 1ms);
+  b.RecordLost(LostCause::kStolen);
+  MetricsSnapshot snap = registry.Snapshot();
+  const MetricPoint* acquired =
+      snap.Find("leasehold_lease_acquired_total", {{"backend", "sqlite"}});
+  ASSERT_NE(acquired, nullptr);
+  EXPECT_EQ(acquired->value, 1);
+  const MetricPoint* conflicts =
+      snap.Find("leasehold_acquire_conflicts_total", {{"backend", "sqlite"}});
+  ASSERT_NE(conflicts, nullptr);
+  EXPECT_EQ(conflicts->value, 1);
+  const MetricPoint* stolen =
+      snap.Find("leasehold_lease_lost_total", {{"backend", "redis"}, {"reason", "stolen"}});
+  ASSERT_NE(stolen, nullptr);
+  EXPECT_EQ(stolen->value, 1);
+  const MetricPoint* latency = snap.Find("leasehold_acquire_latency_seconds",
+                                         {{"backend", "sqlite"}, {"outcome", "acquired"}});
+  ASSERT_NE(latency, nullptr);
+  EXPECT_EQ(latency->count, 1U);
+  // Handoff only where the store notifies waiters.
+  EXPECT_EQ(snap.Find("leasehold_handoff_seconds", {{"backend", "sqlite"}}), nullptr);
+  EXPECT_NE(snap.Find("leasehold_handoff_seconds", {{"backend", "redis"}}), nullptr);
+}
+
+TEST(MetricsRegistryTest, EveryFamilyIsListedEvenWithoutSeries) {
+  MetricsRegistry registry;
+  MetricsSnapshot snap = registry.Snapshot();
+  for (const char* name :
+       {"leasehold_lease_acquired_total", "leasehold_lease_lost_total",
+        "leasehold_lease_released_total", "leasehold_acquire_conflicts_total",
+        "leasehold_renew_failures_total", "leasehold_acquire_latency_seconds",
+        "leasehold_heartbeat_latency_seconds", "leasehold_wait_seconds",
+        "leasehold_handoff_seconds", "leasehold_leases_held",
+        "leasehold_lease_safe_remaining_seconds"}) {
+    const MetricFamily* f = snap.Find(name);
+    ASSERT_NE(f, nullptr) << name;
+    EXPECT_TRUE(f->points.empty()) << name;
+    EXPECT_FALSE(f->help.empty()) << name;
+  }
+}
+
+}  // namespace
+}  // namespace leasehold::internal

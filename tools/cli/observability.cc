@@ -1,0 +1,119 @@
+// File: tools/cli/observability.cc
+
+#include "observability.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+
+#include <charconv>
+#include <utility>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include "cli_log.h"
+
+namespace leasehold::cli {
+
+namespace {
+
+// Splits "host:port" or "[v6]:port".
+Result<std::pair<std::string, int>> ParseAddr(const std::string& addr) {
+  const auto colon = addr.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == addr.size()) {
+    return Status::InvalidArgument(
+        fmt::format("--metrics-addr '{}' must be HOST:PORT, e.g. 127.0.0.1:9464", addr));
+  }
+  std::string host = addr.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string port_text = addr.substr(colon + 1);
+  int port = -1;
+  auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 0 ||
+      port > 65535) {
+    return Status::InvalidArgument(
+        fmt::format("--metrics-addr '{}': port must be a number from 0 to 65535", addr));
+  }
+  return std::make_pair(host, port);
+}
+
+}  // namespace
+
+void AddObservabilityOptions(CLI::App& app, ObservabilityFlags& flags) {
+  app.add_option("--metrics-addr", flags.metrics_addr,
+                 "Serve Prometheus metrics (text format 0.0.4) at http://HOST:PORT/metrics "
+                 "while running. Default: off")
+      ->type_name("HOST:PORT");
+  app.add_option("--log-format", flags.log_format,
+                 "Event lines on stderr as 'text' (leasehold: event key=value ...) or 'json' "
+                 "(one object per line). Default: text")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->type_name("text|json");
+  app.add_option("--on-risk", flags.on_risk,
+                 "When renewals fail (at risk): 'wait' sends SIGTERM at safe_until - kill-grace; "
+                 "'term' sends SIGTERM at once. SIGKILL comes at safe_until either way. "
+                 "Default: wait")
+      ->check(CLI::IsMember({"wait", "term"}))
+      ->type_name("wait|term");
+}
+
+bool TermOnRisk(const ObservabilityFlags& flags) { return flags.on_risk == "term"; }
+
+struct MetricsServer::Impl {
+  httplib::Server server;
+};
+
+Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& addr,
+                                                            std::shared_ptr<Metrics> metrics) {
+  if (addr.empty()) {
+    return std::unique_ptr<MetricsServer>();
+  }
+  LH_ASSIGN_OR_RETURN(auto host_port, ParseAddr(addr));
+  auto impl = std::make_unique<Impl>();
+  httplib::Server& server = impl->server;
+  // One worker: a scrape is cheap, and the command's supervision must not compete with a
+  // crowd of HTTP threads.
+  server.new_task_queue = [] { return new httplib::ThreadPool(1); };
+  // Not httplib's default, which sets SO_REUSEPORT: a second leasehold given the same address
+  // must fail to bind, not silently share the port. And the listening socket must not leak
+  // into the supervised command (it would keep the port bound after leasehold exits).
+  server.set_socket_options([](int sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    ::fcntl(sock, F_SETFD, FD_CLOEXEC);
+  });
+  server.Get("/metrics", [metrics](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics->PrometheusText(), std::string(kPrometheusTextContentType).c_str());
+  });
+  int port = host_port.second;
+  if (port == 0) {
+    port = server.bind_to_any_port(host_port.first);
+  } else if (!server.bind_to_port(host_port.first, port)) {
+    port = -1;
+  }
+  if (port < 0) {
+    return Status::Unavailable(
+        fmt::format("--metrics-addr {}: cannot listen there (address in use, or not an "
+                    "address of this host)",
+                    addr));
+  }
+  return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl), port));
+}
+
+MetricsServer::MetricsServer(std::unique_ptr<Impl> impl, int port)
+    : impl_(std::move(impl)), port_(port) {
+  httplib::Server* server = &impl_->server;
+  listener_ = std::jthread([server] { server->listen_after_bind(); });
+}
+
+MetricsServer::~MetricsServer() {
+  impl_->server.stop();
+  if (listener_.joinable()) {
+    listener_.join();
+  }
+}
+
+}  // namespace leasehold::cli

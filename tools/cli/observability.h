@@ -1,0 +1,74 @@
+// File: tools/cli/observability.h
+//
+// The observability flags shared by `run` and `elect`: --metrics-addr (Prometheus text at
+// /metrics, served by cpp-httplib), --log-format=text|json and --on-risk=wait|term.
+//
+// Example:
+//
+//   ObservabilityFlags obs;
+//   AddObservabilityOptions(*run, obs);                 // while building the CLI11 app
+//   ...
+//   LH_RETURN_IF_ERROR(ApplyLogFormat(obs.log_format));  // before any event is logged
+//   auto server = MetricsServer::Start(obs.metrics_addr, store->metrics());
+//
+// Thread safety: MetricsServer is thread-safe; the rest is for the main thread.
+
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "leasehold/metrics.h"
+#include "leasehold/status.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace leasehold::cli {
+
+struct ObservabilityFlags {
+  // --metrics-addr HOST:PORT; empty: no HTTP server.
+  std::string metrics_addr;
+  // --log-format: "text" (leasehold: event key=value ...) or "json" (one object per line).
+  std::string log_format = "text";
+  // --on-risk: "wait" (SIGTERM at safe_until - kill-grace, the default) or "term" (SIGTERM as
+  // soon as the lease is at risk; SIGKILL still at safe_until).
+  std::string on_risk = "wait";
+};
+
+// Adds --metrics-addr, --log-format and --on-risk to `app`, bound to `flags`.
+void AddObservabilityOptions(CLI::App& app, ObservabilityFlags& flags);
+
+// Returns true for --on-risk=term. REQUIRES: flags validated by CLI11 (wait|term).
+bool TermOnRisk(const ObservabilityFlags& flags);
+
+// Serves GET /metrics (Prometheus text format 0.0.4) on one listener thread, until destroyed.
+class MetricsServer {
+ public:
+  // Binds `addr` ("HOST:PORT", "[::1]:PORT"; port 0 picks a free one) and starts serving.
+  // Returns nullptr for an empty addr; kInvalidArgument for a malformed one; kUnavailable if
+  // the address cannot be bound.
+  static Result<std::unique_ptr<MetricsServer>> Start(const std::string& addr,
+                                                      std::shared_ptr<Metrics> metrics);
+
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+  MetricsServer(MetricsServer&&) = delete;
+  MetricsServer& operator=(MetricsServer&&) = delete;
+  ~MetricsServer();
+
+  // The bound port (useful with port 0).
+  [[nodiscard]] int port() const { return port_; }
+
+ private:
+  struct Impl;
+  MetricsServer(std::unique_ptr<Impl> impl, int port);
+
+  std::unique_ptr<Impl> impl_;
+  int port_;
+  std::jthread listener_;
+};
+
+}  // namespace leasehold::cli
