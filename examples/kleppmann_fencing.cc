@@ -9,15 +9,17 @@
 //   5. The storage layer rejects A's write: its token is lower than one it has already seen.
 //
 // Two storage layers enforce the rule (leasehold/fencing.h): a local directory
-// (FencedDirectory) and a SQLite table with a lock_version column (BuildFencedUpsert). A
-// PostgreSQL table works the same way with SqlDialect::kPostgres and PQexecParams.
-// TODO(#8): add a PostgresLedger next to SqliteLedger once the postgres backend (and libpq in
-// the build) lands, selected by a third argument "postgresql://...".
+// (FencedDirectory) and a SQLite table with a lock_version column (BuildFencedUpsert). With a
+// third argument, a PostgreSQL table does the same (PostgresLedger: SqlDialect::kPostgres and
+// PQexecParams; built when the project has libpq, LEASEHOLD_WITH_POSTGRES).
 //
-//   kleppmann_fencing STORE_URL SCRATCH_DIR
+//   kleppmann_fencing STORE_URL SCRATCH_DIR [LEDGER_URL]
 //
 // STORE_URL must be shared by two processes (sqlite://, redis://, postgres://...; not memory://).
-// Exits 0 if A's stale write was rejected by both storage layers and B's writes stand.
+// LEDGER_URL (postgres://... or postgresql://..., a plain libpq URL: no leasehold parameters)
+// names the database of the PostgreSQL ledger, table `kleppmann_ledger` (created if missing; the
+// example's row is reset at start). Exits 0 if A's stale write was rejected by every storage
+// layer and B's writes stand.
 
 #include <signal.h>
 #include <sqlite3.h>
@@ -29,10 +31,15 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <sys/wait.h>
 
 #include "leasehold/leasehold.h"
+
+#ifdef LEASEHOLD_EXAMPLE_WITH_POSTGRES
+#include <libpq-fe.h>
+#endif
 
 namespace {
 
@@ -114,12 +121,98 @@ class SqliteLedger {
   sqlite3* db_ = nullptr;
 };
 
+#ifdef LEASEHOLD_EXAMPLE_WITH_POSTGRES
+// The same storage layer on PostgreSQL: `kleppmann_ledger`, guarded by lock_version (bigint).
+class PostgresLedger {
+ public:
+  explicit PostgresLedger(const std::string& url) : conn_(PQconnectdb(url.c_str())) {
+    if (PQstatus(conn_) != CONNECTION_OK) {
+      std::fprintf(stderr, "postgres ledger: %s", PQerrorMessage(conn_));
+      std::exit(70);
+    }
+    PQsetNoticeProcessor(conn_, [](void*, const char*) {}, nullptr);  // "already exists"
+    Exec(
+        "CREATE TABLE IF NOT EXISTS kleppmann_ledger (id text PRIMARY KEY, value text NOT NULL, "
+        "lock_version bigint NOT NULL DEFAULT 0)");
+  }
+
+  PostgresLedger(const PostgresLedger&) = delete;
+  PostgresLedger& operator=(const PostgresLedger&) = delete;
+  PostgresLedger(PostgresLedger&&) = delete;
+  PostgresLedger& operator=(PostgresLedger&&) = delete;
+
+  ~PostgresLedger() { PQfinish(conn_); }
+
+  // Forgets the record: a fresh run (the database, unlike the scratch directory, outlives it).
+  void Reset(const std::string& id) {
+    const char* values[] = {id.c_str()};
+    PQclear(PQexecParams(conn_, "DELETE FROM kleppmann_ledger WHERE id = $1", 1, nullptr, values,
+                         nullptr, nullptr, 0));
+  }
+
+  // Writes `value` under `token`; kLost ("fenced out") if a higher token was stored first.
+  Status Write(const std::string& id, const std::string& value, FencingToken token) {
+    auto stmt = leasehold::BuildFencedUpsert({.table = "kleppmann_ledger",
+                                              .id = id,
+                                              .set = {{"value", value}},
+                                              .token = token,
+                                              .dialect = leasehold::SqlDialect::kPostgres});
+    if (!stmt.ok()) {
+      return stmt.status();
+    }
+    std::vector<const char*> values;
+    for (const std::string& p : stmt->params) {
+      values.push_back(p.c_str());
+    }
+    PGresult* res = PQexecParams(conn_, stmt->text.c_str(), static_cast<int>(values.size()),
+                                 nullptr, values.data(), nullptr, nullptr, 0);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+      Status err = Status::Unavailable(PQresultErrorMessage(res));
+      PQclear(res);
+      return err;
+    }
+    const long long rows = std::atoll(PQcmdTuples(res));
+    PQclear(res);
+    return leasehold::CheckFencedRows(rows, token);
+  }
+
+  std::string Read(const std::string& id) {
+    const char* values[] = {id.c_str()};
+    PGresult* res = PQexecParams(conn_,
+                                 "SELECT value || ' (lock_version ' || lock_version || ')' FROM "
+                                 "kleppmann_ledger WHERE id = $1",
+                                 1, nullptr, values, nullptr, nullptr, 0);
+    std::string out = PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1
+                          ? PQgetvalue(res, 0, 0)
+                          : "(missing)";
+    PQclear(res);
+    return out;
+  }
+
+ private:
+  void Exec(const char* sql) {
+    PGresult* res = PQexec(conn_, sql);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+      std::fprintf(stderr, "%s: %s", sql, PQresultErrorMessage(res));
+      std::exit(70);
+    }
+    PQclear(res);
+  }
+
+  PGconn* conn_;
+};
+#endif
+
+// The PostgreSQL ledger's URL (third argument), or empty.
+std::string g_ledger_url;
+
 struct Outcome {
   bool dir_ok = false;
   bool sql_ok = false;
+  bool pg_ok = false;
 };
 
-// Writes one value to both storage layers and prints what each said.
+// Writes one value to every storage layer and prints what each said.
 Outcome WriteBoth(const char* who, const std::string& dir, FencingToken token) {
   const std::string value = std::string("written by ") + who;
   Status d = leasehold::FencedDirectory(dir).Write("report", value, token);
@@ -127,8 +220,16 @@ Outcome WriteBoth(const char* who, const std::string& dir, FencingToken token) {
   std::printf("%s writes with fencing token %llu:\n  directory: %s\n  sqlite:    %s\n", who,
               static_cast<unsigned long long>(token), d.ok() ? "accepted" : d.ToString().c_str(),
               s.ok() ? "accepted" : s.ToString().c_str());
+  Outcome out{d.ok(), s.ok(), false};
+#ifdef LEASEHOLD_EXAMPLE_WITH_POSTGRES
+  if (!g_ledger_url.empty()) {
+    Status p = PostgresLedger(g_ledger_url).Write("report", value, token);
+    std::printf("  postgres:  %s\n", p.ok() ? "accepted" : p.ToString().c_str());
+    out.pg_ok = p.ok();
+  }
+#endif
   std::fflush(stdout);
-  return {d.ok(), s.ok()};
+  return out;
 }
 
 void WriteByte(int fd, char c) {
@@ -180,18 +281,27 @@ int ClientA(const std::string& url, const std::string& dir, int to_parent, int f
   // find it false; but the pause could just as well strike after that check, so only the
   // storage layer can make the write safe.)
   Outcome a = WriteBoth("client A (stale)", dir, token);
-  return a.dir_ok || a.sql_ok ? 1 : 0;
+  return a.dir_ok || a.sql_ok || a.pg_ok ? 1 : 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: kleppmann_fencing STORE_URL SCRATCH_DIR\n");
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: kleppmann_fencing STORE_URL SCRATCH_DIR [LEDGER_URL]\n");
     return 64;
   }
   const std::string url = argv[1];
   const std::string dir = argv[2];
+  if (argc == 4) {
+#ifdef LEASEHOLD_EXAMPLE_WITH_POSTGRES
+    g_ledger_url = argv[3];
+    PostgresLedger(g_ledger_url).Reset("report");
+#else
+    std::fprintf(stderr, "kleppmann_fencing was built without libpq: no LEDGER_URL\n");
+    return 64;
+#endif
+  }
   if (url.rfind("memory:", 0) == 0) {
     std::fprintf(stderr, "kleppmann_fencing needs a store shared by two processes\n");
     return 64;
@@ -256,7 +366,7 @@ int main(int argc, char** argv) {
                                            std::chrono::steady_clock::now() - t0)
                                            .count()));
     Outcome b = WriteBoth("client B", dir, lease->fencing_token());
-    if (!b.dir_ok || !b.sql_ok) {
+    if (!b.dir_ok || !b.sql_ok || (!g_ledger_url.empty() && !b.pg_ok)) {
       rc = 1;
     }
 
@@ -282,6 +392,15 @@ int main(int argc, char** argv) {
   std::printf("final: directory holds \"%s\" (highest token %llu); sqlite holds \"%s\"\n",
               file.c_str(), static_cast<unsigned long long>(highest.value_or(0)),
               SqliteLedger(dir + "/ledger.db").Read("report").c_str());
+#ifdef LEASEHOLD_EXAMPLE_WITH_POSTGRES
+  if (!g_ledger_url.empty()) {
+    const std::string row = PostgresLedger(g_ledger_url).Read("report");
+    std::printf("final: postgres holds \"%s\"\n", row.c_str());
+    if (row.rfind("written by client B", 0) != 0) {
+      rc = 1;
+    }
+  }
+#endif
   if (file != "written by client B") {
     rc = 1;
   }

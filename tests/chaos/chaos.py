@@ -25,7 +25,8 @@ leasehold::BootClock in the workers): one clock for every process on the host.
 
 Stores join through a StoreControl: a URL for the workers plus optional server faults (pause,
 kill -9 and restart on the same port and data, and a TCP fault proxy between workers and the
-server). SqliteStore has no server; RedisStore is the hook for redis:// (see its docstring).
+server). SqliteStore has no server; RedisStore is the hook for redis://, PostgresStore for
+postgres:// (advisory mode) and PostgresTableStore for ?mode=table (see their docstrings).
 """
 
 import argparse
@@ -62,6 +63,7 @@ class StoreControl:
 
     scheme = "?"
     server_faults = ()  # names of the server faults this store supports
+    quick_scale = 1.0  # --quick durations times this (stores that start slowly: fewer seconds)
 
     def start(self, run_dir):
         raise NotImplementedError
@@ -230,16 +232,19 @@ class RedisStore(StoreControl):
     def url(self):
         return f"redis://127.0.0.1:{self.proxy.port}?prefix=chaos"
 
+    def _signal(self, sig):  # the server process (PostgresStore: its whole process group)
+        os.kill(self.proc.pid, sig)
+
     def inject(self, fault, ttl_ns, orch):
         rng = orch.rng
         t = now_ns()
         if fault == "store-pause":
             dur = int(rng.uniform(0.5, 3.0) * ttl_ns)
-            os.kill(self.proc.pid, signal.SIGSTOP)
-            self.undo.append((t + dur, lambda: os.kill(self.proc.pid, signal.SIGCONT), fault))
+            self._signal(signal.SIGSTOP)
+            self.undo.append((t + dur, lambda: self._signal(signal.SIGCONT), fault))
         elif fault == "store-restart":
             dur = 0
-            os.kill(self.proc.pid, signal.SIGKILL)
+            self._signal(signal.SIGKILL)
             self.proc.wait()
             self.proxy.reset()
             self._launch()
@@ -280,14 +285,111 @@ class RedisStore(StoreControl):
     def stop(self):
         self.proxy.close()
         try:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            os.kill(self.proc.pid, signal.SIGKILL)
+            self._signal(signal.SIGCONT)
+            self._signal(signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.proc.wait()
 
 
-STORES = {"sqlite": SqliteStore, "redis": RedisStore}
+PG_BIN = "/usr/lib/postgresql/15/bin"
+
+
+class PostgresStore(RedisStore):
+    """postgres:// (mode=advisory, the default): a throwaway PostgreSQL 15 as
+    tests/testing/postgres_server.cc starts it: initdb and postgres run as the `postgres` OS
+    user when the harness runs as root (initdb refuses root), in a temporary directory of their
+    own under /tmp (the run directory is root's, mode 0700), on a free 127.0.0.1 port (never
+    5432), the Unix socket in that directory. fsync=off (the OS never crashes here) but
+    synchronous_commit=on, so that a kill -9 of the server loses no committed fence. The
+    workers reach it through a FaultProxy. The server's log is copied to the run directory.
+
+    Server faults, as RedisStore's: store-pause SIGSTOPs the server's whole process group
+    (postmaster and every backend); store-restart kill -9s the group and restarts on the same
+    port and data (crash recovery).
+
+    Advisory mode leaves out store-restart and proxy-reset: both end the holder's session,
+    which frees its advisory lock at once, while the holder learns it only at its next
+    heartbeat. The README (PostgreSQL, "The window") documents that window and leaves it to
+    fencing; the checker would report it as overlaps. `--pg-session-faults` adds them back
+    (expect overlaps and stolen grants, and stale_accepted=0). Table mode (a row with a
+    server-side expiry, which survives both) takes every fault."""
+
+    scheme = "postgres"
+    query = ""
+    server_faults = ("store-pause", "proxy-blackhole", "proxy-delay")
+    session_faults = ("store-restart", "proxy-reset")
+    quick_scale = 0.8  # initdb + start per scenario: keeps --quick under 60 s
+
+    def start(self, run_dir):
+        import pwd
+        self.run_dir = run_dir
+        self.dir = tempfile.mkdtemp(prefix="leasehold-chaos-pg-")
+        self.user = None
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")  # KeyError: install the postgresql package
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+            self.user = "postgres"
+        with open(os.path.join(self.dir, "initdb.log"), "wb") as log:
+            rc = subprocess.run([f"{PG_BIN}/initdb", "-D", os.path.join(self.dir, "data"), "-U",
+                                 "postgres", "-A", "trust", "--no-sync", "--no-instructions"],
+                                stdout=log, stderr=log, user=self.user, cwd=self.dir).returncode
+        if rc != 0:
+            raise SystemExit(f"chaos: initdb failed (rc {rc}), see {self.dir}/initdb.log")
+        self.port = free_port()
+        while self.port in (5432, 6432):
+            self.port = free_port()
+        self._launch()
+        self.proxy = FaultProxy(self.port)
+        self.undo = []
+
+    def _launch(self):
+        for attempt in range(20):  # after a kill -9, orphaned backends may linger a moment
+            self.log_f = open(os.path.join(self.dir, "pg.log"), "ab")
+            self.proc = subprocess.Popen(
+                [f"{PG_BIN}/postgres", "-D", os.path.join(self.dir, "data"), "-p", str(self.port),
+                 "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}",
+                 "-c", "fsync=off", "-c", "synchronous_commit=on", "-c", "max_connections=200",
+                 "-c", "shared_buffers=32MB"],
+                stdout=self.log_f, stderr=self.log_f, user=self.user, cwd=self.dir,
+                start_new_session=True)
+            deadline = time.time() + 30
+            while time.time() < deadline and self.proc.poll() is None:
+                if subprocess.run([f"{PG_BIN}/pg_isready", "-q", "-h", "127.0.0.1", "-p",
+                                   str(self.port), "-t", "1"]).returncode == 0:
+                    return
+                time.sleep(0.05)
+            if self.proc.poll() is None:
+                break
+            time.sleep(0.25)
+        raise SystemExit(f"chaos: postgres did not come up on port {self.port}, see "
+                         f"{self.dir}/pg.log")
+
+    def url(self):
+        return f"postgres://postgres@127.0.0.1:{self.proxy.port}/postgres{self.query}"
+
+    def _signal(self, sig):
+        os.killpg(self.proc.pid, sig)
+
+    def stop(self):
+        super().stop()
+        try:
+            shutil.copy(os.path.join(self.dir, "pg.log"), os.path.join(self.run_dir, "pg.log"))
+        except OSError:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PostgresTableStore(PostgresStore):
+    """postgres://...?mode=table: the same server; every server fault."""
+
+    scheme = "postgres-table"
+    query = "?mode=table"
+    server_faults = PostgresStore.server_faults + PostgresStore.session_faults
+
+
+STORES = {"sqlite": SqliteStore, "redis": RedisStore, "postgres": PostgresStore,
+          "postgres-table": PostgresTableStore}
 
 
 # ---- scenarios ----------------------------------------------------------------------------
@@ -420,7 +522,8 @@ class Orchestrator:
         return [pid for pid in self.live() if self.holding.get(self.procs[pid][1])]
 
     def inject(self, end_ns):
-        faults = self.sc["faults"]
+        faults = {k: w for k, w in self.sc["faults"].items()
+                  if k in ("pause", "pause-check", "kill") or k in self.store.server_faults}
         kind = self.rng.choices(list(faults), weights=list(faults.values()))[0]
         holders = self.holders()
         if kind in ("pause", "pause-check"):
@@ -836,6 +939,9 @@ def main():
     ap.add_argument("--ignore-sigpipe", action="store_true",
                     help="workers ignore SIGPIPE (a workaround; off by default: the library "
                          "must not need it)")
+    ap.add_argument("--pg-session-faults", action="store_true",
+                    help="--store postgres: also store-restart and proxy-reset, which end the "
+                         "holder's session (the documented window: expect overlaps)")
     ap.add_argument("--check-only", metavar="DIR")
     args = ap.parse_args()
     if args.fault_gap_ms is None:
@@ -878,13 +984,15 @@ def main():
         if args.duration:
             duration = args.duration
         elif args.quick:
-            duration = SCENARIOS[scenario]["quick_s"]
+            duration = SCENARIOS[scenario]["quick_s"] * STORES[args.store].quick_scale
             if control:
                 duration = min(duration, 10)
         else:
             duration = 60
         run_dir = tempfile.mkdtemp(prefix=f"chaos-{args.store}-{scenario}-", dir=args.workdir)
         store = STORES[args.store]()
+        if args.pg_session_faults and isinstance(store, PostgresStore):
+            store.server_faults = tuple(dict.fromkeys(store.server_faults + store.session_faults))
         store.start(run_dir)
         args.scenario_name = scenario
         orch = Orchestrator(args, store, scenario, run_dir, rng, flags)

@@ -4,7 +4,8 @@
 # End-to-end tests of the `leasehold` command against the embedded sqlite:// store: the issue's
 # acceptance list for `run` (contention, waiting, kill -9, force-release, SIGSTOP/SIGCONT, bad
 # input, signal forwarding), the operator commands (status, list, release, --help), and
-# `elect` / `leader` (ElectCliTest).
+# `elect` / `leader` (ElectCliTest), and `schema` for postgres:// (SchemaCliTest: starts a throwaway
+# PostgreSQL 15 when its binaries are installed, skips that case otherwise).
 #
 #   python3 tests/cli/cli_test.py --leasehold build/tools/cli/leasehold [-v] [CliTest.test_x]
 #
@@ -18,6 +19,7 @@ import sqlite3
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -825,6 +827,86 @@ class ObservabilityCliTest(unittest.TestCase):
         self.assertIn("at_risk key=job", log)
         self.assertIn("at risk (--on-risk=term)", log)
         self.assertNotIn("sending SIGKILL", log)
+
+
+class SchemaCliTest(unittest.TestCase):
+    """`leasehold schema --store postgres://...`: prints the CREATE statements without connecting
+    (the URL below names a port nobody listens on), and they apply cleanly to a throwaway
+    PostgreSQL 15 when one can be started here (initdb as the postgres OS user)."""
+
+    PG_BIN = "/usr/lib/postgresql/15/bin"
+
+    def schema(self, url):
+        return subprocess.run([LEASEHOLD, "schema", "--store", url], capture_output=True,
+                              text=True, timeout=30)
+
+    def test_schema_prints_create_statements_without_connecting(self):
+        r = self.schema("postgres://app:s3cret@127.0.0.1:1/app?schema=billing&mode=table")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn('CREATE SCHEMA IF NOT EXISTS "billing";', r.stdout)
+        self.assertIn('CREATE TABLE IF NOT EXISTS "billing".leases (', r.stdout)
+        self.assertIn("fence      bigint NOT NULL", r.stdout)
+        self.assertNotIn("s3cret", r.stdout + r.stderr)
+        # Not a postgres:// store: a usage error.
+        self.assertEqual(self.schema("sqlite:///nonexistent/x.db").returncode, EXIT_USAGE)
+
+    def test_schema_applies_to_a_real_postgres(self):
+        if not os.path.exists(self.PG_BIN + "/initdb"):
+            self.skipTest("no PostgreSQL 15 binaries")
+        user = None
+        d = tempfile.mkdtemp(prefix="leasehold-cli-pg-")
+        self.addCleanup(shutil.rmtree, d, True)
+        if os.geteuid() == 0:
+            import pwd
+            try:
+                pw = pwd.getpwnam("postgres")
+            except KeyError:
+                self.skipTest("root without a postgres OS user")
+            os.chown(d, pw.pw_uid, pw.pw_gid)
+            user = "postgres"
+        init = subprocess.run([self.PG_BIN + "/initdb", "-D", d + "/data", "-U", "postgres", "-A",
+                               "trust", "--no-sync", "--no-instructions"], user=user, cwd=d,
+                              capture_output=True, timeout=120)
+        self.assertEqual(init.returncode, 0, init.stderr)
+        with socket.socket() as s_:
+            s_.bind(("127.0.0.1", 0))
+            port = s_.getsockname()[1]
+        server = subprocess.Popen(
+            [self.PG_BIN + "/postgres", "-D", d + "/data", "-p", str(port), "-c",
+             "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + d, "-c",
+             "fsync=off"], user=user, cwd=d, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+
+        def stop():
+            server.send_signal(signal.SIGQUIT)
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        self.addCleanup(stop)
+        psql = ["psql", "-X", "-q", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d",
+                "postgres", "-At", "-v", "ON_ERROR_STOP=1"]
+        deadline = time.time() + 30
+        while subprocess.run(psql + ["-c", "SELECT 1"], capture_output=True).returncode != 0:
+            self.assertLess(time.time(), deadline, "postgres did not come up")
+            time.sleep(0.1)
+        url = f"postgres://postgres@127.0.0.1:{port}/postgres?schema=billing"
+        r = self.schema(url)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        applied = subprocess.run(psql, input=r.stdout, capture_output=True, text=True)
+        self.assertEqual(applied.returncode, 0, applied.stderr)
+        cols = subprocess.run(psql + ["-c", "SELECT string_agg(column_name, ',' ORDER BY "
+                                      "ordinal_position) FROM information_schema.columns WHERE "
+                                      "table_schema = 'billing' AND table_name = 'leases'"],
+                              capture_output=True, text=True)
+        self.assertEqual(cols.stdout.strip(),
+                         "key,fence,token,holder,ttl_ms,expires_at,lock_id,pid", cols.stderr)
+        # The store opens on the table the DBA created, without creating anything itself.
+        st = subprocess.run([LEASEHOLD, "status", "--store", url + "&create_schema=false", "job"],
+                            capture_output=True, text=True, timeout=30)
+        self.assertEqual(st.returncode, 0, st.stderr)
+        self.assertIn("job: free", st.stdout, st.stderr)
 
 
 def main():
