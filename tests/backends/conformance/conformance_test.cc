@@ -26,14 +26,13 @@
 #include "core/url.h"
 #include "leasehold/election.h"
 #include "leasehold/store.h"
+#include "testing/spawned_process.h"
 #if LEASEHOLD_WITH_REDIS
 #include "testing/redis_server.h"
 #endif
 #if LEASEHOLD_WITH_POSTGRES
 #include "testing/postgres_server.h"
 #endif
-
-extern char** environ;
 
 namespace leasehold {
 namespace {
@@ -133,74 +132,7 @@ std::vector<BackendFactory> Factories() {
   return factories;
 }
 
-// A child process whose stdout we read line by line.
-class Child {
- public:
-  explicit Child(const std::vector<std::string>& args) {
-    int fds[2];
-    if (pipe(fds) != 0) {
-      return;
-    }
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    std::vector<char*> argv;
-    for (const auto& a : args) {
-      argv.push_back(const_cast<char*>(a.c_str()));
-    }
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
-      pid_ = -1;
-    }
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
-  }
-
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  Child(Child&&) = delete;
-  Child& operator=(Child&&) = delete;
-
-  ~Child() {
-    if (pid_ > 0 && !reaped_) {
-      kill(pid_, SIGKILL);
-      (void)Wait();
-    }
-    if (out_ != nullptr) {
-      fclose(out_);
-    }
-  }
-
-  // Returns the next line of output ("" at end of output).
-  std::string ReadLine() {
-    char buf[512];
-    if (out_ == nullptr || fgets(buf, sizeof(buf), out_) == nullptr) {
-      return "";
-    }
-    std::string line(buf);
-    if (!line.empty() && line.back() == '\n') {
-      line.pop_back();
-    }
-    return line;
-  }
-
-  // Returns the exit code, or 128+signal.
-  int Wait() {
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    reaped_ = true;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
-  pid_t pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-  bool reaped_ = false;
-};
+using Child = testing::SpawnedProcess;
 
 class ConformanceTest : public ::testing::TestWithParam<BackendFactory> {
  protected:

@@ -24,8 +24,7 @@
 #include "core/url.h"
 #include "leasehold/store.h"
 #include "testing/postgres_server.h"
-
-extern char** environ;
+#include "testing/spawned_process.h"
 
 namespace leasehold {
 namespace {
@@ -80,68 +79,7 @@ class PostgresBackendTest : public ::testing::Test {
 testing::PostgresServer* PostgresBackendTest::server_ = nullptr;
 testing::PgBouncer* PostgresBackendTest::bouncer_ = nullptr;
 
-// A child process (lease_holder) whose stdout we read line by line.
-class Holder {
- public:
-  explicit Holder(const std::vector<std::string>& args) {
-    int fds[2];
-    if (pipe(fds) != 0) {
-      return;
-    }
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    std::vector<char*> argv;
-    for (const auto& a : args) {
-      argv.push_back(const_cast<char*>(a.c_str()));
-    }
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
-      pid_ = -1;
-    }
-    posix_spawn_file_actions_destroy(&actions);
-    close(fds[1]);
-    out_ = fdopen(fds[0], "r");
-  }
-
-  Holder(const Holder&) = delete;
-  Holder& operator=(const Holder&) = delete;
-  Holder(Holder&&) = delete;
-  Holder& operator=(Holder&&) = delete;
-
-  ~Holder() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-    if (out_ != nullptr) {
-      fclose(out_);
-    }
-  }
-
-  std::string ReadLine() {
-    char buf[512];
-    if (out_ == nullptr || fgets(buf, sizeof(buf), out_) == nullptr) {
-      return "";
-    }
-    std::string line(buf);
-    if (!line.empty() && line.back() == '\n') {
-      line.pop_back();
-    }
-    return line;
-  }
-
-  void Kill9() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-};
+using Holder = testing::SpawnedProcess;
 
 TEST(PostgresOptionsTest, BothConninfoFormsAndLeaseholdParametersAreStripped) {
   auto uri = ParseUrl("postgres://app:s3cret@db1:5433,db2/appdb?mode=table&schema=jobs&sslmode=require");
