@@ -6,27 +6,20 @@
 
 #include "testing/postgres_server.h"
 
-#include <fcntl.h>
-#include <grp.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
-#include <netinet/in.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
+
+#include "testing/server_process.h"
 
 namespace leasehold::testing {
 
@@ -35,20 +28,6 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr const char* kPgBin = "/usr/lib/postgresql/15/bin";
-
-std::string Tail(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string all = text.str();
-  return all.size() > 800 ? all.substr(all.size() - 800) : all;
-}
-
-struct RunAs {
-  bool drop = false;
-  uid_t uid = 0;
-  gid_t gid = 0;
-};
 
 // Root must run initdb, postgres and pgbouncer as the postgres user; others run as themselves.
 Result<RunAs> Identity() {
@@ -67,102 +46,17 @@ Result<RunAs> Identity() {
   return who;
 }
 
-// Forks and execs `args` as `who`, stdout/stderr to `log`; returns the child's pid.
-Result<pid_t> Spawn(const std::vector<std::string>& args, const RunAs& who,
-                    const std::string& log) {
-  std::vector<std::string> copy = args;
-  std::vector<char*> argv;
-  for (std::string& a : copy) {
-    argv.push_back(a.data());
-  }
-  argv.push_back(nullptr);
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
-    return Status::Unavailable("fork failed");
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) {
-      _exit(127);
-    }
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-    }
-    if (who.drop && (setgroups(0, nullptr) != 0 || setgid(who.gid) != 0 || setuid(who.uid) != 0)) {
-      _exit(126);
-    }
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // setuid clears it
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-void StopPid(pid_t& pid, int first_signal) {
-  if (pid <= 0) {
-    return;
-  }
-  kill(pid, first_signal);
-  for (int i = 0; i < 250; ++i) {
-    if (waitpid(pid, nullptr, WNOHANG) == pid) {
-      pid = -1;
-      return;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  pid = -1;
-}
-
 Result<std::string> RunPsql(int port, const std::string& sql) {
-  std::string quoted = "'";
-  for (char c : sql) {
-    quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  }
-  quoted += "'";
-  std::string command = fmt::format(
+  return RunCommand(fmt::format(
       "timeout 20 /usr/bin/psql -X -q -h 127.0.0.1 -p {} -U postgres -d postgres -At -v "
-      "ON_ERROR_STOP=1 -c {} 2>&1",
-      port, quoted);
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    return Status::Unavailable("cannot run psql");
-  }
-  std::string out;
-  std::array<char, 4096> buf;
-  std::size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) {
-    out.append(buf.data(), n);
-  }
-  int rc = pclose(pipe);
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) {
-    out.pop_back();
-  }
-  if (rc != 0) {
-    return Status::Unavailable(fmt::format("psql failed: {}", out));
-  }
-  return out;
+      "ON_ERROR_STOP=1 -c {}",
+      port, ShellQuote(sql)));
 }
 
-Status AwaitReady(int port, std::chrono::milliseconds timeout, pid_t& pid, const std::string& log,
-                  std::string_view what) {
-  const auto give_up = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < give_up) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      pid = -1;
-      return Status::Unavailable(fmt::format("{} exited at start: {}", what, Tail(log)));
-    }
-    if (RunPsql(port, "SELECT 1").ok()) {
-      return Status();
-    }
-    std::this_thread::sleep_for(50ms);
-  }
-  return Status::Unavailable(fmt::format("{} not ready in time: {}", what, Tail(log)));
+Status AwaitPsql(int port, std::chrono::milliseconds timeout, pid_t& pid, const std::string& log,
+                 std::string_view what) {
+  return AwaitReady(
+      pid, [port] { return RunPsql(port, "SELECT 1").ok(); }, timeout, log, what);
 }
 
 Status MakeDir(const std::string& dir, const RunAs& who) {
@@ -174,23 +68,7 @@ Status MakeDir(const std::string& dir, const RunAs& who) {
 
 }  // namespace
 
-int PickFreePostgresPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) {
-    return -1;
-  }
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return (port == 5432 || port == 6432) ? PickFreePostgresPort() : port;
-}
+int PickFreePostgresPort() { return PickFreeLoopbackPort({5432, 6432}); }
 
 Result<std::string> RunPsqlForTesting(int port, const std::string& sql) {
   return RunPsql(port, sql);
@@ -210,18 +88,18 @@ Result<std::unique_ptr<PostgresServer>> PostgresServer::Start(PostgresServerOpti
   std::unique_ptr<PostgresServer> server(new PostgresServer(options, tmpl, port));
   const std::string log = server->dir_ + "/pg.log";
   LH_ASSIGN_OR_RETURN(pid_t initdb,
-                      Spawn({std::string(kPgBin) + "/initdb", "-D", server->dir_ + "/data", "-U",
+                      SpawnServer({std::string(kPgBin) + "/initdb", "-D", server->dir_ + "/data", "-U",
                              "postgres", "-A", "trust", "--no-sync", "--no-instructions"},
-                            who, server->dir_ + "/initdb.log"));
+                            server->dir_ + "/initdb.log", who));
   int status = 0;
   waitpid(initdb, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return Status::Unavailable(
-        fmt::format("initdb failed: {}", Tail(server->dir_ + "/initdb.log")));
+        fmt::format("initdb failed: {}", TailFile(server->dir_ + "/initdb.log")));
   }
   LH_ASSIGN_OR_RETURN(
       server->pid_,
-      Spawn({std::string(kPgBin) + "/postgres", "-D", server->dir_ + "/data", "-c",
+      SpawnServer({std::string(kPgBin) + "/postgres", "-D", server->dir_ + "/data", "-c",
              "listen_addresses=127.0.0.1", "-p", std::to_string(port), "-c",
              "unix_socket_directories=" + server->dir_, "-c", "fsync=off", "-c",
              "synchronous_commit=off", "-c", "full_page_writes=off", "-c",
@@ -230,8 +108,8 @@ Result<std::unique_ptr<PostgresServer>> PostgresServer::Start(PostgresServerOpti
              // LEASEHOLD_PG_LOG_STATEMENTS=1: every statement in pg.log, for debugging.
              std::getenv("LEASEHOLD_PG_LOG_STATEMENTS") != nullptr ? "log_statement=all"
                                                                     : "log_statement=none"},
-            who, log));
-  LH_RETURN_IF_ERROR(AwaitReady(port, options.ready_timeout, server->pid_, log, "postgres"));
+            log, who));
+  LH_RETURN_IF_ERROR(AwaitPsql(port, options.ready_timeout, server->pid_, log, "postgres"));
   return server;
 }
 
@@ -286,11 +164,11 @@ Result<std::unique_ptr<PgBouncer>> PgBouncer::Start(const PostgresServer& server
   }
   const std::string log = bouncer->dir_ + "/pgbouncer.out";
   LH_ASSIGN_OR_RETURN(bouncer->pid_,
-                      Spawn({"/usr/sbin/pgbouncer", bouncer->dir_ + "/pgbouncer.ini"}, who, log));
-  Status ready = AwaitReady(port, std::chrono::seconds(15), bouncer->pid_, log, "pgbouncer");
+                      SpawnServer({"/usr/sbin/pgbouncer", bouncer->dir_ + "/pgbouncer.ini"}, log, who));
+  Status ready = AwaitPsql(port, std::chrono::seconds(15), bouncer->pid_, log, "pgbouncer");
   if (!ready.ok()) {
     return Status::Unavailable(
-        fmt::format("{} {}", ready.message(), Tail(bouncer->dir_ + "/pgbouncer.log")));
+        fmt::format("{} {}", ready.message(), TailFile(bouncer->dir_ + "/pgbouncer.log")));
   }
   return bouncer;
 }

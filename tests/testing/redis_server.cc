@@ -1,8 +1,7 @@
 // File: tests/testing/redis_server.cc
 //
-// RedisServer: fork + exec of redis-server with every setting on the command line, readiness by
-// PING through redis-cli, stop by PID. Nothing here sleeps longer than 20 ms at a time, and
-// every wait has a bound.
+// RedisServer: redis-server with every setting on the command line (started by
+// testing/server_process.h), readiness by PING through redis-cli, stop by PID.
 
 #include "testing/redis_server.h"
 
@@ -10,55 +9,16 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
-#include <netinet/in.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 
 namespace leasehold::testing {
 
-namespace {
-
 using namespace std::chrono_literals;
-
-std::string Tail(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string all = text.str();
-  return all.size() > 600 ? all.substr(all.size() - 600) : all;
-}
-
-}  // namespace
-
-int PickFreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) {
-    return -1;
-  }
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port == 6379 ? PickFreeLoopbackPort() : port;
-}
 
 RedisServer::RedisServer(RedisServerOptions options, std::string dir, int port)
     : options_(std::move(options)), dir_(std::move(dir)), port_(port) {}
@@ -121,67 +81,26 @@ Status RedisServer::Launch() {
   if (!options_.requirepass.empty()) {
     args.insert(args.end(), {"--requirepass", options_.requirepass});
   }
-  std::vector<char*> argv;
-  for (std::string& a : args) {
-    argv.push_back(a.data());
+  // Resolve the binary: Debian's, else a local build.
+  args[0] = access("/usr/bin/redis-server", X_OK) == 0 ? "/usr/bin/redis-server"
+                                                       : "/usr/local/bin/redis-server";
+  LH_ASSIGN_OR_RETURN(pid_, SpawnServer(args, dir_ + "/redis-stdout.log"));
+  Status ready = AwaitReady(
+      pid_,
+      [this] {
+        Result<std::string> pong = Cli({"PING"});
+        return pong.ok() && pong->find("PONG") != std::string::npos;
+      },
+      options_.ready_timeout, dir_ + "/redis.log", "redis-server");
+  if (!ready.ok()) {
+    Kill9();
   }
-  argv.push_back(nullptr);
-  // Resolve the binary before fork: only async-signal-safe calls may follow it.
-  std::string binary = "/usr/bin/redis-server";
-  if (access(binary.c_str(), X_OK) != 0) {
-    binary = "/usr/local/bin/redis-server";
-  }
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
-    return Status::Unavailable("fork failed");
-  }
-  if (pid == 0) {
-    // Die with the test process, whatever happens to it.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) {
-      _exit(127);
-    }
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
-  pid_ = pid;
-  const auto give_up = std::chrono::steady_clock::now() + options_.ready_timeout;
-  while (std::chrono::steady_clock::now() < give_up) {
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return Status::Unavailable(
-          fmt::format("redis-server exited at start: {}", Tail(dir_ + "/redis.log")));
-    }
-    Result<std::string> pong = Cli({"PING"});
-    if (pong.ok() && pong->find("PONG") != std::string::npos) {
-      return Status();
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  Kill9();
-  return Status::Unavailable(
-      fmt::format("redis-server did not answer PING in time: {}", Tail(dir_ + "/redis.log")));
+  return ready;
 }
 
-void RedisServer::Kill9() {
-  if (pid_ > 0) {
-    kill(pid_, SIGCONT);
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-}
+void RedisServer::Kill9() { StopPid(pid_, SIGKILL); }
 
-void RedisServer::Stop() {
-  if (pid_ > 0) {
-    kill(pid_, SIGCONT);
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-}
+void RedisServer::Stop() { StopPid(pid_, SIGTERM); }
 
 Status RedisServer::Restart() {
   Kill9();
@@ -206,31 +125,9 @@ Result<std::string> RedisServer::Cli(const std::vector<std::string>& args) const
     command += fmt::format(" --no-auth-warning -a '{}'", options_.requirepass);
   }
   for (const std::string& arg : args) {
-    std::string quoted = "'";
-    for (char c : arg) {
-      quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    }
-    command += " " + quoted + "'";
+    command += " " + ShellQuote(arg);
   }
-  command += " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    return Status::Unavailable("cannot run redis-cli");
-  }
-  std::string out;
-  std::array<char, 4096> buf;
-  std::size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) {
-    out.append(buf.data(), n);
-  }
-  int rc = pclose(pipe);
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) {
-    out.pop_back();
-  }
-  if (rc != 0) {
-    return Status::Unavailable(fmt::format("redis-cli failed: {}", out));
-  }
-  return out;
+  return RunCommand(command);
 }
 
 }  // namespace leasehold::testing

@@ -24,6 +24,7 @@
 #include <sys/types.h>
 
 #include "leasehold/status.h"
+#include "testing/server_process.h"
 
 namespace leasehold::testing {
 
@@ -89,8 +90,5 @@ class RedisServer {
   const int port_;
   pid_t pid_ = -1;
 };
-
-// Returns a TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read, close).
-int PickFreeLoopbackPort();
 
 }  // namespace leasehold::testing
