@@ -1,0 +1,48 @@
+// File: bench/floor_sqlite.cc
+//
+// SQLite floor: an empty BEGIN IMMEDIATE / COMMIT on the store's own file, on a connection of
+// its own (WAL, as the backend leaves the file). It takes the write lock and writes nothing, so
+// it has no fsync: a grant, which must reach the disk, costs at least one fsync more.
+
+#include <sqlite3.h>
+
+#include "core/url.h"
+#include "floor.h"
+
+namespace leasehold::bench {
+namespace {
+
+class SqliteFloor final : public FloorProbe {
+ public:
+  explicit SqliteFloor(sqlite3* db) : db_(db) {}
+  ~SqliteFloor() override { sqlite3_close(db_); }
+  SqliteFloor(const SqliteFloor&) = delete;
+  SqliteFloor& operator=(const SqliteFloor&) = delete;
+
+  Status Call() override {
+    if (sqlite3_exec(db_, "BEGIN IMMEDIATE; COMMIT;", nullptr, nullptr, nullptr) != SQLITE_OK) {
+      return Status::Unavailable(sqlite3_errmsg(db_));
+    }
+    return Status();
+  }
+
+ private:
+  sqlite3* db_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<FloorProbe>> OpenSqliteFloor(const std::string& url) {
+  LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(parsed.path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    return Status::Unavailable("cannot open the sqlite file for the floor probe (open the store "
+                               "first, it creates the file)");
+  }
+  sqlite3_busy_timeout(db, 5000);
+  sqlite3_exec(db, "PRAGMA synchronous=FULL", nullptr, nullptr, nullptr);
+  return std::unique_ptr<FloorProbe>(new SqliteFloor(db));
+}
+
+}  // namespace leasehold::bench
