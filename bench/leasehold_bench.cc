@@ -146,6 +146,8 @@ struct Subject {
   // True for stores that queue waiters (the fairness target applies).
   bool fair = false;
   std::function<Result<std::unique_ptr<FloorProbe>>()> open_floor;
+  // SQLite only: a write that reaches the disk, the least a grant costs (floor.h).
+  std::function<Result<std::unique_ptr<FloorProbe>>()> open_durable_floor;
   // The store's own count of requests it has read, where it keeps one (Redis:
   // total_reads_processed; PostgreSQL: transactions committed), for requests per heartbeat round.
   std::function<std::optional<double>()> server_requests;
@@ -350,7 +352,22 @@ class Runner {
       }
     }
     floor_ = Summarize(us);
-    return ToJson(floor_);
+    json out = ToJson(floor_);
+    if (s_.open_durable_floor) {
+      LH_ASSIGN_OR_RETURN(std::unique_ptr<FloorProbe> durable, s_.open_durable_floor());
+      std::vector<double> dus;
+      for (int i = 0; i < std::min(config_.floor_calls, 300) + 5; ++i) {
+        Status st;
+        double t = TimeUs([&] { st = durable->Call(); });
+        LH_RETURN_IF_ERROR(st);
+        if (i >= 5) {
+          dus.push_back(t);
+        }
+      }
+      durable_floor_ = Summarize(dus);
+      out["durable"] = ToJson(durable_floor_);
+    }
+    return out;
   }
 
   Result<json> Uncontended() {
@@ -372,10 +389,14 @@ class Runner {
       }
     }
     Dist pair = Summarize(pair_us);
-    return json{{"pair", ToJson(pair)},
+    json out = {{"pair", ToJson(pair)},
                 {"acquire", ToJson(Summarize(acquire_us))},
                 {"release", ToJson(Summarize(release_us))},
                 {"ratio_to_2_floors", pair.median_us / (2 * floor_.median_us)}};
+    if (durable_floor_.n > 0) {
+      out["ratio_to_2_durable_floors"] = pair.median_us / (2 * durable_floor_.median_us);
+    }
+    return out;
   }
 
   Result<json> Conflict() {
@@ -644,6 +665,7 @@ class Runner {
   Config config_;
   Subject s_;
   Dist floor_;
+  Dist durable_floor_;
   bool failed_ = false;
 };
 
@@ -674,7 +696,8 @@ Started StartStores(const std::vector<std::string>& only) {
         std::error_code ignored;
         std::filesystem::remove_all(dir, ignored);
       }));
-      st.subjects.push_back({"sqlite", url, false, [url] { return OpenSqliteFloor(url); }, {}, {}});
+      st.subjects.push_back({"sqlite", url, false, [url] { return OpenSqliteFloor(url); },
+                             [url] { return OpenSqliteDurableFloor(url); }, {}, {}});
     }
   }
 #endif
@@ -707,7 +730,7 @@ Started StartStores(const std::vector<std::string>& only) {
           url += "&fair=true";
         }
         st.subjects.push_back({name, url, std::string_view(name) == "redis_fair",
-                               [url] { return OpenRedisFloor(url); }, requests, what});
+                               [url] { return OpenRedisFloor(url); }, {}, requests, what});
       }
     }
   }
@@ -739,7 +762,7 @@ Started StartStores(const std::vector<std::string>& only) {
         // Each mode in its own schema: the modes keep different rows in the same table shape.
         std::string url = fmt::format("{}?mode={}&schema=bench_{}", pg->Url(), mode, mode);
         st.subjects.push_back({name, url, std::string_view(mode) == "advisory",
-                               [url] { return OpenPostgresFloor(url); }, requests, what});
+                               [url] { return OpenPostgresFloor(url); }, {}, requests, what});
       }
     }
   }
@@ -776,6 +799,15 @@ void PrintTable(const json& results) {
                 r["floor"]["p99_us"].get<double>(),
                 r["uncontended"]["pair"]["median_us"].get<double>(), u, Verdict(u, 1.25).c_str(),
                 r["conflict"]["try"]["median_us"].get<double>(), c, Verdict(c, 1.25).c_str());
+  }
+  for (const json& r : results) {
+    if (r.contains("floor") && r["floor"].contains("durable") && r.contains("uncontended")) {
+      double u = r["uncontended"]["ratio_to_2_durable_floors"];
+      std::printf("%-18s durable floor (one fsynced write) p50 %.1f us: acq+rel / 2 durable "
+                  "floors = %.2f %s\n",
+                  r["store"].get<std::string>().c_str(),
+                  r["floor"]["durable"]["median_us"].get<double>(), u, Verdict(u, 1.25).c_str());
+    }
   }
   std::printf("\n%-18s %8s %9s %9s %7s %-9s %7s %-9s %8s\n", "handoff", "grants/s",
               "p50 us", "p99 us", "/floor", "<=3", "fair", ">=0.8*", "maxwait");
