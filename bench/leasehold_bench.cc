@@ -50,7 +50,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "backends/backend.h"
+#include "backends/forwarding_backend.h"
 #include "backends/registry.h"
 #include "core/url.h"
 #include "floor.h"
@@ -213,27 +213,20 @@ std::string SelfPath() {
   return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string("leasehold-bench");
 }
 
-// ---- a Backend that counts the heartbeat's renewal calls ----
+// ---- a Backend that counts the heartbeat's renewal calls (and times them) ----
 
-class CountingBackend final : public internal::Backend {
+class CountingBackend final : public internal::ForwardingBackend {
  public:
-  explicit CountingBackend(std::shared_ptr<internal::Backend> inner) : inner_(std::move(inner)) {}
+  using ForwardingBackend::ForwardingBackend;
 
-  std::string_view scheme() const override { return inner_->scheme(); }
-  internal::Capabilities capabilities() const override { return inner_->capabilities(); }
-  Result<internal::Grant> TryAcquire(const internal::GrantRequest& r) override {
-    return inner_->TryAcquire(r);
-  }
   Status Renew(const internal::RenewRequest& r) override {
-    calls_.fetch_add(1);
-    leases_.fetch_add(1);
-    return inner_->Renew(r);
+    return RenewMany(std::span(&r, 1)).front();
   }
   std::vector<Status> RenewMany(std::span<const internal::RenewRequest> requests) override {
     calls_.fetch_add(1);
     leases_.fetch_add(requests.size());
     auto start = std::chrono::steady_clock::now();
-    std::vector<Status> out = inner_->RenewMany(requests);
+    std::vector<Status> out = inner().RenewMany(requests);
     double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
                     .count();
     std::lock_guard lock(mu_);
@@ -242,26 +235,6 @@ class CountingBackend final : public internal::Backend {
       failures_ += s.ok() ? 0 : 1;
     }
     return out;
-  }
-  Status Release(std::string_view key, std::string_view token) override {
-    return inner_->Release(key, token);
-  }
-  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
-    return inner_->Inspect(key);
-  }
-  Result<std::vector<LeaseInfo>> List(std::string_view prefix) override {
-    return inner_->List(prefix);
-  }
-  Result<bool> ForceRelease(std::string_view key) override { return inner_->ForceRelease(key); }
-  void AbandonWait(std::string_view key, std::string_view waiter) override {
-    inner_->AbandonWait(key, waiter);
-  }
-  Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override {
-    return inner_->WaitForChange(key, deadline, stop);
-  }
-  Status WaitForTurn(std::string_view key, std::string_view waiter, SteadyTime deadline,
-                     std::stop_token stop) override {
-    return inner_->WaitForTurn(key, waiter, deadline, stop);
   }
 
   std::uint64_t calls() const { return calls_.load(); }
@@ -283,7 +256,6 @@ class CountingBackend final : public internal::Backend {
   }
 
  private:
-  std::shared_ptr<internal::Backend> inner_;
   std::atomic<std::uint64_t> calls_{0};
   std::atomic<std::uint64_t> leases_{0};
   std::mutex mu_;
