@@ -283,6 +283,11 @@ class EtcdBackend::Impl {
   Status Call(std::string_view what, std::atomic<std::uint64_t>& counter, Fn&& fn,
               std::size_t* used_endpoint = nullptr) {
     bool reauthenticated = false;
+    if (options_.user && CurrentToken().empty()) {
+      // No token (a refused Authenticate): ask again, or get the remembered refusal while its
+      // backoff lasts. A call without a token would only be refused less clearly.
+      LH_RETURN_IF_ERROR(Authenticate(""));
+    }
     std::size_t tried = 0;
     grpc::Status last;
     std::string last_address;
