@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -143,6 +144,8 @@ struct Counters {
   std::atomic<std::uint64_t> keepalive_rounds{0};
   std::atomic<std::uint64_t> watch_streams{0};
   std::atomic<std::uint64_t> failovers{0};
+  std::atomic<std::uint64_t> spare_grants{0};
+  std::atomic<std::uint64_t> spare_used{0};
 };
 
 struct Endpoint {
@@ -159,6 +162,15 @@ struct HeldGrant {
   std::string owner_token;
   int64_t lease_id = 0;
   int64_t create_revision = 0;
+};
+
+// A lease granted ahead of time, with no key attached yet, so that an acquire needs only its
+// Txn. `refreshed` is when the request that last set its TTL (grant or keep-alive) was sent:
+// etcd keeps the lease at least until refreshed + ttl.
+struct SpareLease {
+  int64_t id = 0;
+  int64_t ttl_seconds = 0;
+  SteadyTime refreshed{};
 };
 
 // One keep-alive request waiting for its answer.
@@ -197,6 +209,19 @@ class EtcdBackend::Impl {
   Impl& operator=(Impl&&) = delete;
 
   ~Impl() {
+    // Spare leases carry no key: revoke them rather than leave them to expire.
+    std::vector<int64_t> spares;
+    {
+      MutexLock lock(&spare_mu_);
+      closing_ = true;
+      for (const auto& [seconds, spare] : spares_) {
+        spares.push_back(spare.id);
+      }
+      spares_.clear();
+    }
+    for (int64_t id : spares) {
+      RevokeInBackground(id);
+    }
     std::vector<std::shared_ptr<KeepAliveStream>> streams;
     {
       MutexLock lock(&ka_mu_);
@@ -655,6 +680,122 @@ class EtcdBackend::Impl {
         });
   }
 
+  // --- spare leases ---
+
+  // Takes the spare lease of `seconds` if it is young enough: its remaining TTL, judged from
+  // `now` (read after the core's t_send), must be at least 3/4 of its TTL. An older one is
+  // revoked.
+  std::optional<SpareLease> TakeSpare(int64_t seconds, SteadyTime now) {
+    std::optional<SpareLease> stale;
+    std::optional<SpareLease> taken;
+    {
+      MutexLock lock(&spare_mu_);
+      auto it = spares_.find(seconds);
+      if (it == spares_.end()) {
+        return std::nullopt;
+      }
+      const Duration age = now - it->second.refreshed;
+      if (age >= Duration::zero() && age * 4 <= std::chrono::seconds(it->second.ttl_seconds)) {
+        taken = it->second;
+      } else {
+        stale = it->second;
+      }
+      spares_.erase(it);
+    }
+    if (stale) {
+      RevokeInBackground(stale->id);
+    }
+    return taken;
+  }
+
+  // Keeps `spare` (unused: no key attached) for the next acquire of `seconds`, unless one is
+  // kept already, in which case it is revoked.
+  void KeepSpare(int64_t seconds, SpareLease spare) {
+    bool extra = false;
+    {
+      MutexLock lock(&spare_mu_);
+      if (closing_ || spares_.count(seconds) != 0 || spares_.size() >= kMaxSpares) {
+        extra = true;
+      } else {
+        spares_[seconds] = spare;
+      }
+    }
+    if (extra) {
+      RevokeInBackground(spare.id);
+    }
+  }
+
+  // Grants a spare lease of `seconds` in the background (no waiting for the reply), unless one
+  // is kept or on its way.
+  void RefillSpare(int64_t seconds) {
+    {
+      MutexLock lock(&spare_mu_);
+      if (closing_ || spares_.count(seconds) != 0 || refilling_.count(seconds) != 0 ||
+          spares_.size() + refilling_.size() >= kMaxSpares) {
+        return;
+      }
+      refilling_.insert(seconds);
+    }
+    struct GrantCall {
+      grpc::ClientContext ctx;
+      pb::LeaseGrantRequest req;
+      pb::LeaseGrantResponse resp;
+      SteadyTime sent{};
+    };
+    auto* call = new GrantCall();
+    call->ctx.set_deadline(WallDeadline(options_.command_timeout));
+    AddToken(call->ctx);
+    call->req.set_ttl(seconds);
+    {
+      MutexLock lock(&async_mu_);
+      ++async_outstanding_;
+    }
+    counters_.lease_grant.fetch_add(1, std::memory_order_relaxed);
+    counters_.spare_grants.fetch_add(1, std::memory_order_relaxed);
+    call->sent = Clock::Real().Now();  // before the send: the lease lives at least until sent + ttl
+    endpoints_[current_.load()]->lease->async()->LeaseGrant(
+        &call->ctx, &call->req, &call->resp, [this, call, seconds](const grpc::Status& s) {
+          {
+            MutexLock lock(&spare_mu_);
+            refilling_.erase(seconds);
+          }
+          if (s.ok() && call->resp.id() != 0 && call->resp.ttl() > 0) {
+            KeepSpare(seconds, {call->resp.id(), call->resp.ttl(), call->sent});
+          }
+          delete call;
+          MutexLock lock(&async_mu_);
+          --async_outstanding_;
+          async_cv_.NotifyAll();
+        });
+  }
+
+  // The spare leases, for a keep-alive round.
+  std::vector<SpareLease> Spares() {
+    MutexLock lock(&spare_mu_);
+    std::vector<SpareLease> out;
+    for (const auto& [seconds, spare] : spares_) {
+      out.push_back(spare);
+    }
+    return out;
+  }
+
+  // After a keep-alive round sent at `sent`: moves a spare's refresh time forward, or drops it
+  // if etcd says it is gone.
+  void SpareRenewed(int64_t id, std::optional<int64_t> ttl, SteadyTime sent) {
+    MutexLock lock(&spare_mu_);
+    for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+      if (it->second.id != id) {
+        continue;
+      }
+      if (ttl && *ttl <= 0) {
+        spares_.erase(it);
+      } else if (ttl) {
+        it->second.refreshed = std::max(it->second.refreshed, sent);
+      }
+      return;
+    }
+  }
+
   // --- held grants ---
 
   std::optional<HeldGrant> FindHeld(std::string_view key, std::string_view token) {
@@ -705,6 +846,13 @@ class EtcdBackend::Impl {
   Mutex held_mu_;
   std::map<std::string, HeldGrant, std::less<>> held_ LH_GUARDED_BY(held_mu_);
 
+  // At most this many spare leases (one per distinct TTL in whole seconds).
+  static constexpr std::size_t kMaxSpares = 4;
+  Mutex spare_mu_;
+  std::map<int64_t, SpareLease> spares_ LH_GUARDED_BY(spare_mu_);  // by TTL seconds
+  std::set<int64_t> refilling_ LH_GUARDED_BY(spare_mu_);
+  bool closing_ LH_GUARDED_BY(spare_mu_) = false;
+
   Mutex async_mu_;
   CondVar async_cv_{&async_mu_};
   int async_outstanding_ LH_GUARDED_BY(async_mu_) = 0;
@@ -751,28 +899,44 @@ EtcdBackend::Stats EtcdBackend::stats() const {
                .keepalive_responses = c.keepalive_responses.load(),
                .keepalive_rounds = c.keepalive_rounds.load(),
                .watch_streams = c.watch_streams.load(),
-               .failovers = c.failovers.load()};
+               .failovers = c.failovers.load(),
+               .spare_grants = c.spare_grants.load(),
+               .spare_used = c.spare_used.load()};
 }
 
 Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
   Impl& impl = *impl_;
+  // Read after the core read t_send: every TTL reported below is measured from a time no
+  // earlier than the core's, so the core's safe_until is never later than etcd's expiry.
+  const SteadyTime now = Clock::Real().Now();
   // Whole seconds, rounded up: etcd leases have a TTL in seconds (and at least 2 s).
   const int64_t seconds =
       std::max<int64_t>(1, std::chrono::ceil<std::chrono::seconds>(request.ttl).count());
-  pb::LeaseGrantRequest grant_req;
-  grant_req.set_ttl(seconds);
-  pb::LeaseGrantResponse grant_resp;
-  LH_RETURN_IF_ERROR(impl.Call("LeaseGrant", impl.counters_.lease_grant,
-                               [&](Endpoint& e, grpc::ClientContext& ctx) {
-                                 return e.lease->LeaseGrant(&ctx, grant_req, &grant_resp);
-                               }));
-  const int64_t lease_id = grant_resp.id();
-  const int64_t granted_seconds = grant_resp.ttl();
-  if (lease_id == 0 || granted_seconds <= 0) {
-    return Status::Internal(fmt::format("etcd granted lease {} with TTL {} s", lease_id,
-                                        granted_seconds),
-                            grant_resp.error());
+  SpareLease lease;
+  std::optional<SpareLease> spare =
+      options_.spare_lease ? impl.TakeSpare(seconds, now) : std::nullopt;
+  if (spare) {
+    lease = *spare;
+    impl.counters_.spare_used.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    pb::LeaseGrantRequest grant_req;
+    grant_req.set_ttl(seconds);
+    pb::LeaseGrantResponse grant_resp;
+    LH_RETURN_IF_ERROR(impl.Call("LeaseGrant", impl.counters_.lease_grant,
+                                 [&](Endpoint& e, grpc::ClientContext& ctx) {
+                                   return e.lease->LeaseGrant(&ctx, grant_req, &grant_resp);
+                                 }));
+    lease = SpareLease{grant_resp.id(), grant_resp.ttl(), now};
+    if (lease.id == 0 || lease.ttl_seconds <= 0) {
+      return Status::Internal(fmt::format("etcd granted lease {} with TTL {} s", lease.id,
+                                          lease.ttl_seconds),
+                              grant_resp.error());
+    }
   }
+  // What the core may count on: the lease's TTL less the time since it was last set (zero for
+  // a lease granted just now: `now` was read before the grant was sent).
+  const Duration reported =
+      std::chrono::seconds(lease.ttl_seconds) - std::max(Duration::zero(), now - lease.refreshed);
 
   const std::string etcd_key = KeyName(options_.prefix, request.key);
   pb::TxnRequest txn;
@@ -783,9 +947,8 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
   cmp->set_create_revision(0);
   pb::PutRequest* put = txn.add_success()->mutable_request_put();
   put->set_key(etcd_key);
-  put->set_value(EncodeValue(
-      {request.owner_token, granted_seconds * 1000, request.holder}));
-  put->set_lease(lease_id);
+  put->set_value(EncodeValue({request.owner_token, lease.ttl_seconds * 1000, request.holder}));
+  put->set_lease(lease.id);
   txn.add_failure()->mutable_request_range()->set_key(etcd_key);
   pb::TxnResponse txn_resp;
   Status s = impl.Call("Txn (acquire)", impl.counters_.txn,
@@ -793,38 +956,43 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
                          return e.kv->Txn(&ctx, txn, &txn_resp);
                        });
   if (!s.ok()) {
-    impl.RevokeInBackground(lease_id);
+    impl.RevokeInBackground(lease.id);  // the Txn may have attached it: never reuse it
     return s;
   }
   if (txn_resp.succeeded()) {
     // The Put is the Txn's only write: the Txn's revision is the key's create revision.
     const int64_t revision = txn_resp.header().revision();
-    impl.SetHeld(request.key, {request.owner_token, lease_id, revision});
-    return Grant{.fencing_token = static_cast<FencingToken>(revision),
-                 .ttl = std::chrono::seconds(granted_seconds)};
+    impl.SetHeld(request.key, {request.owner_token, lease.id, revision});
+    if (options_.spare_lease) {
+      impl.RefillSpare(seconds);
+    }
+    return Grant{.fencing_token = static_cast<FencingToken>(revision), .ttl = reported};
   }
   const pb::RangeResponse* range = txn_resp.responses_size() > 0 &&
                                            txn_resp.responses(0).has_response_range()
                                        ? &txn_resp.responses(0).response_range()
                                        : nullptr;
   if (range == nullptr || range->kvs_size() == 0) {
-    impl.RevokeInBackground(lease_id);
+    impl.RevokeInBackground(lease.id);
     return Status::Unavailable(
         fmt::format("etcd Txn for {} neither created the key nor returned its holder", etcd_key));
   }
   const mvccpb::KeyValue& kv = range->kvs(0);
   std::optional<GrantValue> value = DecodeValue(kv.value());
-  if (value && value->token == request.owner_token) {
+  if (value && value->token == request.owner_token && kv.lease() == lease.id) {
     // An earlier attempt of this very Txn was applied before its reply was lost (a deadline
-    // or a failover): the grant is ours, on the lease of that attempt.
-    if (kv.lease() != lease_id) {
-      impl.RevokeInBackground(lease_id);
-    }
-    impl.SetHeld(request.key, {request.owner_token, kv.lease(), kv.create_revision()});
+    // or a failover): the grant is ours, on this lease.
+    impl.SetHeld(request.key, {request.owner_token, lease.id, kv.create_revision()});
     return Grant{.fencing_token = static_cast<FencingToken>(kv.create_revision()),
-                 .ttl = std::chrono::milliseconds(value->ttl_ms)};
+                 .ttl = reported};
   }
-  impl.RevokeInBackground(lease_id);
+  // Held by another: the lease has no key attached, so it can serve the next acquire (a
+  // conflict costs one Txn when a spare exists); without spares it is revoked.
+  if (options_.spare_lease) {
+    impl.KeepSpare(seconds, lease);
+  } else {
+    impl.RevokeInBackground(lease.id);
+  }
   LeaseInfo holder;
   holder.key = request.key;
   holder.fencing_token = static_cast<FencingToken>(kv.create_revision());
@@ -863,8 +1031,20 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
     ids.push_back(held->lease_id);
     index_of.push_back(i);
   }
+  // Spare leases ride along in the same round, so they stay young enough to be used.
+  const std::size_t held_count = ids.size();
+  std::vector<SpareLease> spares = impl.Spares();
+  if (held_count > 0) {
+    for (const SpareLease& spare : spares) {
+      ids.push_back(spare.id);
+    }
+  }
+  const SteadyTime sent = Clock::Real().Now();
   std::vector<std::optional<int64_t>> ttls = impl.KeepAlive(ids);
-  for (std::size_t j = 0; j < ids.size(); ++j) {
+  for (std::size_t j = held_count; j < ids.size(); ++j) {
+    impl.SpareRenewed(ids[j], ttls[j], sent);
+  }
+  for (std::size_t j = 0; j < held_count; ++j) {
     const std::size_t i = index_of[j];
     if (!ttls[j]) {
       results[i] = Status::Unavailable(fmt::format(

@@ -79,6 +79,10 @@ class EtcdBackend final : public Backend {
     std::uint64_t watch_streams = 0;
     // Times a call moved on to the next endpoint.
     std::uint64_t failovers = 0;
+    // Spare leases granted in the background (also counted in lease_grant), and acquires that
+    // used one instead of a LeaseGrant of their own.
+    std::uint64_t spare_grants = 0;
+    std::uint64_t spare_used = 0;
   };
 
   static Result<std::shared_ptr<EtcdBackend>> Open(EtcdOptions options);

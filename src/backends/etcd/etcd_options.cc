@@ -23,9 +23,10 @@ constexpr std::string_view kCommandTimeoutParam = "command_timeout";
 constexpr std::string_view kCaParam = "ca";
 constexpr std::string_view kCertParam = "cert";
 constexpr std::string_view kKeyParam = "key";
+constexpr std::string_view kSpareLeaseParam = "spare_lease";
 
-constexpr std::string_view kKnownParams[] = {kPrefixParam, kCommandTimeoutParam, kCaParam,
-                                             kCertParam, kKeyParam};
+constexpr std::string_view kKnownParams[] = {kPrefixParam, kCommandTimeoutParam, kSpareLeaseParam,
+                                             kCaParam,     kCertParam,          kKeyParam};
 
 constexpr Duration kMaxTimeout = std::chrono::hours(1);
 
@@ -143,6 +144,14 @@ Result<EtcdOptions> EtcdOptions::FromUrl(const Url& url) {
                       kCommandTimeoutParam, it->second, FormatDuration(kMaxTimeout)));
     }
     options.command_timeout = *d;
+  }
+  if (auto it = url.query.find(kSpareLeaseParam); it != url.query.end()) {
+    if (it->second == "false") {
+      options.spare_lease = false;
+    } else if (it->second != "true") {
+      return Status::InvalidArgument(fmt::format(
+          "{}:// URL parameter spare_lease={} must be true or false", url.scheme, it->second));
+    }
   }
   for (auto [param, field] : {std::pair{kCaParam, &options.ca_file},
                               std::pair{kCertParam, &options.cert_file},

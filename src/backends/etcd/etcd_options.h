@@ -7,7 +7,7 @@
 //   etcds://[user:password@]host:port[,host:port...]?ca=/ca.pem[&cert=/c.pem&key=/k.pem]
 //
 // Parameters: prefix (key namespace), command_timeout (deadline of every call, e.g. 2s),
-// ca/cert/key (etcds:// only: PEM files). Unknown parameters are errors.
+// spare_lease (true/false), ca/cert/key (etcds:// only: PEM files). Unknown parameters are errors.
 //
 // Example:
 //
@@ -57,6 +57,13 @@ struct EtcdOptions {
   // Deadline of every call (each unary RPC, each keep-alive round, connecting).
   // URL: command_timeout=2s. Default: 2 s.
   Duration command_timeout = std::chrono::seconds(2);
+
+  // Keep one lease per TTL (in whole seconds) granted ahead of time, with no key attached,
+  // kept alive with the held leases: an acquire then needs only its Txn, and a conflict
+  // costs one Txn. The granted TTL reported for an acquire that used it is its TTL less its
+  // age (it is used only while that is at least 3/4 of its TTL). URL: spare_lease=false.
+  // Default: true.
+  bool spare_lease = true;
 
   // Returns the endpoints joined with ',' (never credentials), for messages.
   [[nodiscard]] std::string Address() const;
