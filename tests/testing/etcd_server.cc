@@ -58,6 +58,9 @@ Result<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(EtcdClusterOptions optio
     cluster->members_.push_back(std::move(m));
   }
   cluster->initial_cluster_ = fmt::format("{}", fmt::join(peers, ","));
+  if (options.tls) {
+    LH_RETURN_IF_ERROR(cluster->MakeCertificates());
+  }
   for (int i = 0; i < options.members; ++i) {
     LH_RETURN_IF_ERROR(cluster->Launch(i));
   }
@@ -87,11 +90,39 @@ std::string EtcdCluster::Endpoints() const {
   return fmt::format("{}", fmt::join(all, ","));
 }
 
-std::string EtcdCluster::Url() const { return "etcd://" + Endpoints(); }
+std::string EtcdCluster::Url() const {
+  return (options_.tls ? "etcds://" : "etcd://") + Endpoints();
+}
+
+Status EtcdCluster::MakeCertificates() {
+  // P-256 keys (quick to make); certificates valid for a day.
+  const std::string d = ShellQuote(dir_);
+  const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  const std::string script = fmt::format(
+      "cd {d} && "
+      "openssl req -x509 {key} -keyout ca-key.pem -out ca.pem -days 1 "
+      "-subj /CN=leasehold-test-ca && "
+      "printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' "
+      "> server.ext && "
+      "openssl req {key} -keyout server-key.pem -out server.csr -subj /CN=127.0.0.1 && "
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial "
+      "-out server.pem -days 1 -extfile server.ext && "
+      "printf 'extendedKeyUsage=clientAuth\\n' > client.ext && "
+      "openssl req {key} -keyout client-key.pem -out client.csr -subj /CN=leasehold-client && "
+      "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial "
+      "-out client.pem -days 1 -extfile client.ext",
+      fmt::arg("d", d), fmt::arg("key", key));
+  Result<std::string> out = RunCommand("timeout 30 sh -c " + ShellQuote(script));
+  if (!out.ok()) {
+    return out.status().WithContext("making test certificates with openssl");
+  }
+  return Status();
+}
 
 Status EtcdCluster::Launch(int i) {
   Member& m = members_[i];
-  const std::string client = fmt::format("http://127.0.0.1:{}", m.client_port);
+  const std::string client =
+      fmt::format("{}://127.0.0.1:{}", options_.tls ? "https" : "http", m.client_port);
   const std::string peer = fmt::format("http://127.0.0.1:{}", m.peer_port);
   std::vector<std::string> args = {"/usr/bin/etcd",
                                    "--name",
@@ -112,6 +143,13 @@ Status EtcdCluster::Launch(int i) {
                                    std::filesystem::path(dir_).filename().string(),
                                    "--initial-cluster-state",
                                    "new"};
+  if (options_.tls) {
+    args.insert(args.end(), {"--cert-file", CertPath("server.pem"), "--key-file",
+                             CertPath("server-key.pem"), "--trusted-ca-file", CertPath("ca.pem")});
+    if (options_.client_cert_auth) {
+      args.push_back("--client-cert-auth");
+    }
+  }
   LH_ASSIGN_OR_RETURN(m.pid, SpawnServer(args, fmt::format("{}/{}.log", dir_, m.name)));
   return Status();
 }
@@ -193,6 +231,11 @@ Result<std::string> EtcdCluster::Etcdctl(const std::vector<std::string>& args, i
       endpoints);
   if (!etcdctl_user_.empty()) {
     command += " --user=" + ShellQuote(etcdctl_user_);
+  }
+  if (options_.tls) {
+    command += fmt::format(" --cacert={} --cert={} --key={}", ShellQuote(CertPath("ca.pem")),
+                           ShellQuote(CertPath("client.pem")),
+                           ShellQuote(CertPath("client-key.pem")));
   }
   for (const std::string& arg : args) {
     command += " " + ShellQuote(arg);

@@ -36,6 +36,12 @@ struct EtcdClusterOptions {
   int members = 1;
   // How long Start/Restart wait for a member to report healthy. Default: 20 s.
   std::chrono::milliseconds ready_timeout{20'000};
+  // Clients talk TLS (https client URLs), with certificates made by openssl in the temporary
+  // directory: ca.pem, server.pem/server-key.pem (SAN IP 127.0.0.1), client.pem/client-key.pem.
+  // Default: false.
+  bool tls = false;
+  // With tls: members require a client certificate signed by the CA. Default: false.
+  bool client_cert_auth = false;
 };
 
 class EtcdCluster {
@@ -62,8 +68,11 @@ class EtcdCluster {
   [[nodiscard]] std::string Endpoint(int i) const;
   [[nodiscard]] std::string Endpoints() const;
 
-  // "etcd://" + Endpoints() (add user info and query as needed).
+  // "etcd://" + Endpoints() (add user info and query as needed); "etcds://" with tls.
   [[nodiscard]] std::string Url() const;
+
+  // With tls: the path of a PEM file in the temporary directory ("ca.pem", "client.pem"...).
+  [[nodiscard]] std::string CertPath(const std::string& name) const { return dir_ + "/" + name; }
 
   // kill -9 of member i, and reap. Its ports and data directory stay for Restart(i).
   void Kill9(int i);
@@ -97,6 +106,7 @@ class EtcdCluster {
 
   EtcdCluster(EtcdClusterOptions options, std::string dir);
 
+  Status MakeCertificates();
   Status Launch(int i);
   Status AwaitHealthy(int i);
 

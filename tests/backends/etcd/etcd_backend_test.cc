@@ -434,6 +434,31 @@ TEST(EtcdAuthTest, PermissionsAndWrongPasswords) {
   EXPECT_LE(auth_calls, 4u) << "Authenticate is retried with backoff, never in a tight loop";
 }
 
+// etcds://: TLS with the CA given by ca=, and a client certificate (cert=, key=) when the
+// members require one.
+TEST(EtcdTlsTest, EtcdsUrlsTalkTlsWithClientCertificates) {
+  auto started = EtcdCluster::Start({.tls = true, .client_cert_auth = true});
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  EtcdCluster& cluster = **started;
+  const std::string url =
+      fmt::format("{}?prefix=tls&ca={}&cert={}&key={}", cluster.Url(), cluster.CertPath("ca.pem"),
+                  cluster.CertPath("client.pem"), cluster.CertPath("client-key.pem"));
+  auto store = Store::Open(url);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto lease = (*store)->TryAcquire("job", {.ttl = 3s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_TRUE(lease->Release().ok());
+
+  auto no_client_cert = Store::Open(fmt::format("{}?prefix=tls&ca={}&command_timeout=1s",
+                                                cluster.Url(), cluster.CertPath("ca.pem")));
+  EXPECT_FALSE(no_client_cert.ok()) << "the members require a client certificate";
+  auto plaintext = Store::Open(fmt::format("etcd://{}?prefix=tls&command_timeout=1s",
+                                           cluster.Endpoints()));
+  EXPECT_EQ(plaintext.status().code(), StatusCode::kUnavailable) << plaintext.status().ToString();
+  auto missing = Store::Open(fmt::format("{}?ca=/nonexistent/ca.pem", cluster.Url()));
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument) << missing.status().ToString();
+}
+
 // Three members on loopback. The holder's first endpoint is the raft leader; it is killed with
 // SIGKILL while the lease is held. The holder either keeps its lease through the failover or
 // is told it lost it before anyone else can take the key, never both; once the cluster has
