@@ -1106,6 +1106,9 @@ Status EtcdBackend::Release(std::string_view key, std::string_view owner_token) 
   const grpc::Status revoke_status = revoked.get();  // the callback has run: `revoke` is free
   if (s.ok() && txn_resp.succeeded()) {
     impl.DropHeld(key, held->lease_id);
+    if (IsUnreachable(revoke_status)) {
+      impl.RevokeInBackground(held->lease_id);  // its member was down: the Txn failed over
+    }
     return Status();
   }
   // The Txn found the key gone or re-created. If our revoke found the lease alive, the revoke
