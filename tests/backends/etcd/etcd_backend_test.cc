@@ -459,14 +459,23 @@ TEST(EtcdTlsTest, EtcdsUrlsTalkTlsWithClientCertificates) {
   EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument) << missing.status().ToString();
 }
 
-// Three members on loopback. The holder's first endpoint is the raft leader; it is killed with
-// SIGKILL while the lease is held. The holder either keeps its lease through the failover or
-// is told it lost it before anyone else can take the key, never both; once the cluster has
-// recovered, a new holder gets a higher fencing token.
-class EtcdClusterFailoverTest : public ::testing::TestWithParam<bool> {};
+// Three members on loopback. The holder's first endpoint is the victim (the raft leader, or a
+// follower); it is killed with SIGKILL (or paused with SIGSTOP) while the lease is held. The
+// holder either keeps its lease through the failover or is told it lost it before anyone else
+// can take the key, never both; once the cluster has recovered, a new holder gets a higher
+// fencing token.
+// The victim is the leader or a follower, killed with SIGKILL or paused with SIGSTOP (a member
+// that stops answering without closing its connections: only deadlines notice).
+struct Failure {
+  bool leader = true;
+  bool pause = false;
+};
+
+class EtcdClusterFailoverTest : public ::testing::TestWithParam<Failure> {};
 
 TEST_P(EtcdClusterFailoverTest, HolderSurvivesOrIsLostBeforeAnyoneElseHolds) {
-  const bool kill_leader = GetParam();
+  const bool kill_leader = GetParam().leader;
+  const bool pause = GetParam().pause;
   auto started = EtcdCluster::Start({.members = 3});
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   EtcdCluster& cluster = **started;
@@ -504,7 +513,11 @@ TEST_P(EtcdClusterFailoverTest, HolderSurvivesOrIsLostBeforeAnyoneElseHolds) {
   ASSERT_TRUE(contender.ok()) << contender.status().ToString();
   std::this_thread::sleep_for(500ms);  // a keep-alive stream is open to the victim now
 
-  cluster.Kill9(victim);
+  if (pause) {
+    cluster.Pause(victim);
+  } else {
+    cluster.Kill9(victim);
+  }
   const auto killed_at = std::chrono::steady_clock::now();
   // For 8 s (longer than the 5 s TTL), the contender tries every 50 ms. Each success must come
   // after the holder was told it lost the lease.
@@ -527,10 +540,10 @@ TEST_P(EtcdClusterFailoverTest, HolderSurvivesOrIsLostBeforeAnyoneElseHolds) {
     std::this_thread::sleep_for(50ms);
   }
   const EtcdBackend::Stats stats = holder_backend->stats();
-  std::printf("[ figure ] etcd kill -9 of the %s the holder used: holder %s; contender: %d "
+  std::printf("[ figure ] etcd %s of the %s the holder used: holder %s; contender: %d "
               "tries, %d errors, %s; holder made %llu failovers, opened %llu keep-alive "
               "streams\n",
-              kill_leader ? "leader" : "follower",
+              pause ? "SIGSTOP" : "kill -9", kill_leader ? "leader" : "follower",
               lost ? fmt::format("lost after {:.0f} ms",
                                  (lost_at_ns - killed_at.time_since_epoch().count()) / 1e6)
                          .c_str()
@@ -545,7 +558,11 @@ TEST_P(EtcdClusterFailoverTest, HolderSurvivesOrIsLostBeforeAnyoneElseHolds) {
     EXPECT_GE(stats.keepalive_streams, 2u) << "the stream moved to a surviving member";
   }
 
-  ASSERT_TRUE(cluster.Restart(victim).ok());
+  if (pause) {
+    cluster.Resume(victim);
+  } else {
+    ASSERT_TRUE(cluster.Restart(victim).ok());
+  }
   if (!lost) {
     EXPECT_TRUE(held->Release().ok());
   }
@@ -559,8 +576,14 @@ TEST_P(EtcdClusterFailoverTest, HolderSurvivesOrIsLostBeforeAnyoneElseHolds) {
   EXPECT_TRUE(next->Release().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(KillMember, EtcdClusterFailoverTest, ::testing::Values(true, false),
-                         [](const auto& info) { return info.param ? "Leader" : "Follower"; });
+INSTANTIATE_TEST_SUITE_P(
+    LoseMember, EtcdClusterFailoverTest,
+    ::testing::Values(Failure{.leader = true}, Failure{.leader = false},
+                      Failure{.leader = true, .pause = true}),
+    [](const auto& info) {
+      return std::string(info.param.pause ? "Pause" : "Kill9") +
+             (info.param.leader ? "Leader" : "Follower");
+    });
 
 }  // namespace
 }  // namespace leasehold
