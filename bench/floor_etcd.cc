@@ -11,11 +11,10 @@
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
 
-#include "floor.h"
-#include "rpc.grpc.pb.h"
-
 #include "backends/etcd/etcd_options.h"
 #include "core/url.h"
+#include "floor.h"
+#include "rpc.grpc.pb.h"
 
 namespace leasehold::bench {
 
@@ -66,15 +65,14 @@ Result<std::unique_ptr<FloorProbe>> OpenEtcdFloor(const std::string& url) {
   if (options.tls) {
     return Status::Unimplemented("the etcd floor probe speaks plaintext etcd:// only");
   }
-  auto channel =
-      grpc::CreateChannel(options.endpoints.front(), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel(options.endpoints.front(), grpc::InsecureChannelCredentials());
   std::string token;
   if (options.user) {
     auto auth = etcdserverpb::Auth::NewStub(channel);
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::duration_cast<std::chrono::system_clock::duration>(
-                         options.command_timeout));
+    ctx.set_deadline(
+        std::chrono::system_clock::now() +
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(options.command_timeout));
     etcdserverpb::AuthenticateRequest req;
     req.set_name(*options.user);
     req.set_password(options.password.value_or(""));

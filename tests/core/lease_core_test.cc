@@ -78,8 +78,11 @@ class ShorterGrantBackend final : public internal::Backend {
  public:
   ShorterGrantBackend(std::shared_ptr<internal::Backend> inner, Duration granted)
       : inner_(std::move(inner)), granted_(granted) {}
+
   std::string_view scheme() const override { return inner_->scheme(); }
+
   internal::Capabilities capabilities() const override { return inner_->capabilities(); }
+
   Result<internal::Grant> TryAcquire(const internal::GrantRequest& request) override {
     auto grant = inner_->TryAcquire(request);
     if (grant.ok()) {
@@ -87,16 +90,21 @@ class ShorterGrantBackend final : public internal::Backend {
     }
     return grant;
   }
+
   Status Renew(const internal::RenewRequest& request) override { return inner_->Renew(request); }
+
   Status Release(std::string_view key, std::string_view token) override {
     return inner_->Release(key, token);
   }
+
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
     return inner_->Inspect(key);
   }
+
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override {
     return inner_->List(prefix);
   }
+
   Result<bool> ForceRelease(std::string_view key) override { return inner_->ForceRelease(key); }
 
  private:

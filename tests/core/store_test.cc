@@ -1,10 +1,11 @@
 // Input validation and URL dispatch of Store, on memory://.
 
+#include "leasehold/store.h"
+
 #include <algorithm>
 
 #include <gtest/gtest.h>
 
-#include "leasehold/store.h"
 #include "leasehold/testing/fake_clock.h"
 
 #include "backends/registry.h"

@@ -169,7 +169,9 @@ Status EtcdCluster::AwaitHealthy(int i) {
   return ready;
 }
 
-void EtcdCluster::Kill9(int i) { StopPid(members_[i].pid, SIGKILL); }
+void EtcdCluster::Kill9(int i) {
+  StopPid(members_[i].pid, SIGKILL);
+}
 
 Status EtcdCluster::Restart(int i) {
   Kill9(i);
@@ -233,9 +235,9 @@ Result<std::string> EtcdCluster::Etcdctl(const std::vector<std::string>& args, i
     command += " --user=" + ShellQuote(etcdctl_user_);
   }
   if (options_.tls) {
-    command += fmt::format(" --cacert={} --cert={} --key={}", ShellQuote(CertPath("ca.pem")),
-                           ShellQuote(CertPath("client.pem")),
-                           ShellQuote(CertPath("client-key.pem")));
+    command +=
+        fmt::format(" --cacert={} --cert={} --key={}", ShellQuote(CertPath("ca.pem")),
+                    ShellQuote(CertPath("client.pem")), ShellQuote(CertPath("client-key.pem")));
   }
   for (const std::string& arg : args) {
     command += " " + ShellQuote(arg);
@@ -244,8 +246,7 @@ Result<std::string> EtcdCluster::Etcdctl(const std::vector<std::string>& args, i
 }
 
 Status EtcdCluster::EnableAuth(const std::string& root_password) {
-  LH_RETURN_IF_ERROR(
-      Etcdctl({"user", "add", "root:" + root_password}).status());
+  LH_RETURN_IF_ERROR(Etcdctl({"user", "add", "root:" + root_password}).status());
   LH_RETURN_IF_ERROR(Etcdctl({"auth", "enable"}).status());
   etcdctl_user_ = "root:" + root_password;
   return Status();

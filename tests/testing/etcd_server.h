@@ -18,15 +18,16 @@
 
 #pragma once
 
-#include <sys/types.h>
-
 #include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <sys/types.h>
+
 #include "leasehold/status.h"
+
 #include "testing/server_process.h"
 
 namespace leasehold::testing {

@@ -104,7 +104,9 @@ std::optional<GrantValue> DecodeValue(std::string_view text) {
   return v;
 }
 
-std::string TokenPrefixOf(std::string_view token) { return std::string(token.substr(0, 8)); }
+std::string TokenPrefixOf(std::string_view token) {
+  return std::string(token.substr(0, 8));
+}
 
 bool IsUnreachable(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -242,9 +244,8 @@ class EtcdBackend::Impl {
     // Fire-and-forget revokes hold a pointer to this object: wait for their callbacks (each
     // has a deadline, so this ends).
     MutexLock lock(&async_mu_);
-    async_cv_.Wait(std::stop_token(), [this]() LH_REQUIRES(async_mu_) {
-      return async_outstanding_ == 0;
-    });
+    async_cv_.Wait(std::stop_token(),
+                   [this]() LH_REQUIRES(async_mu_) { return async_outstanding_ == 0; });
   }
 
   Status Init() {
@@ -295,10 +296,9 @@ class EtcdBackend::Impl {
     req.set_limit(1);
     req.set_keys_only(true);
     pb::RangeResponse resp;
-    return Call("connect (Range)", counters_.range,
-                [&](Endpoint& e, grpc::ClientContext& ctx) {
-                  return e.kv->Range(&ctx, req, &resp);
-                });
+    return Call("connect (Range)", counters_.range, [&](Endpoint& e, grpc::ClientContext& ctx) {
+      return e.kv->Range(&ctx, req, &resp);
+    });
   }
 
   // Runs one unary call `fn(endpoint, context)` with the deadline and the auth token, moving on
@@ -348,8 +348,7 @@ class EtcdBackend::Impl {
     }
     return Status::Unavailable(
         fmt::format("no etcd member of {} answered {} within {} ms", options_.Address(), what,
-                    std::chrono::duration_cast<std::chrono::milliseconds>(
-                        options_.command_timeout)
+                    std::chrono::duration_cast<std::chrono::milliseconds>(options_.command_timeout)
                         .count()),
         fmt::format("{}: {}", last_address, last.error_message()));
   }
@@ -398,8 +397,7 @@ class EtcdBackend::Impl {
       case grpc::StatusCode::DEADLINE_EXCEEDED:
       case grpc::StatusCode::RESOURCE_EXHAUSTED:
       case grpc::StatusCode::ABORTED:
-        return Status::Unavailable(fmt::format("etcd at {} did not complete {}", address, what),
-                                   m);
+        return Status::Unavailable(fmt::format("etcd at {} did not complete {}", address, what), m);
       case grpc::StatusCode::FAILED_PRECONDITION:
         if (m.find("auth") != std::string::npos) {
           return Status::PermissionDenied(
@@ -407,10 +405,9 @@ class EtcdBackend::Impl {
         }
         return Status::Internal(fmt::format("etcd at {} rejected {}", address, what), m);
       default:
-        return Status::Internal(
-            fmt::format("etcd at {} answered {} with gRPC code {}", address, what,
-                        static_cast<int>(s.error_code())),
-            m);
+        return Status::Internal(fmt::format("etcd at {} answered {} with gRPC code {}", address,
+                                            what, static_cast<int>(s.error_code())),
+                                m);
     }
   }
 
@@ -456,12 +453,12 @@ class EtcdBackend::Impl {
       return Status();
     }
     token_.clear();
-    Status error = IsUnreachable(last)
-                       ? Status::Unavailable(
-                             fmt::format("no etcd member of {} answered Authenticate",
-                                         options_.Address()),
-                             last.error_message())
-                       : MapError(last, "Authenticate", address);
+    Status error =
+        IsUnreachable(last)
+            ? Status::Unavailable(
+                  fmt::format("no etcd member of {} answered Authenticate", options_.Address()),
+                  last.error_message())
+            : MapError(last, "Authenticate", address);
     if (error.code() != StatusCode::kUnavailable) {
       auth_backoff_ = std::clamp(auth_backoff_ * 2, kMinAuthBackoff, kMaxAuthBackoff);
       auth_retry_at_ = now + auth_backoff_;
@@ -615,15 +612,14 @@ class EtcdBackend::Impl {
       bool all_done = false;
       {
         MutexLock lock(&ka_mu_);
-        all_done = ka_cv_.WaitUntil(deadline, std::stop_token(),
-                                    [&]() LH_REQUIRES(ka_mu_) {
-                                      for (const auto& slot : slots) {
-                                        if (!slot->done) {
-                                          return false;
-                                        }
-                                      }
-                                      return true;
-                                    });
+        all_done = ka_cv_.WaitUntil(deadline, std::stop_token(), [&]() LH_REQUIRES(ka_mu_) {
+          for (const auto& slot : slots) {
+            if (!slot->done) {
+              return false;
+            }
+          }
+          return true;
+        });
         if (!all_done) {
           // No answer in time: this stream (or its member) is stuck. Give up on it; the
           // next round opens a new one on the next endpoint.
@@ -662,6 +658,7 @@ class EtcdBackend::Impl {
       pb::LeaseRevokeRequest req;
       pb::LeaseRevokeResponse resp;
     };
+
     auto* call = new Call();
     call->ctx.set_deadline(WallDeadline(options_.command_timeout));
     AddToken(call->ctx);
@@ -671,13 +668,13 @@ class EtcdBackend::Impl {
       ++async_outstanding_;
     }
     counters_.lease_revoke.fetch_add(1, std::memory_order_relaxed);
-    endpoints_[current_.load()]->lease->async()->LeaseRevoke(
-        &call->ctx, &call->req, &call->resp, [this, call](const grpc::Status&) {
-          delete call;
-          MutexLock lock(&async_mu_);
-          --async_outstanding_;
-          async_cv_.NotifyAll();
-        });
+    endpoints_[current_.load()]->lease->async()->LeaseRevoke(&call->ctx, &call->req, &call->resp,
+                                                             [this, call](const grpc::Status&) {
+                                                               delete call;
+                                                               MutexLock lock(&async_mu_);
+                                                               --async_outstanding_;
+                                                               async_cv_.NotifyAll();
+                                                             });
   }
 
   // --- spare leases ---
@@ -736,12 +733,14 @@ class EtcdBackend::Impl {
       }
       refilling_.insert(seconds);
     }
+
     struct GrantCall {
       grpc::ClientContext ctx;
       pb::LeaseGrantRequest req;
       pb::LeaseGrantResponse resp;
       SteadyTime sent{};
     };
+
     auto* call = new GrantCall();
     call->ctx.set_deadline(WallDeadline(options_.command_timeout));
     AddToken(call->ctx);
@@ -928,9 +927,9 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
                                  }));
     lease = SpareLease{grant_resp.id(), grant_resp.ttl(), now};
     if (lease.id == 0 || lease.ttl_seconds <= 0) {
-      return Status::Internal(fmt::format("etcd granted lease {} with TTL {} s", lease.id,
-                                          lease.ttl_seconds),
-                              grant_resp.error());
+      return Status::Internal(
+          fmt::format("etcd granted lease {} with TTL {} s", lease.id, lease.ttl_seconds),
+          grant_resp.error());
     }
   }
   // What the core may count on: the lease's TTL less the time since it was last set (zero for
@@ -951,10 +950,9 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
   put->set_lease(lease.id);
   txn.add_failure()->mutable_request_range()->set_key(etcd_key);
   pb::TxnResponse txn_resp;
-  Status s = impl.Call("Txn (acquire)", impl.counters_.txn,
-                       [&](Endpoint& e, grpc::ClientContext& ctx) {
-                         return e.kv->Txn(&ctx, txn, &txn_resp);
-                       });
+  Status s = impl.Call(
+      "Txn (acquire)", impl.counters_.txn,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Txn(&ctx, txn, &txn_resp); });
   if (!s.ok()) {
     impl.RevokeInBackground(lease.id);  // the Txn may have attached it: never reuse it
     return s;
@@ -968,10 +966,10 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
     }
     return Grant{.fencing_token = static_cast<FencingToken>(revision), .ttl = reported};
   }
-  const pb::RangeResponse* range = txn_resp.responses_size() > 0 &&
-                                           txn_resp.responses(0).has_response_range()
-                                       ? &txn_resp.responses(0).response_range()
-                                       : nullptr;
+  const pb::RangeResponse* range =
+      txn_resp.responses_size() > 0 && txn_resp.responses(0).has_response_range()
+          ? &txn_resp.responses(0).response_range()
+          : nullptr;
   if (range == nullptr || range->kvs_size() == 0) {
     impl.RevokeInBackground(lease.id);
     return Status::Unavailable(
@@ -983,8 +981,7 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
     // An earlier attempt of this very Txn was applied before its reply was lost (a deadline
     // or a failover): the grant is ours, on this lease.
     impl.SetHeld(request.key, {request.owner_token, lease.id, kv.create_revision()});
-    return Grant{.fencing_token = static_cast<FencingToken>(kv.create_revision()),
-                 .ttl = reported};
+    return Grant{.fencing_token = static_cast<FencingToken>(kv.create_revision()), .ttl = reported};
   }
   // Held by another: the lease has no key attached, so it can serve the next acquire (a
   // conflict costs one Txn when a spare exists); without spares it is revoked.
@@ -1022,9 +1019,9 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
   for (std::size_t i = 0; i < requests.size(); ++i) {
     std::optional<HeldGrant> held = impl.FindHeld(requests[i].key, requests[i].owner_token);
     if (!held) {
-      results[i] = Status::Lost(fmt::format(
-          "{} is not held by this owner token (released, lost or someone else's)",
-          requests[i].key));
+      results[i] = Status::Lost(
+          fmt::format("{} is not held by this owner token (released, lost or someone else's)",
+                      requests[i].key));
       continue;
     }
     lease_of[i] = held->lease_id;
@@ -1048,10 +1045,9 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
     const std::size_t i = index_of[j];
     if (!ttls[j]) {
       results[i] = Status::Unavailable(fmt::format(
-          "no etcd member of {} answered the keep-alive of {} within {} ms",
-          options_.Address(), requests[i].key,
-          std::chrono::duration_cast<std::chrono::milliseconds>(options_.command_timeout)
-              .count()));
+          "no etcd member of {} answered the keep-alive of {} within {} ms", options_.Address(),
+          requests[i].key,
+          std::chrono::duration_cast<std::chrono::milliseconds>(options_.command_timeout).count()));
     } else if (*ttls[j] <= 0) {
       impl.DropHeld(requests[i].key, lease_of[i]);
       results[i] = Status::Lost(
@@ -1071,6 +1067,7 @@ Status EtcdBackend::Release(std::string_view key, std::string_view owner_token) 
         "{} is not held by this owner token (already released, lost or someone else's)", key));
   }
   const std::string etcd_key = KeyName(options_.prefix, key);
+
   // The revoke goes out first, without waiting: its lease carries only this key, so it can
   // delete nothing of anyone else's, and the two round trips overlap.
   struct RevokeCall {
@@ -1079,6 +1076,7 @@ Status EtcdBackend::Release(std::string_view key, std::string_view owner_token) 
     pb::LeaseRevokeResponse resp;
     std::promise<grpc::Status> done;
   };
+
   RevokeCall revoke;
   revoke.ctx.set_deadline(WallDeadline(options_.command_timeout));
   impl.AddToken(revoke.ctx);
@@ -1099,10 +1097,9 @@ Status EtcdBackend::Release(std::string_view key, std::string_view owner_token) 
   pb::DeleteRangeRequest* del = txn.add_success()->mutable_request_delete_range();
   del->set_key(etcd_key);
   pb::TxnResponse txn_resp;
-  Status s = impl.Call("Txn (release)", impl.counters_.txn,
-                       [&](Endpoint& e, grpc::ClientContext& ctx) {
-                         return e.kv->Txn(&ctx, txn, &txn_resp);
-                       });
+  Status s = impl.Call(
+      "Txn (release)", impl.counters_.txn,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Txn(&ctx, txn, &txn_resp); });
   const grpc::Status revoke_status = revoked.get();  // the callback has run: `revoke` is free
   if (s.ok() && txn_resp.succeeded()) {
     impl.DropHeld(key, held->lease_id);
@@ -1169,10 +1166,9 @@ Result<std::optional<LeaseInfo>> EtcdBackend::Inspect(std::string_view key) {
   pb::RangeRequest req;
   req.set_key(KeyName(options_.prefix, key));
   pb::RangeResponse resp;
-  LH_RETURN_IF_ERROR(impl.Call("Range", impl.counters_.range,
-                               [&](Endpoint& e, grpc::ClientContext& ctx) {
-                                 return e.kv->Range(&ctx, req, &resp);
-                               }));
+  LH_RETURN_IF_ERROR(impl.Call(
+      "Range", impl.counters_.range,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Range(&ctx, req, &resp); }));
   if (resp.kvs_size() == 0) {
     return std::optional<LeaseInfo>();
   }
@@ -1188,10 +1184,9 @@ Result<std::vector<LeaseInfo>> EtcdBackend::List(std::string_view prefix) {
   req.set_sort_order(pb::RangeRequest::ASCEND);
   req.set_sort_target(pb::RangeRequest::KEY);
   pb::RangeResponse resp;
-  LH_RETURN_IF_ERROR(impl.Call("Range (list)", impl.counters_.range,
-                               [&](Endpoint& e, grpc::ClientContext& ctx) {
-                                 return e.kv->Range(&ctx, req, &resp);
-                               }));
+  LH_RETURN_IF_ERROR(impl.Call(
+      "Range (list)", impl.counters_.range,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Range(&ctx, req, &resp); }));
   std::vector<LeaseInfo> out;
   for (const mvccpb::KeyValue& kv : resp.kvs()) {
     LH_ASSIGN_OR_RETURN(std::optional<LeaseInfo> info,
@@ -1209,10 +1204,10 @@ Result<bool> EtcdBackend::ForceRelease(std::string_view key) {
   pb::RangeRequest range;
   range.set_key(etcd_key);
   pb::RangeResponse range_resp;
-  LH_RETURN_IF_ERROR(impl.Call("Range", impl.counters_.range,
-                               [&](Endpoint& e, grpc::ClientContext& ctx) {
-                                 return e.kv->Range(&ctx, range, &range_resp);
-                               }));
+  LH_RETURN_IF_ERROR(
+      impl.Call("Range", impl.counters_.range, [&](Endpoint& e, grpc::ClientContext& ctx) {
+        return e.kv->Range(&ctx, range, &range_resp);
+      }));
   if (range_resp.kvs_size() == 0) {
     return false;
   }
@@ -1243,15 +1238,13 @@ Result<bool> EtcdBackend::ForceRelease(std::string_view key) {
   cmp->set_create_revision(kv.create_revision());
   txn.add_success()->mutable_request_delete_range()->set_key(etcd_key);
   pb::TxnResponse txn_resp;
-  LH_RETURN_IF_ERROR(impl.Call("Txn (force release)", impl.counters_.txn,
-                               [&](Endpoint& e, grpc::ClientContext& ctx) {
-                                 return e.kv->Txn(&ctx, txn, &txn_resp);
-                               }));
+  LH_RETURN_IF_ERROR(impl.Call(
+      "Txn (force release)", impl.counters_.txn,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Txn(&ctx, txn, &txn_resp); }));
   return txn_resp.succeeded() && kv.lease() == 0;
 }
 
-Status EtcdBackend::WaitForChange(std::string_view key, SteadyTime deadline,
-                                  std::stop_token stop) {
+Status EtcdBackend::WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) {
   Impl& impl = *impl_;
   const std::string etcd_key = KeyName(options_.prefix, key);
   pb::RangeRequest range;
@@ -1259,11 +1252,10 @@ Status EtcdBackend::WaitForChange(std::string_view key, SteadyTime deadline,
   range.set_keys_only(true);
   pb::RangeResponse range_resp;
   std::size_t index = 0;
-  LH_RETURN_IF_ERROR(impl.Call("Range (wait)", impl.counters_.range,
-                               [&](Endpoint& e, grpc::ClientContext& ctx) {
-                                 return e.kv->Range(&ctx, range, &range_resp);
-                               },
-                               &index));
+  LH_RETURN_IF_ERROR(impl.Call(
+      "Range (wait)", impl.counters_.range,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Range(&ctx, range, &range_resp); },
+      &index));
   if (range_resp.kvs_size() == 0) {
     return Status();  // free already
   }

@@ -26,7 +26,7 @@ constexpr std::string_view kKeyParam = "key";
 constexpr std::string_view kSpareLeaseParam = "spare_lease";
 
 constexpr std::string_view kKnownParams[] = {kPrefixParam, kCommandTimeoutParam, kSpareLeaseParam,
-                                             kCaParam,     kCertParam,          kKeyParam};
+                                             kCaParam,     kCertParam,           kKeyParam};
 
 constexpr Duration kMaxTimeout = std::chrono::hours(1);
 
@@ -72,7 +72,9 @@ Result<std::string> ParseEndpoint(std::string_view scheme, std::string_view text
 
 }  // namespace
 
-std::string EtcdOptions::Address() const { return fmt::format("{}", fmt::join(endpoints, ",")); }
+std::string EtcdOptions::Address() const {
+  return fmt::format("{}", fmt::join(endpoints, ","));
+}
 
 Result<EtcdOptions> EtcdOptions::FromUrl(const Url& url) {
   const bool tls = url.scheme == "etcds";
@@ -91,14 +93,15 @@ Result<EtcdOptions> EtcdOptions::FromUrl(const Url& url) {
     }
   }
   if (!unknown.empty()) {
-    return Status::InvalidArgument(fmt::format(
-        "unknown {}:// URL parameter{} {} (known: {})", url.scheme, unknown.size() == 1 ? "" : "s",
-        fmt::join(unknown, ", "), fmt::join(std::begin(kKnownParams), std::end(kKnownParams), ", ")));
+    return Status::InvalidArgument(
+        fmt::format("unknown {}:// URL parameter{} {} (known: {})", url.scheme,
+                    unknown.size() == 1 ? "" : "s", fmt::join(unknown, ", "),
+                    fmt::join(std::begin(kKnownParams), std::end(kKnownParams), ", ")));
   }
   if (!url.path.empty() && url.path != "/") {
-    return Status::InvalidArgument(fmt::format(
-        "{}:// URL takes no path (got '{}'); use ?prefix= to namespace keys", url.scheme,
-        url.path));
+    return Status::InvalidArgument(
+        fmt::format("{}:// URL takes no path (got '{}'); use ?prefix= to namespace keys",
+                    url.scheme, url.path));
   }
 
   EtcdOptions options;
@@ -153,13 +156,13 @@ Result<EtcdOptions> EtcdOptions::FromUrl(const Url& url) {
           "{}:// URL parameter spare_lease={} must be true or false", url.scheme, it->second));
     }
   }
-  for (auto [param, field] : {std::pair{kCaParam, &options.ca_file},
-                              std::pair{kCertParam, &options.cert_file},
-                              std::pair{kKeyParam, &options.key_file}}) {
+  for (auto [param, field] :
+       {std::pair{kCaParam, &options.ca_file}, std::pair{kCertParam, &options.cert_file},
+        std::pair{kKeyParam, &options.key_file}}) {
     if (auto it = url.query.find(param); it != url.query.end()) {
       if (!tls) {
-        return Status::InvalidArgument(fmt::format(
-            "etcd:// URL parameter {} is for TLS: use an etcds:// URL", param));
+        return Status::InvalidArgument(
+            fmt::format("etcd:// URL parameter {} is for TLS: use an etcds:// URL", param));
       }
       if (it->second.empty()) {
         return Status::InvalidArgument(

@@ -197,8 +197,7 @@ class ConformanceTest : public ::testing::TestWithParam<BackendFactory> {
     std::this_thread::sleep_for(grant.ttl + margin);
     for (int i = 0; i < 300; ++i) {
       auto info = backend_->Inspect(key);
-      if (!info.ok() || !info->has_value() ||
-          (*info)->fencing_token != grant.fencing_token) {
+      if (!info.ok() || !info->has_value() || (*info)->fencing_token != grant.fencing_token) {
         return;
       }
       std::this_thread::sleep_for(10ms);
@@ -327,9 +326,10 @@ TEST_P(ConformanceTest, TakeoverAfterTheHoldingProcessIsKilled) {
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
                                                         killed_at)
                   .count();
-  std::printf("[ figure ] %s takeover after kill -9 of a 500ms-ttl holder (granted %.0f ms): "
-              "%.0f ms\n",
-              GetParam().name.c_str(), granted_ms, ms);
+  std::printf(
+      "[ figure ] %s takeover after kill -9 of a 500ms-ttl holder (granted %.0f ms): "
+      "%.0f ms\n",
+      GetParam().name.c_str(), granted_ms, ms);
   EXPECT_GE(granted_ms, 500);
   EXPECT_LT(ms, granted_ms + 1000) << "within the granted ttl + 1 s";
 }

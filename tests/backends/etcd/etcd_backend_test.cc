@@ -49,7 +49,9 @@ std::shared_ptr<EtcdBackend> OpenBackend(const std::string& url) {
   return backend.ok() ? *backend : nullptr;
 }
 
-std::string Token(int i) { return fmt::format("{:032x}", i + 1); }
+std::string Token(int i) {
+  return fmt::format("{:032x}", i + 1);
+}
 
 double Ms(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
@@ -75,9 +77,9 @@ TEST(EtcdOptionsTest, ParsesEndpointsPrefixAndTls) {
 }
 
 TEST(EtcdOptionsTest, RejectsBadUrls) {
-  for (const char* url : {"etcd://h:1?nope=1", "etcd://h:0", "etcd://h:1?ca=/x.pem",
-                          "etcds://h:1?cert=/c.pem", "etcd://h:1/path", "etcd://h:1?prefix=",
-                          "etcd://h:1?command_timeout=0s", "etcd://h:x"}) {
+  for (const char* url :
+       {"etcd://h:1?nope=1", "etcd://h:0", "etcd://h:1?ca=/x.pem", "etcds://h:1?cert=/c.pem",
+        "etcd://h:1/path", "etcd://h:1?prefix=", "etcd://h:1?command_timeout=0s", "etcd://h:x"}) {
     auto o = OptionsFor(url);
     EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << url;
   }
@@ -225,10 +227,11 @@ TEST_F(EtcdBackendTest, SpareLeaseKeepsLeaseGrantOffTheAcquirePath) {
   }
   const EtcdBackend::Stats after = backend->stats();
   const auto used = after.spare_used - before.spare_used;
-  std::printf("[ figure ] etcd uncontended try-acquire %.2f ms, release %.2f ms, Range of a "
-              "missing key %.2f ms (means of %d); %llu of %d acquires used a spare lease\n",
-              acquire_ms / kCycles, release_ms / kCycles, range_ms / kCycles, kCycles,
-              static_cast<unsigned long long>(used), kCycles);
+  std::printf(
+      "[ figure ] etcd uncontended try-acquire %.2f ms, release %.2f ms, Range of a "
+      "missing key %.2f ms (means of %d); %llu of %d acquires used a spare lease\n",
+      acquire_ms / kCycles, release_ms / kCycles, range_ms / kCycles, kCycles,
+      static_cast<unsigned long long>(used), kCycles);
   EXPECT_GE(used, static_cast<std::uint64_t>(kCycles / 2)) << "spares are refilled in time";
   EXPECT_EQ(after.txn - before.txn, static_cast<std::uint64_t>(2 * kCycles))
       << "one Txn per acquire and one per release";
@@ -283,10 +286,11 @@ TEST_F(EtcdBackendTest, AThousandLeasesAreRenewedOverOneKeepAliveStream) {
   EXPECT_EQ(after.lease_grant, before.lease_grant) << "renewing grants no lease";
   EXPECT_EQ(after.txn, before.txn) << "renewing needs no Txn";
   EXPECT_EQ(after.range, before.range) << "renewing reads nothing";
-  std::printf("[ figure ] etcd: %d grants in %.0f ms; %d RenewMany rounds of %d leases: %.1f ms "
-              "per round, %llu keep-alive stream(s)\n",
-              kLeases, acquire_ms, kRounds, kLeases, renew_ms / kRounds,
-              static_cast<unsigned long long>(after.keepalive_streams));
+  std::printf(
+      "[ figure ] etcd: %d grants in %.0f ms; %d RenewMany rounds of %d leases: %.1f ms "
+      "per round, %llu keep-alive stream(s)\n",
+      kLeases, acquire_ms, kRounds, kLeases, renew_ms / kRounds,
+      static_cast<unsigned long long>(after.keepalive_streams));
 }
 
 TEST_F(EtcdBackendTest, AThousandLeasesOfOneStoreShareOneStreamThroughTheHeartbeat) {
@@ -310,11 +314,12 @@ TEST_F(EtcdBackendTest, AThousandLeasesOfOneStoreShareOneStreamThroughTheHeartbe
   EXPECT_EQ(valid, kLeases);
   EXPECT_EQ(stats.keepalive_streams, 1u);
   EXPECT_GE(stats.keepalive_requests, static_cast<std::uint64_t>(kLeases));
-  std::printf("[ figure ] etcd heartbeat, %d leases over 4 s: %llu stream(s), %llu keep-alive "
-              "requests in %llu rounds\n",
-              kLeases, static_cast<unsigned long long>(stats.keepalive_streams),
-              static_cast<unsigned long long>(stats.keepalive_requests),
-              static_cast<unsigned long long>(stats.keepalive_rounds));
+  std::printf(
+      "[ figure ] etcd heartbeat, %d leases over 4 s: %llu stream(s), %llu keep-alive "
+      "requests in %llu rounds\n",
+      kLeases, static_cast<unsigned long long>(stats.keepalive_streams),
+      static_cast<unsigned long long>(stats.keepalive_requests),
+      static_cast<unsigned long long>(stats.keepalive_rounds));
   for (Lease& lease : leases) {
     EXPECT_TRUE(lease.Release().ok());
   }
@@ -426,9 +431,10 @@ TEST(EtcdAuthTest, PermissionsAndWrongPasswords) {
     std::this_thread::sleep_for(1ms);
   }
   const std::uint64_t auth_calls = backend->stats().authenticate - auth_before;
-  std::printf("[ figure ] etcd wrong password after a change: %d calls in 2 s, %d refused, %llu "
-              "Authenticate calls\n",
-              calls, refused, static_cast<unsigned long long>(auth_calls));
+  std::printf(
+      "[ figure ] etcd wrong password after a change: %d calls in 2 s, %d refused, %llu "
+      "Authenticate calls\n",
+      calls, refused, static_cast<unsigned long long>(auth_calls));
   EXPECT_GT(refused, 0) << "the changed password must be noticed";
   EXPECT_NE(last.message().find("password"), std::string_view::npos) << last.ToString();
   EXPECT_LE(auth_calls, 4u) << "Authenticate is retried with backoff, never in a tight loop";
@@ -452,8 +458,8 @@ TEST(EtcdTlsTest, EtcdsUrlsTalkTlsWithClientCertificates) {
   auto no_client_cert = Store::Open(fmt::format("{}?prefix=tls&ca={}&command_timeout=1s",
                                                 cluster.Url(), cluster.CertPath("ca.pem")));
   EXPECT_FALSE(no_client_cert.ok()) << "the members require a client certificate";
-  auto plaintext = Store::Open(fmt::format("etcd://{}?prefix=tls&command_timeout=1s",
-                                           cluster.Endpoints()));
+  auto plaintext =
+      Store::Open(fmt::format("etcd://{}?prefix=tls&command_timeout=1s", cluster.Endpoints()));
   EXPECT_EQ(plaintext.status().code(), StatusCode::kUnavailable) << plaintext.status().ToString();
   auto missing = Store::Open(fmt::format("{}?ca=/nonexistent/ca.pem", cluster.Url()));
   EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument) << missing.status().ToString();
@@ -495,8 +501,8 @@ TEST_P(EtcdClusterFailoverTest, HolderSurvivesOrIsLostBeforeAnyoneElseHolds) {
     }
   }
   const std::string query = fmt::format("?prefix=failover-{}&command_timeout=1s", getpid());
-  auto holder_backend = OpenBackend(fmt::format("etcd://{},{},{}{}", order[0], order[1],
-                                                order[2], query));
+  auto holder_backend =
+      OpenBackend(fmt::format("etcd://{},{},{}{}", order[0], order[1], order[2], query));
   ASSERT_NE(holder_backend, nullptr);
   auto holder_store = Store::OpenWithBackendForTesting(holder_backend);
   std::atomic<bool> lost{false};
@@ -540,17 +546,18 @@ TEST_P(EtcdClusterFailoverTest, HolderSurvivesOrIsLostBeforeAnyoneElseHolds) {
     std::this_thread::sleep_for(50ms);
   }
   const EtcdBackend::Stats stats = holder_backend->stats();
-  std::printf("[ figure ] etcd %s of the %s the holder used: holder %s; contender: %d "
-              "tries, %d errors, %s; holder made %llu failovers, opened %llu keep-alive "
-              "streams\n",
-              pause ? "SIGSTOP" : "kill -9", kill_leader ? "leader" : "follower",
-              lost ? fmt::format("lost after {:.0f} ms",
-                                 (lost_at_ns - killed_at.time_since_epoch().count()) / 1e6)
-                         .c_str()
-                   : "kept its lease",
-              tries, errors, taken ? "took the key" : "never got the key",
-              static_cast<unsigned long long>(stats.failovers),
-              static_cast<unsigned long long>(stats.keepalive_streams));
+  std::printf(
+      "[ figure ] etcd %s of the %s the holder used: holder %s; contender: %d "
+      "tries, %d errors, %s; holder made %llu failovers, opened %llu keep-alive "
+      "streams\n",
+      pause ? "SIGSTOP" : "kill -9", kill_leader ? "leader" : "follower",
+      lost ? fmt::format("lost after {:.0f} ms",
+                         (lost_at_ns - killed_at.time_since_epoch().count()) / 1e6)
+                 .c_str()
+           : "kept its lease",
+      tries, errors, taken ? "took the key" : "never got the key",
+      static_cast<unsigned long long>(stats.failovers),
+      static_cast<unsigned long long>(stats.keepalive_streams));
   EXPECT_EQ(overlaps, 0) << "two holders at once";
   if (!lost) {
     EXPECT_TRUE(held->valid());
@@ -576,14 +583,13 @@ TEST_P(EtcdClusterFailoverTest, HolderSurvivesOrIsLostBeforeAnyoneElseHolds) {
   EXPECT_TRUE(next->Release().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    LoseMember, EtcdClusterFailoverTest,
-    ::testing::Values(Failure{.leader = true}, Failure{.leader = false},
-                      Failure{.leader = true, .pause = true}),
-    [](const auto& info) {
-      return std::string(info.param.pause ? "Pause" : "Kill9") +
-             (info.param.leader ? "Leader" : "Follower");
-    });
+INSTANTIATE_TEST_SUITE_P(LoseMember, EtcdClusterFailoverTest,
+                         ::testing::Values(Failure{.leader = true}, Failure{.leader = false},
+                                           Failure{.leader = true, .pause = true}),
+                         [](const auto& info) {
+                           return std::string(info.param.pause ? "Pause" : "Kill9") +
+                                  (info.param.leader ? "Leader" : "Follower");
+                         });
 
 }  // namespace
 }  // namespace leasehold
