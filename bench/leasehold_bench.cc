@@ -65,6 +65,9 @@
 #if LEASEHOLD_WITH_POSTGRES
 #include "testing/postgres_server.h"
 #endif
+#if LEASEHOLD_WITH_ETCD
+#include "testing/etcd_server.h"
+#endif
 
 namespace leasehold::bench {
 namespace {
@@ -753,6 +756,39 @@ Started StartStores(const std::vector<std::string>& only) {
     }
   }
 #endif
+#if LEASEHOLD_WITH_ETCD
+  if (Wanted(only, "etcd")) {
+    auto cluster = testing::EtcdCluster::Start({.members = 1});
+    if (!cluster.ok()) {
+      st.errors.push_back(cluster.status().ToString());
+    } else {
+      std::shared_ptr<testing::EtcdCluster> etcd(cluster->release());
+      st.servers.push_back(etcd);
+      const std::string url = etcd->Url() + "?prefix=bench";
+      // etcd's own Prometheus counters, on its client port.
+      std::string metrics_url = url;
+      metrics_url.replace(0, std::string("etcd://").size(), "http://");
+      metrics_url = metrics_url.substr(0, metrics_url.find('?')) + "/metrics";
+      auto requests = [metrics_url]() -> std::optional<double> {
+        auto text = testing::RunCommand("timeout 5 curl -s " + testing::ShellQuote(metrics_url));
+        if (!text.ok()) {
+          return std::nullopt;
+        }
+        double total = 0;
+        std::istringstream lines(*text);
+        std::string line;
+        while (std::getline(lines, line)) {
+          if (line.rfind("grpc_server_msg_received_total{", 0) == 0) {
+            total += std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+          }
+        }
+        return total;
+      };
+      st.subjects.push_back({"etcd", url, false, [url] { return OpenEtcdFloor(url); }, {},
+                             requests, "etcd gRPC messages received (grpc_server_msg_received_total)"});
+    }
+  }
+#endif
   return st;
 }
 
@@ -907,7 +943,7 @@ int Main(int argc, char** argv) {
           "Starts every store on loopback and measures floor, uncontended, conflict, handoff,\n"
           "independent keys, heartbeat at scale and takeover; prints a table and writes JSON\n"
           "(default leasehold-bench.json). Stores: sqlite redis redis_fair postgres_advisory\n"
-          "postgres_table (those compiled in).\n");
+          "postgres_table etcd zk (those compiled in).\n");
       return 0;
     } else {
       std::fprintf(stderr, "leasehold-bench: unknown argument '%s' (see --help)\n", a.c_str());

@@ -13,6 +13,9 @@
 #if LEASEHOLD_WITH_POSTGRES
 #include "backends/postgres/postgres_backend.h"
 #endif
+#if LEASEHOLD_WITH_ETCD
+#include "backends/etcd/etcd_backend.h"
+#endif
 
 namespace leasehold::internal {
 
@@ -46,6 +49,10 @@ std::vector<std::string> CompiledSchemes() {
   schemes.emplace_back("postgres");
   schemes.emplace_back("postgresql");
 #endif
+#if LEASEHOLD_WITH_ETCD
+  schemes.emplace_back("etcd");
+  schemes.emplace_back("etcds");
+#endif
   return schemes;
 }
 
@@ -78,6 +85,11 @@ Result<std::shared_ptr<Backend>> OpenBackend(const Url& url, Clock& clock) {
 #if LEASEHOLD_WITH_POSTGRES
   if (url.scheme == "postgres" || url.scheme == "postgresql") {
     return OpenPostgresBackend(url);
+  }
+#endif
+#if LEASEHOLD_WITH_ETCD
+  if (url.scheme == "etcd" || url.scheme == "etcds") {
+    return OpenEtcdBackend(url);
   }
 #endif
   for (const SchemeInfo& known : kKnownSchemes) {

@@ -245,7 +245,9 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
     return granted.error();
   }
   const internal::Grant grant = *granted;
-  Duration ttl = std::max(grant.ttl, resolved.ttl);
+  // The store's word on the TTL is the truth, longer (etcd rounds up) or shorter (etcd's spare
+  // lease, already aged) than asked: safe_until must never outlast the store's grant.
+  Duration ttl = grant.ttl > Duration::zero() ? grant.ttl : resolved.ttl;
   if (Status s = CheckTimes(ttl, resolved.renew_interval, resolved.drift); !s.ok()) {
     (void)backend.Release(key, token);
     return s;
