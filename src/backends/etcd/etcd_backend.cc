@@ -37,6 +37,9 @@ namespace {
 using namespace std::chrono_literals;
 namespace pb = etcdserverpb;
 
+// Shortest life of a queue entry (fair=true) without its waiter's attempts.
+constexpr int64_t kMinQueueTtlSeconds = 10;
+
 // Version of the value layout (EncodeValue).
 constexpr int64_t kValueVersion = 1;
 
@@ -65,6 +68,18 @@ std::string PrefixEnd(std::string prefix) {
     prefix.pop_back();
   }
   return std::string(1, '\0');  // every key
+}
+
+// Where the waiters of `key` queue (fair=true): "<prefix>\0queue/<key>\0<waiter id>". The NUL
+// bytes keep the queue out of every "<prefix>/..." range (leases, list) and make one key's
+// queue no prefix of another's (lease names contain no NUL).
+std::string QueuePrefix(std::string_view prefix, std::string_view key) {
+  std::string q(prefix);
+  q += '\0';
+  q += "queue/";
+  q += key;
+  q += '\0';
+  return q;
 }
 
 // The value of a grant: "v1\n<owner token>\n<granted ttl ms>\n<holder>". The holder comes last
@@ -171,6 +186,17 @@ struct HeldGrant {
 // etcd keeps the lease at least until refreshed + ttl.
 struct SpareLease {
   int64_t id = 0;
+  int64_t ttl_seconds = 0;
+  SteadyTime refreshed{};
+};
+
+// A waiter's place in a key's queue (fair=true): its key there, the create revision that orders
+// it, and the lease that removes it if the waiter dies.
+struct QueueEntry {
+  std::string key;  // the lease name
+  std::string queue_key;
+  int64_t create_revision = 0;
+  int64_t lease_id = 0;
   int64_t ttl_seconds = 0;
   SteadyTime refreshed{};
 };
@@ -795,6 +821,119 @@ class EtcdBackend::Impl {
     }
   }
 
+  // --- fair queue ---
+
+  // Returns the waiter's queue entry for `key`, creating it (a lease of `ttl_seconds` and a
+  // Put if absent) or refreshing its lease (a keep-alive, once a third of its TTL has passed).
+  Result<QueueEntry> Enqueue(std::string_view key, std::string_view waiter_id,
+                             int64_t ttl_seconds) {
+    const SteadyTime now = Clock::Real().Now();
+    std::optional<QueueEntry> entry;
+    {
+      MutexLock lock(&waiter_mu_);
+      auto it = waiters_.find(waiter_id);
+      if (it != waiters_.end() && it->second.key == key) {
+        entry = it->second;
+      }
+    }
+    if (entry) {
+      if ((now - entry->refreshed) * 3 < std::chrono::seconds(entry->ttl_seconds)) {
+        return *entry;
+      }
+      std::vector<std::optional<int64_t>> ttl = KeepAlive({entry->lease_id});
+      if (!ttl[0]) {
+        return Status::Unavailable(fmt::format(
+            "no etcd member of {} answered the keep-alive of a queue entry", options_.Address()));
+      }
+      if (*ttl[0] > 0) {
+        MutexLock lock(&waiter_mu_);
+        auto it = waiters_.find(waiter_id);
+        if (it != waiters_.end()) {
+          it->second.refreshed = now;
+          return it->second;
+        }
+      }
+      // The entry expired (the waiter was away too long): queue again, at the back.
+      Dequeue(key, waiter_id);
+    }
+    pb::LeaseGrantRequest grant_req;
+    grant_req.set_ttl(ttl_seconds);
+    pb::LeaseGrantResponse grant_resp;
+    LH_RETURN_IF_ERROR(Call("LeaseGrant (queue)", counters_.lease_grant,
+                            [&](Endpoint& e, grpc::ClientContext& ctx) {
+                              return e.lease->LeaseGrant(&ctx, grant_req, &grant_resp);
+                            }));
+    QueueEntry fresh;
+    fresh.key = std::string(key);
+    fresh.queue_key = QueuePrefix(options_.prefix, key) + std::string(waiter_id);
+    fresh.lease_id = grant_resp.id();
+    fresh.ttl_seconds = grant_resp.ttl();
+    fresh.refreshed = now;
+    pb::TxnRequest txn;
+    pb::Compare* cmp = txn.add_compare();
+    cmp->set_result(pb::Compare::EQUAL);
+    cmp->set_target(pb::Compare::CREATE);
+    cmp->set_key(fresh.queue_key);
+    cmp->set_create_revision(0);
+    pb::PutRequest* put = txn.add_success()->mutable_request_put();
+    put->set_key(fresh.queue_key);
+    put->set_lease(fresh.lease_id);
+    txn.add_failure()->mutable_request_range()->set_key(fresh.queue_key);
+    pb::TxnResponse resp;
+    Status s = Call("Txn (enqueue)", counters_.txn, [&](Endpoint& e, grpc::ClientContext& ctx) {
+      return e.kv->Txn(&ctx, txn, &resp);
+    });
+    if (!s.ok()) {
+      RevokeInBackground(fresh.lease_id);
+      return s;
+    }
+    if (resp.succeeded()) {
+      fresh.create_revision = resp.header().revision();
+    } else {
+      // Queued by an earlier attempt whose reply was lost: keep that entry and its lease.
+      const auto& kvs = resp.responses(0).response_range().kvs();
+      if (kvs.empty()) {
+        RevokeInBackground(fresh.lease_id);
+        return Status::Unavailable("etcd queue entry vanished while being created");
+      }
+      RevokeInBackground(fresh.lease_id);
+      fresh.create_revision = kvs[0].create_revision();
+      fresh.lease_id = kvs[0].lease();
+    }
+    MutexLock lock(&waiter_mu_);
+    waiters_[std::string(waiter_id)] = fresh;
+    return fresh;
+  }
+
+  // Forgets the waiter's entry; with `revoke`, revokes its lease (which deletes the entry and
+  // wakes the waiters behind it).
+  void Dequeue(std::string_view key, std::string_view waiter_id, bool revoke = true) {
+    std::optional<QueueEntry> entry;
+    {
+      MutexLock lock(&waiter_mu_);
+      auto it = waiters_.find(waiter_id);
+      if (it == waiters_.end() || it->second.key != key) {
+        return;
+      }
+      entry = it->second;
+      waiters_.erase(it);
+    }
+    if (revoke) {
+      RevokeInBackground(entry->lease_id);
+    }
+  }
+
+  // When the waiter should be back for its entry's keep-alive (SteadyTime::max() if unknown).
+  SteadyTime QueueRefreshDue(std::string_view waiter_id) {
+    MutexLock lock(&waiter_mu_);
+    auto it = waiters_.find(waiter_id);
+    if (it == waiters_.end()) {
+      return SteadyTime::max();
+    }
+    return it->second.refreshed +
+           std::chrono::duration_cast<Duration>(std::chrono::seconds(it->second.ttl_seconds)) / 3;
+  }
+
   // --- held grants ---
 
   std::optional<HeldGrant> FindHeld(std::string_view key, std::string_view token) {
@@ -852,6 +991,9 @@ class EtcdBackend::Impl {
   std::set<int64_t> refilling_ LH_GUARDED_BY(spare_mu_);
   bool closing_ LH_GUARDED_BY(spare_mu_) = false;
 
+  Mutex waiter_mu_;
+  std::map<std::string, QueueEntry, std::less<>> waiters_ LH_GUARDED_BY(waiter_mu_);
+
   Mutex async_mu_;
   CondVar async_cv_{&async_mu_};
   int async_outstanding_ LH_GUARDED_BY(async_mu_) = 0;
@@ -882,7 +1024,7 @@ Capabilities EtcdBackend::capabilities() const {
   return Capabilities{.multi_process = true,
                       .native_wait = true,
                       .fencing_survives_restart = true,
-                      .fair_queue = false};
+                      .fair_queue = options_.fair};
 }
 
 EtcdBackend::Stats EtcdBackend::stats() const {
@@ -911,6 +1053,13 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
   // Whole seconds, rounded up: etcd leases have a TTL in seconds (and at least 2 s).
   const int64_t seconds =
       std::max<int64_t>(1, std::chrono::ceil<std::chrono::seconds>(request.ttl).count());
+  // fair=true: a waiter takes (or keeps) its place in the key's queue first. Its entry lives
+  // max(ttl, 10 s) without the waiter's attempts (each refreshes it once a third has passed).
+  std::optional<QueueEntry> entry;
+  if (options_.fair && !request.waiter_id.empty()) {
+    LH_ASSIGN_OR_RETURN(entry, impl.Enqueue(request.key, request.waiter_id,
+                                            std::max<int64_t>(seconds, kMinQueueTtlSeconds)));
+  }
   SpareLease lease;
   std::optional<SpareLease> spare =
       options_.spare_lease ? impl.TakeSpare(seconds, now) : std::nullopt;
@@ -949,6 +1098,23 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
   put->set_value(EncodeValue({request.owner_token, lease.ttl_seconds * 1000, request.holder}));
   put->set_lease(lease.id);
   txn.add_failure()->mutable_request_range()->set_key(etcd_key);
+  if (options_.fair) {
+    // The queue must be empty, or (for a waiter) have nobody ahead of us: every entry's create
+    // revision at least ours. The grant then takes our entry out of the queue.
+    const std::string queue = QueuePrefix(options_.prefix, request.key);
+    pb::Compare* q = txn.add_compare();
+    q->set_target(pb::Compare::CREATE);
+    q->set_key(queue);
+    q->set_range_end(PrefixEnd(queue));
+    if (entry) {
+      q->set_result(pb::Compare::GREATER);
+      q->set_create_revision(entry->create_revision - 1);
+      txn.add_success()->mutable_request_delete_range()->set_key(entry->queue_key);
+    } else {
+      q->set_result(pb::Compare::EQUAL);
+      q->set_create_revision(0);
+    }
+  }
   pb::TxnResponse txn_resp;
   Status s = impl.Call(
       "Txn (acquire)", impl.counters_.txn,
@@ -961,6 +1127,9 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
     // The Put is the Txn's only write: the Txn's revision is the key's create revision.
     const int64_t revision = txn_resp.header().revision();
     impl.SetHeld(request.key, {request.owner_token, lease.id, revision});
+    if (entry) {
+      impl.Dequeue(request.key, request.waiter_id);  // its key went with the grant
+    }
     if (options_.spare_lease) {
       impl.RefillSpare(seconds);
     }
@@ -970,6 +1139,16 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
       txn_resp.responses_size() > 0 && txn_resp.responses(0).has_response_range()
           ? &txn_resp.responses(0).response_range()
           : nullptr;
+  if (options_.fair && range != nullptr && range->kvs_size() == 0) {
+    // Free, but waiters are queued ahead of us.
+    if (options_.spare_lease) {
+      impl.KeepSpare(seconds, lease);
+    } else {
+      impl.RevokeInBackground(lease.id);
+    }
+    return Status::HeldByAnother(
+        fmt::format("{} is free but waiters are queued for it (fair=true)", request.key));
+  }
   if (range == nullptr || range->kvs_size() == 0) {
     impl.RevokeInBackground(lease.id);
     return Status::Unavailable(
@@ -1244,27 +1423,24 @@ Result<bool> EtcdBackend::ForceRelease(std::string_view key) {
   return txn_resp.succeeded() && kv.lease() == 0;
 }
 
-Status EtcdBackend::WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) {
-  Impl& impl = *impl_;
-  const std::string etcd_key = KeyName(options_.prefix, key);
-  pb::RangeRequest range;
-  range.set_key(etcd_key);
-  range.set_keys_only(true);
-  pb::RangeResponse range_resp;
-  std::size_t index = 0;
-  LH_RETURN_IF_ERROR(impl.Call(
-      "Range (wait)", impl.counters_.range,
-      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Range(&ctx, range, &range_resp); },
-      &index));
-  if (range_resp.kvs_size() == 0) {
-    return Status();  // free already
-  }
-  const Duration left = deadline - Clock::Real().Now();
-  if (left <= Duration::zero()) {
-    return Status::DeadlineExceeded(fmt::format("wait for {} ran out", key));
+namespace {
+
+// Watches `ranges` (key, range_end; empty range_end: one key) for deletes from `start_revision`
+// on the member `index`, until one happens (OK), `slice_end` (OK: a spurious wake-up, the
+// caller re-checks), `deadline` (kDeadlineExceeded) or `stop` (kCancelled).
+Status WatchForDeletes(EtcdBackend::Impl& impl, std::size_t index,
+                       const std::vector<std::pair<std::string, std::string>>& ranges,
+                       int64_t start_revision, SteadyTime slice_end, SteadyTime deadline,
+                       std::stop_token stop, std::string_view what) {
+  const Duration left = std::min(slice_end, deadline) - Clock::Real().Now();
+  if (Clock::Real().Now() >= deadline) {
+    return Status::DeadlineExceeded(fmt::format("wait for {} ran out", what));
   }
   if (stop.stop_requested()) {
-    return Status::Cancelled(fmt::format("wait for {} cancelled", key));
+    return Status::Cancelled(fmt::format("wait for {} cancelled", what));
+  }
+  if (left <= Duration::zero()) {
+    return Status();
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(WallDeadline(std::min(left, kMaxWatchSlice)));
@@ -1272,14 +1448,19 @@ Status EtcdBackend::WaitForChange(std::string_view key, SteadyTime deadline, std
   std::stop_callback cancel(stop, [&ctx] { ctx.TryCancel(); });
   impl.counters_.watch_streams.fetch_add(1, std::memory_order_relaxed);
   auto stream = impl.endpoint(index).watch->Watch(&ctx);
-  pb::WatchRequest req;
-  pb::WatchCreateRequest* create = req.mutable_create_request();
-  create->set_key(etcd_key);
-  // Everything after the revision we read: a delete between the Range and now is replayed.
-  create->set_start_revision(range_resp.header().revision() + 1);
-  create->add_filters(pb::WatchCreateRequest::NOPUT);
+  bool written = true;
+  for (const auto& [key, range_end] : ranges) {
+    pb::WatchRequest req;
+    pb::WatchCreateRequest* create = req.mutable_create_request();
+    create->set_key(key);
+    create->set_range_end(range_end);
+    // Everything after the revision we read: a delete between the read and now is replayed.
+    create->set_start_revision(start_revision);
+    create->add_filters(pb::WatchCreateRequest::NOPUT);
+    written = written && stream->Write(req);
+  }
   bool woken = false;
-  if (stream->Write(req)) {
+  if (written) {
     pb::WatchResponse resp;
     while (stream->Read(&resp)) {
       if (resp.events_size() > 0 || resp.canceled()) {
@@ -1296,15 +1477,83 @@ Status EtcdBackend::WaitForChange(std::string_view key, SteadyTime deadline, std
     return Status();
   }
   if (stop.stop_requested()) {
-    return Status::Cancelled(fmt::format("wait for {} cancelled", key));
+    return Status::Cancelled(fmt::format("wait for {} cancelled", what));
   }
   if (Clock::Real().Now() >= deadline) {
-    return Status::DeadlineExceeded(fmt::format("wait for {} ran out", key));
+    return Status::DeadlineExceeded(fmt::format("wait for {} ran out", what));
   }
   if (IsUnreachable(final_status)) {
     impl.MoveOn(index);
   }
-  return Status();  // the stream ended early: a spurious wake-up, the caller re-checks
+  return Status();  // the stream ended early, or the slice ran out: the caller re-checks
+}
+
+}  // namespace
+
+Status EtcdBackend::WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) {
+  Impl& impl = *impl_;
+  const std::string etcd_key = KeyName(options_.prefix, key);
+  pb::RangeRequest range;
+  range.set_key(etcd_key);
+  range.set_keys_only(true);
+  pb::RangeResponse range_resp;
+  std::size_t index = 0;
+  LH_RETURN_IF_ERROR(impl.Call(
+      "Range (wait)", impl.counters_.range,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Range(&ctx, range, &range_resp); },
+      &index));
+  if (range_resp.kvs_size() == 0) {
+    return Status();  // free already
+  }
+  return WatchForDeletes(impl, index, {{etcd_key, ""}}, range_resp.header().revision() + 1,
+                         SteadyTime::max(), deadline, std::move(stop), key);
+}
+
+Status EtcdBackend::WaitForTurn(std::string_view key, std::string_view waiter_id,
+                                SteadyTime deadline, std::stop_token stop) {
+  if (!options_.fair) {
+    return WaitForChange(key, deadline, std::move(stop));
+  }
+  Impl& impl = *impl_;
+  const std::string etcd_key = KeyName(options_.prefix, key);
+  const std::string queue = QueuePrefix(options_.prefix, key);
+  const std::string me = queue + std::string(waiter_id);
+  // One read-only Txn: the grant, and the head of the queue (lowest create revision).
+  pb::TxnRequest txn;
+  pb::RangeRequest* grant = txn.add_success()->mutable_request_range();
+  grant->set_key(etcd_key);
+  grant->set_keys_only(true);
+  pb::RangeRequest* head = txn.add_success()->mutable_request_range();
+  head->set_key(queue);
+  head->set_range_end(PrefixEnd(queue));
+  head->set_sort_order(pb::RangeRequest::ASCEND);
+  head->set_sort_target(pb::RangeRequest::CREATE);
+  head->set_limit(1);
+  head->set_keys_only(true);
+  pb::TxnResponse resp;
+  std::size_t index = 0;
+  LH_RETURN_IF_ERROR(impl.Call(
+      "Txn (queue read)", impl.counters_.txn,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Txn(&ctx, txn, &resp); }, &index));
+  if (resp.responses_size() != 2) {
+    return Status::Internal("etcd answered a two-range Txn with a different number of replies");
+  }
+  const auto& grant_kvs = resp.responses(0).response_range().kvs();
+  const auto& head_kvs = resp.responses(1).response_range().kvs();
+  if (grant_kvs.empty() && (head_kvs.empty() || head_kvs[0].key() == me)) {
+    return Status();  // free, and our turn
+  }
+  // Wake on the grant's delete or any queue entry's delete (a waiter ahead took the key,
+  // left, or died). Come back in time for the caller's next attempt to refresh our entry.
+  return WatchForDeletes(impl, index, {{etcd_key, ""}, {queue, PrefixEnd(queue)}},
+                         resp.header().revision() + 1, impl.QueueRefreshDue(waiter_id), deadline,
+                         std::move(stop), key);
+}
+
+void EtcdBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
+  if (options_.fair) {
+    impl_->Dequeue(key, waiter_id);
+  }
 }
 
 }  // namespace leasehold::internal

@@ -16,6 +16,9 @@
 //   release       a Txn that deletes the key only if its create revision is still ours, sent
 //                 together with LeaseRevoke (one round trip of latency).
 //   wait          Range the key, then Watch it from the next revision for its delete.
+//   fair=true     waiters queue as keys "<prefix>\0queue/<name>\0<waiter id>" on leases of their
+//                 own; the acquire Txn also compares that no queue entry is older than ours
+//                 (or, without a waiter id, that the queue is empty) and deletes our entry.
 //   force-release LeaseRevoke of the holder's lease (deletes the key with it, so the holder's
 //                 next keep-alive answer says TTL 0 and it is lost at once).
 //
@@ -120,6 +123,16 @@ class EtcdBackend final : public Backend {
   // at once if the key is free; the stream is cancelled on `stop` (kCancelled) and ends at
   // `deadline` (kDeadlineExceeded).
   Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
+
+  // fair=true: returns at once if the key is free and `waiter_id` heads its queue; else
+  // watches the grant and the queue for deletes, and returns by the time the waiter's queue
+  // entry needs its keep-alive (the caller's next TryAcquire sends it). Without fair, as
+  // WaitForChange.
+  Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
+                     std::stop_token stop) override;
+
+  // fair=true: revokes the waiter's queue entry (its lease), which wakes the waiters behind.
+  void AbandonWait(std::string_view key, std::string_view waiter_id) override;
 
   [[nodiscard]] Stats stats() const;
 

@@ -24,9 +24,11 @@ constexpr std::string_view kCaParam = "ca";
 constexpr std::string_view kCertParam = "cert";
 constexpr std::string_view kKeyParam = "key";
 constexpr std::string_view kSpareLeaseParam = "spare_lease";
+constexpr std::string_view kFairParam = "fair";
 
-constexpr std::string_view kKnownParams[] = {kPrefixParam, kCommandTimeoutParam, kSpareLeaseParam,
-                                             kCaParam,     kCertParam,           kKeyParam};
+constexpr std::string_view kKnownParams[] = {
+    kPrefixParam, kCommandTimeoutParam, kSpareLeaseParam, kFairParam,
+    kCaParam,     kCertParam,           kKeyParam};
 
 constexpr Duration kMaxTimeout = std::chrono::hours(1);
 
@@ -147,6 +149,14 @@ Result<EtcdOptions> EtcdOptions::FromUrl(const Url& url) {
                       kCommandTimeoutParam, it->second, FormatDuration(kMaxTimeout)));
     }
     options.command_timeout = *d;
+  }
+  if (auto it = url.query.find(kFairParam); it != url.query.end()) {
+    if (it->second == "true") {
+      options.fair = true;
+    } else if (it->second != "false") {
+      return Status::InvalidArgument(
+          fmt::format("{}:// URL parameter fair={} must be true or false", url.scheme, it->second));
+    }
   }
   if (auto it = url.query.find(kSpareLeaseParam); it != url.query.end()) {
     if (it->second == "false") {

@@ -7,7 +7,8 @@
 //   etcds://[user:password@]host:port[,host:port...]?ca=/ca.pem[&cert=/c.pem&key=/k.pem]
 //
 // Parameters: prefix (key namespace), command_timeout (deadline of every call, e.g. 2s),
-// spare_lease (true/false), ca/cert/key (etcds:// only: PEM files). Unknown parameters are errors.
+// spare_lease and fair (true/false), ca/cert/key (etcds:// only: PEM files). Unknown parameters are
+// errors.
 //
 // Example:
 //
@@ -64,6 +65,12 @@ struct EtcdOptions {
   // age (it is used only while that is at least 3/4 of its TTL). URL: spare_lease=false.
   // Default: true.
   bool spare_lease = true;
+
+  // Waiters queue in etcd beside the lease ("<prefix>\0queue/<name>\0<waiter id>", each on a
+  // lease of its own, max(ttl, 10 s)) and get the key in arrival order (create revision), as
+  // in etcd's own concurrency.Mutex; a TryAcquire without a place in the queue does not barge
+  // ahead. Every handle that uses a key must agree on it. URL: fair=true. Default: false.
+  bool fair = false;
 
   // Returns the endpoints joined with ',' (never credentials), for messages.
   [[nodiscard]] std::string Address() const;

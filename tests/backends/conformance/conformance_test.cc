@@ -134,22 +134,25 @@ std::vector<BackendFactory> Factories() {
 #endif
 #if LEASEHOLD_WITH_ETCD
   // One single-member etcd per test process (started on first use in a temporary directory on
-  // free loopback ports, killed by PID at exit); each store gets its own key prefix.
-  factories.push_back({"etcd", [](const std::string&) {
-                         static testing::EtcdCluster* cluster = [] {
-                           auto started = testing::EtcdCluster::Start();
-                           if (!started.ok()) {  // every test then fails to open the store
-                             std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
-                             return static_cast<testing::EtcdCluster*>(nullptr);
-                           }
-                           std::atexit([] { delete cluster; });
-                           return started->release();
-                         }();
-                         static std::atomic<int> n{0};
-                         return fmt::format("{}?prefix=conformance-{}-{}",
-                                            cluster ? cluster->Url() : "etcd://127.0.0.1:1",
-                                            getpid(), ++n);
-                       }});
+  // free loopback ports, killed by PID at exit); each store gets its own key prefix. "etcd_fair"
+  // is the same server with fair=true (waiters queue in etcd).
+  auto etcd_url = [](std::string_view query) {
+    static testing::EtcdCluster* cluster = [] {
+      auto started = testing::EtcdCluster::Start();
+      if (!started.ok()) {  // every test then fails to open the store
+        std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
+        return static_cast<testing::EtcdCluster*>(nullptr);
+      }
+      std::atexit([] { delete cluster; });
+      return started->release();
+    }();
+    static std::atomic<int> n{0};
+    return fmt::format("{}?prefix=conformance-{}-{}{}",
+                       cluster ? cluster->Url() : "etcd://127.0.0.1:1", getpid(), ++n, query);
+  };
+  factories.push_back({"etcd", [etcd_url](const std::string&) { return etcd_url(""); }});
+  factories.push_back(
+      {"etcd_fair", [etcd_url](const std::string&) { return etcd_url("&fair=true"); }});
 #endif
   return factories;
 }

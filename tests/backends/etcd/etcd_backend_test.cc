@@ -346,6 +346,33 @@ TEST_F(EtcdBackendTest, ForceReleaseRevokesSoTheHoldersNextKeepAliveSaysLost) {
   ASSERT_TRUE(info.ok() && info->has_value()) << "the stale release deleted nothing";
 }
 
+TEST_F(EtcdBackendTest, FairQueueAWaiterThatGivesUpLeavesTheQueueAtOnce) {
+  const std::string url = Url() + "&fair=true";
+  auto a = Store::Open(url);
+  auto b = Store::Open(url);
+  auto c = Store::Open(url);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  auto held = (*a)->TryAcquire("job", {.ttl = 30s});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  // b queues first, then gives up; its entry must not hold up c (entries otherwise live 30 s).
+  auto gave_up = (*b)->Acquire("job", {.ttl = 30s, .wait = 300ms});
+  EXPECT_FALSE(gave_up.ok()) << "the key is held for 30 s";
+  Result<Lease> got = Status::Internal("not run");
+  std::jthread waiter([&] { got = (*c)->Acquire("job", {.ttl = 30s, .wait = 10s}); });
+  std::this_thread::sleep_for(300ms);
+  auto barge = (*b)->TryAcquire("job", {.ttl = 30s});
+  EXPECT_EQ(barge.status().code(), StatusCode::kHeldByAnother);
+  auto released_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(held->Release().ok());
+  waiter.join();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - released_at, 5s)
+      << "c waited for b's abandoned entry to expire";
+  EXPECT_TRUE(got->Release().ok());
+  auto free_again = (*b)->TryAcquire("job", {.ttl = 30s});
+  EXPECT_TRUE(free_again.ok()) << "the queue is empty again: " << free_again.status().ToString();
+}
+
 TEST_F(EtcdBackendTest, WaitForChangeHonoursDeadlineAndStop) {
   auto backend = OpenBackend(Url());
   ASSERT_NE(backend, nullptr);
