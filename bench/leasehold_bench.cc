@@ -757,18 +757,17 @@ Started StartStores(const std::vector<std::string>& only) {
   }
 #endif
 #if LEASEHOLD_WITH_ETCD
-  if (Wanted(only, "etcd")) {
+  if (Wanted(only, "etcd") || Wanted(only, "etcd_fair")) {
     auto cluster = testing::EtcdCluster::Start({.members = 1});
     if (!cluster.ok()) {
       st.errors.push_back(cluster.status().ToString());
     } else {
       std::shared_ptr<testing::EtcdCluster> etcd(cluster->release());
       st.servers.push_back(etcd);
-      const std::string url = etcd->Url() + "?prefix=bench";
       // etcd's own Prometheus counters, on its client port.
-      std::string metrics_url = url;
+      std::string metrics_url = etcd->Url();
       metrics_url.replace(0, std::string("etcd://").size(), "http://");
-      metrics_url = metrics_url.substr(0, metrics_url.find('?')) + "/metrics";
+      metrics_url += "/metrics";
       auto requests = [metrics_url]() -> std::optional<double> {
         auto text = testing::RunCommand("timeout 5 curl -s " + testing::ShellQuote(metrics_url));
         if (!text.ok()) {
@@ -784,8 +783,17 @@ Started StartStores(const std::vector<std::string>& only) {
         }
         return total;
       };
-      st.subjects.push_back({"etcd", url, false, [url] { return OpenEtcdFloor(url); }, {},
-                             requests, "etcd gRPC messages received (grpc_server_msg_received_total)"});
+      for (const char* name : {"etcd", "etcd_fair"}) {
+        if (!Wanted(only, name)) {
+          continue;
+        }
+        const bool fair = std::string_view(name) == "etcd_fair";
+        const std::string url =
+            fmt::format("{}?prefix=bench-{}{}", etcd->Url(), name, fair ? "&fair=true" : "");
+        st.subjects.push_back({name, url, fair, [url] { return OpenEtcdFloor(url); }, {},
+                               requests,
+                               "etcd gRPC messages received (grpc_server_msg_received_total)"});
+      }
     }
   }
 #endif
@@ -943,7 +951,7 @@ int Main(int argc, char** argv) {
           "Starts every store on loopback and measures floor, uncontended, conflict, handoff,\n"
           "independent keys, heartbeat at scale and takeover; prints a table and writes JSON\n"
           "(default leasehold-bench.json). Stores: sqlite redis redis_fair postgres_advisory\n"
-          "postgres_table etcd zk (those compiled in).\n");
+          "postgres_table etcd etcd_fair zk (those compiled in).\n");
       return 0;
     } else {
       std::fprintf(stderr, "leasehold-bench: unknown argument '%s' (see --help)\n", a.c_str());
