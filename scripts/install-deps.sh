@@ -10,6 +10,7 @@ packages=(
   libhiredis-dev redis-server redis-tools
   postgresql pgbouncer libpq-dev
   libcpp-httplib-dev prometheus
+  zookeeper default-jre-headless libzookeeper-mt-dev
 )
 
 missing=()

@@ -13,6 +13,9 @@
 #if LEASEHOLD_WITH_POSTGRES
 #include "backends/postgres/postgres_backend.h"
 #endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+#include "backends/zookeeper/zk_backend.h"
+#endif
 
 namespace leasehold::internal {
 
@@ -46,6 +49,9 @@ std::vector<std::string> CompiledSchemes() {
   schemes.emplace_back("postgres");
   schemes.emplace_back("postgresql");
 #endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+  schemes.emplace_back("zk");
+#endif
   return schemes;
 }
 
@@ -78,6 +84,11 @@ Result<std::shared_ptr<Backend>> OpenBackend(const Url& url, Clock& clock) {
 #if LEASEHOLD_WITH_POSTGRES
   if (url.scheme == "postgres" || url.scheme == "postgresql") {
     return OpenPostgresBackend(url);
+  }
+#endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+  if (url.scheme == "zk") {
+    return OpenZkBackend(url);
   }
 #endif
   for (const SchemeInfo& known : kKnownSchemes) {
