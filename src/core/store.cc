@@ -245,7 +245,9 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
     return granted.error();
   }
   const internal::Grant grant = *granted;
-  Duration ttl = std::max(grant.ttl, resolved.ttl);
+  // The store's word is the truth: it may round the TTL up (etcd: whole seconds) or clamp it
+  // either way (ZooKeeper's session-timeout bounds). Safety rests on what was granted.
+  Duration ttl = grant.ttl > Duration::zero() ? grant.ttl : resolved.ttl;
   if (Status s = CheckTimes(ttl, resolved.renew_interval, resolved.drift); !s.ok()) {
     (void)backend.Release(key, token);
     return s;
