@@ -33,6 +33,9 @@
 #if LEASEHOLD_WITH_POSTGRES
 #include "testing/postgres_server.h"
 #endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+#include "testing/zk_server.h"
+#endif
 
 namespace leasehold {
 namespace {
@@ -127,6 +130,27 @@ std::vector<BackendFactory> Factories() {
                        }});
   factories.push_back({"postgres_table_pgbouncer", [postgres_url](const std::string&) {
                          return postgres_url(true, "table");
+                       }});
+#endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+  // One ZooKeeper per test process (started on first use on free loopback ports, killed by PID at
+  // exit); each store gets its own chroot, so every test starts empty. tickTime 100 ms, so the
+  // shortest session (two ticks) is 200 ms and the suite's short TTLs stay short; no upper
+  // clamp below 2 minutes (the clamping itself is tested in tests/backends/zk/).
+  factories.push_back({"zk", [](const std::string&) {
+                         static testing::ZkEnsemble* zk = [] {
+                           auto started = testing::ZkEnsemble::Start(
+                               {.tick_time = 100ms, .max_session = 120s});
+                           if (!started.ok()) {  // every test then fails to open the store
+                             std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
+                             return static_cast<testing::ZkEnsemble*>(nullptr);
+                           }
+                           std::atexit([] { delete zk; });
+                           return started->release();
+                         }();
+                         static std::atomic<int> n{0};
+                         std::string chroot = fmt::format("/conformance-{}-{}", getpid(), ++n);
+                         return zk ? zk->Url(chroot) : "zk://127.0.0.1:1" + chroot;
                        }});
 #endif
   return factories;
@@ -247,9 +271,11 @@ TEST_P(ConformanceTest, FencingTokensStrictlyIncreaseAcrossEveryKindOfEnd) {
   ASSERT_TRUE(a->ForceRelease("fenced").ok());  // after force-release
   Lease third = take(*a, 5s);
   ASSERT_TRUE(third.Release().ok());
-  // After expiry: a raw grant nobody renews.
-  ASSERT_TRUE(Grant("fenced", Token('e'), 150ms).ok());
-  std::this_thread::sleep_for(250ms);
+  // After expiry: a raw grant nobody renews (the store may have granted a longer TTL than asked,
+  // e.g. ZooKeeper's shortest session: wait for the one it granted).
+  auto expiring = Grant("fenced", Token('e'), 150ms);
+  ASSERT_TRUE(expiring.ok()) << expiring.status().ToString();
+  std::this_thread::sleep_for(std::max<Duration>(250ms, expiring->ttl + 100ms));
   Lease fourth = take(*b, 5s);
   EXPECT_EQ(second.Release().code(), StatusCode::kLost);
   EXPECT_TRUE(fourth.valid()) << "the stale holder's release must not touch the new grant";
@@ -323,9 +349,11 @@ TEST_P(ConformanceTest, InspectAndListShowLiveGrantsOnly) {
   auto y = handle->TryAcquire("app/y", {.ttl = 5s, .holder = "hy"});
   auto z = handle->TryAcquire("other/z", {.ttl = 5s});
   ASSERT_TRUE(x.ok() && y.ok() && z.ok());
-  ASSERT_TRUE(Grant("app/expired", Token('e'), 50ms).ok());
+  auto expiring = Grant("app/expired", Token('e'), 50ms);
+  ASSERT_TRUE(expiring.ok()) << expiring.status().ToString();
   ASSERT_TRUE(Grant("app_%", Token('w'), 5s).ok());  // wildcard characters are literal
-  std::this_thread::sleep_for(100ms);
+  // Past the TTL the store granted (it may round a 50 ms request up).
+  std::this_thread::sleep_for(std::max<Duration>(100ms, expiring->ttl + 100ms));
 
   auto info = handle->Inspect("app/x");
   ASSERT_TRUE(info.ok() && info->has_value());
