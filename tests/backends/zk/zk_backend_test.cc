@@ -156,6 +156,56 @@ TEST(ZkBackendTest, DigestAuthMakesNodesCreatorOnly) {
   EXPECT_TRUE(lease->Release().ok());
 }
 
+// The server stops answering (SIGSTOP) for longer than the session timeout: every lease of the
+// handle is lost by its safe_until, whatever the session's fate turns out to be when the server
+// comes back (expired, or revived, in which case the handle deletes the nodes it gave up); and
+// the same handle serves new leases by itself on a new session.
+TEST(ZkBackendTest, ServerPausedPastTheSessionTimeoutLosesEveryLeaseThenNewLeasesWork) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/pause") + "?command_timeout=500ms";
+  auto store = Store::Open(url);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  std::atomic<int> lost{0};
+  auto a = (*store)->TryAcquire("a", {.ttl = 1s, .on_lost = [&](const Status&) { ++lost; }});
+  auto b = (*store)->TryAcquire("b", {.ttl = 1s, .on_lost = [&](const Status&) { ++lost; }});
+  ASSERT_TRUE(a.ok() && b.ok());
+  (*zk)->Pause(0);
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_FALSE(a->valid());
+  EXPECT_FALSE(b->valid());
+  EXPECT_EQ(lost.load(), 2) << "both leases were lost while the server was away";
+  (*zk)->Resume(0);
+
+  // New work on the same handle: bounded retries while the client reconnects.
+  Result<Lease> again = Status::Internal("not run");
+  for (int i = 0; i < 100; ++i) {
+    again = (*store)->TryAcquire("a", {.ttl = 1s});
+    if (again.ok()) {
+      break;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_GT(again->fencing_token(), a->fencing_token());
+  // Nothing of the lost "b" blocks the key any more (expired with its session, or deleted by
+  // the handle once the revived session answered).
+  auto other = Store::Open(url);
+  ASSERT_TRUE(other.ok());
+  Result<Lease> b_again = Status::Internal("not run");
+  for (int i = 0; i < 100; ++i) {
+    b_again = (*other)->TryAcquire("b", {.ttl = 1s});
+    if (b_again.ok()) {
+      break;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(b_again.ok()) << b_again.status().ToString();
+  EXPECT_GT(b_again->fencing_token(), b->fencing_token());
+  EXPECT_TRUE(again->Release().ok());
+  EXPECT_TRUE(b_again->Release().ok());
+}
+
 // Three servers on loopback; kill -9 of the one the holder's session is connected to. The
 // holder either stays valid through the reconnect (the session survives on the others), or is
 // reported lost before anyone else holds the key: never both. Fencing tokens after recovery
