@@ -719,26 +719,23 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
   bool have_stat = false;
   std::vector<std::string> children;
   if (waiting) {
-    bool queued = false;
+    // The waiter's node, if an earlier attempt made one, is found by its prefix: also after a
+    // create whose reply was lost (it is adopted). The listing goes through the same session
+    // as the create, after it, so a create the server applied is seen.
     {
       MutexLock lock(&mu_);
-      auto it = waiters_.find(waiter_key);
-      if (it != waiters_.end()) {
-        queued = it->second.session == session;
-        if (!queued) {
-          waiters_.erase(it);  // its session expired: the node went with it
-        }
+      Queued& queued = waiters_[waiter_key];
+      if (queued.session != session) {
+        queued = Queued{.session = session};  // an expired session took its node with it
       }
     }
-    if (queued) {
-      int rc = requests.Children(dir, &children);
-      if (rc != ZOK && rc != ZNONODE) {
-        return ErrorStatus(rc, fmt::format("reading the queue of {}", request.key), options_);
-      }
-      for (const std::string& child : children) {
-        if (child.starts_with(prefix)) {
-          my_name = child;
-        }
+    int rc = requests.Children(dir, &children);
+    if (rc != ZOK && rc != ZNONODE) {
+      return ErrorStatus(rc, fmt::format("reading the queue of {}", request.key), options_);
+    }
+    for (const std::string& child : children) {
+      if (child.starts_with(prefix)) {
+        my_name = child;
       }
     }
   }
@@ -755,23 +752,14 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
       have_stat = true;
       my_name = created.substr(created.rfind('/') + 1);
     } else if (IsTransient(rc)) {
-      // The reply may have been lost after the server created the node: look for it by its
-      // unique prefix. If it cannot be settled now, the reaper deletes it later.
-      Requests recovery(*session, options_.command_timeout);
-      int lrc = recovery.Children(dir, &children);
-      if (lrc == ZOK) {
-        for (const std::string& child : children) {
-          if (child.starts_with(prefix)) {
-            my_name = child;
-          }
-        }
+      // The server may have created the node and the reply been lost. A waiter adopts it on
+      // its next attempt (or AbandonWait deletes it); a plain try-acquire's node is deleted by
+      // the reaper, which looks for the unique prefix through this same session (after the
+      // create, so it sees it if it was made).
+      if (!waiting) {
+        Doom({.session = session, .dir = dir, .prefix = prefix});
       }
-      if (my_name.empty()) {
-        if (lrc != ZOK && lrc != ZNONODE) {
-          Doom({.session = session, .dir = dir, .prefix = prefix});
-        }
-        return ErrorStatus(rc, fmt::format("acquiring {}", request.key), options_);
-      }
+      return ErrorStatus(rc, fmt::format("acquiring {}", request.key), options_);
     } else {
       if (IsSessionGone(rc)) {
         return Status::Unavailable(
@@ -783,12 +771,19 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
     }
   }
   const std::string my_path = dir + "/" + my_name;
+  // After a transient error: a plain try-acquire's node goes (its name is never used again); a
+  // waiter's stays queued for its next attempt, or for AbandonWait.
+  auto forget_node = [&] {
+    if (!waiting) {
+      Doom({.session = session, .path = my_path});
+    }
+  };
 
   for (int attempt = 0; attempt < kRaceRetries; ++attempt) {
     children.clear();
     int rc = requests.Children(dir, &children);
     if (rc != ZOK) {
-      Doom({.session = session, .path = my_path});
+      forget_node();
       return ErrorStatus(rc, fmt::format("acquiring {}", request.key), options_);
     }
     SortBySequence(children);
@@ -807,7 +802,7 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
       if (!have_stat) {
         rc = requests.Exists(my_path, &my_stat);
         if (rc != ZOK) {
-          Doom({.session = session, .path = my_path});
+          forget_node();
           return ErrorStatus(rc, fmt::format("acquiring {}", request.key), options_);
         }
         // A queued node carries the token of the attempt that created it: show this one's.
@@ -1088,7 +1083,39 @@ void ZkBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
     queued = std::move(it->second);
     waiters_.erase(it);
   }
-  (void)DeleteOrDoom(queued.session, queued.path);
+  if (queued.session == nullptr || queued.session->Expired()) {
+    return;
+  }
+  // By prefix, through the waiter's own session: this also finds a node whose create reply was
+  // lost. The waiter is done, so its prefix is never used again.
+  Doomed doomed{.session = queued.session,
+                .dir = KeyDir(key),
+                .prefix = "w" + std::string(waiter_id) + "-"};
+  if (!queued.path.empty()) {
+    Requests requests(*queued.session, options_.command_timeout);
+    int rc = requests.Delete(queued.path, -1);
+    if (rc == ZOK || rc == ZNONODE || IsSessionGone(rc)) {
+      return;
+    }
+  } else {
+    Requests requests(*queued.session, options_.command_timeout);
+    std::vector<std::string> children;
+    int rc = requests.Children(doomed.dir, &children);
+    if (rc == ZNONODE) {
+      return;
+    }
+    bool all_gone = rc == ZOK;
+    for (const std::string& child : children) {
+      if (child.starts_with(doomed.prefix)) {
+        int drc = requests.Delete(doomed.dir + "/" + child, -1);
+        all_gone = all_gone && (drc == ZOK || drc == ZNONODE);
+      }
+    }
+    if (all_gone) {
+      return;
+    }
+  }
+  Doom(std::move(doomed));
 }
 
 Status ZkBackend::WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) {
@@ -1195,24 +1222,27 @@ void ZkBackend::ReaperLoop(std::stop_token stop) {
         continue;  // its ephemeral nodes went with it
       }
       Requests requests(*d.session, options_.command_timeout);
-      std::string path = d.path;
+      std::vector<std::string> paths;
       int rc = ZOK;
-      if (path.empty()) {
+      if (d.path.empty()) {
         std::vector<std::string> children;
         rc = requests.Children(d.dir, &children);
         for (const std::string& child : children) {
           if (child.starts_with(d.prefix)) {
-            path = d.dir + "/" + child;
+            paths.push_back(d.dir + "/" + child);
           }
         }
-        if (rc == ZOK && path.empty()) {
-          continue;  // the lost create never happened
+      } else {
+        paths.push_back(d.path);
+      }
+      bool done = rc == ZOK || rc == ZNONODE || IsSessionGone(rc);
+      if (rc == ZOK) {
+        for (const std::string& path : paths) {
+          int drc = requests.Delete(path, -1);  // unique name: never another's node
+          done = done && (drc == ZOK || drc == ZNONODE || IsSessionGone(drc));
         }
       }
-      if (rc == ZOK) {
-        rc = requests.Delete(path, -1);  // unique name: never another's node
-      }
-      if (rc == ZOK || rc == ZNONODE || IsSessionGone(rc)) {
+      if (done) {
         continue;
       }
       if (++d.attempts < kReaperMaxAttempts) {
