@@ -211,6 +211,8 @@ void StringStatCompletion(int rc, const char* value, const struct Stat* stat, co
 
 void VoidCompletion(int rc, const void* data) { Take(data)->Finish(rc); }
 
+void StringCompletion(int rc, const char* /*value*/, const void* data) { Take(data)->Finish(rc); }
+
 // A watch's wake-up, shared by the waiting caller and the watcher callback.
 struct Waker {
   std::mutex mu;
@@ -880,7 +882,23 @@ std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests)
       pending.push_back({i, it->second, nullptr});
     }
   }
-  // Send every exists before awaiting any reply: one round of latency for the whole batch.
+  // First a sync per session: it goes through the leader, and the server answers the session's
+  // later reads only after it, so the exists below cannot be a stale read from a follower that
+  // lags the leader (or is cut off from it while still serving us). Then every exists, before
+  // awaiting any reply: one round of latency for the whole batch.
+  std::map<ZkSession*, ReplyPtr> syncs;
+  for (Pending& p : pending) {
+    ReplyPtr& sync = syncs[p.held.session.get()];
+    if (sync == nullptr) {
+      sync = std::make_shared<Reply>();
+      void* data = Hold(sync);
+      int rc = zoo_async(p.held.session->zh, "/", StringCompletion, data);
+      if (rc != ZOK) {
+        Take(data);
+        sync->Finish(rc);
+      }
+    }
+  }
   for (Pending& p : pending) {
     p.reply = std::make_shared<Reply>();
     void* data = Hold(p.reply);
@@ -894,7 +912,10 @@ std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests)
       std::chrono::steady_clock::now() + duration_cast<milliseconds>(options_.command_timeout);
   for (Pending& p : pending) {
     const RenewRequest& request = requests[p.index];
-    int rc = AwaitReply(*p.reply, deadline);
+    int rc = AwaitReply(*syncs[p.held.session.get()], deadline);
+    if (rc == ZOK) {
+      rc = AwaitReply(*p.reply, deadline);
+    }
     struct Stat stat {};
     if (rc == ZOK) {
       std::lock_guard<std::mutex> lock(p.reply->mu);

@@ -19,8 +19,9 @@
 // deletes. A renewal is one exists round trip that proves the node is still ours (ephemeralOwner
 // is our session, czxid our fencing token): ZooKeeper expires a session no earlier than its
 // timeout after it last heard from the client, so a reply to a request sent at t_send proves the
-// node lives until t_send + negotiated. RenewMany pipelines one exists per lease (one round of
-// latency). The C client pings by itself, so without renewals a node would live on: each grant
+// node lives until t_send + negotiated. RenewMany pipelines one sync per session (through the
+// leader, so no exists is a stale read from a lagging or cut-off follower) and one exists per
+// lease: one round of latency. The C client pings by itself, so without renewals a node would live on: each grant
 // therefore also has a local deadline (t_send of its last confirmed renewal + ttl, read after the
 // core's t_send, so never before the holder's safe_until), and a reaper thread deletes the nodes
 // of grants that pass it: a holder that stopped renewing, or was cut off longer than its TTL and
