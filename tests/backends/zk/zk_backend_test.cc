@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <zookeeper/zookeeper.h>
 
 #include "backends/registry.h"
 #include "backends/zookeeper/zk_backend.h"
@@ -204,6 +205,95 @@ TEST(ZkBackendTest, ServerPausedPastTheSessionTimeoutLosesEveryLeaseThenNewLease
   EXPECT_GT(b_again->fencing_token(), b->fencing_token());
   EXPECT_TRUE(again->Release().ok());
   EXPECT_TRUE(b_again->Release().ok());
+}
+
+// Counts the children of a key's node (every grant and queued waiter), through a plain C client
+// session of the test's own; -1 on error.
+int CountNodes(const std::string& hosts, const std::string& key_dir) {
+  zhandle_t* zh = zookeeper_init2(hosts.c_str(), nullptr, 10'000, nullptr, nullptr, 0,
+                                  [](const char*) {});
+  if (zh == nullptr) {
+    return -1;
+  }
+  int count = -1;
+  for (int i = 0; i < 100 && count < 0; ++i) {  // zoo_get_children fails until connected
+    struct String_vector children {};
+    int rc = zoo_get_children(zh, key_dir.c_str(), 0, &children);
+    if (rc == ZOK) {
+      count = children.count;
+      deallocate_String_vector(&children);
+    } else if (rc == ZNONODE) {
+      count = 0;
+    } else {
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  zookeeper_close(zh);
+  return count;
+}
+
+// The lock recipe's bookkeeping: a waiter keeps one node across its attempts (never a second),
+// AbandonWait removes it, a plain try-acquire that loses leaves nothing behind, and the waits are
+// bounded by their deadline and stop token.
+TEST(ZkBackendTest, WaitersKeepOneNodeAndLeaveNothingBehind) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/queue");
+  const std::string hosts = (*zk)->Url().substr(5);
+  const std::string key_dir = "/queue/leasehold/job";
+  auto a = OpenZk(url);
+  auto b = OpenZk(url);
+  ASSERT_TRUE(a && b);
+  auto held = a->TryAcquire({"job", std::string(32, 'a'), "a", 5s, ""});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_EQ(CountNodes(hosts, key_dir), 1);
+
+  EXPECT_EQ(b->TryAcquire({"job", std::string(32, 'b'), "b", 5s, ""}).status().code(),
+            StatusCode::kHeldByAnother);
+  EXPECT_EQ(CountNodes(hosts, key_dir), 1) << "a losing try-acquire left its node behind";
+
+  const std::string waiter(32, 'w');
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    auto queued = b->TryAcquire({"job", fmt::format("{:032}", attempt), "b", 5s, waiter});
+    ASSERT_EQ(queued.status().code(), StatusCode::kHeldByAnother) << queued.status().ToString();
+    ASSERT_NE(queued.status().holder(), nullptr);
+    EXPECT_EQ(queued.status().holder()->fencing_token, held->fencing_token);
+    EXPECT_EQ(CountNodes(hosts, key_dir), 2) << "the waiter must keep exactly one node";
+  }
+
+  // Waits: the holder stays, so the deadline ends them; a stop token ends them too.
+  const SteadyTime start = Clock::Real().Now();
+  EXPECT_EQ(b->WaitForTurn("job", waiter, start + 300ms, {}).code(),
+            StatusCode::kDeadlineExceeded);
+  EXPECT_GE(Clock::Real().Now() - start, 300ms);
+  std::stop_source stop;
+  std::jthread stopper([&] {
+    std::this_thread::sleep_for(200ms);
+    stop.request_stop();
+  });
+  EXPECT_EQ(b->WaitForTurn("job", waiter, start + 60s, stop.get_token()).code(),
+            StatusCode::kCancelled);
+  EXPECT_LT(Clock::Real().Now() - start, 30s);
+
+  b->AbandonWait("job", waiter);
+  EXPECT_EQ(CountNodes(hosts, key_dir), 1) << "AbandonWait left the waiter's node";
+
+  // The next waiter is woken by the release (its predecessor's delete) and then holds the key.
+  auto queued = b->TryAcquire({"job", std::string(32, 'c'), "b", 5s, "next"});
+  ASSERT_EQ(queued.status().code(), StatusCode::kHeldByAnother);
+  std::jthread release([&] {
+    std::this_thread::sleep_for(200ms);
+    EXPECT_TRUE(a->Release("job", std::string(32, 'a')).ok());
+  });
+  EXPECT_TRUE(b->WaitForTurn("job", "next", Clock::Real().Now() + 20s, {}).ok());
+  auto granted = b->TryAcquire({"job", std::string(32, 'd'), "b", 5s, "next"});
+  ASSERT_TRUE(granted.ok()) << granted.status().ToString();
+  EXPECT_GT(granted->fencing_token, held->fencing_token);
+  auto info = b->Inspect("job");
+  ASSERT_TRUE(info.ok() && info->has_value());
+  EXPECT_EQ((*info)->token_prefix, std::string(8, 'd')) << "status shows the granted token";
+  EXPECT_TRUE(b->Release("job", std::string(32, 'd')).ok());
+  EXPECT_EQ(CountNodes(hosts, key_dir), 0);
 }
 
 // Three servers on loopback; kill -9 of the one the holder's session is connected to. The
