@@ -6,7 +6,11 @@
 // No timing assertions beyond generous bounds: these tests assert ordering and safety, and
 // print the figures they measure.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -294,6 +298,166 @@ TEST(ZkBackendTest, WaitersKeepOneNodeAndLeaveNothingBehind) {
   EXPECT_EQ((*info)->token_prefix, std::string(8, 'd')) << "status shows the granted token";
   EXPECT_TRUE(b->Release("job", std::string(32, 'd')).ok());
   EXPECT_EQ(CountNodes(hosts, key_dir), 0);
+}
+
+// A TCP proxy in front of one server that can lose the server's replies: in Drop() mode it
+// still forwards every request to the server but throws the replies away, then cuts every
+// connection (the client sees a connection loss, not an answer); Pass() restores it. This is a
+// create whose reply was lost in a connection drop, on demand.
+class ReplyDroppingProxy {
+ public:
+  explicit ReplyDroppingProxy(int upstream_port) : upstream_port_(upstream_port) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    (void)bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    (void)listen(listen_fd_, 16);
+    (void)getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    acceptor_ = std::jthread([this](std::stop_token stop) { Accept(stop); });
+  }
+
+  ReplyDroppingProxy(const ReplyDroppingProxy&) = delete;
+  ReplyDroppingProxy& operator=(const ReplyDroppingProxy&) = delete;
+  ReplyDroppingProxy(ReplyDroppingProxy&&) = delete;
+  ReplyDroppingProxy& operator=(ReplyDroppingProxy&&) = delete;
+
+  ~ReplyDroppingProxy() {
+    acceptor_.request_stop();
+    acceptor_.join();
+    pumps_.clear();  // request_stop + join each
+    close(listen_fd_);
+  }
+
+  int port() const { return port_; }
+
+  void Drop(std::chrono::milliseconds cut_after) {
+    cut_at_ = std::chrono::steady_clock::now() + cut_after;
+    drop_ = true;
+  }
+
+  void Pass() { drop_ = false; }
+
+ private:
+  void Accept(std::stop_token stop) {
+    while (!stop.stop_requested()) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) {
+        continue;
+      }
+      int client = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) {
+        continue;
+      }
+      int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(static_cast<uint16_t>(upstream_port_));
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (connect(server, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        close(client);
+        close(server);
+        continue;
+      }
+      pumps_.emplace_back([this, client, server](std::stop_token s) { Pump(s, client, server); });
+    }
+  }
+
+  void Pump(std::stop_token stop, int client, int server) {
+    char buf[65536];
+    while (!stop.stop_requested()) {
+      if (drop_ && std::chrono::steady_clock::now() >= cut_at_.load()) {
+        break;  // cut: the client sees a connection loss
+      }
+      pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
+      if (poll(p, 2, 20) <= 0) {
+        continue;
+      }
+      if (p[0].revents != 0) {
+        ssize_t n = recv(client, buf, sizeof(buf), 0);
+        if (n <= 0 || send(server, buf, static_cast<std::size_t>(n), MSG_NOSIGNAL) != n) {
+          break;
+        }
+      }
+      if (p[1].revents != 0) {
+        ssize_t n = recv(server, buf, sizeof(buf), 0);
+        if (n <= 0) {
+          break;
+        }
+        if (!drop_ && send(client, buf, static_cast<std::size_t>(n), MSG_NOSIGNAL) != n) {
+          break;
+        }
+      }
+    }
+    close(client);
+    close(server);
+  }
+
+  const int upstream_port_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> drop_{false};
+  std::atomic<std::chrono::steady_clock::time_point> cut_at_{};
+  std::vector<std::jthread> pumps_;  // touched by the acceptor thread only, then the destructor
+  std::jthread acceptor_;
+};
+
+// A create whose reply is lost in a connection drop (the server made the node, the client heard
+// nothing) is never left behind: a plain try-acquire's node is found by its unique prefix and
+// deleted once the session answers again, and a waiter's is adopted by its next attempt (one
+// node, not two).
+TEST(ZkBackendTest, CreateWhoseReplyWasLostIsNotLeftBehind) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string hosts = (*zk)->Url().substr(5);
+  ReplyDroppingProxy proxy((*zk)->client_port(0));
+  auto direct = OpenZk((*zk)->Url("/lost"));
+  auto proxied = OpenZk(fmt::format("zk://127.0.0.1:{}/lost?command_timeout=2s", proxy.port()));
+  ASSERT_TRUE(direct && proxied);
+  // Opens the proxied handle's 8 s session before replies start to vanish.
+  auto warm = proxied->TryAcquire({"warm-up", std::string(32, '0'), "p", 8s, ""});
+  ASSERT_TRUE(warm.ok()) << warm.status().ToString();
+  // The key's node must exist already, so that the lost create is one the server applies.
+  auto first = direct->TryAcquire({"phantom", std::string(32, '5'), "d", 8s, ""});
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE(direct->Release("phantom", std::string(32, '5')).ok());
+
+  proxy.Drop(300ms);
+  auto lost = proxied->TryAcquire({"phantom", std::string(32, '1'), "p", 8s, ""});
+  proxy.Pass();
+  EXPECT_EQ(lost.status().code(), StatusCode::kUnavailable) << lost.status().ToString();
+  int nodes = -1;
+  for (int i = 0; i < 100; ++i) {  // the handle reconnects, then deletes it: up to 10 s
+    nodes = CountNodes(hosts, "/lost/leasehold/phantom");
+    if (nodes == 0) {
+      break;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(nodes, 0) << "the node of a create whose reply was lost was left behind";
+  auto free_now = direct->TryAcquire({"phantom", std::string(32, '2'), "d", 8s, ""});
+  EXPECT_TRUE(free_now.ok()) << free_now.status().ToString();
+
+  // A waiter: its lost create is adopted, not duplicated.
+  const std::string waiter(32, 'w');
+  proxy.Drop(300ms);
+  auto queued = proxied->TryAcquire({"phantom", std::string(32, '3'), "p", 8s, waiter});
+  proxy.Pass();
+  EXPECT_EQ(queued.status().code(), StatusCode::kUnavailable) << queued.status().ToString();
+  for (int i = 0; i < 100; ++i) {
+    queued = proxied->TryAcquire({"phantom", std::string(32, '4'), "p", 8s, waiter});
+    if (queued.status().code() != StatusCode::kUnavailable) {
+      break;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(queued.status().code(), StatusCode::kHeldByAnother) << queued.status().ToString();
+  EXPECT_EQ(CountNodes(hosts, "/lost/leasehold/phantom"), 2) << "holder + one waiter node";
+  proxied->AbandonWait("phantom", waiter);
+  EXPECT_EQ(CountNodes(hosts, "/lost/leasehold/phantom"), 1);
+  EXPECT_TRUE(direct->Release("phantom", std::string(32, '2')).ok());
 }
 
 // Three servers on loopback; kill -9 of the one the holder's session is connected to. The
