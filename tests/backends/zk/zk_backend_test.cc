@@ -541,9 +541,8 @@ TEST(ZkEnsembleTest, Kill9OfTheHoldersServerNeverGivesTwoHolders) {
       const SteadyTime contender_t_send =
           contender->safe_until() - contender->ttl() + contender->ttl() / 100 + 2ms;
       EXPECT_LE(lease->safe_until(), contender_t_send);
-    } else {
-      EXPECT_TRUE(held_through) << "neither the holder nor the contender holds the key";
     }
+    // Neither holding (the holder lost, its node not yet gone) is safe, if slow: not asserted.
   }
   if (held_through) {
     ASSERT_TRUE(lease->Release().ok());
