@@ -554,6 +554,14 @@ TEST(ZkEnsembleTest, Kill9OfTheHoldersServerNeverGivesTwoHolders) {
               static_cast<unsigned long long>(before),
               static_cast<unsigned long long>(contender->fencing_token()));
   EXPECT_TRUE(contender->Release().ok());
+
+  // The killed server comes back with its data and rejoins; leases keep working, tokens keep
+  // growing.
+  ASSERT_TRUE((*zk)->Restart(victim).ok());
+  auto after_restart = (*contender_store)->TryAcquire("failover", {.ttl = 3s});
+  ASSERT_TRUE(after_restart.ok()) << after_restart.status().ToString();
+  EXPECT_GT(after_restart->fencing_token(), contender->fencing_token());
+  EXPECT_TRUE(after_restart->Release().ok());
 }
 
 // A holder process cut off longer than its session timeout (SIGSTOP): ZooKeeper expires the
