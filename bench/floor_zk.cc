@@ -14,8 +14,8 @@
 #include <fmt/format.h>
 #include <zookeeper/zookeeper.h>
 
-#include "bench/floor.h"
 #include "backends/zookeeper/zk_options.h"
+#include "bench/floor.h"
 #include "core/url.h"
 
 namespace leasehold::bench {
@@ -54,12 +54,13 @@ class ZkFloor final : public FloorProbe {
 
   Status Call() override {
     struct Stat stat {};
+
     int rc = zoo_exists(zh_, path_.c_str(), 0, &stat);
     if (rc == ZOK || rc == ZNONODE) {
       return Status();
     }
-    return Status::Unavailable("zoo_exists failed", fmt::format("zookeeper rc {} ({})", rc,
-                                                                 zerror(rc)));
+    return Status::Unavailable("zoo_exists failed",
+                               fmt::format("zookeeper rc {} ({})", rc, zerror(rc)));
   }
 
  private:
@@ -74,8 +75,8 @@ Result<std::unique_ptr<FloorProbe>> OpenZkFloor(const std::string& url) {
   LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
   LH_ASSIGN_OR_RETURN(internal::ZkOptions options, internal::ZkOptions::FromUrl(parsed));
   auto connected = std::make_unique<Connected>();
-  zhandle_t* zh = zookeeper_init2(options.hosts.c_str(), Watcher, 10'000, nullptr,
-                                  connected.get(), 0, Quiet);
+  zhandle_t* zh =
+      zookeeper_init2(options.hosts.c_str(), Watcher, 10'000, nullptr, connected.get(), 0, Quiet);
   if (zh == nullptr) {
     return Status::Unavailable(fmt::format("zookeeper_init2 failed: {}", std::strerror(errno)));
   }
@@ -92,8 +93,7 @@ Result<std::unique_ptr<FloorProbe>> OpenZkFloor(const std::string& url) {
   if (options.user.has_value()) {
     const std::string cert = *options.user + ":" + options.password.value_or("");
     // Synchronous enough for a probe: the next request queues behind the auth packet.
-    (void)zoo_add_auth(zh, "digest", cert.data(), static_cast<int>(cert.size()), nullptr,
-                       nullptr);
+    (void)zoo_add_auth(zh, "digest", cert.data(), static_cast<int>(cert.size()), nullptr, nullptr);
   }
   return std::unique_ptr<FloorProbe>(
       new ZkFloor(zh, std::move(connected), options.chroot + "/leasehold-floor-probe-missing"));

@@ -6,12 +6,9 @@
 
 #include "testing/zk_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -20,7 +17,10 @@
 #include <string>
 #include <vector>
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 namespace leasehold::testing {
 
@@ -175,7 +175,9 @@ Status ZkEnsemble::AwaitServing(int i) {
   return ready;
 }
 
-void ZkEnsemble::Kill9(int i) { StopPid(servers_[i].pid, SIGKILL); }
+void ZkEnsemble::Kill9(int i) {
+  StopPid(servers_[i].pid, SIGKILL);
+}
 
 Status ZkEnsemble::Restart(int i) {
   Kill9(i);

@@ -5,10 +5,6 @@
 
 #include "backends/zookeeper/zk_backend.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <atomic>
 #include <charconv>
@@ -20,7 +16,10 @@
 #include <utility>
 #include <vector>
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <zookeeper/zookeeper.h>
 
 #include "core/logging.h"
@@ -122,7 +121,9 @@ struct Reply {
   std::condition_variable cv;
   bool done = false;
   int rc = ZOPERATIONTIMEOUT;
+
   struct Stat stat {};
+
   bool has_stat = false;
   std::string value;
   std::vector<std::string> strings;
@@ -147,7 +148,9 @@ int AwaitReply(Reply& reply, std::chrono::steady_clock::time_point deadline) {
   return reply.rc;
 }
 
-void* Hold(const ReplyPtr& reply) { return new ReplyPtr(reply); }
+void* Hold(const ReplyPtr& reply) {
+  return new ReplyPtr(reply);
+}
 
 // Takes back the reference handed to the C client in Hold().
 ReplyPtr Take(const void* data) {
@@ -209,9 +212,13 @@ void StringStatCompletion(int rc, const char* value, const struct Stat* stat, co
   reply->Finish(rc);
 }
 
-void VoidCompletion(int rc, const void* data) { Take(data)->Finish(rc); }
+void VoidCompletion(int rc, const void* data) {
+  Take(data)->Finish(rc);
+}
 
-void StringCompletion(int rc, const char* /*value*/, const void* data) { Take(data)->Finish(rc); }
+void StringCompletion(int rc, const char* /*value*/, const void* data) {
+  Take(data)->Finish(rc);
+}
 
 // A watch's wake-up, shared by the waiting caller and the watcher callback.
 struct Waker {
@@ -370,15 +377,16 @@ bool IsTransient(int rc) {
          rc == ZCLOSING || rc == ZNOTHING;
 }
 
-bool IsSessionGone(int rc) { return rc == ZSESSIONEXPIRED || rc == ZINVALIDSTATE; }
+bool IsSessionGone(int rc) {
+  return rc == ZSESSIONEXPIRED || rc == ZINVALIDSTATE;
+}
 
 // Maps a ZooKeeper rc that ended an operation to a Status (never kOk).
 Status ErrorStatus(int rc, std::string_view what, const ZkOptions& options) {
   std::string detail = fmt::format("zookeeper rc {} ({})", rc, zerror(rc));
   if (IsTransient(rc)) {
     return Status::Unavailable(
-        fmt::format("ZooKeeper at {} did not answer {} in time", options.Address(), what),
-        detail);
+        fmt::format("ZooKeeper at {} did not answer {} in time", options.Address(), what), detail);
   }
   if (rc == ZNOAUTH || rc == ZAUTHFAILED || rc == ZINVALIDACL) {
     return Status::PermissionDenied(
@@ -390,12 +398,10 @@ Status ErrorStatus(int rc, std::string_view what, const ZkOptions& options) {
   }
   if (IsSessionGone(rc)) {
     return Status::Unavailable(
-        fmt::format("ZooKeeper session expired during {} at {}", what, options.Address()),
-        detail);
+        fmt::format("ZooKeeper session expired during {} at {}", what, options.Address()), detail);
   }
   return {StatusCode::kInternal,
-          fmt::format("unexpected ZooKeeper reply to {} at {}", what, options.Address()),
-          detail};
+          fmt::format("unexpected ZooKeeper reply to {} at {}", what, options.Address()), detail};
 }
 
 // Node names: [A-Za-z0-9_-] stay, every other byte becomes %XX, so any key (with '/', '.',
@@ -508,9 +514,8 @@ Result<std::shared_ptr<ZkBackend>> ZkBackend::Open(ZkOptions options) {
   LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> service, backend->ServiceSession());
   // Checks the chroot and the ACLs at once, so a wrong password fails here, not at first use.
   LH_RETURN_IF_ERROR(backend->EnsureParents(*service, backend->base_));
-  backend->reaper_ = std::jthread([raw = backend.get()](std::stop_token stop) {
-    raw->ReaperLoop(std::move(stop));
-  });
+  backend->reaper_ = std::jthread(
+      [raw = backend.get()](std::stop_token stop) { raw->ReaperLoop(std::move(stop)); });
   return backend;
 }
 
@@ -536,14 +541,13 @@ Capabilities ZkBackend::capabilities() const {
 Result<std::shared_ptr<ZkSession>> ZkBackend::Connect(Duration timeout) {
   auto session = std::make_shared<ZkSession>();
   session->requested = timeout;
-  const int timeout_ms =
-      static_cast<int>(std::clamp<std::int64_t>(duration_cast<milliseconds>(timeout).count(), 1,
-                                                std::numeric_limits<int>::max()));
+  const int timeout_ms = static_cast<int>(std::clamp<std::int64_t>(
+      duration_cast<milliseconds>(timeout).count(), 1, std::numeric_limits<int>::max()));
   session->zh = zookeeper_init2(options_.hosts.c_str(), &ZkSession::Watcher, timeout_ms, nullptr,
                                 session.get(), 0, &ZkLogCallback);
   if (session->zh == nullptr) {
-    return Status::InvalidArgument(fmt::format(
-        "ZooKeeper client refused the host list {}: {}", options_.hosts, std::strerror(errno)));
+    return Status::InvalidArgument(fmt::format("ZooKeeper client refused the host list {}: {}",
+                                               options_.hosts, std::strerror(errno)));
   }
   {
     std::unique_lock<std::mutex> lock(session->mu);
@@ -551,11 +555,9 @@ Result<std::shared_ptr<ZkSession>> ZkBackend::Connect(Duration timeout) {
       return session->state == ZOO_CONNECTED_STATE || session->expired || session->auth_failed;
     });
     if (session->state != ZOO_CONNECTED_STATE) {
-      return Status::Unavailable(fmt::format("cannot reach ZooKeeper at {} within {} ms",
-                                             options_.Address(),
-                                             duration_cast<milliseconds>(
-                                                 options_.connect_timeout)
-                                                 .count()));
+      return Status::Unavailable(
+          fmt::format("cannot reach ZooKeeper at {} within {} ms", options_.Address(),
+                      duration_cast<milliseconds>(options_.connect_timeout).count()));
     }
   }
   session->negotiated = milliseconds(zoo_recv_timeout(session->zh));
@@ -579,8 +581,8 @@ Result<std::shared_ptr<ZkSession>> ZkBackend::Connect(Duration timeout) {
   LogEvent(LogLevel::kDebug, "zk_session_opened",
            {{"address", options_.Address()},
             {"requested_ms", std::to_string(timeout_ms)},
-            {"negotiated_ms", std::to_string(duration_cast<milliseconds>(session->negotiated)
-                                                 .count())}});
+            {"negotiated_ms",
+             std::to_string(duration_cast<milliseconds>(session->negotiated).count())}});
   return session;
 }
 
@@ -682,7 +684,9 @@ Result<std::optional<LeaseInfo>> ZkBackend::ReadHolder(ZkSession& session, std::
       return std::optional<LeaseInfo>();
     }
     std::string data;
+
     struct Stat stat {};
+
     rc = requests.Get(dir + "/" + children.front(), &data, &stat);
     if (rc == ZNONODE) {
       continue;  // the holder left between the two reads
@@ -717,7 +721,9 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
 
   Requests requests(*session, options_.command_timeout);
   std::string my_name;
+
   struct Stat my_stat {};
+
   bool have_stat = false;
   std::vector<std::string> children;
   if (waiting) {
@@ -796,9 +802,8 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
         MutexLock lock(&mu_);
         waiters_.erase(waiter_key);
       }
-      return Status::Unavailable(
-          fmt::format("the node of {} vanished while acquiring (session expiry?); try again",
-                      request.key));
+      return Status::Unavailable(fmt::format(
+          "the node of {} vanished while acquiring (session expiry?); try again", request.key));
     }
     if (mine == children.begin()) {
       if (!have_stat) {
@@ -829,7 +834,9 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
     }
     // Not lowest: report the holder (the lowest child).
     std::string holder_data;
+
     struct Stat holder_stat {};
+
     rc = requests.Get(dir + "/" + children.front(), &holder_data, &holder_stat);
     if (rc == ZNONODE) {
       continue;  // the holder just left: decide again
@@ -844,10 +851,9 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
       return ErrorStatus(rc, fmt::format("reading the holder of {}", request.key), options_);
     }
     LeaseInfo holder = ParseNodeData(request.key, holder_data, holder_stat);
-    return Status::HeldByAnother(
-        fmt::format("{} is held by {} (fencing token {})", request.key, holder.holder,
-                    holder.fencing_token),
-        std::move(holder));
+    return Status::HeldByAnother(fmt::format("{} is held by {} (fencing token {})", request.key,
+                                             holder.holder, holder.fencing_token),
+                                 std::move(holder));
   }
   if (!waiting) {
     (void)DeleteOrDoom(session, my_path);
@@ -863,20 +869,22 @@ Status ZkBackend::Renew(const RenewRequest& request) {
 std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests) {
   const SteadyTime t_send = Clock::Real().Now();
   std::vector<Status> results(requests.size());
+
   struct Pending {
     std::size_t index;
     Held held;
     ReplyPtr reply;
   };
+
   std::vector<Pending> pending;
   {
     MutexLock lock(&mu_);
     for (std::size_t i = 0; i < requests.size(); ++i) {
       auto it = grants_.find({requests[i].key, requests[i].owner_token});
       if (it == grants_.end()) {
-        results[i] = Status::Lost(fmt::format(
-            "{} is not held with this token (released, expired or never granted)",
-            requests[i].key));
+        results[i] = Status::Lost(
+            fmt::format("{} is not held with this token (released, expired or never granted)",
+                        requests[i].key));
         continue;
       }
       pending.push_back({i, it->second, nullptr});
@@ -916,7 +924,9 @@ std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests)
     if (rc == ZOK) {
       rc = AwaitReply(*p.reply, deadline);
     }
+
     struct Stat stat {};
+
     if (rc == ZOK) {
       std::lock_guard<std::mutex> lock(p.reply->mu);
       stat = p.reply->stat;
@@ -950,12 +960,12 @@ std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests)
         MutexLock lock(&mu_);
         grants_.erase(grant_key);
       }
-      results[p.index] = Status::Lost(
-          fmt::format("the ZooKeeper node of {} is {}", request.key,
-                      session_gone ? "gone with its expired session"
-                      : rc == ZOK  ? "not ours any more"
-                                   : "gone (force-released, or its session expired)"),
-          cause);
+      results[p.index] =
+          Status::Lost(fmt::format("the ZooKeeper node of {} is {}", request.key,
+                                   session_gone ? "gone with its expired session"
+                                   : rc == ZOK  ? "not ours any more"
+                                                : "gone (force-released, or its session expired)"),
+                       cause);
       continue;
     }
     results[p.index] = ErrorStatus(rc, fmt::format("renewing {}", request.key), options_);
@@ -980,7 +990,9 @@ Status ZkBackend::Release(std::string_view key, std::string_view owner_token) {
                         LostCause::kSessionLost);
   }
   Requests requests(*held.session, options_.command_timeout);
+
   struct Stat stat {};
+
   int rc = requests.Exists(held.path, &stat);
   if (rc == ZOK && (stat.ephemeralOwner != held.session->session_id ||
                     static_cast<FencingToken>(stat.czxid) != held.czxid)) {
@@ -1006,8 +1018,7 @@ Status ZkBackend::Release(std::string_view key, std::string_view owner_token) {
   return ErrorStatus(rc, fmt::format("releasing {}", key), options_);
 }
 
-Status ZkBackend::DeleteOrDoom(const std::shared_ptr<ZkSession>& session,
-                               const std::string& path) {
+Status ZkBackend::DeleteOrDoom(const std::shared_ptr<ZkSession>& session, const std::string& path) {
   Requests requests(*session, options_.command_timeout);
   int rc = requests.Delete(path, -1);  // the name is unique to us: -1 cannot hit another's
   if (rc == ZOK || rc == ZNONODE || IsSessionGone(rc)) {
@@ -1109,9 +1120,8 @@ void ZkBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
   }
   // By prefix, through the waiter's own session: this also finds a node whose create reply was
   // lost. The waiter is done, so its prefix is never used again.
-  Doomed doomed{.session = queued.session,
-                .dir = KeyDir(key),
-                .prefix = "w" + std::string(waiter_id) + "-"};
+  Doomed doomed{
+      .session = queued.session, .dir = KeyDir(key), .prefix = "w" + std::string(waiter_id) + "-"};
   if (!queued.path.empty()) {
     Requests requests(*queued.session, options_.command_timeout);
     int rc = requests.Delete(queued.path, -1);
@@ -1144,8 +1154,8 @@ Status ZkBackend::WaitForChange(std::string_view key, SteadyTime deadline, std::
   return Wait(session, KeyDir(key), std::string_view(), deadline, std::move(stop));
 }
 
-Status ZkBackend::WaitForTurn(std::string_view key, std::string_view waiter_id,
-                              SteadyTime deadline, std::stop_token stop) {
+Status ZkBackend::WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
+                              std::stop_token stop) {
   std::shared_ptr<ZkSession> session;
   std::string my_name;
   if (!waiter_id.empty()) {
@@ -1296,10 +1306,12 @@ int ZkBackend::ConnectedPortForTesting(Duration ttl) {
     }
     session = it->second;
   }
+
   struct sockaddr_storage addr {};
+
   socklen_t len = sizeof(addr);
-  if (zookeeper_get_connected_host(session->zh, reinterpret_cast<struct sockaddr*>(&addr),
-                                   &len) == nullptr) {
+  if (zookeeper_get_connected_host(session->zh, reinterpret_cast<struct sockaddr*>(&addr), &len) ==
+      nullptr) {
     return -1;
   }
   if (addr.ss_family == AF_INET) {

@@ -21,13 +21,13 @@
 // timeout after it last heard from the client, so a reply to a request sent at t_send proves the
 // node lives until t_send + negotiated. RenewMany pipelines one sync per session (through the
 // leader, so no exists is a stale read from a lagging or cut-off follower) and one exists per
-// lease: one round of latency. The C client pings by itself, so without renewals a node would live on: each grant
-// therefore also has a local deadline (t_send of its last confirmed renewal + ttl, read after the
-// core's t_send, so never before the holder's safe_until), and a reaper thread deletes the nodes
-// of grants that pass it: a holder that stopped renewing, or was cut off longer than its TTL and
-// then reconnected to a session that survived, never blocks the key. Session expiry makes every
-// lease on that session lost (kLost, LostCause::kSessionLost); the next acquire opens a new
-// session by itself.
+// lease: one round of latency. The C client pings by itself, so without renewals a node would live
+// on: each grant therefore also has a local deadline (t_send of its last confirmed renewal + ttl,
+// read after the core's t_send, so never before the holder's safe_until), and a reaper thread
+// deletes the nodes of grants that pass it: a holder that stopped renewing, or was cut off longer
+// than its TTL and then reconnected to a session that survived, never blocks the key. Session
+// expiry makes every lease on that session lost (kLost, LostCause::kSessionLost); the next acquire
+// opens a new session by itself.
 //
 // Waiting is the ZooKeeper lock recipe: a waiter (Store::Acquire, GrantRequest::waiter_id)
 // keeps its node between attempts and watches only its predecessor, so the key goes first come,
@@ -142,11 +142,13 @@ class ZkBackend final : public Backend {
     // t_send of the last confirmed renewal + ttl; the reaper deletes the node after it.
     SteadyTime deadline{};
   };
+
   // A queued waiter's node, by (key, waiter id).
   struct Queued {
     std::shared_ptr<ZkSession> session;
     std::string path;
   };
+
   // A node to delete in the background: by path, or (path empty) the child of `dir` whose name
   // starts with `prefix` (a create whose reply was lost).
   struct Doomed {
@@ -156,6 +158,7 @@ class ZkBackend final : public Backend {
     std::string prefix;
     int attempts = 0;
   };
+
   using KeyAndId = std::pair<std::string, std::string>;
 
   explicit ZkBackend(ZkOptions options);

@@ -76,7 +76,9 @@ Result<std::string> NormalizeHost(std::string_view entry) {
 
 }  // namespace
 
-std::string ZkOptions::Address() const { return hosts + chroot; }
+std::string ZkOptions::Address() const {
+  return hosts + chroot;
+}
 
 Result<ZkOptions> ZkOptions::FromUrl(const Url& url) {
   if (url.scheme != "zk") {
@@ -90,10 +92,9 @@ Result<ZkOptions> ZkOptions::FromUrl(const Url& url) {
     }
   }
   if (!unknown.empty()) {
-    return Status::InvalidArgument(fmt::format("unknown zk:// URL parameter{} {} (known: {}, {})",
-                                               unknown.size() == 1 ? "" : "s",
-                                               fmt::join(unknown, ", "), kConnectTimeoutParam,
-                                               kCommandTimeoutParam));
+    return Status::InvalidArgument(fmt::format(
+        "unknown zk:// URL parameter{} {} (known: {}, {})", unknown.size() == 1 ? "" : "s",
+        fmt::join(unknown, ", "), kConnectTimeoutParam, kCommandTimeoutParam));
   }
   ZkOptions options;
   if (url.user.has_value() || url.password.has_value()) {

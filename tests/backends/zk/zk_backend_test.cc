@@ -6,11 +6,10 @@
 // No timing assertions beyond generous bounds: these tests assert ordering and safety, and
 // print the figures they measure.
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
+#include "backends/zookeeper/zk_backend.h"
+
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,15 +20,18 @@
 #include <string>
 #include <thread>
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <zookeeper/zookeeper.h>
 
+#include "leasehold/store.h"
+
 #include "backends/registry.h"
-#include "backends/zookeeper/zk_backend.h"
 #include "backends/zookeeper/zk_options.h"
 #include "core/url.h"
-#include "leasehold/store.h"
 #include "testing/spawned_process.h"
 #include "testing/zk_server.h"
 
@@ -41,7 +43,9 @@ using internal::ZkBackend;
 using internal::ZkOptions;
 using testing::ZkEnsemble;
 
-double Ms(Duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+double Ms(Duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
 
 Result<ZkOptions> Options(std::string_view url) {
   LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
@@ -60,7 +64,8 @@ std::shared_ptr<ZkBackend> OpenZk(const std::string& url) {
 }
 
 TEST(ZkOptionsTest, ParsesHostsChrootCredentialsAndTimeouts) {
-  auto o = Options("zk://app:s%40cret@10.0.0.5:2182,10.0.0.6,[::1]:2183/jobs/a/?command_timeout=2s");
+  auto o =
+      Options("zk://app:s%40cret@10.0.0.5:2182,10.0.0.6,[::1]:2183/jobs/a/?command_timeout=2s");
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->hosts, "10.0.0.5:2182,10.0.0.6:2181,[::1]:2183");
   EXPECT_EQ(o->chroot, "/jobs/a");
@@ -75,8 +80,7 @@ TEST(ZkOptionsTest, ParsesHostsChrootCredentialsAndTimeouts) {
 }
 
 TEST(ZkOptionsTest, RejectsBadInput) {
-  EXPECT_EQ(Options("zk://h:2181?comand_timeout=1s").status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Options("zk://h:2181?comand_timeout=1s").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Options("zk://h:99999").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Options("zk://h:2181,,h2").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Options("zk://user@h:2181").status().code(), StatusCode::kInvalidArgument);
@@ -105,9 +109,10 @@ TEST(ZkBackendTest, SessionTimeoutIsClampedAndShownInStatus) {
   ASSERT_TRUE(short_lease.ok()) << short_lease.status().ToString();
   auto long_lease = (*store)->TryAcquire("long", {.ttl = 60s});
   ASSERT_TRUE(long_lease.ok()) << long_lease.status().ToString();
-  std::printf("[ figure ] tickTime 2000 ms: requested 2 s -> negotiated %.0f ms; requested 60 s "
-              "-> negotiated %.0f ms\n",
-              Ms(short_lease->ttl()), Ms(long_lease->ttl()));
+  std::printf(
+      "[ figure ] tickTime 2000 ms: requested 2 s -> negotiated %.0f ms; requested 60 s "
+      "-> negotiated %.0f ms\n",
+      Ms(short_lease->ttl()), Ms(long_lease->ttl()));
   EXPECT_EQ(short_lease->ttl(), 4s) << "two ticks is the shortest session";
   EXPECT_EQ(long_lease->ttl(), 40s) << "twenty ticks is the longest session";
   EXPECT_LE(short_lease->safe_until(), Clock::Real().Now() + 4s);
@@ -143,8 +148,8 @@ TEST(ZkBackendTest, DigestAuthMakesNodesCreatorOnly) {
   ASSERT_TRUE(same.ok());
   EXPECT_EQ((*same)->TryAcquire("job", {.ttl = 5s}).status().code(), StatusCode::kHeldByAnother);
 
-  for (const std::string& url : {fmt::format("zk://app:wrong@{}/acl", hosts),
-                                 fmt::format("zk://{}/acl", hosts)}) {
+  for (const std::string& url :
+       {fmt::format("zk://app:wrong@{}/acl", hosts), fmt::format("zk://{}/acl", hosts)}) {
     auto intruder = Store::Open(url);
     if (!intruder.ok()) {  // refused at open: fine, as long as it says why
       EXPECT_EQ(intruder.status().code(), StatusCode::kPermissionDenied)
@@ -214,14 +219,16 @@ TEST(ZkBackendTest, ServerPausedPastTheSessionTimeoutLosesEveryLeaseThenNewLease
 // Counts the children of a key's node (every grant and queued waiter), through a plain C client
 // session of the test's own; -1 on error.
 int CountNodes(const std::string& hosts, const std::string& key_dir) {
-  zhandle_t* zh = zookeeper_init2(hosts.c_str(), nullptr, 10'000, nullptr, nullptr, 0,
-                                  [](const char*) {});
+  zhandle_t* zh =
+      zookeeper_init2(hosts.c_str(), nullptr, 10'000, nullptr, nullptr, 0, [](const char*) {});
   if (zh == nullptr) {
     return -1;
   }
   int count = -1;
   for (int i = 0; i < 100 && count < 0; ++i) {  // zoo_get_children fails until connected
+
     struct String_vector children {};
+
     int rc = zoo_get_children(zh, key_dir.c_str(), 0, &children);
     if (rc == ZOK) {
       count = children.count;
@@ -267,8 +274,7 @@ TEST(ZkBackendTest, WaitersKeepOneNodeAndLeaveNothingBehind) {
 
   // Waits: the holder stays, so the deadline ends them; a stop token ends them too.
   const SteadyTime start = Clock::Real().Now();
-  EXPECT_EQ(b->WaitForTurn("job", waiter, start + 300ms, {}).code(),
-            StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(b->WaitForTurn("job", waiter, start + 300ms, {}).code(), StatusCode::kDeadlineExceeded);
   EXPECT_GE(Clock::Real().Now() - start, 300ms);
   std::stop_source stop;
   std::jthread stopper([&] {
@@ -492,8 +498,8 @@ TEST(ZkEnsembleTest, Kill9OfTheHoldersServerNeverGivesTwoHolders) {
   std::stop_source stop_contending;
   std::jthread contend([&] {
     for (int i = 0; i < 100 && !stop_contending.stop_requested(); ++i) {
-      auto got = (*contender_store)->Acquire("failover", {.ttl = 3s, .wait = 500ms},
-                                             stop_contending.get_token());
+      auto got = (*contender_store)
+                     ->Acquire("failover", {.ttl = 3s, .wait = 500ms}, stop_contending.get_token());
       if (got.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         contender = std::move(got).value();
@@ -527,10 +533,10 @@ TEST(ZkEnsembleTest, Kill9OfTheHoldersServerNeverGivesTwoHolders) {
     std::this_thread::sleep_for(50ms);
   }
   const bool held_through = lease->valid();
-  std::printf("[ figure ] killed the %s the holder used; reconnected to another server after "
-              "%.0f ms; holder %s\n",
-              mode.c_str(), reconnect_ms,
-              held_through ? "stayed valid throughout" : "was reported lost");
+  std::printf(
+      "[ figure ] killed the %s the holder used; reconnected to another server after "
+      "%.0f ms; holder %s\n",
+      mode.c_str(), reconnect_ms, held_through ? "stayed valid throughout" : "was reported lost");
   EXPECT_FALSE(both) << "the holder was valid while the contender held the key";
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -576,8 +582,7 @@ TEST(ZkHolderTest, SigstoppedHolderIsLostOnResumeAndItsNodeIsGone) {
   ASSERT_TRUE(acquired.starts_with("acquired ")) << acquired;
   unsigned long long holder_token = 0;
   long long holder_ttl_ms = 0;
-  ASSERT_EQ(std::sscanf(acquired.c_str(), "acquired %llu %lld", &holder_token, &holder_ttl_ms),
-            2);
+  ASSERT_EQ(std::sscanf(acquired.c_str(), "acquired %llu %lld", &holder_token, &holder_ttl_ms), 2);
   EXPECT_EQ(holder_ttl_ms, 1000);
 
   ASSERT_EQ(kill(holder.pid(), SIGSTOP), 0);
@@ -596,9 +601,10 @@ TEST(ZkHolderTest, SigstoppedHolderIsLostOnResumeAndItsNodeIsGone) {
   const double report_ms = Ms(std::chrono::steady_clock::now() - resumed_at);
   EXPECT_TRUE(lost.starts_with("lost ")) << lost;
   EXPECT_EQ(holder.Wait(), 0);
-  std::printf("[ figure ] SIGSTOP of a 1 s-session holder: another took the key %.0f ms after "
-              "the stop; on SIGCONT the holder reported lost after %.1f ms (%s)\n",
-              takeover_ms, report_ms, lost.c_str());
+  std::printf(
+      "[ figure ] SIGSTOP of a 1 s-session holder: another took the key %.0f ms after "
+      "the stop; on SIGCONT the holder reported lost after %.1f ms (%s)\n",
+      takeover_ms, report_ms, lost.c_str());
   EXPECT_LT(report_ms, 1000) << "lost at once on resume (generous bound)";
 
   auto info = (*store)->Inspect("job");
