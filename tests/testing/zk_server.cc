@@ -34,7 +34,7 @@ constexpr const char* kClassPath =
 }  // namespace
 
 ZkEnsemble::ZkEnsemble(ZkEnsembleOptions options, std::string dir)
-    : options_(std::move(options)), dir_(std::move(dir)) {}
+    : options_(options), dir_(std::move(dir)) {}
 
 Result<std::unique_ptr<ZkEnsemble>> ZkEnsemble::Start(ZkEnsembleOptions options) {
   if (access(kJava, X_OK) != 0 || access("/usr/share/java/zookeeper.jar", R_OK) != 0) {
@@ -46,7 +46,7 @@ Result<std::unique_ptr<ZkEnsemble>> ZkEnsemble::Start(ZkEnsembleOptions options)
     return Status::Unavailable("cannot create a temporary directory for ZooKeeper");
   }
   const int n = std::max(1, options.servers);
-  std::unique_ptr<ZkEnsemble> zk(new ZkEnsemble(std::move(options), tmpl));
+  std::unique_ptr<ZkEnsemble> zk(new ZkEnsemble(options, tmpl));
   std::set<int> taken;
   auto pick = [&] {
     for (int attempt = 0; attempt < 50; ++attempt) {

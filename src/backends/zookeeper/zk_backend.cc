@@ -851,9 +851,10 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
       return ErrorStatus(rc, fmt::format("reading the holder of {}", request.key), options_);
     }
     LeaseInfo holder = ParseNodeData(request.key, holder_data, holder_stat);
-    return Status::HeldByAnother(fmt::format("{} is held by {} (fencing token {})", request.key,
-                                             holder.holder, holder.fencing_token),
-                                 std::move(holder));
+    // The message first: argument evaluation order is unspecified.
+    std::string message = fmt::format("{} is held by {} (fencing token {})", request.key,
+                                      holder.holder, holder.fencing_token);
+    return Status::HeldByAnother(std::move(message), std::move(holder));
   }
   if (!waiting) {
     (void)DeleteOrDoom(session, my_path);
