@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,21 @@ namespace leasehold::internal {
 using std::chrono::duration_cast;
 using std::chrono::milliseconds;
 
+// A watch's wake-up, shared by the waiting caller and the watcher callback.
+struct ZkWaker {
+  std::mutex mu;
+  std::condition_variable_any cv;
+  bool fired = false;
+};
+
+// The context of one registered data watch. Owned by its session's `watches` set: freed by the
+// watcher when the watch is done (a node event, or the session's end), or by the session when it
+// closes with the watch still registered (a predecessor that never changed).
+struct ZkWatchContext {
+  std::shared_ptr<ZkWaker> waker;
+  ZkSession* session = nullptr;
+};
+
 // One ZooKeeper session (one zhandle_t). The C client reconnects by itself within the session;
 // once expired, the handle is useless and the backend opens another for new work. The handle is
 // closed when the last reference goes (never on the client's own threads: references are held
@@ -44,7 +60,10 @@ class ZkSession {
 
   ~ZkSession() {
     if (zh != nullptr) {
-      zookeeper_close(zh);
+      zookeeper_close(zh);  // joins the client's threads: no callback runs after this
+    }
+    for (ZkWatchContext* watch : watches) {
+      delete watch;
     }
   }
 
@@ -84,6 +103,7 @@ class ZkSession {
   bool expired = false;
   bool auth_failed = false;
   bool ever_connected = false;
+  std::set<ZkWatchContext*> watches;  // guarded by mu
 };
 
 namespace {
@@ -220,27 +240,32 @@ void StringCompletion(int rc, const char* /*value*/, const void* data) {
   Take(data)->Finish(rc);
 }
 
-// A watch's wake-up, shared by the waiting caller and the watcher callback.
-struct Waker {
-  std::mutex mu;
-  std::condition_variable_any cv;
-  bool fired = false;
-};
+using WakerPtr = std::shared_ptr<ZkWaker>;
 
-using WakerPtr = std::shared_ptr<Waker>;
+// Forgets a watch context: false if it was already gone.
+bool ReleaseWatch(ZkWatchContext* watch) {
+  {
+    std::lock_guard<std::mutex> lock(watch->session->mu);
+    if (watch->session->watches.erase(watch) == 0) {
+      return false;
+    }
+  }
+  delete watch;
+  return true;
+}
 
 // Watcher of one predecessor node. Data watches fire once; session events reach every watcher
-// and leave it registered, so the reference is dropped only on a node event or expiry.
+// and leave it registered, so the context goes only on a node event or the session's end.
 void NodeWatcher(zhandle_t* /*zh*/, int type, int state, const char* /*path*/, void* ctx) {
-  auto* holder = static_cast<WakerPtr*>(ctx);
+  auto* watch = static_cast<ZkWatchContext*>(ctx);
   {
-    std::lock_guard<std::mutex> lock((*holder)->mu);
-    (*holder)->fired = true;
+    std::lock_guard<std::mutex> lock(watch->waker->mu);
+    watch->waker->fired = true;
   }
-  (*holder)->cv.notify_all();
+  watch->waker->cv.notify_all();
   if (type != ZOO_SESSION_EVENT || state == ZOO_EXPIRED_SESSION_STATE ||
       state == ZOO_AUTH_FAILED_STATE) {
-    delete holder;
+    (void)ReleaseWatch(watch);
   }
 }
 
@@ -249,7 +274,8 @@ void NodeWatcher(zhandle_t* /*zh*/, int type, int state, const char* /*path*/, v
 class Requests {
  public:
   Requests(ZkSession& session, Duration timeout)
-      : zh_(session.zh),
+      : session_(&session),
+        zh_(session.zh),
         deadline_(std::chrono::steady_clock::now() + duration_cast<milliseconds>(timeout)) {}
 
   int Exists(const std::string& path, struct Stat* stat) {
@@ -351,23 +377,28 @@ class Requests {
   int Watch(const std::string& path, const WakerPtr& waker) {
     auto reply = std::make_shared<Reply>();
     void* data = Hold(reply);
-    auto* ctx = new WakerPtr(waker);
+    auto* ctx = new ZkWatchContext{.waker = waker, .session = session_};
+    {
+      std::lock_guard<std::mutex> lock(session_->mu);
+      session_->watches.insert(ctx);
+    }
     int rc = zoo_awget(zh_, path.c_str(), NodeWatcher, ctx, DataCompletion, data);
     if (rc != ZOK) {
       Take(data);
-      delete ctx;
+      (void)ReleaseWatch(ctx);
       return rc;
     }
     rc = AwaitReply(*reply, deadline_);
-    // ZNONODE: no watch was left behind. Any other outcome may have left one: the watcher owns
-    // ctx from here (it fires on the node's change, or with a session event at the latest).
+    // ZNONODE: no watch was left behind. Any other outcome may have left one: it stays in the
+    // session's set until it fires or the session closes.
     if (rc == ZNONODE) {
-      delete ctx;
+      (void)ReleaseWatch(ctx);
     }
     return rc;
   }
 
  private:
+  ZkSession* session_;
   zhandle_t* zh_;
   std::chrono::steady_clock::time_point deadline_;
 };
@@ -1201,7 +1232,7 @@ Status ZkBackend::Wait(const std::shared_ptr<ZkSession>& session, const std::str
     }
     watched = *(mine - 1);  // the predecessor only: no herd when the holder leaves
   }
-  auto waker = std::make_shared<Waker>();
+  auto waker = std::make_shared<ZkWaker>();
   rc = requests.Watch(dir + "/" + watched, waker);
   if (rc == ZNONODE) {
     return Status();
