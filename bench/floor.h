@@ -27,6 +27,10 @@ class FloorProbe {
 
 // Each opens its own connection to the store at `url` (the same URL leasehold would use).
 Result<std::unique_ptr<FloorProbe>> OpenSqliteFloor(const std::string& url);
+// SQLite's durable floor: a one-row write committed with synchronous=FULL in WAL mode (one
+// fsync), on a scratch file beside the store's. A grant must reach the disk; the empty
+// transaction above does not write, so it never pays the flush.
+Result<std::unique_ptr<FloorProbe>> OpenSqliteDurableFloor(const std::string& url);
 Result<std::unique_ptr<FloorProbe>> OpenRedisFloor(const std::string& url);
 Result<std::unique_ptr<FloorProbe>> OpenPostgresFloor(const std::string& url);
 Result<std::unique_ptr<FloorProbe>> OpenEtcdFloor(const std::string& url);

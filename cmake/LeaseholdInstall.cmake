@@ -34,6 +34,12 @@ set(LEASEHOLD_PC_LIBS_PRIVATE "")
 if(LEASEHOLD_WITH_POSTGRES)
   string(APPEND LEASEHOLD_PC_LIBS_PRIVATE " -lpq")
 endif()
+# gRPC and protobuf through Requires.private: the generated code in a static libleasehold.a
+# calls absl directly (absl::Mutex), and grpc++.pc --static lists absl and the rest, all of
+# which Debian ships as shared libraries (checked: a consumer links with them).
+if(LEASEHOLD_WITH_ETCD)
+  string(APPEND LEASEHOLD_PC_REQUIRES_PRIVATE " grpc++ protobuf")
+endif()
 # The ZooKeeper C client has no .pc file either: by name.
 if(LEASEHOLD_WITH_ZOOKEEPER)
   string(APPEND LEASEHOLD_PC_LIBS_PRIVATE " -lzookeeper_mt")

@@ -10,6 +10,7 @@ packages=(
   libhiredis-dev redis-server redis-tools
   postgresql pgbouncer libpq-dev
   libcpp-httplib-dev prometheus
+  etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   zookeeper default-jre-headless libzookeeper-mt-dev
 )
 

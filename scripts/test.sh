@@ -14,7 +14,7 @@ step "dependencies"
 scripts/install-deps.sh
 
 step "build (RelWithDebInfo, -Werror)"
-BUILD_DIR="$root/build" scripts/build.sh -DLEASEHOLD_WERROR=ON
+BUILD_DIR="$root/build" scripts/build.sh -DLEASEHOLD_WERROR=ON -DLEASEHOLD_BUILD_BENCH=ON
 step "tests"
 ctest --test-dir build -j "$jobs" --timeout 600
 

@@ -56,7 +56,9 @@ struct GrantRequest {
 
 struct Grant {
   FencingToken fencing_token = 0;
-  // The TTL the store actually granted; a store may round it up (etcd: whole seconds, >= 2 s).
+  // The TTL the store actually granted, counted from a time no earlier than the core's t_send;
+  // the core computes safe_until from it. A store may round it up (etcd: whole seconds,
+  // >= 2 s) or report less than asked (etcd's spare lease: its TTL less its age).
   Duration ttl{};
 };
 

@@ -13,6 +13,9 @@
 #if LEASEHOLD_WITH_POSTGRES
 #include "backends/postgres/postgres_backend.h"
 #endif
+#if LEASEHOLD_WITH_ETCD
+#include "backends/etcd/etcd_backend.h"
+#endif
 #if LEASEHOLD_WITH_ZOOKEEPER
 #include "backends/zookeeper/zk_backend.h"
 #endif
@@ -49,6 +52,10 @@ std::vector<std::string> CompiledSchemes() {
   schemes.emplace_back("postgres");
   schemes.emplace_back("postgresql");
 #endif
+#if LEASEHOLD_WITH_ETCD
+  schemes.emplace_back("etcd");
+  schemes.emplace_back("etcds");
+#endif
 #if LEASEHOLD_WITH_ZOOKEEPER
   schemes.emplace_back("zk");
 #endif
@@ -84,6 +91,11 @@ Result<std::shared_ptr<Backend>> OpenBackend(const Url& url, Clock& clock) {
 #if LEASEHOLD_WITH_POSTGRES
   if (url.scheme == "postgres" || url.scheme == "postgresql") {
     return OpenPostgresBackend(url);
+  }
+#endif
+#if LEASEHOLD_WITH_ETCD
+  if (url.scheme == "etcd" || url.scheme == "etcds") {
+    return OpenEtcdBackend(url);
   }
 #endif
 #if LEASEHOLD_WITH_ZOOKEEPER

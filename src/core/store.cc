@@ -245,8 +245,9 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
     return granted.error();
   }
   const internal::Grant grant = *granted;
-  // The store's word is the truth: it may round the TTL up (etcd: whole seconds) or clamp it
-  // either way (ZooKeeper's session-timeout bounds). Safety rests on what was granted.
+  // The store's word on the TTL is the truth, longer (etcd rounds up) or shorter (etcd's spare
+  // lease, already aged; ZooKeeper's session-timeout bounds) than asked: safe_until must never
+  // outlast the store's grant.
   Duration ttl = grant.ttl > Duration::zero() ? grant.ttl : resolved.ttl;
   if (Status s = CheckTimes(ttl, resolved.renew_interval, resolved.drift); !s.ok()) {
     (void)backend.Release(key, token);

@@ -26,8 +26,8 @@ leasehold::BootClock in the workers): one clock for every process on the host.
 Stores join through a StoreControl: a URL for the workers plus optional server faults (pause,
 kill -9 and restart on the same port and data, and a TCP fault proxy between workers and the
 server). SqliteStore has no server; RedisStore is the hook for redis://, PostgresStore for
-postgres:// (advisory mode), PostgresTableStore for ?mode=table and ZkStore for zk:// (see
-their docstrings).
+postgres:// (advisory mode), PostgresTableStore for ?mode=table, EtcdStore for etcd:// and
+ZkStore for zk:// (see their docstrings).
 """
 
 import argparse
@@ -389,6 +389,57 @@ class PostgresTableStore(PostgresStore):
     server_faults = PostgresStore.server_faults + PostgresStore.session_faults
 
 
+class EtcdStore(RedisStore):
+    """etcd://: a throwaway single-member etcd (/usr/bin/etcd) on free loopback client and peer
+    ports (never 2379/2380), its data directory in the run directory, reached through a
+    FaultProxy. etcd keeps no lease shorter than 2 s, so the harness's TTL defaults to 2000 ms
+    for this store (a shorter --ttl-ms would be granted as 2 s and the pauses, scaled from the
+    requested TTL, would never outlast it).
+
+    Server faults, as RedisStore's: store-pause SIGSTOPs etcd; store-restart kill -9s it and
+    restarts it on the same ports and data (etcd restores its leases with a fresh TTL)."""
+
+    scheme = "etcd"
+    default_ttl_ms = 2000
+
+    def start(self, run_dir):
+        self.dir = os.path.join(run_dir, "etcd")
+        os.makedirs(self.dir)
+        self.port = free_port()
+        self.peer_port = free_port()
+        while self.port in (2379, 2380) or self.peer_port in (2379, 2380, self.port):
+            self.port, self.peer_port = free_port(), free_port()
+        self._launch()
+        self.proxy = FaultProxy(self.port)
+        self.undo = []
+
+    def _launch(self):
+        self.log_f = open(os.path.join(self.dir, "etcd.log"), "ab")
+        client = f"http://127.0.0.1:{self.port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.proc = subprocess.Popen(
+            ["/usr/bin/etcd", "--name", "chaos", "--data-dir", os.path.join(self.dir, "data"),
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"chaos={peer}", "--initial-cluster-state", "new"],
+            stdout=self.log_f, stderr=self.log_f, start_new_session=True)
+        deadline = time.time() + 20
+        env = dict(os.environ, ETCDCTL_API="3")
+        while time.time() < deadline and self.proc.poll() is None:
+            r = subprocess.run(["/usr/bin/etcdctl", f"--endpoints=127.0.0.1:{self.port}",
+                                "--dial-timeout=1s", "--command-timeout=2s", "endpoint",
+                                "health"], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+            if r.returncode == 0:
+                return
+            time.sleep(0.05)
+        raise SystemExit(f"chaos: etcd did not come up on port {self.port}, see "
+                         f"{self.dir}/etcd.log")
+
+    def url(self):
+        return f"etcd://127.0.0.1:{self.proxy.port}?prefix=chaos&command_timeout=500ms"
+
+
 class ZkStore(RedisStore):
     """zk://: a throwaway standalone ZooKeeper 3.8 (a JVM, -Xmx128m) as
     tests/testing/zk_server.cc starts it: zoo.cfg in a temporary directory of its own, a free
@@ -462,7 +513,7 @@ class ZkStore(RedisStore):
 
 
 STORES = {"sqlite": SqliteStore, "redis": RedisStore, "postgres": PostgresStore,
-          "postgres-table": PostgresTableStore, "zk": ZkStore}
+          "postgres-table": PostgresTableStore, "etcd": EtcdStore, "zk": ZkStore}
 
 
 # ---- scenarios ----------------------------------------------------------------------------
@@ -997,7 +1048,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--duration", type=float, help="seconds per scenario")
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--ttl-ms", type=int, default=500)
+    ap.add_argument("--ttl-ms", type=int, default=None,
+                    help="lease TTL (default: 500, or the store's minimum: etcd 2000)")
     ap.add_argument("--hold-min-ms", type=int, default=30)
     ap.add_argument("--hold-max-ms", type=int, default=300)
     ap.add_argument("--write-gap-ms", type=int, default=15)
@@ -1017,6 +1069,8 @@ def main():
                          "holder's session (the documented window: expect overlaps)")
     ap.add_argument("--check-only", metavar="DIR")
     args = ap.parse_args()
+    if args.ttl_ms is None:
+        args.ttl_ms = getattr(STORES[args.store], "default_ttl_ms", 500)
     if args.fault_gap_ms is None:
         args.fault_gap_ms = 2 * args.ttl_ms
 

@@ -72,6 +72,59 @@ TEST_F(LeaseSafetyTest, SafeUntilIsSendTimePlusTtlMinusDrift) {
   EXPECT_EQ(lease.state(), LeaseState::kHeld);
 }
 
+// A store may grant less than was asked (etcd's spare lease reports its TTL less its age): the
+// core counts on the store's figure, never on the request.
+class ShorterGrantBackend final : public internal::Backend {
+ public:
+  ShorterGrantBackend(std::shared_ptr<internal::Backend> inner, Duration granted)
+      : inner_(std::move(inner)), granted_(granted) {}
+
+  std::string_view scheme() const override { return inner_->scheme(); }
+
+  internal::Capabilities capabilities() const override { return inner_->capabilities(); }
+
+  Result<internal::Grant> TryAcquire(const internal::GrantRequest& request) override {
+    auto grant = inner_->TryAcquire(request);
+    if (grant.ok()) {
+      grant->ttl = granted_;
+    }
+    return grant;
+  }
+
+  Status Renew(const internal::RenewRequest& request) override { return inner_->Renew(request); }
+
+  Status Release(std::string_view key, std::string_view token) override {
+    return inner_->Release(key, token);
+  }
+
+  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
+    return inner_->Inspect(key);
+  }
+
+  Result<std::vector<LeaseInfo>> List(std::string_view prefix) override {
+    return inner_->List(prefix);
+  }
+
+  Result<bool> ForceRelease(std::string_view key) override { return inner_->ForceRelease(key); }
+
+ private:
+  std::shared_ptr<internal::Backend> inner_;
+  Duration granted_;
+};
+
+TEST(LeaseGrantTtlTest, ShorterGrantedTtlThanRequestedIsWhatSafeUntilUses) {
+  FakeClock clock;
+  auto inner = internal::OpenMemoryBackend(internal::Url{.scheme = "memory"}, clock);
+  ASSERT_TRUE(inner.ok());
+  auto store = Store::OpenWithBackendForTesting(
+      std::make_shared<ShorterGrantBackend>(*inner, 2500ms), {.clock = &clock});
+  SteadyTime t0 = clock.Now();
+  auto lease = store->TryAcquire("k", {.ttl = 3s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->ttl(), 2500ms);
+  EXPECT_EQ(lease->safe_until(), t0 + 2500ms - (25ms + 2ms));
+}
+
 TEST_F(LeaseSafetyTest, RenewMovesSafeUntilForwardFromItsOwnSendTime) {
   SteadyTime t0 = clock_.Now();
   Lease lease = AcquireCounted();

@@ -14,14 +14,14 @@
 #include <memory>
 #include <mutex>
 
-#include "backends/backend.h"
+#include "backends/forwarding_backend.h"
 
 namespace leasehold::testing {
 
-class FaultInjectionBackend final : public internal::Backend {
+class FaultInjectionBackend final : public internal::ForwardingBackend {
  public:
   explicit FaultInjectionBackend(std::shared_ptr<internal::Backend> inner)
-      : inner_(std::move(inner)) {}
+      : ForwardingBackend(std::move(inner)) {}
 
   // The next `n` renewals fail with `code` without reaching the store (n < 0: all of them).
   void FailRenewals(StatusCode code, int n) {
@@ -52,14 +52,6 @@ class FaultInjectionBackend final : public internal::Backend {
 
   int renew_many_calls() const { return renew_many_calls_.load(); }
 
-  std::string_view scheme() const override { return inner_->scheme(); }
-
-  internal::Capabilities capabilities() const override { return inner_->capabilities(); }
-
-  Result<internal::Grant> TryAcquire(const internal::GrantRequest& request) override {
-    return inner_->TryAcquire(request);
-  }
-
   Status Renew(const internal::RenewRequest& request) override {
     return RenewMany(std::span(&request, 1)).front();
   }
@@ -77,7 +69,7 @@ class FaultInjectionBackend final : public internal::Backend {
                                    Status(fail_code_, "injected renewal failure"));
       }
     }
-    std::vector<Status> results = inner_->RenewMany(requests);
+    std::vector<Status> results = inner().RenewMany(requests);
     std::unique_lock<std::mutex> lock(mu_);
     ++in_flight_;
     cv_.notify_all();
@@ -86,26 +78,7 @@ class FaultInjectionBackend final : public internal::Backend {
     return results;
   }
 
-  Status Release(std::string_view key, std::string_view owner_token) override {
-    return inner_->Release(key, owner_token);
-  }
-
-  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
-    return inner_->Inspect(key);
-  }
-
-  Result<std::vector<LeaseInfo>> List(std::string_view prefix) override {
-    return inner_->List(prefix);
-  }
-
-  Result<bool> ForceRelease(std::string_view key) override { return inner_->ForceRelease(key); }
-
-  Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override {
-    return inner_->WaitForChange(key, deadline, std::move(stop));
-  }
-
  private:
-  const std::shared_ptr<internal::Backend> inner_;
   std::atomic<int> renew_calls_{0};
   std::atomic<int> renew_many_calls_{0};
   std::mutex mu_;

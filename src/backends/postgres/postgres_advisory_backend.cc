@@ -187,6 +187,11 @@ Result<std::shared_ptr<PostgresAdvisoryBackend::Session>> PostgresAdvisoryBacken
         "PostgreSQL directly",
         options_.display, conn->startup_pid(), pid));
   }
+  if (pid == conn->startup_pid()) {
+    // A session of our own (no pooler): skip parsing and planning after each statement's first
+    // use (bench: a try-acquire's cost halves).
+    conn->PrepareStatements();
+  }
   auto session = std::make_shared<Session>();
   MutexLock slock(&session->mu);
   session->conn = std::move(conn);

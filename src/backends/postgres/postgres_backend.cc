@@ -229,7 +229,7 @@ Result<std::string> PostgresSchemaSql(const Url& url) {
 
 // Idle connections for statements. Thread-safe.
 struct PostgresTableBackend::Pool {
-  explicit Pool(const PostgresOptions& o) : options(o) {}
+  Pool(const PostgresOptions& o, bool direct) : options(o), prepare(direct) {}
 
   Result<std::unique_ptr<PgConnection>> Borrow(bool* reused) {
     *reused = false;
@@ -242,7 +242,16 @@ struct PostgresTableBackend::Pool {
         return conn;
       }
     }
-    return PgConnection::Connect(options);
+    return Connect();
+  }
+
+  // A new connection, set up as the pool's own.
+  Result<std::unique_ptr<PgConnection>> Connect() {
+    Result<std::unique_ptr<PgConnection>> conn = PgConnection::Connect(options);
+    if (conn.ok() && prepare) {
+      (*conn)->PrepareStatements();
+    }
+    return conn;
   }
 
   void Return(std::unique_ptr<PgConnection> conn) {
@@ -256,6 +265,9 @@ struct PostgresTableBackend::Pool {
   }
 
   const PostgresOptions options;
+  // Connected straight to the server (no transaction-pooling proxy, where a prepared statement
+  // would not stay ours): statements are prepared once per connection.
+  const bool prepare;
   Mutex mu;
   std::vector<std::unique_ptr<PgConnection>> idle LH_GUARDED_BY(mu);
 };
@@ -381,7 +393,10 @@ class PostgresTableBackend::Listener {
 Result<std::shared_ptr<PostgresTableBackend>> PostgresTableBackend::Open(PostgresOptions options) {
   LH_ASSIGN_OR_RETURN(auto probed, ConnectAndProbe(options));
   LH_RETURN_IF_ERROR(EnsureSchema(*probed.first, options));
-  auto pool = std::make_unique<Pool>(options);
+  auto pool = std::make_unique<Pool>(options, /*direct=*/!probed.second);
+  if (!probed.second) {
+    probed.first->PrepareStatements();
+  }
   std::shared_ptr<PostgresTableBackend> backend(
       new PostgresTableBackend(std::move(options), std::move(pool), probed.second));
   backend->pool_->Return(std::move(probed.first));
@@ -412,7 +427,7 @@ Result<PgResult> PostgresTableBackend::Run(std::string_view what, const std::str
   if (!r.ok() && conn->broken() && reused) {
     // An idle connection from the pool may have been closed by the server meanwhile (restart,
     // idle timeout): one more try on a fresh connection.
-    LH_ASSIGN_OR_RETURN(conn, PgConnection::Connect(options_));
+    LH_ASSIGN_OR_RETURN(conn, pool_->Connect());
     r = conn->Exec(what, statement, params, PgDeadline(options_));
   }
   pool_->Return(std::move(conn));

@@ -195,8 +195,13 @@ Status PgConnection::Send(std::string_view what, const std::string& sql, const P
     for (const auto& p : params) {
       values.push_back(p ? p->c_str() : nullptr);
     }
-    sent = PQsendQueryParams(conn_, sql.c_str(), static_cast<int>(params.size()), nullptr,
-                             values.data(), nullptr, nullptr, 0);
+    if (auto it = prepared_.find(sql); it != prepared_.end()) {
+      sent = PQsendQueryPrepared(conn_, it->second.c_str(), static_cast<int>(params.size()),
+                                 values.data(), nullptr, nullptr, 0);
+    } else {
+      sent = PQsendQueryParams(conn_, sql.c_str(), static_cast<int>(params.size()), nullptr,
+                               values.data(), nullptr, nullptr, 0);
+    }
   }
   if (sent != 1) {
     return MarkBroken(what, PQerrorMessage(conn_));
@@ -318,7 +323,25 @@ Result<std::vector<std::string>> PgConnection::ReadNotifications(std::string_vie
 Result<PgResult> PgConnection::Exec(std::string_view what, const std::string& sql,
                                     const PgParams& params, SteadyTime deadline,
                                     std::stop_token stop) {
+  if (prepare_ && !params.empty() && !prepared_.contains(sql) && !broken_ && !busy_) {
+    std::string name = fmt::format("leasehold_{}", prepared_.size() + 1);
+    SigpipeGuard no_sigpipe;
+    if (PQsendPrepare(conn_, name.c_str(), sql.c_str(), static_cast<int>(params.size()),
+                      nullptr) != 1) {
+      return MarkBroken(what, PQerrorMessage(conn_));
+    }
+    busy_ = true;
+    pending_error_.reset();
+    pending_result_ = PgResult();
+    LH_RETURN_IF_ERROR(Finish(what, deadline, stop).status());
+    prepared_.emplace(sql, std::move(name));
+  }
   LH_RETURN_IF_ERROR(Send(what, sql, params));
+  return Finish(what, deadline, stop);
+}
+
+Result<PgResult> PgConnection::Finish(std::string_view what, SteadyTime deadline,
+                                      std::stop_token stop) {
   LH_ASSIGN_OR_RETURN(std::optional<PgResult> result, Await(what, deadline, stop));
   if (result) {
     return std::move(*result);

@@ -16,6 +16,7 @@
 
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <stop_token>
@@ -102,6 +103,12 @@ class PgConnection {
   Result<std::vector<std::string>> ReadNotifications(std::string_view channel, SteadyTime deadline,
                                                      std::stop_token stop);
 
+  // From now on, a statement sent with parameters is prepared on this connection the first time
+  // (one extra round trip, once) and executed by name afterwards: the server then skips parsing
+  // and planning, most of a short statement's cost. Only for a connection that keeps its
+  // session (not through a transaction-pooling proxy, where a prepared name is not ours).
+  void PrepareStatements() { prepare_ = true; }
+
   // Asks the server to cancel the running statement (PQcancel). Thread-safe.
   void Cancel();
 
@@ -122,6 +129,9 @@ class PgConnection {
   PgConnection(pg_conn* conn, const PostgresOptions& options);
 
   Status MarkBroken(std::string_view what, std::string reason);
+  // Awaits the statement in flight until `deadline`; past it (or on `stop`) cancels it as Exec
+  // describes.
+  Result<PgResult> Finish(std::string_view what, SteadyTime deadline, std::stop_token stop);
   Status ResultStatus(std::string_view what, pg_result* result);
 
   pg_conn* const conn_;
@@ -133,6 +143,9 @@ class PgConnection {
   const int wake_fd_;
   bool broken_ = false;
   bool busy_ = false;
+  bool prepare_ = false;
+  // Statement text -> name of its prepared statement on this connection.
+  std::map<std::string, std::string, std::less<>> prepared_;
   std::string broken_reason_;
   // Results of the statement in flight, collected by Await: the first error, else the last.
   std::optional<Status> pending_error_;

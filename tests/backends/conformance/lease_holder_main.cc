@@ -2,7 +2,9 @@
 //   lease_holder URL KEY try TTL_MS            try once; print "acquired N" (exit 0) or
 //                                              "held N HOLDER" (exit 3); errors exit 1
 //   lease_holder URL KEY hold TTL_MS HOLD_MS   acquire (waiting up to 10 s), print
-//                                              "acquired N", hold HOLD_MS, release, exit 0
+//                                              "acquired N GRANTED_TTL_MS", hold HOLD_MS,
+//                                              release, exit 0 (a store may grant more than
+//                                              TTL_MS: etcd rounds up to whole seconds, >= 2 s)
 // Output is flushed per line so the test can read it while the process runs.
 
 #include <unistd.h>
@@ -51,7 +53,9 @@ int main(int argc, char** argv) {
       std::printf("error %s\n", lease.status().ToString().c_str());
       return 1;
     }
-    std::printf("acquired %llu\n", static_cast<unsigned long long>(lease->fencing_token()));
+    std::printf("acquired %llu %lld\n", static_cast<unsigned long long>(lease->fencing_token()),
+                static_cast<long long>(
+                    std::chrono::duration_cast<std::chrono::milliseconds>(lease->ttl()).count()));
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(argv[5])));
     return lease->Release().ok() ? 0 : 1;

@@ -1,0 +1,141 @@
+// File: backends/etcd/etcd_backend.h (internal)
+//
+// EtcdBackend: the etcd:// store (DESIGN.md section 4), speaking etcd's v3 gRPC API (the subset
+// in proto/rpc.proto) through gRPC C++. Each grant is the key "<prefix>/<lease name>" put with
+// an etcd lease; its value holds the owner token, the granted TTL and the holder's identity
+// ("v1\n<token>\n<ttl ms>\n<holder>").
+//
+//   try-acquire   LeaseGrant(ceil(ttl) s), then one Txn: if create_revision(key) == 0, Put the
+//                 key with the lease, else Range it (the holder). Fencing token = the key's
+//                 create revision (cluster-wide, only grows, survives restarts). The granted
+//                 TTL is the grant reply's (etcd raises anything below 2 s to 2 s). A lease
+//                 granted for a failed try is revoked at once (without waiting for the reply).
+//   renew         one bidirectional LeaseKeepAlive stream per backend carries every lease it
+//                 holds: RenewMany writes one request per lease and waits for all answers; an
+//                 answer with TTL <= 0 means the lease is gone: kLost at once.
+//   release       a Txn that deletes the key only if its create revision is still ours, sent
+//                 together with LeaseRevoke (one round trip of latency).
+//   wait          Range the key, then Watch it from the next revision for its delete.
+//   force-release LeaseRevoke of the holder's lease (deletes the key with it, so the holder's
+//                 next keep-alive answer says TTL 0 and it is lost at once).
+//
+// Renew and release only work for grants made through this backend object (it keeps the lease
+// id of each); a token it does not know gets kLost. An operator who deletes a key with
+// `etcdctl del` but leaves its lease alive is not noticed by the keep-alive: use
+// `leasehold release --force`, which revokes the lease.
+//
+// Endpoints: one channel per endpoint; calls go to the current one and move on to the next
+// when it answers UNAVAILABLE or not before the deadline (options.command_timeout, on every
+// call). An ambiguous Txn retried on another member recognizes its own grant by the token.
+//
+// Thread safety: thread-safe. gRPC stubs are; the keep-alive stream has one reader thread
+// (std::jthread, owned by the stream and joined by the backend) and writes serialized under a
+// mutex; the held-lease table and the auth token have their own mutexes.
+
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "leasehold/clock.h"
+#include "leasehold/lease_info.h"
+#include "leasehold/status.h"
+
+#include "backends/backend.h"
+#include "backends/etcd/etcd_options.h"
+#include "core/url.h"
+
+namespace leasehold::internal {
+
+// Opens the store named by `url` (scheme "etcd" or "etcds") and checks it at once (a Range on
+// the prefix, after Authenticate when a user is given). Returns kInvalidArgument for a bad URL;
+// kUnavailable if no endpoint answers within command_timeout; kPermissionDenied for wrong
+// credentials or a user without access to the prefix. Messages never contain the password.
+Result<std::shared_ptr<Backend>> OpenEtcdBackend(const Url& url);
+
+class EtcdBackend final : public Backend {
+ public:
+  // Client-side counters, for tests and the benchmark (each a count of calls made).
+  struct Stats {
+    std::uint64_t range = 0;
+    std::uint64_t txn = 0;
+    std::uint64_t lease_grant = 0;
+    std::uint64_t lease_revoke = 0;
+    std::uint64_t lease_time_to_live = 0;
+    std::uint64_t authenticate = 0;
+    // LeaseKeepAlive streams opened, requests written on them, answers read.
+    std::uint64_t keepalive_streams = 0;
+    std::uint64_t keepalive_requests = 0;
+    std::uint64_t keepalive_responses = 0;
+    // RenewMany rounds (one per call with at least one lease of ours).
+    std::uint64_t keepalive_rounds = 0;
+    std::uint64_t watch_streams = 0;
+    // Times a call moved on to the next endpoint.
+    std::uint64_t failovers = 0;
+    // Spare leases granted in the background (also counted in lease_grant), and acquires that
+    // used one instead of a LeaseGrant of their own.
+    std::uint64_t spare_grants = 0;
+    std::uint64_t spare_used = 0;
+  };
+
+  static Result<std::shared_ptr<EtcdBackend>> Open(EtcdOptions options);
+
+  ~EtcdBackend() override;
+
+  [[nodiscard]] std::string_view scheme() const override { return "etcd"; }
+
+  // native_wait (watch), multi_process, fencing_survives_restart (revisions are persisted).
+  [[nodiscard]] Capabilities capabilities() const override;
+
+  // Returns Grant::ttl = the TTL etcd granted (whole seconds, at least 2 s). Returns
+  // kHeldByAnother with the holder's identity and fencing token (remaining is reported as
+  // the holder's granted TTL, an upper bound: the conflict path makes no extra call).
+  Result<Grant> TryAcquire(const GrantRequest& request) override;
+
+  Status Renew(const RenewRequest& request) override;
+
+  // One keep-alive request per lease of ours on the one stream, then waits (at most
+  // command_timeout) for all answers. A stream that breaks is re-opened on the next endpoint
+  // and the unanswered requests are sent again, while the deadline lasts.
+  std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
+
+  Status Release(std::string_view key, std::string_view owner_token) override;
+
+  // One Range plus one LeaseTimeToLive (remaining in whole seconds, as etcd reports it).
+  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
+
+  // One Range over the prefix plus one LeaseTimeToLive per key.
+  Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
+
+  Result<bool> ForceRelease(std::string_view key) override;
+
+  // Range, then a Watch stream from the following revision filtered to deletes. Returns OK
+  // at once if the key is free; the stream is cancelled on `stop` (kCancelled) and ends at
+  // `deadline` (kDeadlineExceeded).
+  Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
+
+  [[nodiscard]] Stats stats() const;
+
+  [[nodiscard]] const EtcdOptions& options() const { return options_; }
+
+  // The etcd key of lease `key` under `prefix`: "<prefix>/<key>".
+  static std::string KeyName(std::string_view prefix, std::string_view key);
+
+  // Everything that touches gRPC lives in etcd_backend.cc.
+  class Impl;
+
+ private:
+  EtcdBackend(EtcdOptions options, std::unique_ptr<Impl> impl);
+
+  const EtcdOptions options_;
+  const std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace leasehold::internal

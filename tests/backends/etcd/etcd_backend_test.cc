@@ -1,0 +1,595 @@
+// Tests specific to the etcd:// store, against real etcd processes started on free loopback
+// ports (tests/testing/etcd_server.h): URL parsing, TTL rounding, one keep-alive stream for many
+// leases, auth, and a three-member cluster losing the member a holder talks to. The generic
+// behaviours are in the conformance suite.
+
+#include "backends/etcd/etcd_backend.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "leasehold/store.h"
+
+#include "backends/etcd/etcd_options.h"
+#include "core/url.h"
+#include "testing/etcd_server.h"
+
+namespace leasehold {
+namespace {
+
+using namespace std::chrono_literals;
+using internal::EtcdBackend;
+using internal::EtcdOptions;
+using internal::GrantRequest;
+using internal::RenewRequest;
+using testing::EtcdCluster;
+
+Result<EtcdOptions> OptionsFor(const std::string& url) {
+  LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
+  return EtcdOptions::FromUrl(parsed);
+}
+
+std::shared_ptr<EtcdBackend> OpenBackend(const std::string& url) {
+  auto options = OptionsFor(url);
+  EXPECT_TRUE(options.ok()) << options.status().ToString();
+  if (!options.ok()) {
+    return nullptr;
+  }
+  auto backend = EtcdBackend::Open(*options);
+  EXPECT_TRUE(backend.ok()) << backend.status().ToString();
+  return backend.ok() ? *backend : nullptr;
+}
+
+std::string Token(int i) {
+  return fmt::format("{:032x}", i + 1);
+}
+
+double Ms(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
+TEST(EtcdOptionsTest, ParsesEndpointsPrefixAndTls) {
+  auto o = OptionsFor("etcd://a:1,b,[::1]:3?prefix=jobs&command_timeout=500ms");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->endpoints, (std::vector<std::string>{"a:1", "b:2379", "[::1]:3"}));
+  EXPECT_EQ(o->prefix, "jobs");
+  EXPECT_EQ(o->command_timeout, 500ms);
+  EXPECT_FALSE(o->tls);
+  auto tls = OptionsFor("etcds://u:p@h:1?ca=/ca.pem&cert=/c.pem&key=/k.pem");
+  ASSERT_TRUE(tls.ok()) << tls.status().ToString();
+  EXPECT_TRUE(tls->tls);
+  EXPECT_EQ(tls->ca_file, "/ca.pem");
+  EXPECT_EQ(*tls->user, "u");
+  EXPECT_EQ(*tls->password, "p");
+  auto defaults = OptionsFor("etcd://");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->endpoints, (std::vector<std::string>{"127.0.0.1:2379"}));
+  EXPECT_EQ(defaults->prefix, "leasehold");
+}
+
+TEST(EtcdOptionsTest, RejectsBadUrls) {
+  for (const char* url :
+       {"etcd://h:1?nope=1", "etcd://h:0", "etcd://h:1?ca=/x.pem", "etcds://h:1?cert=/c.pem",
+        "etcd://h:1/path", "etcd://h:1?prefix=", "etcd://h:1?command_timeout=0s", "etcd://h:x"}) {
+    auto o = OptionsFor(url);
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument) << url;
+  }
+  auto o = OptionsFor("etcd://:secret@h:1");
+  EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(o.status().message().find("secret"), std::string_view::npos);
+}
+
+TEST(EtcdBackendOpenTest, UnreachableStoreIsUnavailableWithinTheDeadline) {
+  int port = testing::PickFreeLoopbackPort({2379, 2380});
+  auto start = std::chrono::steady_clock::now();
+  auto store = Store::Open(fmt::format("etcd://127.0.0.1:{}?command_timeout=1s", port));
+  EXPECT_EQ(store.status().code(), StatusCode::kUnavailable) << store.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+}
+
+// One single-member etcd shared by the tests below; each test uses its own prefix.
+class EtcdBackendTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto started = EtcdCluster::Start();
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    cluster_ = std::move(started).value().release();
+  }
+
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+
+  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
+
+  std::string Url() {
+    static std::atomic<int> n{0};
+    return fmt::format("{}?prefix=etcd-test-{}-{}", cluster_->Url(), getpid(), ++n);
+  }
+
+  static EtcdCluster* cluster_;
+};
+
+EtcdCluster* EtcdBackendTest::cluster_ = nullptr;
+
+TEST_F(EtcdBackendTest, GrantedTtlIsWholeSecondsAndAtLeastTheServersMinimum) {
+  auto backend = OpenBackend(Url());
+  ASSERT_NE(backend, nullptr);
+  auto small = backend->TryAcquire({"small", Token(1), "t", 300ms});
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  EXPECT_EQ(small->ttl, 2s) << "etcd raises TTLs below 2 s to 2 s; the reply says so";
+  auto odd = backend->TryAcquire({"odd", Token(2), "t", 2500ms});
+  ASSERT_TRUE(odd.ok());
+  EXPECT_EQ(odd->ttl, 3s) << "rounded up to whole seconds";
+  auto info = backend->Inspect("odd");
+  ASSERT_TRUE(info.ok() && info->has_value());
+  EXPECT_EQ((*info)->ttl, 3s);
+  EXPECT_EQ((*info)->fencing_token, odd->fencing_token) << "fencing token = create revision";
+  EXPECT_GT(odd->fencing_token, small->fencing_token);
+}
+
+// "found N leases" from `etcdctl lease list`; -1 if unreadable.
+int CountLeases(EtcdCluster& cluster) {
+  auto list = cluster.Etcdctl({"lease", "list"});
+  if (!list.ok()) {
+    return -1;
+  }
+  std::size_t at = list->find("found ");
+  return at == std::string::npos ? -1 : std::atoi(list->c_str() + at + 6);
+}
+
+// Polls (at most 2 s) until the cluster has `want` leases; returns the last count.
+int AwaitLeaseCount(EtcdCluster& cluster, int want) {
+  int leases = -1;
+  for (int i = 0; i < 100; ++i) {
+    leases = CountLeases(cluster);
+    if (leases == want) {
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return leases;
+}
+
+TEST_F(EtcdBackendTest, WithoutSparesAFailedTryRevokesTheLeaseItWasGranted) {
+  const int before = CountLeases(*cluster_);
+  ASSERT_GE(before, 0);
+  auto backend = OpenBackend(Url() + "&spare_lease=false");
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire({"job", Token(1), "t", 30s}).ok());
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(backend->TryAcquire({"job", Token(2 + i), "t", 30s}).status().code(),
+              StatusCode::kHeldByAnother);
+  }
+  // The revokes are sent without waiting for their replies: give them a moment.
+  EXPECT_EQ(AwaitLeaseCount(*cluster_, before + 1), before + 1) << "only the holder's is left";
+  EXPECT_EQ(backend->stats().lease_revoke, 5u);
+  EXPECT_EQ(backend->stats().spare_grants, 0u);
+}
+
+TEST_F(EtcdBackendTest, WithSparesAFailedTryKeepsItsLeaseAsTheOneSpareAndCloseRevokesIt) {
+  const int before = CountLeases(*cluster_);
+  ASSERT_GE(before, 0);
+  auto backend = OpenBackend(Url());
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire({"job", Token(1), "t", 30s}).ok());
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(backend->TryAcquire({"job", Token(2 + i), "t", 30s}).status().code(),
+              StatusCode::kHeldByAnother);
+  }
+  EXPECT_EQ(AwaitLeaseCount(*cluster_, before + 2), before + 2)
+      << "the holder's lease and one spare, no orphans";
+  backend.reset();
+  EXPECT_EQ(AwaitLeaseCount(*cluster_, before + 1), before + 1)
+      << "closing the handle revokes its spare; the raw grant stays until its TTL";
+}
+
+TEST_F(EtcdBackendTest, SpareLeaseKeepsLeaseGrantOffTheAcquirePath) {
+  constexpr int kCycles = 20;
+  auto backend = OpenBackend(Url());
+  ASSERT_NE(backend, nullptr);
+  auto warm = backend->TryAcquire({"job", Token(0), "t", 10s});
+  ASSERT_TRUE(warm.ok());
+  EXPECT_EQ(warm->ttl, 10s) << "a lease granted on the spot reports its full TTL";
+  ASSERT_TRUE(backend->Release("job", Token(0)).ok());
+  std::this_thread::sleep_for(50ms);  // the background refill arrives
+  double range_ms = 0;
+  for (int i = 0; i < kCycles; ++i) {  // the floor: a Range of a missing key, one round trip
+    auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(backend->Inspect("missing").ok());
+    range_ms += Ms(std::chrono::steady_clock::now() - t0);
+  }
+  const EtcdBackend::Stats before = backend->stats();
+  double acquire_ms = 0;
+  double release_ms = 0;
+  for (int i = 1; i <= kCycles; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto grant = backend->TryAcquire({"job", Token(i), "t", 10s});
+    auto t1 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+    EXPECT_LE(grant->ttl, 10s);
+    EXPECT_GE(grant->ttl, 7500ms) << "a spare is used only while 3/4 of its TTL is left";
+    ASSERT_TRUE(backend->Release("job", Token(i)).ok());
+    auto t2 = std::chrono::steady_clock::now();
+    acquire_ms += Ms(t1 - t0);
+    release_ms += Ms(t2 - t1);
+    std::this_thread::sleep_for(20ms);
+  }
+  const EtcdBackend::Stats after = backend->stats();
+  const auto used = after.spare_used - before.spare_used;
+  std::printf(
+      "[ figure ] etcd uncontended try-acquire %.2f ms, release %.2f ms, Range of a "
+      "missing key %.2f ms (means of %d); %llu of %d acquires used a spare lease\n",
+      acquire_ms / kCycles, release_ms / kCycles, range_ms / kCycles, kCycles,
+      static_cast<unsigned long long>(used), kCycles);
+  EXPECT_GE(used, static_cast<std::uint64_t>(kCycles / 2)) << "spares are refilled in time";
+  EXPECT_EQ(after.txn - before.txn, static_cast<std::uint64_t>(2 * kCycles))
+      << "one Txn per acquire and one per release";
+
+  // A conflict with a spare at hand is one Txn and no LeaseGrant.
+  ASSERT_TRUE(backend->TryAcquire({"held", Token(100), "t", 10s}).ok());
+  std::this_thread::sleep_for(50ms);
+  const EtcdBackend::Stats c0 = backend->stats();
+  EXPECT_EQ(backend->TryAcquire({"held", Token(101), "t", 10s}).status().code(),
+            StatusCode::kHeldByAnother);
+  const EtcdBackend::Stats c1 = backend->stats();
+  EXPECT_EQ(c1.txn - c0.txn, 1u);
+  EXPECT_EQ(c1.lease_grant - c0.lease_grant, 0u);
+  EXPECT_EQ(c1.lease_revoke - c0.lease_revoke, 0u);
+}
+
+TEST_F(EtcdBackendTest, AThousandLeasesAreRenewedOverOneKeepAliveStream) {
+  constexpr int kLeases = 1000;
+  // Without a spare lease riding along, the counts below are exact.
+  auto backend = OpenBackend(Url() + "&spare_lease=false");
+  ASSERT_NE(backend, nullptr);
+  auto start = std::chrono::steady_clock::now();
+  std::vector<RenewRequest> renewals;
+  for (int i = 0; i < kLeases; ++i) {
+    std::string key = fmt::format("many/{:04}", i);
+    auto grant = backend->TryAcquire({key, Token(i), "t", 10s});
+    ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+    renewals.push_back({key, Token(i), 10s});
+  }
+  const double acquire_ms = Ms(std::chrono::steady_clock::now() - start);
+  const EtcdBackend::Stats before = backend->stats();
+  EXPECT_EQ(before.lease_grant, static_cast<std::uint64_t>(kLeases));
+  EXPECT_EQ(before.txn, static_cast<std::uint64_t>(kLeases));
+  constexpr int kRounds = 3;
+  double renew_ms = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<Status> results = backend->RenewMany(renewals);
+    renew_ms += Ms(std::chrono::steady_clock::now() - t0);
+    ASSERT_EQ(results.size(), renewals.size());
+    for (const Status& s : results) {
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+  }
+  const EtcdBackend::Stats after = backend->stats();
+  EXPECT_EQ(after.keepalive_streams, 1u) << "every renewal went over one stream";
+  EXPECT_EQ(after.keepalive_requests - before.keepalive_requests,
+            static_cast<std::uint64_t>(kLeases * kRounds));
+  EXPECT_EQ(after.keepalive_responses - before.keepalive_responses,
+            static_cast<std::uint64_t>(kLeases * kRounds));
+  EXPECT_EQ(after.keepalive_rounds - before.keepalive_rounds, static_cast<std::uint64_t>(kRounds));
+  EXPECT_EQ(after.lease_grant, before.lease_grant) << "renewing grants no lease";
+  EXPECT_EQ(after.txn, before.txn) << "renewing needs no Txn";
+  EXPECT_EQ(after.range, before.range) << "renewing reads nothing";
+  std::printf(
+      "[ figure ] etcd: %d grants in %.0f ms; %d RenewMany rounds of %d leases: %.1f ms "
+      "per round, %llu keep-alive stream(s)\n",
+      kLeases, acquire_ms, kRounds, kLeases, renew_ms / kRounds,
+      static_cast<unsigned long long>(after.keepalive_streams));
+}
+
+TEST_F(EtcdBackendTest, AThousandLeasesOfOneStoreShareOneStreamThroughTheHeartbeat) {
+  constexpr int kLeases = 1000;
+  auto backend = OpenBackend(Url());
+  ASSERT_NE(backend, nullptr);
+  auto store = Store::OpenWithBackendForTesting(backend);
+  std::vector<Lease> leases;
+  for (int i = 0; i < kLeases; ++i) {
+    auto lease = store->TryAcquire(fmt::format("hb/{:04}", i), {.ttl = 3s});
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    leases.push_back(std::move(lease).value());
+  }
+  // Past the 3 s TTL: every lease lives only because the heartbeat renewed it.
+  std::this_thread::sleep_for(4s);
+  int valid = 0;
+  for (const Lease& lease : leases) {
+    valid += lease.valid() ? 1 : 0;
+  }
+  const EtcdBackend::Stats stats = backend->stats();
+  EXPECT_EQ(valid, kLeases);
+  EXPECT_EQ(stats.keepalive_streams, 1u);
+  EXPECT_GE(stats.keepalive_requests, static_cast<std::uint64_t>(kLeases));
+  std::printf(
+      "[ figure ] etcd heartbeat, %d leases over 4 s: %llu stream(s), %llu keep-alive "
+      "requests in %llu rounds\n",
+      kLeases, static_cast<unsigned long long>(stats.keepalive_streams),
+      static_cast<unsigned long long>(stats.keepalive_requests),
+      static_cast<unsigned long long>(stats.keepalive_rounds));
+  for (Lease& lease : leases) {
+    EXPECT_TRUE(lease.Release().ok());
+  }
+}
+
+TEST_F(EtcdBackendTest, ForceReleaseRevokesSoTheHoldersNextKeepAliveSaysLost) {
+  auto holder = OpenBackend(Url());
+  ASSERT_NE(holder, nullptr);
+  auto grant = holder->TryAcquire({"job", Token(1), "t", 30s});
+  ASSERT_TRUE(grant.ok());
+  auto other = OpenBackend("etcd://" + holder->options().endpoints.front() +
+                           "?prefix=" + holder->options().prefix);
+  ASSERT_NE(other, nullptr);
+  auto forced = other->ForceRelease("job");
+  ASSERT_TRUE(forced.ok() && *forced) << forced.status().ToString();
+  Status renewed = holder->Renew({"job", Token(1), 30s});
+  EXPECT_EQ(renewed.code(), StatusCode::kLost) << renewed.ToString();
+  EXPECT_EQ(renewed.lost_cause(), LostCause::kSessionLost);
+  auto again = other->TryAcquire({"job", Token(2), "t", 30s});
+  ASSERT_TRUE(again.ok());
+  EXPECT_GT(again->fencing_token, grant->fencing_token);
+  EXPECT_EQ(holder->Release("job", Token(1)).code(), StatusCode::kLost);
+  auto info = other->Inspect("job");
+  ASSERT_TRUE(info.ok() && info->has_value()) << "the stale release deleted nothing";
+}
+
+TEST_F(EtcdBackendTest, WaitForChangeHonoursDeadlineAndStop) {
+  auto backend = OpenBackend(Url());
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire({"job", Token(1), "t", 30s}).ok());
+  auto t0 = std::chrono::steady_clock::now();
+  Status s = backend->WaitForChange("job", Clock::Real().Now() + 300ms, {});
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+  EXPECT_GE(Ms(std::chrono::steady_clock::now() - t0), 250);
+  std::stop_source stop;
+  std::jthread stopper([&] {
+    std::this_thread::sleep_for(200ms);
+    stop.request_stop();
+  });
+  s = backend->WaitForChange("job", Clock::Real().Now() + 30s, stop.get_token());
+  EXPECT_EQ(s.code(), StatusCode::kCancelled) << s.ToString();
+  EXPECT_TRUE(backend->WaitForChange("free-key", Clock::Real().Now() + 30s, {}).ok())
+      << "a free key returns at once";
+}
+
+// Auth on: a user with a role on the prefix works; one without gets a clear permission error;
+// a wrong password is refused clearly and never retried in a tight loop.
+TEST(EtcdAuthTest, PermissionsAndWrongPasswords) {
+  auto started = EtcdCluster::Start();
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  EtcdCluster& cluster = **started;
+  ASSERT_TRUE(cluster.EnableAuth("rootpw").ok());
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"user", "add", "app:apppw"},
+           {"user", "add", "nobody:nopw"},
+           {"role", "add", "app-role"},
+           {"role", "grant-permission", "app-role", "--prefix=true", "readwrite", "apps/"},
+           {"user", "grant-role", "app", "app-role"}}) {
+    auto out = cluster.Etcdctl(args);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+  }
+  const std::string hosts = cluster.Endpoints();
+
+  auto app = Store::Open(fmt::format("etcd://app:apppw@{}?prefix=apps", hosts));
+  ASSERT_TRUE(app.ok()) << app.status().ToString();
+  auto lease = (*app)->TryAcquire("job", {.ttl = 5s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_TRUE(lease->Release().ok());
+
+  auto nobody = Store::Open(fmt::format("etcd://nobody:nopw@{}?prefix=apps", hosts));
+  ASSERT_EQ(nobody.status().code(), StatusCode::kPermissionDenied) << nobody.status().ToString();
+  EXPECT_NE(nobody.status().message().find("permission"), std::string_view::npos)
+      << nobody.status().ToString();
+
+  auto anonymous = Store::Open(fmt::format("etcd://{}?prefix=apps", hosts));
+  ASSERT_EQ(anonymous.status().code(), StatusCode::kPermissionDenied)
+      << anonymous.status().ToString();
+  EXPECT_NE(anonymous.status().message().find("permission"), std::string_view::npos);
+
+  auto start = std::chrono::steady_clock::now();
+  auto wrong = Store::Open(fmt::format("etcd://app:wrong@{}?prefix=apps", hosts));
+  ASSERT_EQ(wrong.status().code(), StatusCode::kPermissionDenied) << wrong.status().ToString();
+  EXPECT_NE(wrong.status().message().find("password"), std::string_view::npos);
+  EXPECT_EQ(wrong.status().ToString().find("wrong@"), std::string::npos) << "no password shown";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+
+  // The password changes under a running handle: its token is invalidated, the re-Authenticate
+  // is refused, and 2 s of calls in a loop make only a few Authenticate calls (backoff).
+  auto backend = OpenBackend(fmt::format("etcd://app:apppw@{}?prefix=apps", hosts));
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->Inspect("job").ok());
+  const std::uint64_t auth_before = backend->stats().authenticate;
+  auto changed = testing::RunCommand(fmt::format(
+      "echo newpw | ETCDCTL_API=3 timeout 10 /usr/bin/etcdctl --endpoints={} --user=root:rootpw "
+      "user passwd app --interactive=false",
+      hosts));
+  ASSERT_TRUE(changed.ok()) << changed.status().ToString();
+  int calls = 0;
+  int refused = 0;
+  Status last;
+  auto loop_start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - loop_start < 2s && calls < 10000) {
+    auto r = backend->Inspect("job");
+    ++calls;
+    if (r.status().code() == StatusCode::kPermissionDenied) {
+      ++refused;
+      last = r.status();
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  const std::uint64_t auth_calls = backend->stats().authenticate - auth_before;
+  std::printf(
+      "[ figure ] etcd wrong password after a change: %d calls in 2 s, %d refused, %llu "
+      "Authenticate calls\n",
+      calls, refused, static_cast<unsigned long long>(auth_calls));
+  EXPECT_GT(refused, 0) << "the changed password must be noticed";
+  EXPECT_NE(last.message().find("password"), std::string_view::npos) << last.ToString();
+  EXPECT_LE(auth_calls, 4u) << "Authenticate is retried with backoff, never in a tight loop";
+}
+
+// etcds://: TLS with the CA given by ca=, and a client certificate (cert=, key=) when the
+// members require one.
+TEST(EtcdTlsTest, EtcdsUrlsTalkTlsWithClientCertificates) {
+  auto started = EtcdCluster::Start({.tls = true, .client_cert_auth = true});
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  EtcdCluster& cluster = **started;
+  const std::string url =
+      fmt::format("{}?prefix=tls&ca={}&cert={}&key={}", cluster.Url(), cluster.CertPath("ca.pem"),
+                  cluster.CertPath("client.pem"), cluster.CertPath("client-key.pem"));
+  auto store = Store::Open(url);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto lease = (*store)->TryAcquire("job", {.ttl = 3s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_TRUE(lease->Release().ok());
+
+  auto no_client_cert = Store::Open(fmt::format("{}?prefix=tls&ca={}&command_timeout=1s",
+                                                cluster.Url(), cluster.CertPath("ca.pem")));
+  EXPECT_FALSE(no_client_cert.ok()) << "the members require a client certificate";
+  auto plaintext =
+      Store::Open(fmt::format("etcd://{}?prefix=tls&command_timeout=1s", cluster.Endpoints()));
+  EXPECT_EQ(plaintext.status().code(), StatusCode::kUnavailable) << plaintext.status().ToString();
+  auto missing = Store::Open(fmt::format("{}?ca=/nonexistent/ca.pem", cluster.Url()));
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument) << missing.status().ToString();
+}
+
+// Three members on loopback. The holder's first endpoint is the victim (the raft leader, or a
+// follower); it is killed with SIGKILL (or paused with SIGSTOP) while the lease is held. The
+// holder either keeps its lease through the failover or is told it lost it before anyone else
+// can take the key, never both; once the cluster has recovered, a new holder gets a higher
+// fencing token.
+// The victim is the leader or a follower, killed with SIGKILL or paused with SIGSTOP (a member
+// that stops answering without closing its connections: only deadlines notice).
+struct Failure {
+  bool leader = true;
+  bool pause = false;
+};
+
+class EtcdClusterFailoverTest : public ::testing::TestWithParam<Failure> {};
+
+TEST_P(EtcdClusterFailoverTest, HolderSurvivesOrIsLostBeforeAnyoneElseHolds) {
+  const bool kill_leader = GetParam().leader;
+  const bool pause = GetParam().pause;
+  auto started = EtcdCluster::Start({.members = 3});
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  EtcdCluster& cluster = **started;
+  std::optional<int> leader;
+  for (int i = 0; i < 100 && !leader; ++i) {
+    leader = cluster.LeaderIndex();
+    if (!leader) {
+      std::this_thread::sleep_for(50ms);
+    }
+  }
+  ASSERT_TRUE(leader.has_value());
+  const int victim = kill_leader ? *leader : (*leader + 1) % 3;
+  std::vector<std::string> order = {cluster.Endpoint(victim)};
+  for (int i = 0; i < 3; ++i) {
+    if (i != victim) {
+      order.push_back(cluster.Endpoint(i));
+    }
+  }
+  const std::string query = fmt::format("?prefix=failover-{}&command_timeout=1s", getpid());
+  auto holder_backend =
+      OpenBackend(fmt::format("etcd://{},{},{}{}", order[0], order[1], order[2], query));
+  ASSERT_NE(holder_backend, nullptr);
+  auto holder_store = Store::OpenWithBackendForTesting(holder_backend);
+  std::atomic<bool> lost{false};
+  std::atomic<std::int64_t> lost_at_ns{0};
+  auto held = holder_store->TryAcquire(
+      "job", {.ttl = 5s, .on_lost = [&](const Status&) {
+                lost_at_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+                lost = true;
+              }});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  const FencingToken first = held->fencing_token();
+  // The contender talks to the survivors only.
+  auto contender = Store::Open(fmt::format("etcd://{},{}{}", order[1], order[2], query));
+  ASSERT_TRUE(contender.ok()) << contender.status().ToString();
+  std::this_thread::sleep_for(500ms);  // a keep-alive stream is open to the victim now
+
+  if (pause) {
+    cluster.Pause(victim);
+  } else {
+    cluster.Kill9(victim);
+  }
+  const auto killed_at = std::chrono::steady_clock::now();
+  // For 8 s (longer than the 5 s TTL), the contender tries every 50 ms. Each success must come
+  // after the holder was told it lost the lease.
+  int overlaps = 0;
+  int tries = 0;
+  int errors = 0;
+  std::optional<Lease> taken;
+  while (std::chrono::steady_clock::now() - killed_at < 8s && !taken) {
+    auto attempt = (*contender)->TryAcquire("job", {.ttl = 5s});
+    ++tries;
+    if (attempt.ok()) {
+      const auto now_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+      if (held->valid() || !lost || lost_at_ns > now_ns) {
+        ++overlaps;
+      }
+      taken = std::move(attempt).value();
+    } else if (attempt.status().code() != StatusCode::kHeldByAnother) {
+      ++errors;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  const EtcdBackend::Stats stats = holder_backend->stats();
+  std::printf(
+      "[ figure ] etcd %s of the %s the holder used: holder %s; contender: %d "
+      "tries, %d errors, %s; holder made %llu failovers, opened %llu keep-alive "
+      "streams\n",
+      pause ? "SIGSTOP" : "kill -9", kill_leader ? "leader" : "follower",
+      lost ? fmt::format("lost after {:.0f} ms",
+                         (lost_at_ns - killed_at.time_since_epoch().count()) / 1e6)
+                 .c_str()
+           : "kept its lease",
+      tries, errors, taken ? "took the key" : "never got the key",
+      static_cast<unsigned long long>(stats.failovers),
+      static_cast<unsigned long long>(stats.keepalive_streams));
+  EXPECT_EQ(overlaps, 0) << "two holders at once";
+  if (!lost) {
+    EXPECT_TRUE(held->valid());
+    EXPECT_FALSE(taken.has_value());
+    EXPECT_GE(stats.keepalive_streams, 2u) << "the stream moved to a surviving member";
+  }
+
+  if (pause) {
+    cluster.Resume(victim);
+  } else {
+    ASSERT_TRUE(cluster.Restart(victim).ok());
+  }
+  if (!lost) {
+    EXPECT_TRUE(held->Release().ok());
+  }
+  if (taken) {
+    EXPECT_GT(taken->fencing_token(), first);
+    EXPECT_TRUE(taken->Release().ok());
+  }
+  auto next = (*contender)->Acquire("job", {.ttl = 5s, .wait = 10s});
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_GT(next->fencing_token(), first) << "fencing tokens only grow across the failover";
+  EXPECT_TRUE(next->Release().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(LoseMember, EtcdClusterFailoverTest,
+                         ::testing::Values(Failure{.leader = true}, Failure{.leader = false},
+                                           Failure{.leader = true, .pause = true}),
+                         [](const auto& info) {
+                           return std::string(info.param.pause ? "Pause" : "Kill9") +
+                                  (info.param.leader ? "Leader" : "Follower");
+                         });
+
+}  // namespace
+}  // namespace leasehold
