@@ -68,6 +68,9 @@
 #if LEASEHOLD_WITH_ETCD
 #include "testing/etcd_server.h"
 #endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+#include "testing/zk_server.h"
+#endif
 
 namespace leasehold::bench {
 namespace {
@@ -794,6 +797,31 @@ Started StartStores(const std::vector<std::string>& only) {
                                requests,
                                "etcd gRPC messages received (grpc_server_msg_received_total)"});
       }
+    }
+  }
+#endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+  if (Wanted(only, "zk")) {
+    // tickTime 100 ms: sessions as short as 200 ms; no upper clamp below 2 minutes.
+    auto started = testing::ZkEnsemble::Start(
+        {.tick_time = std::chrono::milliseconds(100), .max_session = std::chrono::seconds(120)});
+    if (!started.ok()) {
+      st.errors.push_back(started.status().ToString());
+    } else {
+      std::shared_ptr<testing::ZkEnsemble> zk(started->release());
+      st.servers.push_back(zk);
+      const std::string url = zk->Url("/bench");
+      // The server's own count of packets received ("srvr": "Received: N").
+      auto requests = [zk]() -> std::optional<double> {
+        std::string srvr = zk->FourLetter(0, "srvr");
+        auto at = srvr.find("Received: ");
+        if (at == std::string::npos) {
+          return std::nullopt;
+        }
+        return std::strtod(srvr.c_str() + at + 10, nullptr);
+      };
+      st.subjects.push_back({"zk", url, true, [url] { return OpenZkFloor(url); }, {}, requests,
+                             "ZooKeeper packets received (srvr Received)"});
     }
   }
 #endif

@@ -11,6 +11,7 @@ packages=(
   postgresql pgbouncer libpq-dev
   libcpp-httplib-dev prometheus
   etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  zookeeper default-jre-headless libzookeeper-mt-dev
 )
 
 missing=()

@@ -16,6 +16,9 @@
 #if LEASEHOLD_WITH_ETCD
 #include "backends/etcd/etcd_backend.h"
 #endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+#include "backends/zookeeper/zk_backend.h"
+#endif
 
 namespace leasehold::internal {
 
@@ -52,6 +55,9 @@ std::vector<std::string> CompiledSchemes() {
 #if LEASEHOLD_WITH_ETCD
   schemes.emplace_back("etcd");
   schemes.emplace_back("etcds");
+#endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+  schemes.emplace_back("zk");
 #endif
   return schemes;
 }
@@ -90,6 +96,11 @@ Result<std::shared_ptr<Backend>> OpenBackend(const Url& url, Clock& clock) {
 #if LEASEHOLD_WITH_ETCD
   if (url.scheme == "etcd" || url.scheme == "etcds") {
     return OpenEtcdBackend(url);
+  }
+#endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+  if (url.scheme == "zk") {
+    return OpenZkBackend(url);
   }
 #endif
   for (const SchemeInfo& known : kKnownSchemes) {

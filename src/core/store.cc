@@ -246,7 +246,8 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
   }
   const internal::Grant grant = *granted;
   // The store's word on the TTL is the truth, longer (etcd rounds up) or shorter (etcd's spare
-  // lease, already aged) than asked: safe_until must never outlast the store's grant.
+  // lease, already aged; ZooKeeper's session-timeout bounds) than asked: safe_until must never
+  // outlast the store's grant.
   Duration ttl = grant.ttl > Duration::zero() ? grant.ttl : resolved.ttl;
   if (Status s = CheckTimes(ttl, resolved.renew_interval, resolved.drift); !s.ok()) {
     (void)backend.Release(key, token);

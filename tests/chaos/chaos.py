@@ -26,8 +26,8 @@ leasehold::BootClock in the workers): one clock for every process on the host.
 Stores join through a StoreControl: a URL for the workers plus optional server faults (pause,
 kill -9 and restart on the same port and data, and a TCP fault proxy between workers and the
 server). SqliteStore has no server; RedisStore is the hook for redis://, PostgresStore for
-postgres:// (advisory mode), PostgresTableStore for ?mode=table and EtcdStore for etcd://
-(see their docstrings).
+postgres:// (advisory mode), PostgresTableStore for ?mode=table, EtcdStore for etcd:// and
+ZkStore for zk:// (see their docstrings).
 """
 
 import argparse
@@ -440,8 +440,80 @@ class EtcdStore(RedisStore):
         return f"etcd://127.0.0.1:{self.proxy.port}?prefix=chaos&command_timeout=500ms"
 
 
+class ZkStore(RedisStore):
+    """zk://: a throwaway standalone ZooKeeper 3.8 (a JVM, -Xmx128m) as
+    tests/testing/zk_server.cc starts it: zoo.cfg in a temporary directory of its own, a free
+    127.0.0.1 port (never 2181), tickTime 100 ms so that the default 500 ms TTL is a 500 ms
+    session (the shortest is two ticks), and the workers reach it through a FaultProxy.
+
+    Server faults, as RedisStore's: store-pause SIGSTOPs the JVM; store-restart kill -9s it and
+    starts it again on the same port and data (sessions and their ephemeral nodes come back
+    from the transaction log; a holder cut off past its TTL has lost its lease by then, and its
+    handle deletes the node if the session survived)."""
+
+    scheme = "zk"
+    quick_scale = 0.7  # a JVM start per scenario (and per restart): keeps --quick near 60 s
+    CLASSPATH = ("/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:"
+                 "/usr/share/java/log4j-1.2.jar")
+
+    def start(self, run_dir):
+        self.run_dir = run_dir
+        self.dir = tempfile.mkdtemp(prefix="leasehold-chaos-zk-")
+        os.makedirs(os.path.join(self.dir, "data"))
+        self.port = free_port()
+        while self.port in (2181, 2888, 3888, 8080):
+            self.port = free_port()
+        with open(os.path.join(self.dir, "zoo.cfg"), "w") as f:
+            f.write(f"tickTime=100\ninitLimit=10\nsyncLimit=5\n"
+                    f"dataDir={self.dir}/data\nclientPort={self.port}\n"
+                    "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
+                    "4lw.commands.whitelist=ruok,srvr\nmaxClientCnxns=0\n"
+                    "maxSessionTimeout=120000\nforceSync=no\npreAllocSize=1024\n")
+        with open(os.path.join(self.dir, "log4j.properties"), "w") as f:
+            f.write("log4j.rootLogger=WARN, CONSOLE\n"
+                    "log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender\n"
+                    "log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout\n"
+                    "log4j.appender.CONSOLE.layout.ConversionPattern=%d %-5p %c{1} - %m%n\n")
+        self._launch()
+        self.proxy = FaultProxy(self.port)
+        self.undo = []
+
+    def _launch(self):
+        self.log_f = open(os.path.join(self.dir, "zookeeper.log"), "ab")
+        self.proc = subprocess.Popen(
+            ["java", "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+             f"-Dlog4j.configuration=file:{self.dir}/log4j.properties", "-cp", self.CLASSPATH,
+             "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+             os.path.join(self.dir, "zoo.cfg")],
+            stdout=self.log_f, stderr=self.log_f, cwd=self.dir, start_new_session=True)
+        deadline = time.time() + 60
+        while time.time() < deadline and self.proc.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as c:
+                    c.sendall(b"srvr")
+                    if b"Mode:" in c.recv(4096):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise SystemExit(f"chaos: ZooKeeper did not come up on port {self.port}, see "
+                         f"{self.dir}/zookeeper.log")
+
+    def url(self):
+        return f"zk://127.0.0.1:{self.proxy.port}/chaos"
+
+    def stop(self):
+        super().stop()
+        try:
+            shutil.copy(os.path.join(self.dir, "zookeeper.log"),
+                        os.path.join(self.run_dir, "zookeeper.log"))
+        except OSError:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 STORES = {"sqlite": SqliteStore, "redis": RedisStore, "postgres": PostgresStore,
-          "postgres-table": PostgresTableStore, "etcd": EtcdStore}
+          "postgres-table": PostgresTableStore, "etcd": EtcdStore, "zk": ZkStore}
 
 
 # ---- scenarios ----------------------------------------------------------------------------

@@ -36,6 +36,9 @@
 #if LEASEHOLD_WITH_ETCD
 #include "testing/etcd_server.h"
 #endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+#include "testing/zk_server.h"
+#endif
 
 namespace leasehold {
 namespace {
@@ -153,6 +156,27 @@ std::vector<BackendFactory> Factories() {
   factories.push_back({"etcd", [etcd_url](const std::string&) { return etcd_url(""); }});
   factories.push_back(
       {"etcd_fair", [etcd_url](const std::string&) { return etcd_url("&fair=true"); }});
+#endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+  // One ZooKeeper per test process (started on first use on free loopback ports, killed by PID at
+  // exit); each store gets its own chroot, so every test starts empty. tickTime 100 ms, so the
+  // shortest session (two ticks) is 200 ms and the suite's short TTLs stay short; no upper
+  // clamp below 2 minutes (the clamping itself is tested in tests/backends/zk/).
+  factories.push_back({"zk", [](const std::string&) {
+                         static testing::ZkEnsemble* zk = [] {
+                           auto started = testing::ZkEnsemble::Start(
+                               {.tick_time = 100ms, .max_session = 120s});
+                           if (!started.ok()) {  // every test then fails to open the store
+                             std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
+                             return static_cast<testing::ZkEnsemble*>(nullptr);
+                           }
+                           std::atexit([] { delete zk; });
+                           return started->release();
+                         }();
+                         static std::atomic<int> n{0};
+                         std::string chroot = fmt::format("/conformance-{}-{}", getpid(), ++n);
+                         return zk ? zk->Url(chroot) : "zk://127.0.0.1:1" + chroot;
+                       }});
 #endif
   return factories;
 }

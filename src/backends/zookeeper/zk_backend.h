@@ -1,0 +1,207 @@
+// File: backends/zookeeper/zk_backend.h (internal)
+//
+// ZkBackend: the zk:// store (DESIGN.md section 4), on ZooKeeper's C client (zookeeper_mt).
+//
+// Layout: every key is a container node <chroot>/leasehold/<escaped key> (ZOO_CONTAINER, so an
+// empty one is removed by the server), and every grant or queued waiter is an ephemeral
+// sequential child "<id>-<sequence>" holding "ttl_ms\ntoken_prefix\nholder". The child with the
+// lowest sequence holds the lease; its czxid is the fencing token (64-bit, monotonic across the
+// ensemble). <id> is unique per grant ("g" + 128 random bits) or per waiting call ("w" +
+// waiter id), Curator's "protected" names: a create whose reply was lost in a connection drop is
+// found again by its prefix (and adopted or deleted, never left as a phantom waiter), and no
+// other client's node can have our name even if the key's container was deleted and recreated
+// (sequence numbers restart then).
+//
+// Sessions: an ephemeral node lives as long as the session that created it. A lease's TTL is
+// the session timeout the handle asks for; the server clamps it (by default to 2..20 ticks), and
+// the negotiated timeout is the Grant's ttl, so safe_until = t_send + negotiated - drift. One
+// session per distinct requested TTL, plus one "service" session for reads, watches and
+// deletes. A renewal is one exists round trip that proves the node is still ours (ephemeralOwner
+// is our session, czxid our fencing token): ZooKeeper expires a session no earlier than its
+// timeout after it last heard from the client, so a reply to a request sent at t_send proves the
+// node lives until t_send + negotiated. RenewMany pipelines one sync per session (through the
+// leader, so no exists is a stale read from a lagging or cut-off follower) and one exists per
+// lease: one round of latency. The C client pings by itself, so without renewals a node would live
+// on: each grant therefore also has a local deadline (t_send of its last confirmed renewal + ttl,
+// read after the core's t_send, so never before the holder's safe_until), and a reaper thread
+// deletes the nodes of grants that pass it: a holder that stopped renewing, or was cut off longer
+// than its TTL and then reconnected to a session that survived, never blocks the key. Session
+// expiry makes every lease on that session lost (kLost, LostCause::kSessionLost); the next acquire
+// opens a new session by itself.
+//
+// Waiting is the ZooKeeper lock recipe: a waiter (Store::Acquire, GrantRequest::waiter_id)
+// keeps its node between attempts and watches only its predecessor, so the key goes first come,
+// first served and a release wakes one waiter, not a herd. A TryAcquire without a waiter id that
+// is not lowest deletes its node and reports the holder.
+//
+// Auth: with zk://user:pass@..., every session authenticates with `digest` and every node is
+// created with ZOO_CREATOR_ALL_ACL. Errors: connection loss and timeouts are kUnavailable;
+// ZNOAUTH/ZAUTHFAILED are kPermissionDenied.
+//
+// Example:
+//
+//   LH_ASSIGN_OR_RETURN(Url url, ParseUrl("zk://127.0.0.1:2181,127.0.0.1:2182/jobs"));
+//   LH_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, OpenZkBackend(url));
+//
+// Thread safety: thread-safe. The C client runs its own IO and completion threads per session;
+// watcher and completion callbacks only record results and signal condition variables. Every
+// request is sent asynchronously and waited for with a bound (command_timeout). The backend's
+// own state is guarded by mu_, never held across a request; the reaper is one std::jthread
+// joined in the destructor.
+
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "leasehold/clock.h"
+#include "leasehold/lease_info.h"
+#include "leasehold/status.h"
+
+#include "backends/backend.h"
+#include "backends/zookeeper/zk_options.h"
+#include "core/url.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
+
+namespace leasehold::internal {
+
+// Defined in zk_backend.cc, the only file that includes zookeeper.h.
+class ZkSession;
+
+// Opens the store named by `url` (scheme "zk") and checks it at once (one session, the chroot
+// created if missing). Returns kInvalidArgument for a bad URL; kUnavailable if no server answers
+// within connect_timeout; kPermissionDenied if the server refuses the credentials or the ACLs.
+Result<std::shared_ptr<Backend>> OpenZkBackend(const Url& url);
+
+class ZkBackend final : public Backend {
+ public:
+  static Result<std::shared_ptr<ZkBackend>> Open(ZkOptions options);
+
+  // Stops the reaper and closes every session (the server deletes their ephemeral nodes).
+  ~ZkBackend() override;
+
+  [[nodiscard]] std::string_view scheme() const override { return "zk"; }
+
+  // native_wait and fair_queue: the lock recipe; fencing survives restarts (czxid).
+  [[nodiscard]] Capabilities capabilities() const override;
+
+  // Grant.ttl is the negotiated session timeout. Returns kHeldByAnother with the holder's
+  // LeaseInfo (remaining = its session timeout: the server cannot say more) if another node is
+  // lowest; with a waiter id the waiter's node stays queued.
+  Result<Grant> TryAcquire(const GrantRequest& request) override;
+
+  Status Renew(const RenewRequest& request) override;
+
+  // One pipelined exists per request, all sent before any reply is awaited.
+  std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
+
+  Status Release(std::string_view key, std::string_view owner_token) override;
+
+  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
+
+  // Reads the key nodes under <chroot>/leasehold, then each key's lowest child.
+  Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
+
+  // Deletes the lowest child of the key (the grant); queued waiters stay, so the next one then
+  // holds the key.
+  Result<bool> ForceRelease(std::string_view key) override;
+
+  // Deletes the waiter's node (or, if that fails, leaves it to the reaper).
+  void AbandonWait(std::string_view key, std::string_view waiter_id) override;
+
+  // Watches the key's lowest child (the holder).
+  Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
+
+  // Returns OK at once if the waiter's node is lowest (or gone); else watches its predecessor
+  // only.
+  Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
+                     std::stop_token stop) override;
+
+  // For tests: the session timeout the server granted for leases of `ttl` (opening that session
+  // if needed), and the loopback port of the server that session is connected to (-1 if none).
+  Result<Duration> NegotiatedTimeoutForTesting(Duration ttl);
+  int ConnectedPortForTesting(Duration ttl);
+
+ private:
+  // A grant of this handle, by (key, owner token).
+  struct Held {
+    std::shared_ptr<ZkSession> session;
+    std::string path;
+    FencingToken czxid = 0;
+    Duration ttl{};
+    // t_send of the last confirmed renewal + ttl; the reaper deletes the node after it.
+    SteadyTime deadline{};
+  };
+
+  // A queued waiter's node, by (key, waiter id).
+  struct Queued {
+    std::shared_ptr<ZkSession> session;
+    std::string path;
+  };
+
+  // A node to delete in the background: by path, or (path empty) the child of `dir` whose name
+  // starts with `prefix` (a create whose reply was lost).
+  struct Doomed {
+    std::shared_ptr<ZkSession> session;
+    std::string path;
+    std::string dir;
+    std::string prefix;
+    int attempts = 0;
+  };
+
+  using KeyAndId = std::pair<std::string, std::string>;
+
+  explicit ZkBackend(ZkOptions options);
+
+  // Returns the live session for leases of `ttl`, opening (or replacing an expired) one.
+  Result<std::shared_ptr<ZkSession>> LeaseSession(Duration ttl);
+  Result<std::shared_ptr<ZkSession>> ServiceSession();
+  Result<std::shared_ptr<ZkSession>> Connect(Duration timeout);
+
+  // Creates the chroot (persistent), <chroot>/leasehold and `dir` (containers) as needed.
+  Status EnsureParents(ZkSession& session, const std::string& dir);
+
+  std::string KeyDir(std::string_view key) const;
+
+  // Reads the key's lowest child as a LeaseInfo; nullopt if the key has no node.
+  Result<std::optional<LeaseInfo>> ReadHolder(ZkSession& session, std::string_view key);
+
+  // Deletes `path` now (bounded); on a transient failure hands it to the reaper.
+  Status DeleteOrDoom(const std::shared_ptr<ZkSession>& session, const std::string& path);
+
+  void Doom(Doomed doomed) LH_EXCLUDES(mu_);
+
+  void ReaperLoop(std::stop_token stop);
+
+  Status Wait(const std::shared_ptr<ZkSession>& session, const std::string& dir,
+              std::string_view my_name, SteadyTime deadline, std::stop_token stop);
+
+  // Immutable after construction.
+  const ZkOptions options_;
+  const std::string base_;  // <chroot>/leasehold
+
+  // Serialises session creation (a connect can take up to connect_timeout).
+  Mutex connect_mu_;
+
+  Mutex mu_;
+  CondVar reaper_cv_{&mu_};
+  std::map<std::int64_t, std::shared_ptr<ZkSession>> sessions_ LH_GUARDED_BY(mu_);
+  std::shared_ptr<ZkSession> service_ LH_GUARDED_BY(mu_);
+  std::map<KeyAndId, Held> grants_ LH_GUARDED_BY(mu_);
+  std::map<KeyAndId, Queued> waiters_ LH_GUARDED_BY(mu_);
+  std::vector<Doomed> doomed_ LH_GUARDED_BY(mu_);
+
+  std::jthread reaper_;  // last: joined first
+};
+
+}  // namespace leasehold::internal
