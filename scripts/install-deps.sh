@@ -12,6 +12,7 @@ packages=(
   libcpp-httplib-dev prometheus
   etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   zookeeper default-jre-headless libzookeeper-mt-dev
+  openssl curl
 )
 
 missing=()

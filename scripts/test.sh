@@ -32,8 +32,12 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
     ctest --test-dir build-asan -j "$jobs" --timeout 900 -LE "install|chaos"
 
   step "build with ThreadSanitizer"
+  # etcd:// is left out here: TSan needs every library instrumented, and Debian's gRPC is not
+  # (its own synchronisation would be invisible to TSan). The etcd backend's locking is checked
+  # by the clang thread-safety build above, and its tests run under ASan + UBSan.
   BUILD_DIR="$root/build-tsan" BUILD_TYPE=Debug scripts/build.sh \
-    -DLEASEHOLD_WERROR=ON -DLEASEHOLD_SANITIZE=thread -DLEASEHOLD_BUILD_CLI=OFF
+    -DLEASEHOLD_WERROR=ON -DLEASEHOLD_SANITIZE=thread -DLEASEHOLD_BUILD_CLI=OFF \
+    -DLEASEHOLD_WITH_ETCD=OFF
   step "tests under ThreadSanitizer"
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir build-tsan -j "$jobs" --timeout 900 -L 'unit|conformance'
