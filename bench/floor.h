@@ -27,10 +27,15 @@ class FloorProbe {
 
 // Each opens its own connection to the store at `url` (the same URL leasehold would use).
 Result<std::unique_ptr<FloorProbe>> OpenSqliteFloor(const std::string& url);
-// SQLite's durable floor: a one-row write committed with synchronous=FULL in WAL mode (one
-// fsync), on a scratch file beside the store's. A grant must reach the disk; the empty
-// transaction above does not write, so it never pays the flush.
+
+// The durable floor of the stores whose grant must reach a disk before it is answered: the
+// store's cheapest write. The floors above do not write, so they never pay the flush.
+//   SQLite: a one-row write committed with synchronous=FULL in WAL mode, on a scratch file
+//           beside the store's · etcd: a Put of a scratch key (one raft entry, WAL fsync) ·
+//   ZooKeeper: a setData of a scratch node (one transaction-log entry, fsync).
 Result<std::unique_ptr<FloorProbe>> OpenSqliteDurableFloor(const std::string& url);
+Result<std::unique_ptr<FloorProbe>> OpenEtcdDurableFloor(const std::string& url);
+Result<std::unique_ptr<FloorProbe>> OpenZkDurableFloor(const std::string& url);
 Result<std::unique_ptr<FloorProbe>> OpenRedisFloor(const std::string& url);
 Result<std::unique_ptr<FloorProbe>> OpenPostgresFloor(const std::string& url);
 Result<std::unique_ptr<FloorProbe>> OpenEtcdFloor(const std::string& url);

@@ -22,13 +22,17 @@ namespace {
 
 class EtcdFloor final : public FloorProbe {
  public:
+  // write: Put `key` (the durable floor) instead of a Range of it.
   EtcdFloor(std::shared_ptr<grpc::Channel> channel, std::string key, std::string token,
-            std::chrono::nanoseconds timeout)
+            std::chrono::nanoseconds timeout, bool write)
       : channel_(std::move(channel)),
         kv_(etcdserverpb::KV::NewStub(channel_)),
         token_(std::move(token)),
-        timeout_(timeout) {
-    request_.set_key(std::move(key));
+        timeout_(timeout),
+        write_(write) {
+    request_.set_key(key);
+    put_.set_key(std::move(key));
+    put_.set_value("x");
   }
 
   Status Call() override {
@@ -37,6 +41,11 @@ class EtcdFloor final : public FloorProbe {
                      std::chrono::duration_cast<std::chrono::system_clock::duration>(timeout_));
     if (!token_.empty()) {
       ctx.AddMetadata("token", token_);
+    }
+    if (write_) {
+      etcdserverpb::PutResponse put_response;
+      grpc::Status s = kv_->Put(&ctx, put_, &put_response);
+      return s.ok() ? Status() : Status::Unavailable("etcd Put failed", s.error_message());
     }
     etcdserverpb::RangeResponse response;
     grpc::Status s = kv_->Range(&ctx, request_, &response);
@@ -53,13 +62,15 @@ class EtcdFloor final : public FloorProbe {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
   etcdserverpb::RangeRequest request_;
+  etcdserverpb::PutRequest put_;
   const std::string token_;
   const std::chrono::nanoseconds timeout_;
+  const bool write_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<FloorProbe>> OpenEtcdFloor(const std::string& url) {
+static Result<std::unique_ptr<FloorProbe>> OpenEtcdProbe(const std::string& url, bool write) {
   LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
   LH_ASSIGN_OR_RETURN(internal::EtcdOptions options, internal::EtcdOptions::FromUrl(parsed));
   if (options.tls) {
@@ -83,12 +94,22 @@ Result<std::unique_ptr<FloorProbe>> OpenEtcdFloor(const std::string& url) {
     }
     token = resp.token();
   }
-  auto probe = std::make_unique<EtcdFloor>(
-      channel, fmt::format("{}/leasehold-floor-probe-missing-key", options.prefix), token,
-      options.command_timeout);
+  auto probe =
+      std::make_unique<EtcdFloor>(channel,
+                                  fmt::format("{}/leasehold-floor-probe-{}", options.prefix,
+                                              write ? "scratch-write" : "missing-key"),
+                                  token, options.command_timeout, write);
   // The first call connects: make it here so that Call() is one round trip.
   LH_RETURN_IF_ERROR(probe->Call());
   return std::unique_ptr<FloorProbe>(std::move(probe));
+}
+
+Result<std::unique_ptr<FloorProbe>> OpenEtcdFloor(const std::string& url) {
+  return OpenEtcdProbe(url, /*write=*/false);
+}
+
+Result<std::unique_ptr<FloorProbe>> OpenEtcdDurableFloor(const std::string& url) {
+  return OpenEtcdProbe(url, /*write=*/true);
 }
 
 }  // namespace leasehold::bench

@@ -3,9 +3,9 @@
 // PostgreSQL floor: SELECT 1 on a libpq connection of its own, made from the same libpq
 // parameters the backend would use.
 
-#include <libpq-fe.h>
-
 #include <vector>
+
+#include <libpq-fe.h>
 
 #include "backends/postgres/postgres_options.h"
 #include "core/url.h"
@@ -17,7 +17,9 @@ namespace {
 class PostgresFloor final : public FloorProbe {
  public:
   explicit PostgresFloor(PGconn* conn) : conn_(conn) {}
+
   ~PostgresFloor() override { PQfinish(conn_); }
+
   PostgresFloor(const PostgresFloor&) = delete;
   PostgresFloor& operator=(const PostgresFloor&) = delete;
 

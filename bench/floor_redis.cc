@@ -14,7 +14,9 @@ namespace {
 class RedisFloor final : public FloorProbe {
  public:
   explicit RedisFloor(redisContext* context) : context_(context) {}
+
   ~RedisFloor() override { redisFree(context_); }
+
   RedisFloor(const RedisFloor&) = delete;
   RedisFloor& operator=(const RedisFloor&) = delete;
 

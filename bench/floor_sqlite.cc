@@ -15,6 +15,7 @@ namespace {
 class SqliteFloor final : public FloorProbe {
  public:
   ~SqliteFloor() override { sqlite3_close(db_); }
+
   SqliteFloor(const SqliteFloor&) = delete;
   SqliteFloor& operator=(const SqliteFloor&) = delete;
 
@@ -39,8 +40,9 @@ Result<std::unique_ptr<FloorProbe>> OpenSqliteFloor(const std::string& url) {
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(parsed.path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK) {
     sqlite3_close(db);
-    return Status::Unavailable("cannot open the sqlite file for the floor probe (open the store "
-                               "first, it creates the file)");
+    return Status::Unavailable(
+        "cannot open the sqlite file for the floor probe (open the store "
+        "first, it creates the file)");
   }
   sqlite3_busy_timeout(db, 5000);
   sqlite3_exec(db, "PRAGMA synchronous=FULL", nullptr, nullptr, nullptr);

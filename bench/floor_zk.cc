@@ -42,8 +42,9 @@ void Quiet(const char* /*message*/) {}
 
 class ZkFloor final : public FloorProbe {
  public:
-  ZkFloor(zhandle_t* zh, std::unique_ptr<Connected> connected, std::string path)
-      : zh_(zh), connected_(std::move(connected)), path_(std::move(path)) {}
+  // write: setData of `path` (the durable floor) instead of exists.
+  ZkFloor(zhandle_t* zh, std::unique_ptr<Connected> connected, std::string path, bool write)
+      : zh_(zh), connected_(std::move(connected)), path_(std::move(path)), write_(write) {}
 
   ZkFloor(const ZkFloor&) = delete;
   ZkFloor& operator=(const ZkFloor&) = delete;
@@ -55,7 +56,8 @@ class ZkFloor final : public FloorProbe {
   Status Call() override {
     struct Stat stat {};
 
-    int rc = zoo_exists(zh_, path_.c_str(), 0, &stat);
+    int rc =
+        write_ ? zoo_set(zh_, path_.c_str(), "x", 1, -1) : zoo_exists(zh_, path_.c_str(), 0, &stat);
     if (rc == ZOK || rc == ZNONODE) {
       return Status();
     }
@@ -67,11 +69,12 @@ class ZkFloor final : public FloorProbe {
   zhandle_t* zh_;
   std::unique_ptr<Connected> connected_;  // the watcher's context, alive as long as zh_
   std::string path_;
+  bool write_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<FloorProbe>> OpenZkFloor(const std::string& url) {
+static Result<std::unique_ptr<FloorProbe>> OpenZkProbe(const std::string& url, bool write) {
   LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
   LH_ASSIGN_OR_RETURN(internal::ZkOptions options, internal::ZkOptions::FromUrl(parsed));
   auto connected = std::make_unique<Connected>();
@@ -95,8 +98,29 @@ Result<std::unique_ptr<FloorProbe>> OpenZkFloor(const std::string& url) {
     // Synchronous enough for a probe: the next request queues behind the auth packet.
     (void)zoo_add_auth(zh, "digest", cert.data(), static_cast<int>(cert.size()), nullptr, nullptr);
   }
-  return std::unique_ptr<FloorProbe>(
-      new ZkFloor(zh, std::move(connected), options.chroot + "/leasehold-floor-probe-missing"));
+  if (!write) {
+    return std::unique_ptr<FloorProbe>(new ZkFloor(
+        zh, std::move(connected), options.chroot + "/leasehold-floor-probe-missing", false));
+  }
+  // A persistent scratch node (and the chroot's own node, which may not exist yet).
+  const std::string path = options.chroot + "/leasehold-floor-probe-write";
+  if (!options.chroot.empty()) {
+    (void)zoo_create(zh, options.chroot.c_str(), "", 0, &ZOO_OPEN_ACL_UNSAFE, 0, nullptr, 0);
+  }
+  int rc = zoo_create(zh, path.c_str(), "", 0, &ZOO_OPEN_ACL_UNSAFE, 0, nullptr, 0);
+  if (rc != ZOK && rc != ZNODEEXISTS) {
+    zookeeper_close(zh);
+    return Status::Unavailable(fmt::format("cannot create {}: {}", path, zerror(rc)));
+  }
+  return std::unique_ptr<FloorProbe>(new ZkFloor(zh, std::move(connected), path, true));
+}
+
+Result<std::unique_ptr<FloorProbe>> OpenZkFloor(const std::string& url) {
+  return OpenZkProbe(url, /*write=*/false);
+}
+
+Result<std::unique_ptr<FloorProbe>> OpenZkDurableFloor(const std::string& url) {
+  return OpenZkProbe(url, /*write=*/true);
 }
 
 }  // namespace leasehold::bench

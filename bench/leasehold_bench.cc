@@ -27,8 +27,6 @@
 // the one quoted in bench/RESULTS.md.
 
 #include <signal.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,14 +47,17 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include "leasehold/clock.h"
+#include "leasehold/logging.h"
+#include "leasehold/store.h"
 
 #include "backends/forwarding_backend.h"
 #include "backends/registry.h"
 #include "core/url.h"
 #include "floor.h"
-#include "leasehold/clock.h"
-#include "leasehold/logging.h"
-#include "leasehold/store.h"
 #include "testing/server_process.h"
 #include "testing/spawned_process.h"
 #if LEASEHOLD_WITH_REDIS
@@ -135,7 +136,9 @@ Dist Summarize(const std::vector<double>& us) {
   return {Percentile(us, 0.5), Percentile(us, 0.99), us.size()};
 }
 
-json ToJson(const Dist& d) { return {{"median_us", d.median_us}, {"p99_us", d.p99_us}, {"n", d.n}}; }
+json ToJson(const Dist& d) {
+  return {{"median_us", d.median_us}, {"p99_us", d.p99_us}, {"n", d.n}};
+}
 
 template <typename F>
 double TimeUs(F&& f) {
@@ -152,7 +155,7 @@ struct Subject {
   // True for stores that queue waiters (the fairness target applies).
   bool fair = false;
   std::function<Result<std::unique_ptr<FloorProbe>>()> open_floor;
-  // SQLite only: a write that reaches the disk, the least a grant costs (floor.h).
+  // SQLite, etcd, ZooKeeper: a write that reaches the disk, the least a grant costs (floor.h).
   std::function<Result<std::unique_ptr<FloorProbe>>()> open_durable_floor;
   // The store's own count of requests it has read, where it keeps one (Redis:
   // total_reads_processed; PostgreSQL: transactions committed), for requests per heartbeat round.
@@ -173,9 +176,9 @@ int HandoffWorker(const std::string& url, const std::string& key, int id, long l
   while (NowNs() < until_ns) {
     long long started = NowNs();
     auto wait = std::chrono::nanoseconds(std::max(0LL, until_ns - started));
-    auto lease = (*store)->Acquire(
-        key, {.ttl = 10s, .wait = std::chrono::duration_cast<Duration>(wait),
-              .holder = fmt::format("w{}", id)});
+    auto lease = (*store)->Acquire(key, {.ttl = 10s,
+                                         .wait = std::chrono::duration_cast<Duration>(wait),
+                                         .holder = fmt::format("w{}", id)});
     long long acquired = NowNs();
     if (!lease.ok()) {
       if (lease.status().code() == StatusCode::kDeadlineExceeded) {
@@ -228,13 +231,14 @@ class CountingBackend final : public internal::ForwardingBackend {
   Status Renew(const internal::RenewRequest& r) override {
     return RenewMany(std::span(&r, 1)).front();
   }
+
   std::vector<Status> RenewMany(std::span<const internal::RenewRequest> requests) override {
     calls_.fetch_add(1);
     leases_.fetch_add(requests.size());
     auto start = std::chrono::steady_clock::now();
     std::vector<Status> out = inner().RenewMany(requests);
-    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-                    .count();
+    double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
     std::lock_guard lock(mu_);
     round_us_.push_back(us);
     for (const Status& s : out) {
@@ -244,15 +248,19 @@ class CountingBackend final : public internal::ForwardingBackend {
   }
 
   std::uint64_t calls() const { return calls_.load(); }
+
   std::uint64_t leases() const { return leases_.load(); }
+
   std::vector<double> round_us() {
     std::lock_guard lock(mu_);
     return round_us_;
   }
+
   std::uint64_t failures() {
     std::lock_guard lock(mu_);
     return failures_;
   }
+
   void Reset() {
     calls_ = 0;
     leases_ = 0;
@@ -406,23 +414,23 @@ class Runner {
     const std::string dir = tmpl;
     const std::string key = fmt::format("bench:handoff:{}", NowNs());
     const long long start_ns = NowNs() + 1'500'000'000LL;  // time for every worker to open
-    const long long until_ns =
-        start_ns + std::chrono::nanoseconds(config_.handoff_time).count();
+    const long long until_ns = start_ns + std::chrono::nanoseconds(config_.handoff_time).count();
     std::vector<std::unique_ptr<testing::SpawnedProcess>> workers;
     for (int w = 0; w < config_.handoff_processes; ++w) {
       workers.push_back(std::make_unique<testing::SpawnedProcess>(std::vector<std::string>{
-          SelfPath(), "--worker=handoff", s_.url, key, std::to_string(w),
-          std::to_string(start_ns), std::to_string(until_ns),
-          fmt::format("{}/events-{}.txt", dir, w)}));
+          SelfPath(), "--worker=handoff", s_.url, key, std::to_string(w), std::to_string(start_ns),
+          std::to_string(until_ns), fmt::format("{}/events-{}.txt", dir, w)}));
     }
     int failed = 0;
     for (auto& w : workers) {
       failed += w->Wait() == 0 ? 0 : 1;
     }
+
     struct GrantTimes {
       long long started, acquired, released;
       int worker;
     };
+
     std::vector<GrantTimes> all;
     std::vector<int> per_worker(config_.handoff_processes, 0);
     for (int w = 0; w < config_.handoff_processes; ++w) {
@@ -460,20 +468,20 @@ class Runner {
     const double seconds = std::chrono::duration<double>(config_.handoff_time).count();
     Dist h = Summarize(handoff_us);
     const double hold_us = std::chrono::duration<double, std::micro>(kHold).count();
-    return json{{"processes", config_.handoff_processes},
-                {"grants", all.size()},
-                {"grants_per_second", static_cast<double>(all.size()) / seconds},
-                {"handoff", ToJson(h)},
-                {"handoff_median_floors", h.median_us / floor_.median_us},
-                {"grants_to_the_releaser", to_self},
-                {"fewest", *fewest},
-                {"most", *most},
-                {"fairness", *most > 0 ? static_cast<double>(*fewest) / *most : 0.0},
-                {"wait", ToJson(Summarize(wait_us))},
-                {"max_wait_holds",
-                 wait_us.empty() ? 0.0
-                                 : *std::max_element(wait_us.begin(), wait_us.end()) / hold_us},
-                {"p99_wait_holds", Percentile(wait_us, 0.99) / hold_us}};
+    return json{
+        {"processes", config_.handoff_processes},
+        {"grants", all.size()},
+        {"grants_per_second", static_cast<double>(all.size()) / seconds},
+        {"handoff", ToJson(h)},
+        {"handoff_median_floors", h.median_us / floor_.median_us},
+        {"grants_to_the_releaser", to_self},
+        {"fewest", *fewest},
+        {"most", *most},
+        {"fairness", *most > 0 ? static_cast<double>(*fewest) / *most : 0.0},
+        {"wait", ToJson(Summarize(wait_us))},
+        {"max_wait_holds",
+         wait_us.empty() ? 0.0 : *std::max_element(wait_us.begin(), wait_us.end()) / hold_us},
+        {"p99_wait_holds", Percentile(wait_us, 0.99) / hold_us}};
   }
 
   Result<json> Independent() {
@@ -508,6 +516,8 @@ class Runner {
       stores.push_back(std::move(store));
     }
     std::atomic<long> pairs{0};
+    std::mutex error_mu;
+    Status first_error;
     {
       auto until = std::chrono::steady_clock::now() + run_for;
       std::vector<std::jthread> threads;
@@ -516,7 +526,12 @@ class Runner {
           const std::string key = fmt::format("bench:independent:{}", t);
           while (std::chrono::steady_clock::now() < until) {
             auto lease = stores[static_cast<std::size_t>(t)]->TryAcquire(key, {.ttl = 10s});
-            if (!lease.ok() || !lease->Release().ok()) {
+            Status s = lease.ok() ? lease->Release() : lease.status();
+            if (!s.ok()) {
+              std::lock_guard lock(error_mu);
+              if (first_error.ok()) {
+                first_error = s;
+              }
               errors = true;
               return;
             }
@@ -526,7 +541,9 @@ class Runner {
       }
     }
     if (errors) {
-      return Status::Internal("an operation failed under concurrency");
+      return Status::Internal(
+          fmt::format("an operation failed under concurrency: {}",
+                      first_error.ok() ? "a floor call" : first_error.ToString()));
     }
     const double secs = std::chrono::duration<double>(run_for).count();
     const double pairs_per_s = static_cast<double>(pairs.load()) / secs;
@@ -620,8 +637,8 @@ class Runner {
     double granted_ttl_ms = 0;
     for (int r = 0; r < config_.takeover_repeats; ++r) {
       const std::string key = fmt::format("bench:takeover:{}", NowNs());
-      testing::SpawnedProcess holder({SelfPath(), "--worker=hold", s_.url, key,
-                                      std::to_string(config_.takeover_ttl.count())});
+      testing::SpawnedProcess holder(
+          {SelfPath(), "--worker=hold", s_.url, key, std::to_string(config_.takeover_ttl.count())});
       std::string line = holder.ReadLine();
       if (line.rfind("held ", 0) != 0) {
         return Status::Internal(fmt::format("holder: {}", line));
@@ -688,8 +705,13 @@ Started StartStores(const std::vector<std::string>& only) {
         std::error_code ignored;
         std::filesystem::remove_all(dir, ignored);
       }));
-      st.subjects.push_back({"sqlite", url, false, [url] { return OpenSqliteFloor(url); },
-                             [url] { return OpenSqliteDurableFloor(url); }, {}, {}});
+      st.subjects.push_back({"sqlite",
+                             url,
+                             false,
+                             [url] { return OpenSqliteFloor(url); },
+                             [url] { return OpenSqliteDurableFloor(url); },
+                             {},
+                             {}});
     }
   }
 #endif
@@ -721,8 +743,13 @@ Started StartStores(const std::vector<std::string>& only) {
         if (std::string_view(name) == "redis_fair") {
           url += "&fair=true";
         }
-        st.subjects.push_back({name, url, std::string_view(name) == "redis_fair",
-                               [url] { return OpenRedisFloor(url); }, {}, requests, what});
+        st.subjects.push_back({name,
+                               url,
+                               std::string_view(name) == "redis_fair",
+                               [url] { return OpenRedisFloor(url); },
+                               {},
+                               requests,
+                               what});
       }
     }
   }
@@ -753,8 +780,13 @@ Started StartStores(const std::vector<std::string>& only) {
         }
         // Each mode in its own schema: the modes keep different rows in the same table shape.
         std::string url = fmt::format("{}?mode={}&schema=bench_{}", pg->Url(), mode, mode);
-        st.subjects.push_back({name, url, std::string_view(mode) == "advisory",
-                               [url] { return OpenPostgresFloor(url); }, {}, requests, what});
+        st.subjects.push_back({name,
+                               url,
+                               std::string_view(mode) == "advisory",
+                               [url] { return OpenPostgresFloor(url); },
+                               {},
+                               requests,
+                               what});
       }
     }
   }
@@ -793,8 +825,8 @@ Started StartStores(const std::vector<std::string>& only) {
         const bool fair = std::string_view(name) == "etcd_fair";
         const std::string url =
             fmt::format("{}?prefix=bench-{}{}", etcd->Url(), name, fair ? "&fair=true" : "");
-        st.subjects.push_back({name, url, fair, [url] { return OpenEtcdFloor(url); }, {},
-                               requests,
+        st.subjects.push_back({name, url, fair, [url] { return OpenEtcdFloor(url); },
+                               [url] { return OpenEtcdDurableFloor(url); }, requests,
                                "etcd gRPC messages received (grpc_server_msg_received_total)"});
       }
     }
@@ -820,7 +852,8 @@ Started StartStores(const std::vector<std::string>& only) {
         }
         return std::strtod(srvr.c_str() + at + 10, nullptr);
       };
-      st.subjects.push_back({"zk", url, true, [url] { return OpenZkFloor(url); }, {}, requests,
+      st.subjects.push_back({"zk", url, true, [url] { return OpenZkFloor(url); },
+                             [url] { return OpenZkDurableFloor(url); }, requests,
                              "ZooKeeper packets received (srvr Received)"});
     }
   }
@@ -844,8 +877,8 @@ std::string Verdict(double value, double target, bool at_most = true) {
 void PrintTable(const json& results) {
   std::printf("\n%-18s %9s %9s | %9s %6s %-9s | %9s %6s %-9s\n", "store", "floor", "floor",
               "acq+rel", "/2fl", "<=1.25", "conflict", "/fl", "<=1.25");
-  std::printf("%-18s %9s %9s | %9s %6s %-9s | %9s %6s %-9s\n", "", "p50 us", "p99 us", "p50 us",
-              "", "", "p50 us", "", "");
+  std::printf("%-18s %9s %9s | %9s %6s %-9s | %9s %6s %-9s\n", "", "p50 us", "p99 us", "p50 us", "",
+              "", "p50 us", "", "");
   for (const json& r : results) {
     if (!r.contains("floor") || !r.contains("uncontended") || !r.contains("conflict")) {
       continue;
@@ -861,14 +894,15 @@ void PrintTable(const json& results) {
   for (const json& r : results) {
     if (r.contains("floor") && r["floor"].contains("durable") && r.contains("uncontended")) {
       double u = r["uncontended"]["ratio_to_2_durable_floors"];
-      std::printf("%-18s durable floor (one fsynced write) p50 %.1f us: acq+rel / 2 durable "
-                  "floors = %.2f %s\n",
-                  r["store"].get<std::string>().c_str(),
-                  r["floor"]["durable"]["median_us"].get<double>(), u, Verdict(u, 1.25).c_str());
+      std::printf(
+          "%-18s durable floor (the store's cheapest write) p50 %.1f us: acq+rel / 2 durable "
+          "floors = %.2f %s\n",
+          r["store"].get<std::string>().c_str(), r["floor"]["durable"]["median_us"].get<double>(),
+          u, Verdict(u, 1.25).c_str());
     }
   }
-  std::printf("\n%-18s %8s %9s %9s %7s %-9s %7s %-9s %8s\n", "handoff", "grants/s",
-              "p50 us", "p99 us", "/floor", "<=3", "fair", ">=0.8*", "maxwait");
+  std::printf("\n%-18s %8s %9s %9s %7s %-9s %7s %-9s %8s\n", "handoff", "grants/s", "p50 us",
+              "p99 us", "/floor", "<=3", "fair", ">=0.8*", "maxwait");
   for (const json& r : results) {
     if (!r.contains("handoff")) {
       continue;
@@ -884,8 +918,8 @@ void PrintTable(const json& results) {
                 h["max_wait_holds"].get<double>());
   }
   std::printf("(* fairness target for fair stores only; maxwait in hold times, target <= 10x)\n");
-  std::printf("\n%-18s %10s %10s %7s %-9s\n", "independent (16t)", "acq+rel/s", "floor/s",
-              "ops/fl", ">=0.5");
+  std::printf("\n%-18s %10s %10s %7s %-9s\n", "independent (16t)", "acq+rel/s", "floor/s", "ops/fl",
+              ">=0.5");
   for (const json& r : results) {
     if (!r.contains("independent")) {
       continue;
@@ -893,11 +927,11 @@ void PrintTable(const json& results) {
     const json& i = r["independent"];
     double ratio = i["ratio_ops_to_floor_ops"];
     std::printf("%-18s %10.0f %10.0f %7.2f %-9s\n", r["store"].get<std::string>().c_str(),
-                i["pairs_per_second"].get<double>(), i["floor_ops_per_second"].get<double>(),
-                ratio, Verdict(ratio, 0.5, false).c_str());
+                i["pairs_per_second"].get<double>(), i["floor_ops_per_second"].get<double>(), ratio,
+                Verdict(ratio, 0.5, false).c_str());
   }
-  std::printf("\n%-18s %7s %6s %7s %-9s %8s %9s %8s %7s %-9s\n", "heartbeat", "leases", "cpu%",
-              "", "<=2%", "calls", "lease/cl", "srv/call", "B/lease", "<=1024");
+  std::printf("\n%-18s %7s %6s %7s %-9s %8s %9s %8s %7s %-9s\n", "heartbeat", "leases", "cpu%", "",
+              "<=2%", "calls", "lease/cl", "srv/call", "B/lease", "<=1024");
   for (const json& r : results) {
     if (!r.contains("heartbeat")) {
       continue;
@@ -905,18 +939,17 @@ void PrintTable(const json& results) {
     const json& h = r["heartbeat"];
     double cpu = h["cpu_percent_of_one_core"];
     double bytes = h["rss_bytes_per_lease"];
-    std::string srv =
-        h.contains("server_requests_per_call")
-            ? fmt::format("{:.1f}", h["server_requests_per_call"].get<double>())
-            : "-";
+    std::string srv = h.contains("server_requests_per_call")
+                          ? fmt::format("{:.1f}", h["server_requests_per_call"].get<double>())
+                          : "-";
     std::printf("%-18s %7d %6.2f %7s %-9s %8.0f %9.0f %8s %7.0f %-9s\n",
                 r["store"].get<std::string>().c_str(), h["leases"].get<int>(), cpu, "",
                 Verdict(cpu, 2.0).c_str(), h["renew_calls"].get<double>(),
                 h["leases_per_call"].get<double>(), srv.c_str(), bytes,
                 Verdict(bytes, 1024).c_str());
   }
-  std::printf("\n%-18s %8s %10s %10s %12s\n", "takeover (kill -9)", "ttl ms", "median ms",
-              "max ms", "median-ttl");
+  std::printf("\n%-18s %8s %10s %10s %12s\n", "takeover (kill -9)", "ttl ms", "median ms", "max ms",
+              "median-ttl");
   for (const json& r : results) {
     if (!r.contains("takeover")) {
       continue;
@@ -975,7 +1008,8 @@ int Main(int argc, char** argv) {
       json_path = a.substr(7);
     } else if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: leasehold-bench [--quick] [--stores=NAME,...] [--handoff-processes=8] [--json=FILE]\n"
+          "usage: leasehold-bench [--quick] [--stores=NAME,...] [--handoff-processes=8] "
+          "[--json=FILE]\n"
           "Starts every store on loopback and measures floor, uncontended, conflict, handoff,\n"
           "independent keys, heartbeat at scale and takeover; prints a table and writes JSON\n"
           "(default leasehold-bench.json). Stores: sqlite redis redis_fair postgres_advisory\n"
@@ -1013,4 +1047,6 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace leasehold::bench
 
-int main(int argc, char** argv) { return leasehold::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return leasehold::bench::Main(argc, argv);
+}

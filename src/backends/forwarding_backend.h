@@ -20,30 +20,41 @@ class ForwardingBackend : public Backend {
   explicit ForwardingBackend(std::shared_ptr<Backend> inner) : inner_(std::move(inner)) {}
 
   std::string_view scheme() const override { return inner_->scheme(); }
+
   Capabilities capabilities() const override { return inner_->capabilities(); }
+
   Result<Grant> TryAcquire(const GrantRequest& request) override {
     return inner_->TryAcquire(request);
   }
+
   Status Renew(const RenewRequest& request) override { return inner_->Renew(request); }
+
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override {
     return inner_->RenewMany(requests);
   }
+
   Status Release(std::string_view key, std::string_view owner_token) override {
     return inner_->Release(key, owner_token);
   }
+
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
     return inner_->Inspect(key);
   }
+
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override {
     return inner_->List(prefix);
   }
+
   Result<bool> ForceRelease(std::string_view key) override { return inner_->ForceRelease(key); }
+
   void AbandonWait(std::string_view key, std::string_view waiter_id) override {
     inner_->AbandonWait(key, waiter_id);
   }
+
   Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override {
     return inner_->WaitForChange(key, deadline, std::move(stop));
   }
+
   Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
                      std::stop_token stop) override {
     return inner_->WaitForTurn(key, waiter_id, deadline, std::move(stop));

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 
 #include <fmt/format.h>
@@ -473,13 +474,18 @@ std::vector<Status> PostgresTableBackend::RenewMany(std::span<const RenewRequest
   if (!r.ok()) {
     return std::vector<Status>(requests.size(), r.status());
   }
+  // One lookup per request (a scan of the rows per request cost 40 % of a core at 10,000
+  // leases: leasehold-bench).
+  std::unordered_set<std::string> renewed_rows;
+  renewed_rows.reserve(static_cast<std::size_t>(r->rows()));
+  for (int i = 0; i < r->rows(); ++i) {
+    renewed_rows.insert(fmt::format("{}\n{}", r->Get(i, 0), r->Get(i, 1)));
+  }
   std::vector<Status> results;
   results.reserve(requests.size());
   for (const RenewRequest& request : requests) {
-    bool renewed = false;
-    for (int i = 0; i < r->rows() && !renewed; ++i) {
-      renewed = r->Get(i, 0) == request.key && r->Get(i, 1) == request.owner_token;
-    }
+    const bool renewed =
+        renewed_rows.contains(fmt::format("{}\n{}", request.key, request.owner_token));
     results.push_back(renewed ? Status()
                               : Status::Lost(fmt::format(
                                     "{} is no longer held by this owner (expired, released "
