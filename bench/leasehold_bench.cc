@@ -21,11 +21,13 @@
 // No thresholds decide the exit code: it is 0 when every measurement ran. The targets of issue
 // #10 are printed beside the figures ("ok" or "MISS xN") so a reader sees how far off they are.
 //
-//   leasehold-bench [--quick] [--stores=sqlite,redis,...] [--handoff-processes=8] [--json=FILE]
+//   leasehold-bench [--quick] [--stores=sqlite,redis,...] [--steps=floor,heartbeat,...]
+//                   [--handoff-processes=8] [--json=FILE]
 //
 // --quick (the test suite's smoke run) uses small counts: its figures are noisy. Full mode is
 // the one quoted in bench/RESULTS.md.
 
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -86,6 +88,8 @@ constexpr int kIndependentThreads = 16;
 struct Config {
   bool quick = false;
   int handoff_processes = 8;
+  // Only these measurements (--steps=floor,heartbeat); empty: all.
+  std::vector<std::string> steps;
   int floor_calls = 2000;
   int sequential_calls = 2000;
   std::chrono::seconds handoff_time{10};
@@ -285,6 +289,11 @@ long ResidentBytes() {
   return resident * sysconf(_SC_PAGESIZE);
 }
 
+std::size_t HeapBytesInUse() {
+  struct mallinfo2 info = mallinfo2();
+  return info.uordblks + info.hblkhd;
+}
+
 double CpuSeconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -304,6 +313,10 @@ class Runner {
   json Run() {
     json out = {{"store", s_.name}, {"fair", s_.fair}};
     auto step = [&](const char* name, const std::function<Result<json>()>& f) {
+      if (!config_.steps.empty() && std::find(config_.steps.begin(), config_.steps.end(),
+                                              std::string(name)) == config_.steps.end()) {
+        return;
+      }
       std::fprintf(stderr, "  %s: %s...\n", s_.name.c_str(), name);
       Result<json> r = f();
       if (!r.ok()) {
@@ -567,6 +580,7 @@ class Runner {
     LH_ASSIGN_OR_RETURN(Lease first, store->TryAcquire("bench:hb:warm", {.ttl = 10s}));
     LH_RETURN_IF_ERROR(first.Release());
     const long rss_before = ResidentBytes();
+    const std::size_t heap_before = HeapBytesInUse();
     auto acquire_start = std::chrono::steady_clock::now();
     const std::string prefix = fmt::format("bench:hb:{}:", NowNs());
     for (int i = 0; i < config_.heartbeat_leases; ++i) {
@@ -577,6 +591,7 @@ class Runner {
     const double acquire_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - acquire_start).count();
     const long rss_after = ResidentBytes();
+    const std::size_t heap_after = HeapBytesInUse();
     // PostgreSQL publishes a session's statistics up to a second after its transactions:
     // let the acquisitions' land before the first reading, and the last round's before the
     // second.
@@ -619,6 +634,11 @@ class Runner {
         {"leases_per_call", rounds > 0 ? static_cast<double>(leases_renewed) / rounds : 0.0},
         {"round", ToJson(Summarize(round_us))},
         {"round_median_floors", Percentile(round_us, 0.5) / floor_.median_us},
+        // malloc's bytes in use: exact for what this process allocated for the leases (the
+        // handle's Lease objects, the backend's bookkeeping). RSS may not grow at all when the
+        // heap has room left by earlier measurements, so it is shown for reference only.
+        {"heap_bytes_per_lease",
+         static_cast<double>(heap_after - heap_before) / config_.heartbeat_leases},
         {"rss_bytes_per_lease",
          static_cast<double>(rss_after - rss_before) / config_.heartbeat_leases}};
     if (server_before && server_after && server_rounds > 0) {
@@ -931,14 +951,14 @@ void PrintTable(const json& results) {
                 Verdict(ratio, 0.5, false).c_str());
   }
   std::printf("\n%-18s %7s %6s %7s %-9s %8s %9s %8s %7s %-9s\n", "heartbeat", "leases", "cpu%", "",
-              "<=2%", "calls", "lease/cl", "srv/call", "B/lease", "<=1024");
+              "<=2%", "calls", "lease/cl", "srv/call", "heapB/ls", "<=1024");
   for (const json& r : results) {
     if (!r.contains("heartbeat")) {
       continue;
     }
     const json& h = r["heartbeat"];
     double cpu = h["cpu_percent_of_one_core"];
-    double bytes = h["rss_bytes_per_lease"];
+    double bytes = h["heap_bytes_per_lease"];
     std::string srv = h.contains("server_requests_per_call")
                           ? fmt::format("{:.1f}", h["server_requests_per_call"].get<double>())
                           : "-";
@@ -995,6 +1015,7 @@ int Main(int argc, char** argv) {
   }
   Config config;
   int handoff_processes = 8;
+  std::vector<std::string> steps;
   std::vector<std::string> only;
   std::string json_path = "leasehold-bench.json";
   for (const std::string& a : args) {
@@ -1004,6 +1025,8 @@ int Main(int argc, char** argv) {
       only = Split(a.substr(9));
     } else if (a.rfind("--handoff-processes=", 0) == 0) {
       handoff_processes = std::max(2, std::atoi(a.c_str() + 20));
+    } else if (a.rfind("--steps=", 0) == 0) {
+      steps = Split(a.substr(8));
     } else if (a.rfind("--json=", 0) == 0) {
       json_path = a.substr(7);
     } else if (a == "--help" || a == "-h") {
@@ -1021,6 +1044,7 @@ int Main(int argc, char** argv) {
     }
   }
   config.handoff_processes = handoff_processes;
+  config.steps = steps;
   signal(SIGPIPE, SIG_IGN);
   SetLogSink([](const LogRecord&) {});  // the library's warnings would garble the table
   Started started = StartStores(only);
