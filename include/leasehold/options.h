@@ -73,6 +73,11 @@ struct LeaseOptions {
   // Called on every state change (held -> at risk -> held, or -> lost), after on_lost for the
   // final change. Same threading rules as on_lost. Default: none.
   std::function<void(LeaseState, const Status&)> on_state_change;
+
+  // Called after every confirmed renewal with the new safe_until (CLOCK_BOOTTIME, as
+  // Lease::safe_until()). Same threading rules as on_lost. For a supervisor that keeps a
+  // deadline of its own in step with the lease (the CLI's process-tree keeper). Default: none.
+  std::function<void(SteadyTime)> on_renewed;
 };
 
 struct StoreOptions {

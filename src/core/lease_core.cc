@@ -86,6 +86,7 @@ void LeaseCore::OnRenewResult(SteadyTime t_send, const Status& result) {
       failures_ = 0;
       retry_at_ = SteadyTime::max();
       t = SetStateLocked(LeaseState::kHeld, Status());
+      t.renewed_until = safe_until_;
       // Due one renew interval after the last confirmation; more than half an interval past
       // that, the margin to safe_until is visibly shrinking: say so before it becomes a risk.
       if (!t.changed && since_confirmed > params_.renew_interval + params_.renew_interval / 2) {
@@ -216,6 +217,9 @@ LeaseCore::Transition LeaseCore::SetStateLocked(LeaseState next, Status reason) 
 }
 
 void LeaseCore::Announce(const Transition& t) {
+  if (t.renewed_until.has_value() && params_.on_renewed) {
+    params_.on_renewed(*t.renewed_until);
+  }
   if (!t.changed && !t.renewed_late) {
     return;
   }

@@ -45,6 +45,7 @@ struct LeaseParams {
   LeaseMetrics* metrics = nullptr;
   std::function<void(const Status&)> on_lost;
   std::function<void(LeaseState, const Status&)> on_state_change;
+  std::function<void(SteadyTime)> on_renewed;
 };
 
 class LeaseCore {
@@ -123,6 +124,8 @@ class LeaseCore {
     // A renewal confirmed while held, but more than half a renew interval after it was due:
     // logged as "renewed_late" (no state change).
     bool renewed_late = false;
+    // A renewal confirmed: the new safe_until, for on_renewed.
+    std::optional<SteadyTime> renewed_until;
     Duration since_confirmed{};
     Duration safe_remaining{};
   };

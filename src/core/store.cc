@@ -265,6 +265,7 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
       .metrics = metrics,
       .on_lost = options.on_lost,
       .on_state_change = options.on_state_change,
+      .on_renewed = options.on_renewed,
   };
   auto core = std::make_shared<internal::LeaseCore>(core_->clock, std::move(params));
   if (core_->clock.Now() >= core->safe_until()) {

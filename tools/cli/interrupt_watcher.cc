@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 #include <sys/eventfd.h>
 
-#include "child_process.h"
+#include "child_env.h"
 #include "cli_log.h"
 #include "exit_codes.h"
 

@@ -48,6 +48,22 @@ void AddCommonOptions(CLI::App& app, Flags& flags) {
   app.add_flag("-q,--quiet", flags.quiet, "Print errors only");
 }
 
+constexpr const char* kContainHelp =
+    "How the command's process tree is contained: cgroup (a cgroup v2 leaf per run: nothing "
+    "escapes, PIDs unchanged), pidns (a PID namespace: nothing escapes even if leasehold's "
+    "keeper is killed, but the command sees namespace PIDs), group (the process group and "
+    "every descendant under the keeper; a process that outlives the keeper escapes), or auto "
+    "(the first of cgroup, pidns, group this machine allows; as root all three). Default: auto";
+
+// --contain and --wait-children, for run and elect.
+void AddTreeOptions(CLI::App& app, RunFlags& run) {
+  app.add_option("--contain", run.contain, kContainHelp)->type_name("auto|cgroup|pidns|group");
+  app.add_flag("--wait-children", run.wait_children,
+               "When the command exits and processes it started remain, keep holding (and "
+               "renewing) the lease until they exit. Default: stop them (SIGTERM, kill-grace, "
+               "SIGKILL) before the lease is released");
+}
+
 std::string Footer() {
   return std::string("\n") + std::string(kExitCodeHelp);
 }
@@ -65,10 +81,12 @@ int Main(int argc, char** argv) {
       "Run COMMAND while holding KEY. The command sees LEASEHOLD_KEY and "
       "LEASEHOLD_FENCING_TOKEN. If the lease is lost, or renewal cannot be confirmed in time, "
       "the command gets SIGTERM at safe_until - kill-grace and SIGKILL at safe_until, so it is "
-      "gone before anyone else can take the lease. SIGINT/SIGTERM/SIGHUP sent to leasehold are "
-      "forwarded to the command. Only the command's own process is supervised: have a shell "
-      "wrapper exec the real work, or stop its children on SIGTERM. "
-      "Usage: leasehold run [OPTIONS] KEY -- COMMAND [ARGS...]");
+      "gone before anyone else can take the lease. The whole process tree is guarded: every "
+      "process the command starts (background jobs, pipelines, setsid daemons) gets the same "
+      "schedule, kill -9 of leasehold takes the tree down with it, and when the command exits "
+      "its leftovers are stopped before the lease is released (see --contain, "
+      "--wait-children). SIGINT/SIGTERM/SIGHUP sent to leasehold go to the command's process "
+      "group. Usage: leasehold run [OPTIONS] KEY -- COMMAND [ARGS...]");
   AddCommonOptions(*run, flags);
   std::string ttl = "10s";
   std::string renew_every;
@@ -93,6 +111,7 @@ int Main(int argc, char** argv) {
   run->add_option("--holder", flags.run.holder,
                   "Identity shown to others (status, list). Default: <hostname>:<pid>")
       ->type_name("ID");
+  AddTreeOptions(*run, flags.run);
   AddObservabilityOptions(*run, flags.run.observability);
   run->add_option("KEY", flags.run.key, "The lease's name, 1..512 bytes of UTF-8")->required();
   run->add_option("COMMAND", flags.run.command, "The command to run, after --, with its arguments")
@@ -102,7 +121,7 @@ int Main(int argc, char** argv) {
   CLI::App* elect = app.add_subcommand(
       "elect",
       "Campaign in election NAME and run COMMAND while leader, supervised as by `run` (same "
-      "kill schedule, signal forwarding and exit codes). Waits for leadership for as long as it "
+      "process-tree containment, kill schedule, signal forwarding and exit codes). Waits for leadership for as long as it "
       "takes unless --wait says otherwise. The command sees LEASEHOLD_ELECTION, LEASEHOLD_TERM "
       "(the leader's term: strictly increasing, use it as a fencing token), LEASEHOLD_LEADER_ID, "
       "and LEASEHOLD_KEY/LEASEHOLD_FENCING_TOKEN as under `run`. With --again, campaigns again "
@@ -137,6 +156,7 @@ int Main(int argc, char** argv) {
       ->type_name("ID");
   elect->add_flag("--again", flags.elect.again,
                   "Campaign again after the command ends or leadership is lost");
+  AddTreeOptions(*elect, flags.elect.run);
   AddObservabilityOptions(*elect, flags.elect.run.observability);
   elect->add_option("NAME", flags.elect.name, "The election's name")->required();
   elect

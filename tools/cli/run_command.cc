@@ -13,12 +13,14 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -34,13 +36,14 @@
 #include "leasehold/status.h"
 #include "leasehold/store.h"
 
-#include "child_process.h"
+#include "child_env.h"
 #include "cli_log.h"
 #include "core/duration.h"
 #include "duration_flag.h"
 #include "exit_codes.h"
 #include "interrupt_watcher.h"
 #include "store_flag.h"
+#include "supervisor.h"
 #include "unique_fd.h"
 
 namespace leasehold::cli {
@@ -58,16 +61,9 @@ constexpr Duration kMaxDefaultKillGrace = seconds(5);
 // does not stop the kernel from continuing the process.
 constexpr int kSupervisedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGCONT};
 
-// True if a process sent the signal (kill, sigqueue, tgkill). Signals the terminal generates
-// (Ctrl-C: SI_KERNEL) already reach the child through the shared process group; forwarding
-// them too would make one Ctrl-C count twice.
-bool SentByProcess(const signalfd_siginfo& info) {
-  const int code = info.ssi_code;
-  return code == SI_USER || code == SI_QUEUE || code == SI_TKILL;
-}
-
 struct RunSettings {
   Duration ttl{};
+  Containment contain = Containment::kAuto;
   std::optional<Duration> renew_interval;
   // nullopt: try once.
   std::optional<Duration> wait;
@@ -87,6 +83,7 @@ Result<RunSettings> ParseSettings(const RunFlags& flags) {
           *flags.renew_every, flags.ttl));
     }
   }
+  LH_ASSIGN_OR_RETURN(s.contain, ParseContainment(flags.contain));
   if (flags.wait.has_value()) {
     LH_ASSIGN_OR_RETURN(s.wait, ParseWaitFlag("--wait", *flags.wait));
   }
@@ -110,6 +107,21 @@ Result<RunSettings> ParseSettings(const RunFlags& flags) {
   return s;
 }
 
+// How the command's tree is run and stopped (the flags RunUnderLease needs besides the lease).
+struct TreeSettings {
+  Duration kill_grace{};
+  Containment contain = Containment::kAuto;
+  bool term_on_risk = false;   // --on-risk=term
+  bool wait_children = false;  // --wait-children
+};
+
+TreeSettings TreeSettingsFor(const RunSettings& settings, const RunFlags& flags) {
+  return TreeSettings{.kill_grace = settings.kill_grace,
+                      .contain = settings.contain,
+                      .term_on_risk = TermOnRisk(flags.observability),
+                      .wait_children = flags.wait_children};
+}
+
 // Describes who holds `key` after a failed acquire, asking the store when the status does not say.
 std::string HeldMessage(Store& store, const std::string& key, const Status& status, bool waited) {
   std::optional<LeaseInfo> holder;
@@ -129,8 +141,9 @@ std::string HeldMessage(Store& store, const std::string& key, const Status& stat
   return fmt::format("{}: {}", what, Describe(status));
 }
 
-// The state of one supervised child, and what the lease has made us do to it.
-class Supervisor {
+// Applies the lease's kill schedule to the command's process tree (supervisor.h) until every
+// process of the tree is gone, and stops or waits for the leftovers of a command that exited.
+class LeaseGuard {
  public:
   // The descriptors the loop polls; named, as three ints are easily swapped.
   struct Fds {
@@ -139,28 +152,37 @@ class Supervisor {
     int timer_fd;   // CLOCK_BOOTTIME, the next kill-schedule instant
   };
 
-  // term_on_risk (--on-risk=term): SIGTERM as soon as the lease is at risk.
-  Supervisor(const Lease& lease, ChildProcess& child, Duration kill_grace, Fds fds,
-             bool term_on_risk = false)
+  LeaseGuard(const Lease& lease, Supervisor& tree, const TreeSettings& settings, Fds fds)
       : lease_(lease),
-        child_(child),
-        kill_grace_(kill_grace),
-        term_on_risk_(term_on_risk),
+        tree_(tree),
+        kill_grace_(settings.kill_grace),
+        term_on_risk_(settings.term_on_risk),
+        wait_children_(settings.wait_children),
         signal_fd_(fds.signal_fd),
         event_fd_(fds.event_fd),
         timer_fd_(fds.timer_fd) {}
 
-  // Runs until the child is reaped.
+  // Runs until every process of the tree is gone.
   void Run() {
     Clock& clock = Clock::Real();
-    while (!child_.TryReap()) {
+    for (;;) {
+      tree_.Update();
+      if (tree_.done()) {
+        break;
+      }
       const SteadyTime now = clock.Now();
       std::optional<SteadyTime> next = Step(now);
+      if (std::optional<SteadyTime> left = StepLeftovers(now); left.has_value()) {
+        next = next.has_value() ? std::min(*next, *left) : *left;
+      }
       ArmTimer(next, now);
-      pollfd fds[3] = {{signal_fd_, POLLIN, 0}, {event_fd_, POLLIN, 0}, {timer_fd_, POLLIN, 0}};
-      if (::poll(fds, 3, -1) < 0 && errno != EINTR) {
+      pollfd fds[4] = {{signal_fd_, POLLIN, 0},
+                       {event_fd_, POLLIN, 0},
+                       {timer_fd_, POLLIN, 0},
+                       {tree_.report_fd(), POLLIN, 0}};
+      if (::poll(fds, 4, -1) < 0 && errno != EINTR) {
         Error(fmt::format("poll failed: {}; stopping the command", std::strerror(errno)));
-        child_.Signal(SIGKILL);
+        tree_.KillTree();
         stopped_for_lease_ = true;
         continue;
       }
@@ -168,15 +190,22 @@ class Supervisor {
       Drain(timer_fd_);
       HandleSignals();
     }
+    if (tree_.deadline_fired()) {
+      // leasehold did not run at safe_until (stopped, or starved): the keeper acted alone.
+      Info(fmt::format("the keeper sent SIGKILL to the command's tree at safe_until of {} "
+                       "(leasehold itself was not running then)",
+                       lease_.key()));
+      stopped_for_lease_ = true;
+    }
   }
 
-  // True if the lease was lost while the child ran.
+  // True if the lease was lost while the tree ran.
   [[nodiscard]] bool lost() const { return lost_; }
 
-  // True if we signalled the child because of the lease (lost or at risk past the grace).
+  // True if we signalled the tree because of the lease (lost or at risk past the grace).
   [[nodiscard]] bool stopped_for_lease() const { return stopped_for_lease_; }
 
-  // True if SIGINT, SIGTERM or SIGHUP reached us while the child ran (`elect --again` then
+  // True if SIGINT, SIGTERM or SIGHUP reached us while the tree ran (`elect --again` then
   // stops campaigning).
   [[nodiscard]] bool interrupted() const { return interrupted_; }
 
@@ -191,7 +220,7 @@ class Supervisor {
     if (state != last_state_) {
       if (state == LeaseState::kAtRisk) {
         Info(
-            fmt::format("renewals of {} are failing (at risk): SIGTERM to the command {}, "
+            fmt::format("renewals of {} are failing (at risk): SIGTERM to the command's tree {}, "
                         "SIGKILL in {} unless a renewal succeeds",
                         lease_.key(),
                         term_on_risk_ ? std::string("now (--on-risk=term)")
@@ -214,27 +243,74 @@ class Supervisor {
     const SteadyTime term_at = lost_ ? lost_at_ : term_now ? now : safe_until - kill_grace_;
     const SteadyTime kill_at = lost_ ? std::min(safe_until, lost_at_ + kill_grace_) : safe_until;
     if (!kill_sent_ && now >= kill_at) {
-      SignalChild(SIGKILL, now >= safe_until ? "safe_until has passed" : "grace period over");
+      SignalTree(SIGKILL, now >= safe_until ? "safe_until has passed" : "grace period over");
       kill_sent_ = true;
       term_sent_ = true;
     } else if (!term_sent_ && now >= term_at) {
-      SignalChild(SIGTERM, lost_      ? std::string("the lease is lost")
-                           : term_now ? fmt::format("the lease is at risk (--on-risk=term); "
-                                                    "SIGKILL in {}",
-                                                    FormatDuration(kill_at - now))
-                                      : fmt::format("the lease cannot be confirmed; SIGKILL in {}",
-                                                    FormatDuration(kill_at - now)));
+      SignalTree(SIGTERM, lost_      ? std::string("the lease is lost")
+                          : term_now ? fmt::format("the lease is at risk (--on-risk=term); "
+                                                   "SIGKILL in {}",
+                                                   FormatDuration(kill_at - now))
+                                     : fmt::format("the lease cannot be confirmed; SIGKILL in {}",
+                                                   FormatDuration(kill_at - now)));
       term_sent_ = true;
     }
+    // The keeper's dead man's switch follows the same schedule, a little behind on SIGTERM so
+    // that it never doubles ours; SIGKILL exactly at kill_at, which no renewal can save.
+    const Duration backstop = std::min<Duration>(kill_grace_ / 4, std::chrono::milliseconds(100));
+    tree_.SetDeadline(term_sent_ ? SteadyTime{} : term_at + backstop, kill_at);
     if (kill_sent_) {
       return std::nullopt;
     }
     return term_sent_ ? kill_at : term_at;
   }
 
-  void SignalChild(int sig, const std::string& why) {
-    Info(fmt::format("sending {} to the command (pid {}): {}", SignalName(sig), child_.pid(), why));
-    child_.Signal(sig);
+  // Once the command's own process has exited: stops the rest of the tree (SIGTERM, grace,
+  // SIGKILL) or, with --wait-children, lets it finish. Returns when to look again.
+  std::optional<SteadyTime> StepLeftovers(SteadyTime now) {
+    if (!tree_.command_exited()) {
+      return std::nullopt;
+    }
+    if (!leftovers_seen_) {
+      leftovers_seen_ = true;
+      const int left = tree_.CountLeft();
+      if (left == 0) {
+        return std::nullopt;  // the keeper is exiting: done() follows
+      }
+      if (wait_children_) {
+        Info(fmt::format("the command {}; waiting for the {} leftover process{} of its tree "
+                         "(--wait-children), still holding {}",
+                         tree_.DescribeExit(), left, left == 1 ? "" : "es", lease_.key()));
+        return std::nullopt;
+      }
+      Info(fmt::format("the command {}; stopping the {} leftover process{} of its tree before "
+                       "releasing {}: SIGTERM now, SIGKILL in {}",
+                       tree_.DescribeExit(), left, left == 1 ? "" : "es", lease_.key(),
+                       FormatDuration(kill_grace_)));
+      tree_.SignalTree(SIGTERM);
+      leftover_kill_at_ = now + kill_grace_;
+    }
+    if (wait_children_ || leftover_kill_at_ == SteadyTime{} || leftover_killed_) {
+      return std::nullopt;
+    }
+    if (now >= leftover_kill_at_) {
+      Info(fmt::format("sending SIGKILL to what is left of the command's tree ({} process{})",
+                       tree_.CountLeft(), tree_.CountLeft() == 1 ? "" : "es"));
+      tree_.KillTree();
+      leftover_killed_ = true;
+      return std::nullopt;
+    }
+    return leftover_kill_at_;
+  }
+
+  void SignalTree(int sig, const std::string& why) {
+    Info(fmt::format("sending {} to the command's tree (keeper pid {}): {}", SignalName(sig),
+                     tree_.keeper_pid(), why));
+    if (sig == SIGKILL) {
+      tree_.KillTree();
+    } else {
+      tree_.SignalTree(sig);
+    }
     stopped_for_lease_ = true;
   }
 
@@ -249,25 +325,27 @@ class Supervisor {
     ::timerfd_settime(timer_fd_, 0, &spec, nullptr);
   }
 
+  // SIGINT/SIGTERM/SIGHUP, from a process or the terminal, go to the command's process group
+  // as a shell's job control would: the command is not in leasehold's (foreground) group, so
+  // nothing reaches it twice.
   void HandleSignals() {
     signalfd_siginfo info{};
     while (ReadSignal(signal_fd_, info)) {
       const int sig = static_cast<int>(info.ssi_signo);
       if (IsInterrupt(sig)) {
         interrupted_ = true;
+        Info(fmt::format("forwarding {} to the command's process group", SignalName(sig)));
+        tree_.SignalGroup(sig);
       }
-      if (IsInterrupt(sig) && SentByProcess(info)) {
-        Info(fmt::format("forwarding {} to the command (pid {})", SignalName(sig), child_.pid()));
-        child_.Signal(sig);
-      }
-      // SIGCHLD, SIGCONT and terminal signals only wake the loop.
+      // SIGCHLD and SIGCONT only wake the loop.
     }
   }
 
   const Lease& lease_;
-  ChildProcess& child_;
+  Supervisor& tree_;
   const Duration kill_grace_;
   const bool term_on_risk_;
+  const bool wait_children_;
   const int signal_fd_;
   const int event_fd_;
   const int timer_fd_;
@@ -279,6 +357,9 @@ class Supervisor {
   bool kill_sent_ = false;
   bool stopped_for_lease_ = false;
   bool interrupted_ = false;
+  bool leftovers_seen_ = false;
+  SteadyTime leftover_kill_at_{};
+  bool leftover_killed_ = false;
 };
 
 // The signal mask and descriptors of a supervised command, made before the store opens.
@@ -324,6 +405,8 @@ LeaseOptions SupervisedLeaseOptions(const RunSettings& settings, const Supervisi
       .holder = {},
       .on_lost = [wake_fd](const Status&) { Poke(wake_fd); },
       .on_state_change = [wake_fd](LeaseState, const Status&) { Poke(wake_fd); },
+      // A new safe_until goes to the keeper's dead man's switch at once.
+      .on_renewed = [wake_fd](SteadyTime) { Poke(wake_fd); },
   };
 }
 
@@ -333,49 +416,73 @@ struct ChildOutcome {
   bool interrupted = false;
 };
 
-// Runs `command` with `env` while `lease` is held, supervises it until it ends, then calls
-// `release` (Lease::Release or Leadership::Resign). `what` names the lease in messages ("lease
-// job", "leadership of svc"). Returns the child's code, 79 if the lease was lost, 126/127 if the
-// command could not run.
+// The test-only negative control of the chaos harness (supervisor.h): the old behaviour.
+bool UnsafeDirectChildOnly() {
+  const char* v = std::getenv("LEASEHOLD_TEST_UNSAFE_DIRECT_CHILD_ONLY");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
+// Runs `command` with `env` as a supervised process tree while `lease` is held, until every
+// process of the tree is gone, then calls `release` (Lease::Release or Leadership::Resign).
+// `what` names the lease in messages ("lease job", "leadership of svc"). Returns the command's
+// code, 79 if the lease was lost, 126/127 if the command could not run.
 ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status()>& release,
                            const std::vector<std::string>& command, std::vector<std::string> env,
-                           Duration kill_grace, Supervision& sup, const std::string& what,
-                           bool term_on_risk = false) {
-  ChildProcess child(command, std::move(env));
-  if (int err = child.Start(sup.saved_mask); err != 0) {
+                           const TreeSettings& settings, Supervision& sup,
+                           const std::string& what) {
+  Result<std::unique_ptr<Supervisor>> started =
+      Supervisor::Start({.argv = command,
+                         .env = std::move(env),
+                         .child_mask = sup.saved_mask,
+                         .contain = settings.contain,
+                         .unsafe_direct_child_only = UnsafeDirectChildOnly()});
+  if (!started.ok()) {
+    Status released = release();
+    Error(fmt::format("cannot run '{}': {}{}", command.front(), Describe(started.error()),
+                      released.ok() ? "" : "; release failed: " + Describe(released)));
+    return {ExitCodeFor(started.error()), false};
+  }
+  Supervisor& tree = **started;
+  if (int err = tree.exec_errno(); err != 0) {
     Status released = release();
     Error(fmt::format("cannot run '{}': {}{}", command.front(), std::strerror(err),
                       released.ok() ? "" : "; release failed: " + Describe(released)));
     return {err == ENOENT ? kExitCommandNotFound : kExitCannotExecute, false};
   }
-  Info(fmt::format("started the command (pid {})", child.pid()));
+  Info(fmt::format("containment: {}", tree.mode_note()));
+  if (tree.weak()) {
+    Info(fmt::format("warning: only the process group contains the command's tree here (no "
+                     "writable cgroup v2, no PID namespace): a process of it that outlives "
+                     "leasehold's keeper (pid {}) escapes; see --contain in --help",
+                     tree.keeper_pid()));
+  }
+  Info(fmt::format("started the command (keeper pid {})", tree.keeper_pid()));
 
-  Supervisor supervisor(lease, child, kill_grace,
-                        {.signal_fd = sup.signal_fd.get(),
-                         .event_fd = sup.event_fd.get(),
-                         .timer_fd = sup.timer_fd.get()},
-                        term_on_risk);
-  supervisor.Run();
+  LeaseGuard guard(lease, tree, settings,
+                   {.signal_fd = sup.signal_fd.get(),
+                    .event_fd = sup.event_fd.get(),
+                    .timer_fd = sup.timer_fd.get()});
+  guard.Run();
 
-  const int child_code = child.ShellExitCode();
-  if (supervisor.lost() || supervisor.stopped_for_lease() || lease.state() == LeaseState::kLost) {
+  const int child_code = tree.ShellExitCode();
+  if (guard.lost() || guard.stopped_for_lease() || lease.state() == LeaseState::kLost) {
     Status reason = lease.lost_reason();
     // Release now rather than in the destructor: it deletes the grant if the lease was only at
     // risk, and the destructor's best-effort release would log a lost lease as a failure.
     (void)release();
-    Error(fmt::format("{} lost{}; the command was stopped ({})", what,
-                      reason.ok() ? std::string() : ": " + Describe(reason), child.DescribeExit()));
-    return {kExitLeaseLost, supervisor.interrupted()};
+    Error(fmt::format("{} lost{}; the command was stopped (it {})", what,
+                      reason.ok() ? std::string() : ": " + Describe(reason), tree.DescribeExit()));
+    return {kExitLeaseLost, guard.interrupted()};
   }
-  Info(fmt::format("the command (pid {}) {}", child.pid(), child.DescribeExit()));
+  Info(fmt::format("the command {}; its whole tree is gone", tree.DescribeExit()));
   if (Status released = release(); !released.ok()) {
     Error(fmt::format("release of {} failed: {}", what, Describe(released)));
     if (released.code() == StatusCode::kLost) {
-      return {kExitLeaseLost, supervisor.interrupted()};
+      return {kExitLeaseLost, guard.interrupted()};
     }
   }
   // A successful release was logged by the library ("released key=... fencing_token=...").
-  return {child_code, supervisor.interrupted()};
+  return {child_code, guard.interrupted()};
 }
 
 const std::string& DefaultCandidateId() {
@@ -472,7 +579,7 @@ int RunCommand(const RunFlags& flags) {
                              fmt::format("LEASEHOLD_FENCING_TOKEN={}", lease->fencing_token())});
   return RunUnderLease(
              *lease, [&lease] { return lease->Release(); }, flags.command, std::move(env),
-             settings->kill_grace, **sup, "lease " + flags.key, TermOnRisk(flags.observability))
+             TreeSettingsFor(*settings, flags), **sup, "lease " + flags.key)
       .exit_code;
 }
 
@@ -560,8 +667,7 @@ int ElectCommand(const ElectFlags& flags) {
          "LEASEHOLD_LEADER_ID=" + id});
     ChildOutcome outcome = RunUnderLease(
         lease, [&leadership] { return leadership->Resign(); }, run.command, std::move(env),
-        settings->kill_grace, **sup, "leadership of " + flags.name,
-        TermOnRisk(run.observability));
+        TreeSettingsFor(*settings, run), **sup, "leadership of " + flags.name);
     exit_code = outcome.exit_code;
     if (!flags.again || outcome.interrupted) {
       return exit_code;

@@ -5,20 +5,27 @@
 //   1. Blocks SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGCONT (and SIGPIPE) before the store opens,
 //      so that every library thread inherits the mask and the signals arrive on one signalfd.
 //   2. Takes the lease (try once, or wait up to --wait; SIGINT/SIGTERM/SIGHUP end the wait: 130).
-//   3. Starts COMMAND with LEASEHOLD_KEY and LEASEHOLD_FENCING_TOKEN in its environment (never the
-//      owner token). The child dies with leasehold (PR_SET_PDEATHSIG).
-//   4. Supervises with poll() over the signalfd, an eventfd written by the lease's callbacks and
-//      a CLOCK_BOOTTIME timerfd:
-//        - signals sent by a process (kill, not the terminal, which already reaches the child's
-//          process group) are forwarded to the child;
-//        - without a confirmed renewal the child gets SIGTERM at safe_until - kill_grace and
-//          SIGKILL at safe_until, so it is gone before anyone else can acquire the lease;
+//   3. Starts COMMAND as a supervised process tree (supervisor.h): a keeper process that is a
+//      subreaper, in its own session, contains the tree (--contain: a cgroup v2 leaf, a PID
+//      namespace, or the process group only) and kills it by itself when leasehold dies
+//      (kill -9 included) or does not run at safe_until (its dead man's switch). COMMAND sees
+//      LEASEHOLD_KEY and LEASEHOLD_FENCING_TOKEN in its environment (never the owner token).
+//   4. Supervises with poll() over the signalfd, an eventfd written by the lease's callbacks
+//      (state changes, losses and every renewal), a CLOCK_BOOTTIME timerfd and the keeper's
+//      report pipe:
+//        - SIGINT/SIGTERM/SIGHUP go to the command's process group, as job control would;
+//        - without a confirmed renewal the whole tree gets SIGTERM at safe_until - kill_grace
+//          and SIGKILL at safe_until, so it is gone before anyone else can acquire the lease;
 //        - if the store says the grant is no longer ours (force-release, take-over), SIGTERM at
 //          once and SIGKILL after kill_grace (or at safe_until if that comes first);
-//        - after a SIGSTOP past safe_until, SIGCONT wakes the loop and the child is killed at once.
-//   5. Releases the lease and exits with the child's code, or 79 if the lease was lost.
+//        - after a SIGSTOP past safe_until, SIGCONT wakes the loop and the tree is killed at
+//          once (the keeper has usually done it already, at safe_until);
+//        - when COMMAND's own process exits and descendants remain, they are stopped (SIGTERM,
+//          kill_grace, SIGKILL) before the lease is released, or waited for (--wait-children).
+//   5. Once every process of the tree is gone, releases the lease and exits with COMMAND's own
+//      code, or 79 if the lease was lost.
 //
-// Thread safety: call once, from the main thread (the child's PDEATHSIG follows the forking
+// Thread safety: call once, from the main thread (the keeper's PDEATHSIG follows the forking
 // thread).
 
 #pragma once
@@ -45,6 +52,10 @@ struct RunFlags {
   std::optional<std::string> wait;
   // --kill-grace. Default: min(ttl / 4, 5s).
   std::optional<std::string> kill_grace;
+  // --contain: auto, cgroup, pidns or group (supervisor.h). Default: auto.
+  std::string contain = "auto";
+  // --wait-children: wait for the command's leftovers instead of stopping them.
+  bool wait_children = false;
   // --holder. Default: the library's "<hostname>:<pid>".
   std::string holder;
   // --metrics-addr, --log-format, --on-risk.
@@ -63,7 +74,7 @@ int RunCommand(const RunFlags& flags);
 struct ElectFlags {
   std::string name;
   bool again = false;
-  // store_url, command, ttl, renew_every, wait, kill_grace as for run; holder is --id
+  // store_url, command, ttl, renew_every, wait, kill_grace, contain, wait_children as for run; holder is --id
   // (default "<hostname>:<pid>"); key is unused.
   RunFlags run;
 };

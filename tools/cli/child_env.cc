@@ -1,0 +1,42 @@
+// File: tools/cli/child_env.cc
+
+#include "child_env.h"
+
+#include <signal.h>
+
+#include <cstring>
+#include <string_view>
+
+#include <fmt/format.h>
+
+extern char** environ;
+
+namespace leasehold::cli {
+
+std::vector<std::string> BuildChildEnvironment(const std::vector<std::string>& drop,
+                                               const std::vector<std::string>& add) {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    std::string_view name = entry.substr(0, entry.find('='));
+    bool dropped = false;
+    for (const std::string& d : drop) {
+      dropped = dropped || name == d;
+    }
+    if (!dropped) {
+      env.emplace_back(entry);
+    }
+  }
+  env.insert(env.end(), add.begin(), add.end());
+  return env;
+}
+
+std::string SignalName(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  if (abbrev == nullptr) {
+    return fmt::format("signal {}", sig);
+  }
+  return fmt::format("SIG{}", abbrev);
+}
+
+}  // namespace leasehold::cli
