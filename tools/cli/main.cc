@@ -121,7 +121,8 @@ int Main(int argc, char** argv) {
   CLI::App* elect = app.add_subcommand(
       "elect",
       "Campaign in election NAME and run COMMAND while leader, supervised as by `run` (same "
-      "process-tree containment, kill schedule, signal forwarding and exit codes). Waits for leadership for as long as it "
+      "process-tree containment, kill schedule, signal forwarding and exit codes). Waits for "
+      "leadership for as long as it "
       "takes unless --wait says otherwise. The command sees LEASEHOLD_ELECTION, LEASEHOLD_TERM "
       "(the leader's term: strictly increasing, use it as a fencing token), LEASEHOLD_LEADER_ID, "
       "and LEASEHOLD_KEY/LEASEHOLD_FENCING_TOKEN as under `run`. With --again, campaigns again "

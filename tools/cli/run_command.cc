@@ -190,11 +190,16 @@ class LeaseGuard {
       Drain(timer_fd_);
       HandleSignals();
     }
-    if (tree_.deadline_fired()) {
-      // leasehold did not run at safe_until (stopped, or starved): the keeper acted alone.
-      Info(fmt::format("the keeper sent SIGKILL to the command's tree at safe_until of {} "
-                       "(leasehold itself was not running then)",
-                       lease_.key()));
+    if (const int sig = tree_.deadline_signal();
+        (sig == SIGKILL && !kill_sent_) || (sig == SIGTERM && !term_sent_)) {
+      // leasehold did not act at that instant (stopped, or starved): the keeper did, alone.
+      Info(
+          fmt::format("leasehold's keeper applied the kill schedule of {} by itself while "
+                      "leasehold did not run: {} to the command's tree{}",
+                      lease_.key(), SignalName(sig),
+                      sig == SIGTERM ? " at safe_until - kill-grace (SIGKILL at safe_until for "
+                                       "anything left)"
+                                     : " at safe_until"));
       stopped_for_lease_ = true;
     }
   }
@@ -278,15 +283,17 @@ class LeaseGuard {
         return std::nullopt;  // the keeper is exiting: done() follows
       }
       if (wait_children_) {
-        Info(fmt::format("the command {}; waiting for the {} leftover process{} of its tree "
-                         "(--wait-children), still holding {}",
-                         tree_.DescribeExit(), left, left == 1 ? "" : "es", lease_.key()));
+        Info(
+            fmt::format("the command {}; waiting for the {} leftover process{} of its tree "
+                        "(--wait-children), still holding {}",
+                        tree_.DescribeExit(), left, left == 1 ? "" : "es", lease_.key()));
         return std::nullopt;
       }
-      Info(fmt::format("the command {}; stopping the {} leftover process{} of its tree before "
-                       "releasing {}: SIGTERM now, SIGKILL in {}",
-                       tree_.DescribeExit(), left, left == 1 ? "" : "es", lease_.key(),
-                       FormatDuration(kill_grace_)));
+      Info(
+          fmt::format("the command {}; stopping the {} leftover process{} of its tree before "
+                      "releasing {}: SIGTERM now, SIGKILL in {}",
+                      tree_.DescribeExit(), left, left == 1 ? "" : "es", lease_.key(),
+                      FormatDuration(kill_grace_)));
       tree_.SignalTree(SIGTERM);
       leftover_kill_at_ = now + kill_grace_;
     }
@@ -451,10 +458,11 @@ ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status()>& re
   }
   Info(fmt::format("containment: {}", tree.mode_note()));
   if (tree.weak()) {
-    Info(fmt::format("warning: only the process group contains the command's tree here (no "
-                     "writable cgroup v2, no PID namespace): a process of it that outlives "
-                     "leasehold's keeper (pid {}) escapes; see --contain in --help",
-                     tree.keeper_pid()));
+    Info(
+        fmt::format("warning: only the process group contains the command's tree here (no "
+                    "writable cgroup v2, no PID namespace): a process of it that outlives "
+                    "leasehold's keeper (pid {}) escapes; see --contain in --help",
+                    tree.keeper_pid()));
   }
   Info(fmt::format("started the command (keeper pid {})", tree.keeper_pid()));
 
@@ -470,7 +478,7 @@ ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status()>& re
     // Release now rather than in the destructor: it deletes the grant if the lease was only at
     // risk, and the destructor's best-effort release would log a lost lease as a failure.
     (void)release();
-    Error(fmt::format("{} lost{}; the command was stopped (it {})", what,
+    Error(fmt::format("{} lost{}; the command was stopped: it {}", what,
                       reason.ok() ? std::string() : ": " + Describe(reason), tree.DescribeExit()));
     return {kExitLeaseLost, guard.interrupted()};
   }

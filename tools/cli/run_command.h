@@ -74,8 +74,8 @@ int RunCommand(const RunFlags& flags);
 struct ElectFlags {
   std::string name;
   bool again = false;
-  // store_url, command, ttl, renew_every, wait, kill_grace, contain, wait_children as for run; holder is --id
-  // (default "<hostname>:<pid>"); key is unused.
+  // store_url, command, ttl, renew_every, wait, kill_grace, contain, wait_children as for run;
+  // holder is --id (default "<hostname>:<pid>"); key is unused.
   RunFlags run;
 };
 

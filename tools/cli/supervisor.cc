@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/timerfd.h>
@@ -35,7 +36,9 @@ namespace leasehold::cli {
 
 namespace {
 
-// ---- the keeper protocol: fixed 24-byte messages, atomic on a pipe (< PIPE_BUF) ----------------
+// ---- the keeper protocol: fixed 24-byte messages on a SOCK_SEQPACKET pair (one message per
+// send, EOF when the peer is gone, and MSG_NOSIGNAL: no SIGPIPE for a caller that does not
+// block it) --------------------------------------------------------------------------------------
 
 enum Op : std::int32_t {
   // leasehold -> keeper
@@ -45,7 +48,7 @@ enum Op : std::int32_t {
   kOpDeadline = 4,     // a: term_at, b: kill_at (CLOCK_BOOTTIME ns)
   // keeper -> leasehold
   kOpCommandExited = 10,  // arg: wait status
-  kOpDeadlineFired = 11,  // the keeper killed the tree at kill_at
+  kOpDeadlineFired = 11,  // arg: SIGTERM (at term_at) or SIGKILL (at kill_at) sent to the tree
 };
 
 struct Message {
@@ -54,10 +57,12 @@ struct Message {
   std::int64_t a = 0;
   std::int64_t b = 0;
 };
+
 static_assert(sizeof(Message) == 24);
 
 // What the command reports through the exec pipe when it cannot start.
 enum Stage : std::int32_t { kStageCgroup = 1, kStageExec = 2 };
+
 struct ExecFailure {
   std::int32_t stage = 0;
   std::int32_t err = 0;
@@ -74,8 +79,8 @@ constexpr int kKillRounds = 200;
 
 pid_t RawFork(unsigned long flags) {
   // clone(flags, newsp = 0: the child runs on a copy of this stack, like fork()).
-  return static_cast<pid_t>(::syscall(SYS_clone, flags | SIGCHLD, nullptr, nullptr, nullptr,
-                                      nullptr));
+  return static_cast<pid_t>(
+      ::syscall(SYS_clone, flags | SIGCHLD, nullptr, nullptr, nullptr, nullptr));
 }
 
 bool WriteAll(int fd, const void* data, std::size_t len) {
@@ -92,6 +97,17 @@ bool WriteAll(int fd, const void* data, std::size_t len) {
     len -= static_cast<std::size_t>(n);
   }
   return true;
+}
+
+// Sends one Message without blocking; false if it could not (peer gone, buffer full).
+bool SendMessage(int fd, const Message& m) {
+  for (;;) {
+    ssize_t n = ::send(fd, &m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    return n == static_cast<ssize_t>(sizeof m);
+  }
 }
 
 // Reads exactly one Message; returns 1, 0 at EOF, -1 if none is ready (or on error).
@@ -303,8 +319,8 @@ struct KeeperArgs {
 // Closes every descriptor but 0-2 and the ones the keeper uses (the store's sockets, files and
 // signalfd of leasehold must not be held open by the keeper after leasehold is gone).
 void CloseOthers(const KeeperArgs& a) {
-  int keep[] = {a.ctl_read, a.report_write, a.exec_write, a.cgroup_procs_write,
-                a.cgroup_procs_read, a.cgroup_kill};
+  int keep[] = {a.ctl_read,           a.report_write,      a.exec_write,
+                a.cgroup_procs_write, a.cgroup_procs_read, a.cgroup_kill};
   std::sort(std::begin(keep), std::end(keep));
   unsigned int next = 3;
   for (int fd : keep) {
@@ -341,10 +357,9 @@ class Keeper {
     sigaddset(&chld, SIGCHLD);
     sig_fd_ = ::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
     timer_fd_ = ::timerfd_create(CLOCK_BOOTTIME, TFD_CLOEXEC | TFD_NONBLOCK);
-    // leasehold may have died before PDEATHSIG took effect: its end of the pipe is closed.
+    // leasehold may have died before PDEATHSIG took effect: its end of the socket is closed.
     pollfd probe{a_.ctl_read, POLLIN, 0};
-    if (::poll(&probe, 1, 0) == 1 && (probe.revents & POLLHUP) != 0 &&
-        (probe.revents & POLLIN) == 0) {
+    if (::poll(&probe, 1, 0) == 1 && (probe.revents & POLLHUP) != 0) {
       ::_exit(0);
     }
     const pid_t self = static_cast<pid_t>(::syscall(SYS_getpid));
@@ -369,9 +384,8 @@ class Keeper {
     for (;;) {
       Reap();
       ArmTimer();
-      pollfd fds[3] = {{ctl_open_ ? a_.ctl_read : -1, POLLIN, 0},
-                       {sig_fd_, POLLIN, 0},
-                       {timer_fd_, POLLIN, 0}};
+      pollfd fds[3] = {
+          {ctl_open_ ? a_.ctl_read : -1, POLLIN, 0}, {sig_fd_, POLLIN, 0}, {timer_fd_, POLLIN, 0}};
       if (::poll(fds, 3, -1) < 0) {
         continue;  // EINTR: nothing is handled, everything is blocked
       }
@@ -482,10 +496,11 @@ class Keeper {
       KillAll();
       kill_done_ = true;
       term_done_ = true;
-      Report(kOpDeadlineFired, 0);
+      Report(kOpDeadlineFired, SIGKILL);
     } else if (!term_done_ && term_at_ > 0 && now >= term_at_) {
       SignalAll(SIGTERM);
       term_done_ = true;
+      Report(kOpDeadlineFired, SIGTERM);
     }
   }
 
@@ -560,7 +575,7 @@ class Keeper {
 
   void Report(std::int32_t op, std::int32_t arg) {
     Message m{op, arg, 0, 0};
-    WriteAll(a_.report_write, &m, sizeof m);
+    SendMessage(a_.report_write, m);
   }
 
   static pid_t self_pid() { return static_cast<pid_t>(::syscall(SYS_getpid)); }
@@ -676,10 +691,10 @@ CgroupLeaf PrepareCgroup() {
     while (probe > 0 && ::waitpid(probe, &status, 0) < 0 && errno == EINTR) {
     }
     if (probe < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      leaf.why_not = fmt::format("cannot move a process into {}: {}", leaf.dir,
-                                 probe < 0 ? ErrnoText(errno)
-                                           : ErrnoText(WIFEXITED(status) ? WEXITSTATUS(status)
-                                                                         : EINVAL));
+      leaf.why_not =
+          fmt::format("cannot move a process into {}: {}", leaf.dir,
+                      probe < 0 ? ErrnoText(errno)
+                                : ErrnoText(WIFEXITED(status) ? WEXITSTATUS(status) : EINVAL));
     }
   }
   if (!leaf.why_not.empty()) {
@@ -778,17 +793,16 @@ Result<std::unique_ptr<Supervisor>> Supervisor::Start(SupervisorOptions options)
         continue;
       }
     }
+    // Non-blocking both ways: the keeper drains its control socket until EAGAIN, and leasehold
+    // never blocks on a keeper that does not read (a kill is then done from here).
     int ctl[2];
     int report[2];
     int exec[2];
-    if (::pipe2(ctl, O_CLOEXEC) != 0 || ::pipe2(report, O_CLOEXEC) != 0 ||
-        ::pipe2(exec, O_CLOEXEC) != 0) {
-      return Status::Internal(fmt::format("pipe2: {}", ErrnoText(errno)));
+    constexpr int kSocket = SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK;
+    if (::socketpair(AF_UNIX, kSocket, 0, ctl) != 0 ||
+        ::socketpair(AF_UNIX, kSocket, 0, report) != 0 || ::pipe2(exec, O_CLOEXEC) != 0) {
+      return Status::Internal(fmt::format("socketpair/pipe2: {}", ErrnoText(errno)));
     }
-    // The keeper drains its control pipe until EAGAIN; leasehold never blocks on either pipe.
-    ::fcntl(ctl[0], F_SETFL, O_NONBLOCK);
-    ::fcntl(ctl[1], F_SETFL, O_NONBLOCK);
-    ::fcntl(report[0], F_SETFL, O_NONBLOCK);
     KeeperArgs args;
     args.mode = mode;
     args.direct_only = sup->direct_only_;
@@ -824,9 +838,9 @@ Result<std::unique_ptr<Supervisor>> Supervisor::Start(SupervisorOptions options)
         continue;
       }
       if (mode == Containment::kPidNamespace) {
-        return Status::Unimplemented(fmt::format(
-            "--contain=pidns is not available here: clone(CLONE_NEWPID): {}",
-            ErrnoText(fork_errno)));
+        return Status::Unimplemented(
+            fmt::format("--contain=pidns is not available here: clone(CLONE_NEWPID): {}",
+                        ErrnoText(fork_errno)));
       }
       return Status::Internal(fmt::format("fork: {}", ErrnoText(fork_errno)));
     }
@@ -851,11 +865,11 @@ Result<std::unique_ptr<Supervisor>> Supervisor::Start(SupervisorOptions options)
       }
       sup->exec_errno_ = failure.err != 0 ? failure.err : ENOEXEC;
     }
-    sup->mode_note_ = fmt::format("{}{}{}: {}", ContainmentName(mode),
-                                  mode == Containment::kCgroup ? " " + sup->cgroup_dir_ : "",
-                                  fallbacks.empty() ? "" : " (" + fallbacks + ")",
-                                  sup->direct_only_
-                                      ? "UNSAFE test-only switch LEASEHOLD_TEST_UNSAFE_DIRECT_"
+    sup->mode_note_ =
+        fmt::format("{}{}{}: {}", ContainmentName(mode),
+                    mode == Containment::kCgroup ? " " + sup->cgroup_dir_ : "",
+                    fallbacks.empty() ? "" : " (" + fallbacks + ")",
+                    sup->direct_only_ ? "UNSAFE test-only switch LEASEHOLD_TEST_UNSAFE_DIRECT_"
                                         "CHILD_ONLY: only the command's own process is guarded"
                                       : Guarantee(mode));
     return sup;
@@ -895,7 +909,7 @@ void Supervisor::Update() {
       command_exited_ = true;
       command_status_ = m.arg;
     } else if (m.op == kOpDeadlineFired) {
-      deadline_fired_ = true;
+      deadline_signal_ = deadline_signal_ == SIGKILL ? SIGKILL : m.arg;  // SIGKILL is the last word
     }
   }
   // Reap the keeper, and any orphan that came to us because it died.
@@ -915,6 +929,9 @@ void Supervisor::Update() {
         if (m.op == kOpCommandExited) {
           command_exited_ = true;
           command_status_ = m.arg;
+        } else if (m.op == kOpDeadlineFired) {
+          deadline_signal_ =
+              deadline_signal_ == SIGKILL ? SIGKILL : m.arg;  // SIGKILL is the last word
         }
       }
       if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !direct_only_) {
@@ -946,7 +963,7 @@ std::string Supervisor::DescribeExit() const {
                : std::string("is gone: leasehold's keeper process ended before it");
   }
   if (WIFSIGNALED(command_status_)) {
-    return fmt::format("killed by {}", SignalName(WTERMSIG(command_status_)));
+    return fmt::format("was killed by {}", SignalName(WTERMSIG(command_status_)));
   }
   return fmt::format("exited with code {}", ShellExitCode());
 }
@@ -967,7 +984,7 @@ void Supervisor::Send(int op, int arg, long long value) {
     m.a = sent_term_ns_;
     m.b = sent_kill_ns_;
   }
-  if (keeper_reaped_ || !ctl_fd_.valid() || !WriteAll(ctl_fd_.get(), &m, sizeof m)) {
+  if (keeper_reaped_ || !ctl_fd_.valid() || !SendMessage(ctl_fd_.get(), m)) {
     if (op == kOpDeadline) {
       sent_term_ns_ = sent_kill_ns_ = -1;  // not delivered: send again next time
     }
@@ -1052,12 +1069,10 @@ void Supervisor::KillTreeDirectly() {
 }
 
 void Supervisor::SetDeadline(SteadyTime term_at, SteadyTime kill_at) {
-  const long long term_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                term_at.time_since_epoch())
-                                .count();
-  const long long kill_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                kill_at.time_since_epoch())
-                                .count();
+  const long long term_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(term_at.time_since_epoch()).count();
+  const long long kill_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(kill_at.time_since_epoch()).count();
   if (term_ns == sent_term_ns_ && kill_ns == sent_kill_ns_) {
     return;
   }

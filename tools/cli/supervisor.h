@@ -23,8 +23,8 @@
 //          every descendant it finds under itself in /proc (the subreaper keeps orphans and
 //          setsid daemons under it). What escapes: processes of the tree alive when the keeper
 //          itself is killed (they are reparented to init).
-//   3. The keeper ends the tree by itself when leasehold cannot: at EOF on its control pipe
-//      (leasehold died, kill -9 included: the kernel closes the pipe) it kills the tree at once;
+//   3. The keeper ends the tree by itself when leasehold cannot: at EOF on its control socket
+//      (leasehold died, kill -9 included: the kernel closes it) it kills the tree at once;
 //      and it keeps a dead man's switch: SIGTERM at term_at and SIGKILL at kill_at, the
 //      deadlines leasehold sends it whenever safe_until moves (SetDeadline). So a leasehold that
 //      is stopped (SIGSTOP, a frozen VM slice with the keeper outside it) does not leave its
@@ -101,7 +101,7 @@ class Supervisor {
  public:
   // Chooses the containment (kAuto: the first that works here), starts the keeper and the
   // command, and returns once the command has exec'd. Errors: kUnimplemented if the requested
-  // containment is not available on this machine (with the reason); kInternal if a pipe, fork
+  // containment is not available on this machine (with the reason); kInternal if a socket, fork
   // or cgroup step fails; a failed exec is kNotFound-like: see exec_errno().
   static Result<std::unique_ptr<Supervisor>> Start(SupervisorOptions options);
 
@@ -141,14 +141,16 @@ class Supervisor {
   // died before it could say. REQUIRES: command_exited() or done().
   [[nodiscard]] int ShellExitCode() const;
 
-  // "exited with code 3" or "killed by SIGKILL". REQUIRES: command_exited() or done().
+  // What became of the command, to follow "the command ": "exited with code 3", "was killed
+  // by SIGKILL", "is gone: ..." (the keeper died first). REQUIRES: command_exited() or done().
   [[nodiscard]] std::string DescribeExit() const;
 
   // True once every process of the tree is gone (the keeper has exited and been reaped).
   [[nodiscard]] bool done() const { return keeper_reaped_; }
 
-  // True if the keeper's dead man's switch fired (SIGKILL at kill_at without a newer deadline).
-  [[nodiscard]] bool deadline_fired() const { return deadline_fired_; }
+  // The strongest signal the keeper's dead man's switch sent to the tree by itself: SIGTERM at
+  // term_at, SIGKILL at kill_at, or 0 if it never fired.
+  [[nodiscard]] int deadline_signal() const { return deadline_signal_; }
 
   // The number of live processes of the tree, the keeper not counted (a /proc walk).
   [[nodiscard]] int CountLeft() const;
@@ -182,15 +184,15 @@ class Supervisor {
   std::string cgroup_dir_;  // empty unless kCgroup
   UniqueFd cgroup_kill_fd_;
   UniqueFd cgroup_procs_fd_;  // read: the pids in the leaf
-  UniqueFd ctl_fd_;     // to the keeper
-  UniqueFd report_fd_;  // from the keeper
+  UniqueFd ctl_fd_;           // to the keeper
+  UniqueFd report_fd_;        // from the keeper
   pid_t keeper_pid_ = -1;
   int exec_errno_ = 0;
   bool command_exited_ = false;
   int command_status_ = 0;
   bool keeper_reaped_ = false;
   int keeper_status_ = 0;
-  bool deadline_fired_ = false;
+  int deadline_signal_ = 0;
   long long sent_term_ns_ = -1;
   long long sent_kill_ns_ = -1;
 };
