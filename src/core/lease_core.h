@@ -26,7 +26,6 @@
 #include "leasehold/lease_info.h"
 #include "leasehold/options.h"
 #include "leasehold/status.h"
-
 #include "metrics/registry.h"
 #include "util/mutex.h"
 
