@@ -3,9 +3,12 @@
 // test says, with no sleeps.
 
 #include <atomic>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
+
 #include <gtest/gtest.h>
 
 #include "backends/memory/memory_backend.h"
@@ -137,6 +140,35 @@ TEST_F(LeaseSafetyTest, RenewMovesSafeUntilForwardFromItsOwnSendTime) {
   Settle();
   EXPECT_EQ(lease.safe_until(), t0 + 2 * kRenew + kTtl - kDrift);
   EXPECT_EQ(lost_calls_, 0);
+}
+
+TEST_F(LeaseSafetyTest, OnRenewedReportsEveryConfirmedRenewalWithItsNewSafeUntil) {
+  SteadyTime t0 = clock_.Now();
+  std::mutex mu;
+  std::vector<SteadyTime> reported;
+  LeaseOptions options{.ttl = kTtl};
+  options.on_renewed = [&](SteadyTime safe_until) {
+    std::lock_guard<std::mutex> lock(mu);
+    reported.push_back(safe_until);
+  };
+  auto lease = store_->TryAcquire("k", options);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  Settle();
+  clock_.Advance(kRenew);
+  Settle();
+  backend_->FailRenewals(StatusCode::kUnavailable, 1);  // a failed renewal reports nothing
+  clock_.Advance(kRenew);
+  Settle();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(reported.size(), 1u);
+    EXPECT_EQ(reported[0], t0 + kRenew + kTtl - kDrift);
+  }
+  clock_.Advance(kRenew / 2);  // the retry succeeds
+  Settle();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(reported.size(), 2u);
+  EXPECT_EQ(reported[1], lease->safe_until());
 }
 
 TEST_F(LeaseSafetyTest, LostFiresAtSafeUntilEvenIfNoReplyEverArrives) {
