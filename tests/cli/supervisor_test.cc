@@ -294,6 +294,14 @@ TEST_P(SupervisorTest, DeathOfItsOwnerTakesTheTreeDownAtOnce) {
               std::string(ContainmentName(GetParam())).c_str(), static_cast<long long>(gone_ms));
   EXPECT_LE(gone_ms, 100);
   EXPECT_TRUE(Silent(files, 300ms));
+  // The keeper removes the owner's cgroup leaf once the tree is gone (nobody else would).
+  const std::string leaf_prefix = "leasehold-" + std::to_string(owner) + "-";
+  for (const char* mount : {"/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(mount, ec)) {
+      EXPECT_NE(entry.path().filename().string().rfind(leaf_prefix, 0), 0u) << entry.path();
+    }
+  }
 }
 
 TEST_P(SupervisorTest, ATreeOf200ProcessesIsTornDownCompletely) {

@@ -289,6 +289,7 @@ struct KeeperArgs {
   int cgroup_procs_write = -1;
   int cgroup_procs_read = -1;
   int cgroup_kill = -1;
+  const char* cgroup_dir = nullptr;  // the leaf, removed by the keeper if leasehold is gone
   ProcEntry* table = nullptr;
   pid_t* tree = nullptr;
 };
@@ -423,7 +424,11 @@ class Keeper {
         continue;
       }
       if (p < 0 && errno == ECHILD) {
-        ::_exit(0);  // the tree is empty: a subreaper without children has no descendants
+        // The tree is empty: a subreaper without children has no descendants.
+        if (!ctl_open_ && a_.cgroup_dir != nullptr) {
+          RemoveLeaf();  // leasehold is gone and cannot
+        }
+        ::_exit(0);
       }
       return;
     }
@@ -579,6 +584,14 @@ class Keeper {
   }
 
   static pid_t self_pid() { return static_cast<pid_t>(::syscall(SYS_getpid)); }
+
+  // rmdir fails with EBUSY until the kernel has seen the leaf's last process go.
+  void RemoveLeaf() {
+    for (int i = 0; i < 200 && ::rmdir(a_.cgroup_dir) != 0 && errno == EBUSY; ++i) {
+      timespec pause{0, 5'000'000};
+      ::nanosleep(&pause, nullptr);
+    }
+  }
 
   const KeeperArgs& a_;
   int sig_fd_ = -1;
@@ -815,6 +828,7 @@ Result<std::unique_ptr<Supervisor>> Supervisor::Start(SupervisorOptions options)
     args.cgroup_procs_write = leaf.procs_write.get();
     args.cgroup_procs_read = leaf.procs_read.get();
     args.cgroup_kill = leaf.kill.get();
+    args.cgroup_dir = leaf.dir.empty() ? nullptr : leaf.dir.c_str();
     args.table = buffers.table.data();
     args.tree = buffers.tree.data();
     const pid_t keeper = RawFork(mode == Containment::kPidNamespace ? CLONE_NEWPID : 0);
