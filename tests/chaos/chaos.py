@@ -19,6 +19,42 @@ write attempted in a pause scenario: the pauses did not bite) or the harness its
   --negative-control      run the deliberately unsafe client; exit 0 only if the checker
                           catches it (every control), 1 if it does not
   --check-only DIR        re-run the checker on a kept run directory
+  --cli LEASEHOLD         CLI mode (below): the workers are `leasehold run` processes
+
+CLI mode (--cli PATH_TO_leasehold, --store sqlite or redis, --quick for the CTest runs) tests
+`leasehold run`'s supervision of the command's whole process tree. Each worker wN is
+
+  leasehold run --store URL --ttl TTL --wait 4xTTL --holder wN KEY -- sh -c SCRIPT ...
+
+where SCRIPT starts tests/chaos/fenced_writer.py in the background (the grandchild: a fenced
+write into the register with $LEASEHOLD_FENCING_TOKEN every --write-gap-ms, forever, never
+checking the lease; it dies only by a signal), sleeps a hold time (--hold-min-ms..--hold-max-ms,
+chosen here) and exits 0 WITHOUT stopping the writer. leasehold must stop that leftover before it
+releases the lease; kill the whole tree by safe_until when the lease is lost; when leasehold is
+kill -9ed, its keeper process kills the tree at once; when leasehold is SIGSTOPped, the keeper
+SIGKILLs the tree at safe_until. Defaults: TTL 1000 ms (kill grace 250 ms, renew every 333 ms),
+holds 100-1200 ms, 4 workers (an exited one is replaced by a new wN until the end), a fault every
+0.5-1.5 x 2 TTL. Scenarios: cli-hot (one key; kill -9 and SIGSTOP 0.5-5 x TTL of a holding
+leasehold process, only leasehold's own process: its command lives in another session),
+cli-multi (three keys, kill-heavy), cli-calm (no faults). A holder is a live leasehold whose
+command has started (its stderr says 'started the command') and whose tree wrote to the register
+within the last few gaps. A fenced_writer.py of the run (found by its --register argument in
+/proc/*/cmdline) still alive more than 1 s after its leasehold exited is an orphan: counted,
+then killed. At the end everything is resumed and killed, writers included. One line per run:
+
+  chaos: store=<s> scenario=cli-<name> grants=<n> writes=<n> stale_attempted=<n>
+         stale_accepted=<n> orphans=<n> violations=<n>
+
+violations = stale_attempted + stale_accepted + register order regressions + orphans (why a
+stale *attempt* counts: see check_cli). Exit 0 clean, 1 on violations, 2 if ineffective (fewer
+than 5 grants, no handoff, no kill or pause injected in a fault scenario). With
+--negative-control, cli-hot runs with LEASEHOLD_TEST_UNSAFE_DIRECT_CHILD_ONLY=1 in the workers'
+environment (leasehold's test-only switch back to supervising the direct child only); exit 0 only
+if the checker flags it (stale_attempted > 0 or orphans > 0), 1 if not ("NOT CAUGHT").
+--cli-arg ARG passes one more option to `leasehold run` (before KEY), e.g.
+--cli-arg=--contain=pidns (the default, auto, is cgroup when run as root). The chaos-detail line
+also gives the containment leasehold reported per grant and cgroups_left: cgroup leaves of exited
+leasehold processes still present at the end (reported, not removed; not a violation).
 
 Every time is CLOCK_BOOTTIME in nanoseconds (time.clock_gettime_ns(time.CLOCK_BOOTTIME) here,
 leasehold::BootClock in the workers): one clock for every process on the host.
@@ -1029,6 +1065,506 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale):
                 ineffective=ineffective, bound=len(bound_violations), foreign=len(foreign))
 
 
+# ---- CLI mode (--cli): the `leasehold run` command's process-tree supervision --------------
+
+# Faults per CLI scenario: kill (SIGKILL of a holding leasehold process), pause (SIGSTOP of a
+# holding leasehold process for 0.5-5 x TTL, then SIGCONT). Only leasehold's own process is
+# signalled: it was started with start_new_session, and its command lives in another session.
+CLI_SCENARIOS = {
+    "cli-hot": dict(keys=["hot"], faults={"kill": 1, "pause": 1}, quick_s=14),
+    "cli-multi": dict(keys=["k0", "k1", "k2"], faults={"kill": 2, "pause": 1}, quick_s=9),
+    "cli-calm": dict(keys=["hot", "k1"], faults={}, quick_s=5),
+}
+CLI_DEFAULT_TTL_MS = 1000  # kill grace min(ttl/4, 5s) = 250 ms, renew every ttl/3
+CLI_DEFAULT_HOLD_MS = (100, 1200)  # a python start is tens of ms: shorter holds write nothing
+# The test-only switch in leasehold that restores the old supervision (the direct child only:
+# signals and waiting; leftovers left running). Set for the negative control only.
+CLI_UNSAFE_ENV = "LEASEHOLD_TEST_UNSAFE_DIRECT_CHILD_ONLY"
+# A fenced_writer.py still alive this long after its leasehold exited is an orphan.
+ORPHAN_AFTER_NS = 1_000_000_000
+WRITER_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fenced_writer.py")
+# The supervised command: start the fenced writer in the background, sleep the hold, exit 0
+# without stopping the writer (leasehold must). Positional parameters: $1 python, $2
+# fenced_writer.py, $3 register, $4 writer id, $5 gap ms, $6 hold seconds.
+CLI_SCRIPT = ('"$1" "$2" --register "$3" --key "$LEASEHOLD_KEY" '
+              '--token "$LEASEHOLD_FENCING_TOKEN" --writer "$4" --gap-ms "$5" & '
+              'sleep "$6"; exit 0')
+# leasehold run exit codes that are part of the game: the command's 0, 75 (the wait expired),
+# 79 (lease lost, command stopped), 130 (SIGTERM while waiting, at wind-down), 143 (the
+# command died of a forwarded SIGTERM), -9 (our SIGKILL). 64/70/126/127 mean the harness
+# itself is broken (bad flag, internal error, sh or python not runnable).
+# stderr lines of leasehold that say its command is over (or being stopped): not a holder.
+CLI_FINISHED_MARKS = ("leasehold: the command ", "leasehold: the keeper sent SIGKILL",
+                      " lost", "released key=")
+CLI_EXPECTED_RC = {"0", "75", "79", "130", "143", "-9"}
+CLI_HARNESS_RC = {"64", "70", "126", "127"}
+
+
+class CliOrchestrator(Orchestrator):
+    """Runs `leasehold run` workers, one lease each, and hurts the holding ones.
+
+    Worker wN is one process:
+      leasehold run --store URL --ttl TTL --wait 4xTTL --holder wN KEY -- sh -c CLI_SCRIPT ...
+    whose command starts fenced_writer.py in the background (the grandchild that writes to the
+    fenced register with the lease's token), sleeps a hold time chosen here, and exits 0 without
+    stopping the writer. An exited worker is replaced by a new one (new id) until the end.
+
+    Faults (only on holders: a live, running leasehold whose command has started and whose tree
+    wrote to the register within the last few gaps): SIGKILL of leasehold, SIGSTOP of leasehold
+    for 0.5-5 x TTL then SIGCONT. Orphans: a fenced_writer.py of this run (found by its
+    --register argument in /proc/*/cmdline) alive more than 1 s after its leasehold exited is
+    logged as `orphan` and SIGKILLed. At the end: SIGCONT everything, SIGTERM the workers still
+    waiting, give the holders their hold, SIGKILL what is left, wait out the orphan delay and
+    SIGKILL every writer still alive."""
+
+    def __init__(self, args, store, scenario, run_dir, rng, unsafe):
+        self.args = args
+        self.store = store
+        self.scenario = scenario
+        self.sc = CLI_SCENARIOS[scenario]
+        self.run_dir = run_dir
+        self.rng = rng
+        self.ttl_ns = args.ttl_ms * MS
+        self.unsafe = unsafe
+        self.env = dict(os.environ)
+        self.env.pop(CLI_UNSAFE_ENV, None)
+        if unsafe:
+            self.env[CLI_UNSAFE_ENV] = "1"
+        self.reg_path = os.path.join(run_dir, "register.db")
+        self.log_f = open(os.path.join(run_dir, "orch.log"), "a", buffering=1)
+        self.procs = {}  # pid -> (Popen, worker id)
+        self.stopped = {}  # pid -> cont_at_ns
+        self.pause_req = {}  # unused here (Orchestrator.live reads it)
+        self.offsets = {}  # worker id -> bytes read of its stderr
+        self.started = {}  # worker id -> t its command started (stderr), None before
+        self.finished = set()  # worker ids whose command's end leasehold has logged
+        self.killed_at = {}  # worker id -> t of our SIGKILL
+        self.exited = {}  # worker id -> t its leasehold exited (the kill's time if earlier)
+        self.last_write = {}  # worker id -> t_commit_ns of its tree's latest write
+        self.reg_db = None
+        self.reg_last_id = 0
+        self.orphans = {}  # writer pid -> worker id (counted, SIGKILLed)
+        self.unknown_seen = {}  # writer pid -> first seen, for writers of no known worker
+        self.unspawned = 0  # workers whose spawn failed, to start again
+        self.next_id = 0
+
+    def spawn(self, end_ns):
+        wid = f"w{self.next_id}"
+        key = self.sc["keys"][self.next_id % len(self.sc["keys"])]  # every key has contenders
+        self.next_id += 1
+        hold_ms = self.rng.uniform(self.args.hold_min_ms, self.args.hold_max_ms)
+        ttl = self.args.ttl_ms
+        cmd = ([self.args.cli, "run", "--store", self.store.url(), "--ttl", f"{ttl}ms",
+                "--wait", f"{4 * ttl}ms", "--holder", wid] + self.args.cli_arg +
+               [key, "--", "sh", "-c", CLI_SCRIPT, "sh", sys.executable, WRITER_PY,
+                self.reg_path, wid, str(self.args.write_gap_ms), f"{hold_ms / 1000:.3f}"])
+        err = open(os.path.join(self.run_dir, wid + ".stderr"), "wb")
+        try:
+            p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                 start_new_session=True, env=self.env)
+        except OSError as e:  # e.g. the binary is being relinked: try again soon
+            self.log("spawn-failed", worker=wid, error=type(e).__name__)
+            self.unspawned += 1
+            return
+        finally:
+            err.close()
+        self.procs[p.pid] = (p, wid)
+        self.started[wid] = None
+        self.log("spawn", pid=p.pid, worker=wid, key=key, hold_ms=int(hold_ms))
+
+    def tail_one(self, wid):
+        path = os.path.join(self.run_dir, wid + ".stderr")
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offsets.get(wid, 0))
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n")
+        if end < 0:
+            return
+        self.offsets[wid] = self.offsets.get(wid, 0) + end + 1
+        for line in data[: end + 1].decode(errors="replace").splitlines():
+            if "started the command" in line:
+                if self.started.get(wid) is None:
+                    self.started[wid] = now_ns()
+            elif any(m in line for m in CLI_FINISHED_MARKS):
+                self.finished.add(wid)
+
+    def tail_logs(self):
+        for _, wid in list(self.procs.values()):
+            self.tail_one(wid)
+
+    def poll_register(self):
+        try:
+            if self.reg_db is None:
+                self.reg_db = sqlite3.connect(self.reg_path, timeout=0.2, isolation_level=None)
+            rows = self.reg_db.execute(
+                "SELECT id, writer, t_commit_ns FROM writes WHERE id > ? ORDER BY id",
+                (self.reg_last_id,)).fetchall()
+        except sqlite3.Error:
+            return
+        for id_, writer, t in rows:
+            self.reg_last_id = id_
+            if t > self.last_write.get(writer, 0):
+                self.last_write[writer] = t
+
+    def live(self):
+        return [pid for pid, (_, wid) in self.procs.items()
+                if pid not in self.stopped and wid not in self.killed_at]
+
+    def holders(self):
+        t = now_ns()
+        recent = max(20 * self.args.write_gap_ms * MS, 300 * MS)
+        out = []
+        for pid in self.live():
+            wid = self.procs[pid][1]
+            if (self.started.get(wid) is not None and wid not in self.finished
+                    and t - self.last_write.get(wid, 0) < recent
+                    and self.proc_state(pid) not in ("T", "Z", "?")):
+                out.append(pid)
+        return out
+
+    def inject(self, end_ns):
+        """Injects one fault; False if there was no holder to hurt (try again soon)."""
+        kinds = list(self.sc["faults"])
+        kind = self.rng.choices(kinds, weights=[self.sc["faults"][k] for k in kinds])[0]
+        holders = self.holders()
+        if not holders:
+            return False
+        pid = self.rng.choice(holders)
+        wid = self.procs[pid][1]
+        if kind == "pause":
+            if len(self.stopped) >= self.args.workers - 1:
+                return False
+            dur = int(self.rng.uniform(0.5, 5.0) * self.ttl_ns)
+            if not self.signal(pid, signal.SIGSTOP):
+                return False
+            self.stopped[pid] = now_ns() + dur
+            self.log("stop", pid=pid, worker=wid, kind="external", dur_ms=dur // MS)
+        elif kind == "kill":
+            self.log("kill", pid=pid, worker=wid, holding="yes")
+            self.killed_at[wid] = now_ns()
+            self.signal(pid, signal.SIGKILL)
+            self.stopped.pop(pid, None)
+        else:
+            raise ValueError(kind)
+        self.faults += 1
+        return True
+
+    def service_pauses(self):
+        t = now_ns()
+        for pid, cont_at in list(self.stopped.items()):
+            if t >= cont_at:
+                self.signal(pid, signal.SIGCONT)
+                del self.stopped[pid]
+                self.log("cont", pid=pid, worker=self.procs[pid][1] if pid in self.procs else "?")
+
+    def reap(self, end_ns, respawn):
+        for pid, (p, wid) in list(self.procs.items()):
+            if p.poll() is not None:
+                t = now_ns()
+                del self.procs[pid]
+                self.stopped.pop(pid, None)
+                self.exited[wid] = min(t, self.killed_at.get(wid, t))
+                self.tail_one(wid)
+                self.log("exited", pid=pid, worker=wid, rc=p.returncode)
+                if respawn and now_ns() < end_ns - self.ttl_ns:
+                    self.spawn(end_ns)
+
+    def scan_writers(self):
+        """{pid: worker id} of this run's live fenced_writer.py processes (from /proc)."""
+        reg = os.fsencode(self.reg_path)
+        found = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if len(argv) < 2 or not argv[1].endswith(b"fenced_writer.py"):
+                continue
+            try:
+                if argv[argv.index(b"--register") + 1] != reg:
+                    continue
+                wid = argv[argv.index(b"--writer") + 1].decode(errors="replace")
+            except (ValueError, IndexError):
+                continue
+            if self.proc_state(int(d)) in ("Z", "X", "?"):
+                continue
+            found[int(d)] = wid
+        return found
+
+    def check_orphans(self):
+        t = now_ns()
+        for wpid, wid in self.scan_writers().items():
+            if wpid in self.orphans:
+                self.signal(wpid, signal.SIGKILL)  # counted already; make sure it goes
+                continue
+            if wid in self.exited:
+                since = self.exited[wid]
+            elif wid in self.started:
+                continue  # its leasehold is alive
+            else:
+                since = self.unknown_seen.setdefault(wpid, t)
+            if t - since > ORPHAN_AFTER_NS:
+                self.orphans[wpid] = wid
+                self.log("orphan", pid=wpid, worker=wid, after_ms=(t - since) // MS)
+                self.signal(wpid, signal.SIGKILL)
+
+    def run(self, duration_s):
+        self.faults = 0
+        start = now_ns()
+        end = start + int(duration_s * 1e9)
+        self.log("run-start", scenario=self.scenario, ttl_ms=self.args.ttl_ms, end=end,
+                 store=self.store.scheme, mode="cli", unsafe=int(self.unsafe))
+        db = sqlite3.connect(self.reg_path)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.executescript(REGISTER_SCHEMA)
+        db.close()
+        for _ in range(self.args.workers):
+            self.spawn(end)
+        gap = self.args.fault_gap_ms * MS
+        next_fault = start + self.ttl_ns + int(self.rng.uniform(0.5, 1.5) * gap)
+        next_reg = next_scan = next_spawn = 0
+        try:
+            while now_ns() < end:
+                t = now_ns()
+                self.tail_logs()
+                if t >= next_reg:
+                    self.poll_register()
+                    next_reg = t + 50 * MS
+                if t >= next_scan:
+                    self.check_orphans()
+                    next_scan = t + 100 * MS
+                self.service_pauses()
+                self.reap(end, respawn=True)
+                if self.unspawned and t >= next_spawn and t < end - self.ttl_ns:
+                    self.unspawned -= 1
+                    self.spawn(end)
+                    next_spawn = t + 100 * MS
+                if self.sc["faults"] and now_ns() >= next_fault and now_ns() < end - self.ttl_ns:
+                    if self.inject(end):
+                        next_fault = now_ns() + int(self.rng.uniform(0.5, 1.5) * gap)
+                    else:
+                        next_fault = now_ns() + 50 * MS  # no holder to hurt yet
+                time.sleep(0.005)
+        finally:
+            self.wind_down()
+
+    def wind_down(self):
+        # No more faults or workers. Resume the stopped; interrupt the workers still waiting
+        # (exit 130; one that has just acquired forwards the SIGTERM to its command, also fine);
+        # let the holders finish their hold.
+        self.store.heal(self)
+        for pid in list(self.stopped):
+            self.signal(pid, signal.SIGCONT)
+            self.log("cont", pid=pid, worker=self.procs.get(pid, (None, "?"))[1])
+        self.stopped.clear()
+        self.tail_logs()
+        for pid, (_, wid) in list(self.procs.items()):
+            if self.started.get(wid) is None:
+                self.log("term", pid=pid, worker=wid)
+                self.signal(pid, signal.SIGTERM)
+        grace = now_ns() + (self.args.hold_max_ms + 3 * self.args.ttl_ms) * MS + 2_000_000_000
+        next_scan = 0
+        while self.procs and now_ns() < grace:
+            self.tail_logs()
+            self.reap(0, respawn=False)
+            if now_ns() >= next_scan:
+                self.check_orphans()
+                next_scan = now_ns() + 100 * MS
+            time.sleep(0.01)
+        for pid, (p, wid) in list(self.procs.items()):
+            self.log("final-kill", pid=pid, worker=wid)
+            self.killed_at.setdefault(wid, now_ns())
+            self.signal(pid, signal.SIGCONT)
+            self.signal(pid, signal.SIGKILL)
+            p.wait()
+        self.reap(0, respawn=False)
+        # The last trees get the orphan delay too, then every writer left is killed (those
+        # past the delay were counted as orphans by check_orphans).
+        settle = max(self.exited.values(), default=now_ns()) + ORPHAN_AFTER_NS + 200 * MS
+        while now_ns() < settle:
+            self.check_orphans()
+            time.sleep(0.05)
+        self.check_orphans()
+        for wpid, wid in self.scan_writers().items():
+            self.log("writer-kill", pid=wpid, worker=wid)
+            self.signal(wpid, signal.SIGCONT)
+            self.signal(wpid, signal.SIGKILL)
+        if self.reg_db is not None:
+            self.reg_db.close()
+        # Cgroup leaves (--contain cgroup, auto as root) that leasehold left behind: reported,
+        # not removed (not a safety violation; a leak of leasehold's to see).
+        for wid in sorted(self.exited):
+            leaf = cli_containment(self.run_dir, wid)[1]
+            if leaf and os.path.isdir(leaf):
+                self.log("cgroup-left", worker=wid, path=leaf)
+        self.log("run-end", faults=self.faults, orphans=len(self.orphans))
+        self.log_f.close()
+
+
+def cli_containment(run_dir, wid):
+    """(mode, cgroup leaf or None) from worker wid's 'containment: MODE [PATH]: ...' line."""
+    try:
+        with open(os.path.join(run_dir, wid + ".stderr"), errors="replace") as f:
+            for line in f:
+                if line.startswith("leasehold: containment: "):
+                    words = line[len("leasehold: containment: "):].split()
+                    mode = words[0].rstrip(":") if words else "?"
+                    leaf = words[1].rstrip(":") if mode == "cgroup" and len(words) > 1 else None
+                    return mode, leaf
+    except FileNotFoundError:
+        pass
+    return None, None
+
+
+def check_cli(run_dir, ttl_ms, scheme, scenario, needs_faults):
+    """The checker of CLI mode: from the fenced register's own history and the orchestrator's log.
+
+    Counts writes, accepted, stale_attempted (a write whose token is lower than the key's
+    max_before), stale_accepted, register order regressions (an accepted token lower than one
+    accepted before it), grants (distinct (key, token) pairs written), handoffs (successive
+    tokens of a key written by different workers; every worker is one `leasehold run`, so
+    each is a handoff from one process tree to another) and orphans (fenced writers alive more
+    than 1 s after their leasehold exited, found by the orchestrator).
+
+    violations = stale_attempted + stale_accepted + order_regressions + orphans.
+
+    Why a stale *attempt* is a violation, not just a stale acceptance: a committed write of
+    token T happened before the tree of T was killed (a dead process commits nothing), which
+    precedes the next grant of the key (leasehold stops the tree before it releases, by
+    safe_until when the lease is lost or leasehold is stopped, at once when leasehold is
+    killed), which precedes every write of a higher token. So with correct tree supervision no
+    write ever arrives with a token lower than one already written: the register's fence never
+    has to reject anything, and any stale attempt means an old tree outlived its lease.
+
+    Ineffective (exit 2): fewer than 5 grants, no handoff, no kill or pause injected in a
+    scenario with faults, a leasehold exit code that says the harness is broken, or a
+    leasehold that could not be started at all."""
+    orch = []
+    with open(os.path.join(run_dir, "orch.log")) as f:
+        for line in f:
+            e = parse_line(line)
+            if e:
+                orch.append(e)
+    faults = {"kill": 0, "pause": 0}
+    orphans = []
+    exit_t = {}
+    rcs = {}
+    spawn_failures = 0
+    cgroups_left = 0
+    for t, _, ev, f in orch:
+        if ev == "kill":
+            faults["kill"] += 1
+            exit_t.setdefault(f["worker"], t)
+        elif ev == "stop":
+            faults["pause"] += 1
+        elif ev == "orphan":
+            orphans.append((f.get("worker"), f.get("pid"), f.get("after_ms")))
+        elif ev == "exited":
+            exit_t.setdefault(f["worker"], t)
+            rcs[f.get("rc")] = rcs.get(f.get("rc"), 0) + 1
+        elif ev == "spawn-failed":
+            spawn_failures += 1
+        elif ev == "cgroup-left":
+            cgroups_left += 1
+
+    writes = accepted = stale_attempted = stale_accepted = order_regressions = 0
+    writes_after_exit = 0
+    stale = []
+    token_writers = {}  # (key, token) -> set of writers
+    first_writer = {}  # (key, token) -> the first writer seen
+    reg_path = os.path.join(run_dir, "register.db")
+    if os.path.exists(reg_path):
+        db = sqlite3.connect(reg_path)
+        last = {}
+        for key, token, writer, max_before, acc, t in db.execute(
+                "SELECT key, token, writer, max_before, accepted, t_commit_ns FROM writes "
+                "ORDER BY id"):
+            writes += 1
+            accepted += acc
+            token_writers.setdefault((key, token), set()).add(writer)
+            first_writer.setdefault((key, token), writer)
+            if writer in exit_t and t > exit_t[writer]:
+                writes_after_exit += 1
+            if token < max_before:
+                stale_attempted += 1
+                stale_accepted += acc
+                gone = (t - exit_t[writer]) / MS if writer in exit_t else None
+                stale.append((key, writer, token, max_before, acc,
+                              None if gone is None else round(gone, 1)))
+            if acc:
+                if token < last.get(key, -1):
+                    order_regressions += 1
+                last[key] = max(last.get(key, -1), token)
+        db.close()
+    grants = len(first_writer)
+    handoffs = 0
+    for key in {k for k, _ in first_writer}:
+        toks = sorted(tok for k, tok in first_writer if k == key)
+        handoffs += sum(1 for a, b in zip(toks, toks[1:])
+                        if first_writer[(key, a)] != first_writer[(key, b)])
+    shared = sum(1 for ws in token_writers.values() if len(ws) > 1)
+
+    # leasehold's own view: grants it logged ("acquired key=... fencing_token=...").
+    grants_logged = 0
+    modes = {}
+    for name in os.listdir(run_dir):
+        if name.startswith("w") and name.endswith(".stderr"):
+            with open(os.path.join(run_dir, name), errors="replace") as f:
+                grants_logged += sum(1 for line in f if "acquired key=" in line)
+            mode = cli_containment(run_dir, name[:-len(".stderr")])[0]
+            if mode:
+                modes[mode] = modes.get(mode, 0) + 1
+
+    violations = stale_attempted + stale_accepted + order_regressions + len(orphans)
+    print(f"chaos: store={scheme} scenario={scenario} grants={grants} writes={writes} "
+          f"stale_attempted={stale_attempted} stale_accepted={stale_accepted} "
+          f"orphans={len(orphans)} violations={violations}")
+    unexpected = {rc: n for rc, n in rcs.items() if rc not in CLI_EXPECTED_RC}
+    print(f"chaos-detail: ttl_ms={ttl_ms} handoffs={handoffs} accepted={accepted} "
+          f"register_order_regressions={order_regressions} grants_logged={grants_logged} "
+          f"shared_tokens={shared} writes_after_exit={writes_after_exit} "
+          f"faults={faults['kill'] + faults['pause']} (kill={faults['kill']} "
+          f"pause={faults['pause']}) exits="
+          + ",".join(f"{rc}:{n}" for rc, n in sorted(rcs.items(), key=lambda x: str(x[0])))
+          + " containment=" + (",".join(f"{m}:{n}" for m, n in sorted(modes.items())) or "-")
+          + f" cgroups_left={cgroups_left} dir={run_dir}")
+    for item in stale[:5]:
+        print(f"  violation stale-attempt (key, writer, token, max_before, accepted, "
+              f"ms_after_its_leasehold_exited): {item}")
+    for item in orphans[:5]:
+        print(f"  violation orphan (worker, pid, ms_after_its_leasehold_exited): {item}")
+    if shared:
+        print(f"  note: {shared} tokens were written by more than one worker (two grants with "
+              f"one token?)")
+    if unexpected:
+        print(f"  note: unexpected leasehold exit codes {unexpected}; see wN.stderr")
+    if cgroups_left:
+        print(f"  note: {cgroups_left} cgroup leaves of exited leasehold processes were left "
+              f"behind (cgroup-left in orch.log)")
+    reasons = []
+    if grants < 5:
+        reasons.append(f"only {grants} grants wrote to the register")
+    if handoffs == 0:
+        reasons.append("no handoff")
+    if needs_faults and faults["kill"] + faults["pause"] == 0:
+        reasons.append("no kill or pause was injected")
+    if any(rc in CLI_HARNESS_RC for rc in rcs):
+        reasons.append("leasehold exited 64/70/126/127: the harness is broken")
+    if spawn_failures:
+        reasons.append(f"{spawn_failures} leasehold processes could not be started (see "
+                       f"spawn-failed in orch.log)")
+    for r in reasons:
+        print(f"  harness-ineffective: {r}")
+    return dict(violations=violations, stale_attempted=stale_attempted, orphans=len(orphans),
+                ineffective=bool(reasons))
+
+
 # ---- main ---------------------------------------------------------------------------------
 
 NEGATIVE_CONTROLS = [
@@ -1043,15 +1579,25 @@ NEGATIVE_CONTROLS = [
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", help="path to chaos_worker")
+    ap.add_argument("--cli", metavar="LEASEHOLD",
+                    help="CLI mode: test `leasehold run`'s process-tree supervision with this "
+                         "leasehold binary (instead of chaos_worker)")
+    ap.add_argument("--cli-arg", action="append", default=[], metavar="ARG",
+                    help="CLI mode: one more argument for `leasehold run`, before KEY "
+                         "(repeatable), e.g. --cli-arg=--kill-grace=100ms")
     ap.add_argument("--store", default="sqlite", choices=sorted(STORES))
-    ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS))
+    ap.add_argument("--scenario", action="append",
+                    choices=sorted(SCENARIOS) + sorted(CLI_SCENARIOS))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--duration", type=float, help="seconds per scenario")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--ttl-ms", type=int, default=None,
-                    help="lease TTL (default: 500, or the store's minimum: etcd 2000)")
-    ap.add_argument("--hold-min-ms", type=int, default=30)
-    ap.add_argument("--hold-max-ms", type=int, default=300)
+                    help="lease TTL (default: 500, or the store's minimum: etcd 2000; "
+                         f"--cli: {CLI_DEFAULT_TTL_MS})")
+    ap.add_argument("--hold-min-ms", type=int, default=None,
+                    help=f"default 30 (--cli: {CLI_DEFAULT_HOLD_MS[0]})")
+    ap.add_argument("--hold-max-ms", type=int, default=None,
+                    help=f"default 300 (--cli: {CLI_DEFAULT_HOLD_MS[1]})")
     ap.add_argument("--write-gap-ms", type=int, default=15)
     ap.add_argument("--idle-max-ms", type=int, default=40,
                     help="a worker rests 0..this long between leases (spreads handoffs)")
@@ -1069,23 +1615,39 @@ def main():
                          "holder's session (the documented window: expect overlaps)")
     ap.add_argument("--check-only", metavar="DIR")
     args = ap.parse_args()
+    store_ttl_ms = getattr(STORES[args.store], "default_ttl_ms", 500)
     if args.ttl_ms is None:
-        args.ttl_ms = getattr(STORES[args.store], "default_ttl_ms", 500)
+        args.ttl_ms = max(store_ttl_ms, CLI_DEFAULT_TTL_MS) if args.cli else store_ttl_ms
+    hold = CLI_DEFAULT_HOLD_MS if args.cli else (30, 300)
+    if args.hold_min_ms is None:
+        args.hold_min_ms = hold[0]
+    if args.hold_max_ms is None:
+        args.hold_max_ms = max(hold[1], args.hold_min_ms)
     if args.fault_gap_ms is None:
         args.fault_gap_ms = 2 * args.ttl_ms
 
     if args.check_only:
         sc = "?"
+        cli_mode = False
         with open(os.path.join(args.check_only, "orch.log")) as f:
             for line in f:
                 e = parse_line(line)
                 if e and e[2] == "run-start":
                     sc, args.ttl_ms, store = e[3]["scenario"], int(e[3]["ttl_ms"]), e[3]["store"]
+                    cli_mode = e[3].get("mode") == "cli"
                     break
+        if cli_mode:
+            r = check_cli(args.check_only, args.ttl_ms, store, sc,
+                          bool(CLI_SCENARIOS.get(sc, {}).get("faults")))
+            return 1 if r["violations"] else (2 if r["ineffective"] else 0)
         r = check(args.check_only, args.ttl_ms, store, sc, SCENARIOS.get(sc, {}).get(
             "needs_stale", False))
         return 1 if r["violations"] else (2 if r["ineffective"] else 0)
 
+    if args.cli:
+        if not os.access(args.cli, os.X_OK):
+            ap.error("--cli must name the leasehold executable")
+        return main_cli(args, ap)
     if not args.worker or not os.access(args.worker, os.X_OK):
         ap.error("--worker must name the chaos_worker executable")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
@@ -1102,6 +1664,8 @@ def main():
         chosen = args.scenario or [sc for sc in SCENARIOS
                                    if has_server or not SCENARIOS[sc].get("server")]
         for sc in chosen:
+            if sc in CLI_SCENARIOS:
+                ap.error(f"scenario {sc} is for --cli")
             if SCENARIOS[sc].get("server") and not has_server:
                 ap.error(f"scenario {sc} needs a store with a server, not {args.store}")
         plan = [(None, [], sc, None) for sc in chosen]
@@ -1140,6 +1704,61 @@ def main():
             caught = any(r[m] > 0 for m in must)
             print(f"negative-control: unsafe={control} {'CAUGHT' if caught else 'NOT CAUGHT'} "
                   f"(must flag one of {', '.join(must)})", flush=True)
+            if not caught:
+                status = 1
+            elif not args.keep:
+                shutil.rmtree(run_dir, ignore_errors=True)
+    return status
+
+
+def main_cli(args, ap):
+    """CLI mode: the scenarios of CLI_SCENARIOS, or the negative control (cli-hot with the
+    workers' environment carrying CLI_UNSAFE_ENV=1): exit 0 there only if it is caught."""
+    for sc in args.scenario or []:
+        if sc not in CLI_SCENARIOS:
+            ap.error(f"scenario {sc} is not a CLI scenario (--cli): one of "
+                     f"{', '.join(CLI_SCENARIOS)}")
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    print(f"chaos: seed={seed} (rerun with --seed {seed})", flush=True)
+    rng = random.Random(seed)
+    if args.workdir:
+        os.makedirs(args.workdir, exist_ok=True)
+    if args.negative_control:
+        plan = [(True, sc) for sc in (args.scenario or ["cli-hot"])]
+    else:
+        plan = [(False, sc) for sc in (args.scenario or list(CLI_SCENARIOS))]
+    status = 0
+    for unsafe, scenario in plan:
+        if args.duration:
+            duration = args.duration
+        elif args.quick:
+            duration = CLI_SCENARIOS[scenario]["quick_s"]
+            if unsafe:
+                duration = min(duration, 10)
+        else:
+            duration = 60
+        run_dir = tempfile.mkdtemp(prefix=f"chaos-cli-{args.store}-{scenario}-",
+                                   dir=args.workdir)
+        store = STORES[args.store]()
+        store.start(run_dir)
+        orch = CliOrchestrator(args, store, scenario, run_dir, rng, unsafe)
+        try:
+            orch.run(duration)
+        finally:
+            store.stop()
+        name = scenario if not unsafe else f"{scenario}/unsafe-direct-child-only"
+        r = check_cli(run_dir, args.ttl_ms, store.scheme, name,
+                      bool(CLI_SCENARIOS[scenario]["faults"]))
+        sys.stdout.flush()
+        if not unsafe:
+            rc = 1 if r["violations"] else (2 if r["ineffective"] else 0)
+            status = max(status, rc)
+            if rc == 0 and not args.keep:
+                shutil.rmtree(run_dir, ignore_errors=True)
+        else:
+            caught = r["stale_attempted"] > 0 or r["orphans"] > 0
+            print(f"negative-control: {CLI_UNSAFE_ENV}=1 {'CAUGHT' if caught else 'NOT CAUGHT'} "
+                  f"(must flag stale_attempted or orphans)", flush=True)
             if not caught:
                 status = 1
             elif not args.keep:
