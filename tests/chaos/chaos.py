@@ -585,6 +585,21 @@ CREATE TABLE IF NOT EXISTS writes(id INTEGER PRIMARY KEY, key TEXT NOT NULL,
 # ---- orchestrator -------------------------------------------------------------------------
 
 
+def read_new_lines(path, offsets, name):
+    """The complete lines appended to `path` since the last call for `name` (offsets[name])."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offsets.get(name, 0))
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    end = data.rfind(b"\n")
+    if end < 0:
+        return []
+    offsets[name] = offsets.get(name, 0) + end + 1
+    return data[: end + 1].decode(errors="replace").splitlines()
+
+
 class Orchestrator:
     def __init__(self, args, store, scenario, run_dir, rng, worker_flags):
         self.args = args
@@ -629,18 +644,8 @@ class Orchestrator:
 
     def tail_logs(self):
         for _, wid in list(self.procs.values()):
-            path = os.path.join(self.run_dir, wid + ".log")
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self.offsets.get(wid, 0))
-                    data = f.read()
-            except FileNotFoundError:
-                continue
-            end = data.rfind(b"\n")
-            if end < 0:
-                continue
-            self.offsets[wid] = self.offsets.get(wid, 0) + end + 1
-            for line in data[: end + 1].decode(errors="replace").splitlines():
+            for line in read_new_lines(os.path.join(self.run_dir, wid + ".log"), self.offsets,
+                                       wid):
                 parts = line.split()
                 if len(parts) < 3:
                     continue
@@ -1173,18 +1178,8 @@ class CliOrchestrator(Orchestrator):
         self.log("spawn", pid=p.pid, worker=wid, key=key, hold_ms=int(hold_ms))
 
     def tail_one(self, wid):
-        path = os.path.join(self.run_dir, wid + ".stderr")
-        try:
-            with open(path, "rb") as f:
-                f.seek(self.offsets.get(wid, 0))
-                data = f.read()
-        except FileNotFoundError:
-            return
-        end = data.rfind(b"\n")
-        if end < 0:
-            return
-        self.offsets[wid] = self.offsets.get(wid, 0) + end + 1
-        for line in data[: end + 1].decode(errors="replace").splitlines():
+        for line in read_new_lines(os.path.join(self.run_dir, wid + ".stderr"), self.offsets,
+                                   wid):
             if "started the command" in line:
                 if self.started.get(wid) is None:
                     self.started[wid] = now_ns()
