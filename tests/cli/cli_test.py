@@ -10,21 +10,24 @@
 #   python3 tests/cli/cli_test.py --leasehold build/tools/cli/leasehold [-v] [CliTest.test_x]
 #
 # Every test gets a fresh temp dir, its own sqlite file and XDG_STATE_HOME (nothing touches the
-# real home), and tearDown kills every process group it started. Timing bounds are generous
-# (busy CI machines), and every measured figure is printed so a regression shows before it fails.
+# real home), and tearDown kills every process group it started: that fixture, the helpers and
+# figure() live in tests/cli/cli_harness.py (CliHarness), shared with tree_test.py. Timing bounds
+# are generous (busy CI machines), and every measured figure is printed so a regression shows
+# before it fails.
 
-import argparse
 import json
 import sqlite3
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
+
+import cli_harness
+from cli_harness import CliHarness, figure, free_port, process_gone
 
 LEASEHOLD = None
 
@@ -37,104 +40,8 @@ EXIT_NOT_FOUND = 127
 EXIT_INTERRUPTED = 130
 
 
-def figure(name, value, bound):
-    print(f"\n  [figure] {name}: {value:.3f}s (bound {bound:.3f}s)", file=sys.stderr, flush=True)
-
-
-def process_gone(pid):
-    """True if pid no longer runs: absent, or a zombie waiting for a reaper."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    # The state follows the parenthesised command name.
-    return stat[stat.rindex(")") + 2] in "ZX"
-
-
-class CliTest(unittest.TestCase):
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="leasehold-cli-")
-        self.store = "sqlite://" + os.path.join(self.tmp, "leases.db")
-        self.env = dict(os.environ)
-        self.env.pop("LEASEHOLD_STORE", None)
-        self.env.pop("LEASEHOLD_DEBUG", None)
-        self.env["XDG_STATE_HOME"] = os.path.join(self.tmp, "state")
-        self.env["HOME"] = self.tmp
-        self.procs = []
-        # Create the store once up front: the tests below are about the command, and a fresh
-        # file opened by several processes at once is covered by its own test.
-        r = self.cli("list")
-        self.assertEqual(r.returncode, 0, r.stderr)
-
-    def tearDown(self):
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(timeout=10)
-            # Children of a run killed with -9 live in the same (new) process group.
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            p.stderr_file.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
+class CliTest(CliHarness, unittest.TestCase):
     # --- helpers -------------------------------------------------------------------------------
-
-    def path(self, name):
-        return os.path.join(self.tmp, name)
-
-    def cli(self, *args, env=None, timeout=30, store=True):
-        argv = [LEASEHOLD] + list(args)
-        if store:
-            argv[2:2] = ["--store", self.store]  # after the subcommand name
-        r = subprocess.run(argv, env=env or self.env, cwd=self.tmp, capture_output=True,
-                           text=True, timeout=timeout)
-        return r
-
-    def start(self, *args, env=None, store=True):
-        """Starts `leasehold ARGS` in its own process group; stderr goes to a file."""
-        argv = [LEASEHOLD] + list(args)
-        if store:
-            argv[2:2] = ["--store", self.store]
-        err = tempfile.NamedTemporaryFile(mode="w+", dir=self.tmp, prefix="stderr-", delete=False)
-        p = subprocess.Popen(argv, env=env or self.env, cwd=self.tmp, stdout=subprocess.DEVNULL,
-                             stderr=err, start_new_session=True)
-        p.stderr_file = err
-        self.procs.append(p)
-        return p
-
-    def stderr_of(self, p):
-        with open(p.stderr_file.name) as f:
-            return f.read()
-
-    def wait_for_file(self, name, timeout=10):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            p = self.path(name)
-            if os.path.exists(p):
-                with open(p) as f:
-                    text = f.read()
-                if text.endswith("\n"):
-                    return text.strip()
-            time.sleep(0.01)
-        self.fail(f"{name} did not appear within {timeout}s")
-
-    def wait_exit(self, p, timeout):
-        try:
-            return p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.fail(f"leasehold {p.args[1:]} still running after {timeout}s; stderr:\n"
-                      + self.stderr_of(p))
-
-    def status_json(self, key, env=None, store=True):
-        r = self.cli("status", key, "--json", env=env, store=store)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        return json.loads(r.stdout)
 
     def wait_held(self, key, timeout=10):
         deadline = time.monotonic() + timeout
@@ -143,16 +50,7 @@ class CliTest(unittest.TestCase):
             if s["held"]:
                 return s
             time.sleep(0.02)
-        self.fail(f"{key} not held within {timeout}s; started processes:\n"
-                  + "\n".join(f"{p.args[1:8]} rc={p.poll()}: {self.stderr_of(p)}"
-                               for p in self.procs))
-
-    def assert_one_error_line(self, r, code):
-        lines = r.stderr.splitlines()
-        self.assertGreaterEqual(r.returncode, 0, f"killed by signal: {r.stderr}")
-        self.assertEqual(r.returncode, code, f"stderr: {r.stderr}")
-        self.assertEqual(len(lines), 1, f"expected one stderr line, got: {lines}")
-        self.assertTrue(lines[0].startswith("leasehold: "), lines[0])
+        self.fail(f"{key} not held within {timeout}s; started processes:\n" + self.diagnostics())
 
     # --- 1. contention and waiting -------------------------------------------------------------
 
@@ -559,46 +457,17 @@ class CliTest(unittest.TestCase):
         self.assertEqual(self.status_json("job")["fencing_token"], held["fencing_token"])
 
 
-class ElectCliTest(unittest.TestCase):
+class ElectCliTest(CliHarness, unittest.TestCase):
     """`leasehold elect` and `leasehold leader` (issue 8), on the embedded sqlite:// store."""
-
-    # CliTest's fixture and helpers, without inheriting (and re-running) its tests.
-    setUp = CliTest.setUp
-    tearDown = CliTest.tearDown
-    path = CliTest.path
-    cli = CliTest.cli
-    start = CliTest.start
-    stderr_of = CliTest.stderr_of
-    wait_for_file = CliTest.wait_for_file
-    wait_exit = CliTest.wait_exit
-    assert_one_error_line = CliTest.assert_one_error_line
 
     def start_watch(self, name):
         """Starts `leader NAME --watch --json`; its stdout goes to a file read by watch_lines."""
-        out = open(self.path("watch.out"), "w")
-        err = tempfile.NamedTemporaryFile(mode="w+", dir=self.tmp, prefix="stderr-", delete=False)
-        p = subprocess.Popen([LEASEHOLD, "leader", "--store", self.store, name, "--watch", "--json"],
-                             env=self.env, cwd=self.tmp, stdout=out, stderr=err,
-                             start_new_session=True)
-        out.close()
-        p.stderr_file = err
-        self.procs.append(p)
-        return p
+        with open(self.path("watch.out"), "w") as out:
+            return self.start("leader", name, "--watch", "--json", stdout=out)
 
     def watch_lines(self):
         with open(self.path("watch.out")) as f:
             return [json.loads(line) for line in f.read().splitlines() if line.endswith("}")]
-
-    def wait_until(self, what, pred, timeout=10):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = pred()
-            if value:
-                return value
-            time.sleep(0.01)
-        self.fail(f"{what}: not within {timeout}s; started processes:\n"
-                  + "\n".join(f"{p.args[1:8]} rc={p.poll()}: {self.stderr_of(p)}"
-                               for p in self.procs))
 
     def test_two_elects_run_one_child_and_kill_9_hands_over_with_higher_term(self):
         watch = self.start_watch("svc")
@@ -687,25 +556,9 @@ class ElectCliTest(unittest.TestCase):
         self.assertIn("leader", top)
 
 
-class ObservabilityCliTest(unittest.TestCase):
+class ObservabilityCliTest(CliHarness, unittest.TestCase):
     """--metrics-addr (checked by promtool, Prometheus' own parser), --log-format=json and
     --on-risk=term."""
-
-    setUp = CliTest.setUp
-    tearDown = CliTest.tearDown
-    path = CliTest.path
-    cli = CliTest.cli
-    start = CliTest.start
-    stderr_of = CliTest.stderr_of
-    wait_for_file = CliTest.wait_for_file
-    wait_exit = CliTest.wait_exit
-
-    @staticmethod
-    def free_port():
-        import socket
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
 
     @staticmethod
     def sample(text, name, **labels):
@@ -739,7 +592,7 @@ class ObservabilityCliTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, f"promtool: {r.stdout}{r.stderr}\n{text}")
 
     def test_metrics_endpoint_during_run_is_valid_prometheus_text(self):
-        port = self.free_port()
+        port = free_port()
         # ttl 3s: renewed every second, so the heartbeat histogram fills during the run.
         run = self.start("run", "--metrics-addr", f"127.0.0.1:{port}", "--ttl", "3s", "job",
                          "--", "sleep", "5")
@@ -868,9 +721,7 @@ class SchemaCliTest(unittest.TestCase):
                                "trust", "--no-sync", "--no-instructions"], user=user, cwd=d,
                               capture_output=True, timeout=120)
         self.assertEqual(init.returncode, 0, init.stderr)
-        with socket.socket() as s_:
-            s_.bind(("127.0.0.1", 0))
-            port = s_.getsockname()[1]
+        port = free_port()
         server = subprocess.Popen(
             [self.PG_BIN + "/postgres", "-D", d + "/data", "-p", str(port), "-c",
              "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + d, "-c",
@@ -911,12 +762,8 @@ class SchemaCliTest(unittest.TestCase):
 
 def main():
     global LEASEHOLD
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--leasehold", required=True, help="path to the leasehold executable")
-    args, rest = parser.parse_known_args()
-    LEASEHOLD = os.path.abspath(args.leasehold)
-    if not os.access(LEASEHOLD, os.X_OK):
-        sys.exit(f"cli_test: {LEASEHOLD} is not an executable")
+    args, rest = cli_harness.arg_parser().parse_known_args()
+    LEASEHOLD = cli_harness.use_leasehold(args.leasehold, "cli_test")
     unittest.main(argv=[sys.argv[0]] + rest)
 
 

@@ -20,13 +20,13 @@
 # host side through /proc (ppid links, process groups, pid namespaces, cwd). Every test gets a
 # fresh temp dir (the cwd of everything it starts), its own sqlite file or Redis key, and its own
 # XDG_STATE_HOME; tearDown kills every process group it started, every pid recorded in a *.pid
-# file, and every process still running in the temp dir (an escaped daemon). Timing bounds are
+# file, and every process still running in the temp dir (an escaped daemon). That fixture
+# (TreeFixture) is CliHarness of tests/cli/cli_harness.py, shared with cli_test.py, plus the pid
+# files and the strays; figure(), process_gone() and free_port() live there too. Timing bounds are
 # generous (busy CI machines), and every measured figure is printed.
 
-import argparse
 import ctypes
 import glob
-import json
 import os
 import random
 import re
@@ -39,6 +39,9 @@ import sys
 import tempfile
 import time
 import unittest
+
+import cli_harness
+from cli_harness import CliHarness, figure, free_port, proc_stat, process_gone
 
 LEASEHOLD = None
 REDIS_SERVER = None
@@ -55,10 +58,6 @@ AUTO_ORDER = ("cgroup", "pidns", "group")
 # double-forked daemon.
 TREE_FILES = ("fg.tick", "bg.tick", "daemon.tick")
 LEFTOVER_FILES = ("bg.tick", "daemon.tick")
-
-
-def figure(name, value, bound):
-    print(f"\n  [figure] {name}: {value:.3f}s (bound {bound:.3f}s)", file=sys.stderr, flush=True)
 
 
 def note(text):
@@ -120,28 +119,6 @@ def fork_bomb_script():
 # --- /proc -------------------------------------------------------------------------------------
 
 
-class Stat:
-    """The fields of /proc/PID/stat these tests use."""
-
-    def __init__(self, pid, text):
-        rest = text[text.rindex(")") + 2:].split()  # after the parenthesised command name
-        self.pid = pid
-        self.state = rest[0]
-        self.ppid = int(rest[1])
-        self.pgid = int(rest[2])
-        self.sid = int(rest[3])
-        self.start = int(rest[19])  # field 22: start time in clock ticks since boot
-
-
-def proc_stat(pid):
-    """pid's Stat, or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return Stat(pid, f.read())
-    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
-        return None
-
-
 def scan():
     """Every live process (zombies left out): {pid: Stat}."""
     procs = {}
@@ -151,12 +128,6 @@ def scan():
             if st is not None and st.state not in "ZX":
                 procs[st.pid] = st
     return procs
-
-
-def process_gone(pid, start=None):
-    """True if pid no longer runs: absent, a zombie, or (start given) a new process on the pid."""
-    st = proc_stat(pid)
-    return st is None or st.state in "ZX" or (start is not None and st.start != start)
 
 
 def children(pid, procs=None):
@@ -229,12 +200,6 @@ def cgroup2_mount():
     return None
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # --- which modes this machine provides ---------------------------------------------------------
 
 _PROBES = {}
@@ -287,48 +252,22 @@ def require_mode(mode):
 # --- fixture and helpers -----------------------------------------------------------------------
 
 
-class TreeFixture:
-    """setUp/tearDown and helpers shared by the test classes (a mixin: the generated classes add
-    unittest.TestCase, MODE and the store)."""
+class TreeFixture(CliHarness):
+    """CliHarness for the test classes here (a mixin: the generated classes add unittest.TestCase,
+    MODE and the store; RedisStore overrides store_url), with a key per test and tearDown's
+    sweep of the trees' leftovers."""
 
     MODE = "auto"
     STORE = "sqlite"
-
-    def store_url(self):
-        return "sqlite://" + os.path.join(self.tmp, "leases.db")
+    TMP_PREFIX = "leasehold-tree-"
 
     def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="leasehold-tree-")
-        self.store = self.store_url()
         # Letters only: a key never looks like a count in a log line. Unique per test, so a
         # Redis server shared by a class starts every test with a free key.
         self.key = "tree-" + "".join(random.choices(string.ascii_lowercase, k=8))
-        self.env = dict(os.environ)
-        self.env.pop("LEASEHOLD_STORE", None)
-        self.env.pop("LEASEHOLD_DEBUG", None)
-        self.env["XDG_STATE_HOME"] = os.path.join(self.tmp, "state")
-        self.env["HOME"] = self.tmp
-        self.procs = []
-        try:
-            r = self.cli("list")  # creates the sqlite file; checks that Redis answers
-            self.assertEqual(r.returncode, 0, r.stderr)
-        except BaseException:
-            self.tearDown()  # unittest skips tearDown when setUp fails
-            raise
+        super().setUp()  # the temp dir, the env; `list` creates the sqlite file or checks Redis
 
-    def tearDown(self):
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(timeout=10)
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            p.stderr_file.close()
+    def kill_leftovers(self):
         # Pids the trees recorded (host pids only: the guard skips a pid that is not ours).
         for name in glob.glob(os.path.join(self.tmp, "*.pid")):
             try:
@@ -354,43 +293,15 @@ class TreeFixture:
                 except ProcessLookupError:
                     pass
             time.sleep(0.05)
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def strays(self):
         """Live processes whose cwd is the temp dir: everything a test started runs there."""
         return [p for p in scan() if p != os.getpid() and cwd_of(p) == self.tmp]
 
-    def path(self, name):
-        return os.path.join(self.tmp, name)
-
-    def cli(self, *args, timeout=30, store=True):
-        argv = [LEASEHOLD] + list(args)
-        if store:
-            argv[2:2] = ["--store", self.store]  # after the subcommand name
-        return subprocess.run(argv, env=self.env, cwd=self.tmp, capture_output=True, text=True,
-                              timeout=timeout)
-
-    def start(self, *args, store=True):
-        """Starts `leasehold ARGS` in its own session (its pid is its process group); stderr
-        goes to a file."""
-        argv = [LEASEHOLD] + list(args)
-        if store:
-            argv[2:2] = ["--store", self.store]
-        err = tempfile.NamedTemporaryFile(mode="w+", dir=self.tmp, prefix="stderr-", delete=False)
-        p = subprocess.Popen(argv, env=self.env, cwd=self.tmp, stdout=subprocess.DEVNULL,
-                             stderr=err, start_new_session=True)
-        p.stderr_file = err
-        self.procs.append(p)
-        return p
-
     def start_run(self, script, ttl="1s", *flags):
         """Starts `leasehold run --contain=MODE --ttl TTL FLAGS KEY -- sh -c SCRIPT`."""
         return self.start("run", f"--contain={self.MODE}", "--ttl", ttl, *flags, self.key, "--",
                           "sh", "-c", script)
-
-    def stderr_of(self, p):
-        with open(p.stderr_file.name) as f:
-            return f.read()
 
     def diagnostics(self):
         procs = scan()
@@ -399,48 +310,10 @@ class TreeFixture:
                   for pid in self.strays()[:20]]
         return "\n".join(lines)
 
-    def wait_until(self, what, pred, timeout=10):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = pred()
-            if value:
-                return value
-            time.sleep(0.01)
-        self.fail(f"{what}: not within {timeout}s; started processes:\n" + self.diagnostics())
-
-    def wait_for_file(self, name, timeout=10):
-        def complete():
-            if os.path.exists(self.path(name)):
-                with open(self.path(name)) as f:
-                    text = f.read()
-                if text.endswith("\n"):
-                    return text.strip()
-            return None
-        return self.wait_until(f"{name} appears", complete, timeout)
-
-    def wait_exit(self, p, timeout):
-        try:
-            return p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.fail(f"leasehold {p.args[1:]} still running after {timeout}s; stderr:\n"
-                      + self.stderr_of(p))
-
-    def status_json(self, key=None):
-        r = self.cli("status", key or self.key, "--json")
-        self.assertEqual(r.returncode, 0, r.stderr)
-        return json.loads(r.stdout)
-
     def wait_held(self, timeout=10):
         return self.wait_until(f"{self.key} held",
                                lambda: (lambda s: s if s["held"] else None)(self.status_json()),
                                timeout)
-
-    def assert_one_error_line(self, r, code):
-        lines = r.stderr.splitlines()
-        self.assertGreaterEqual(r.returncode, 0, f"killed by signal: {r.stderr}")
-        self.assertEqual(r.returncode, code, f"stderr: {r.stderr}")
-        self.assertEqual(len(lines), 1, f"expected one stderr line, got: {lines}")
-        self.assertTrue(lines[0].startswith("leasehold: "), lines[0])
 
     # --- the mode ----------------------------------------------------------------------------
 
@@ -962,17 +835,14 @@ del _mode, _name
 
 def main():
     global LEASEHOLD, REDIS_SERVER, REQUIRED_MODES
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--leasehold", required=True, help="path to the leasehold executable")
+    parser = cli_harness.arg_parser()
     parser.add_argument("--redis-server", default=shutil.which("redis-server"),
                         help="path to redis-server (default: from PATH; Redis classes skip "
                              "without it)")
     parser.add_argument("--require-modes", default="",
                         help="comma-separated modes that must be available (no skip)")
     args, rest = parser.parse_known_args()
-    LEASEHOLD = os.path.abspath(args.leasehold)
-    if not os.access(LEASEHOLD, os.X_OK):
-        sys.exit(f"tree_test: {LEASEHOLD} is not an executable")
+    LEASEHOLD = cli_harness.use_leasehold(args.leasehold, "tree_test")
     REDIS_SERVER = args.redis_server or None  # --redis-server '': skip the Redis classes
     if REDIS_SERVER is not None and not os.access(REDIS_SERVER, os.X_OK):
         sys.exit(f"tree_test: {REDIS_SERVER} is not an executable")

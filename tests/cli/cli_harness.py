@@ -1,0 +1,211 @@
+# File: tests/cli/cli_harness.py
+#
+# The harness shared by the end-to-end tests of the `leasehold` command (cli_test.py,
+# tree_test.py; both import it from their own folder): the --leasehold argument, the printed
+# figures, /proc/PID/stat, a free loopback port, and CliHarness, the fixture mixin of their
+# test classes.
+#
+# CliHarness gives every test a fresh temp dir (the cwd of everything it starts), its own store
+# (store_url(): a sqlite file in the temp dir unless a subclass names another) and its own
+# XDG_STATE_HOME and HOME, so nothing touches the real home; tearDown kills every process group
+# the test started, then whatever kill_leftovers() (a subclass's hook) finds, then removes the
+# temp dir.
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+LEASEHOLD = None  # the executable under test: set by use_leasehold()
+
+
+def arg_parser():
+    """The parser of a test script's own arguments: --leasehold PATH; the rest go to unittest."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--leasehold", required=True, help="path to the leasehold executable")
+    return parser
+
+
+def use_leasehold(path, prog):
+    """Makes path (absolute) the executable the harness runs, or exits naming prog if it cannot
+    be run. Returns it."""
+    global LEASEHOLD
+    LEASEHOLD = os.path.abspath(path)
+    if not os.access(LEASEHOLD, os.X_OK):
+        sys.exit(f"{prog}: {LEASEHOLD} is not an executable")
+    return LEASEHOLD
+
+
+def figure(name, value, bound):
+    print(f"\n  [figure] {name}: {value:.3f}s (bound {bound:.3f}s)", file=sys.stderr, flush=True)
+
+
+# --- /proc -------------------------------------------------------------------------------------
+
+
+class Stat:
+    """The fields of /proc/PID/stat these tests use."""
+
+    def __init__(self, pid, text):
+        rest = text[text.rindex(")") + 2:].split()  # after the parenthesised command name
+        self.pid = pid
+        self.state = rest[0]
+        self.ppid = int(rest[1])
+        self.pgid = int(rest[2])
+        self.sid = int(rest[3])
+        self.start = int(rest[19])  # field 22: start time in clock ticks since boot
+
+
+def proc_stat(pid):
+    """pid's Stat, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return Stat(pid, f.read())
+    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+        return None
+
+
+def process_gone(pid, start=None):
+    """True if pid no longer runs: absent, a zombie waiting for a reaper, or (start given) a new
+    process on the pid."""
+    st = proc_stat(pid)
+    return st is None or st.state in "ZX" or (start is not None and st.start != start)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- the fixture -------------------------------------------------------------------------------
+
+
+class CliHarness:
+    """setUp/tearDown and the helpers of a test class of the command (a mixin: the classes add
+    unittest.TestCase). Parameters: TMP_PREFIX, store_url(), kill_leftovers(), diagnostics();
+    status_json() without a key reads self.key, which a subclass sets."""
+
+    TMP_PREFIX = "leasehold-cli-"
+
+    def store_url(self):
+        """The --store of every command (called once the temp dir exists)."""
+        return "sqlite://" + os.path.join(self.tmp, "leases.db")
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix=self.TMP_PREFIX)
+        self.store = self.store_url()
+        self.env = dict(os.environ)
+        self.env.pop("LEASEHOLD_STORE", None)
+        self.env.pop("LEASEHOLD_DEBUG", None)
+        self.env["XDG_STATE_HOME"] = os.path.join(self.tmp, "state")
+        self.env["HOME"] = self.tmp
+        self.procs = []
+        # Create the store once up front (the sqlite file; a server store must answer): the tests
+        # are about the command, and a fresh file opened by several processes at once is covered
+        # by its own test (cli_test).
+        try:
+            r = self.cli("list")
+            self.assertEqual(r.returncode, 0, r.stderr)
+        except BaseException:
+            self.tearDown()  # unittest skips tearDown when setUp fails
+            raise
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=10)
+            # Children of a run killed with -9 live in the same (new) process group.
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.stderr_file.close()
+        self.kill_leftovers()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def kill_leftovers(self):
+        """tearDown's hook, after the process groups and before the temp dir: kills whatever else
+        a test may have left running. Nothing here."""
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def path(self, name):
+        return os.path.join(self.tmp, name)
+
+    def argv(self, args, store):
+        argv = [LEASEHOLD] + list(args)
+        if store:
+            argv[2:2] = ["--store", self.store]  # after the subcommand name
+        return argv
+
+    def cli(self, *args, env=None, timeout=30, store=True):
+        return subprocess.run(self.argv(args, store), env=env or self.env, cwd=self.tmp,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def start(self, *args, env=None, store=True, stdout=subprocess.DEVNULL):
+        """Starts `leasehold ARGS` in its own session (its pid is its process group); stderr
+        goes to a file."""
+        err = tempfile.NamedTemporaryFile(mode="w+", dir=self.tmp, prefix="stderr-", delete=False)
+        p = subprocess.Popen(self.argv(args, store), env=env or self.env, cwd=self.tmp,
+                             stdout=stdout, stderr=err, start_new_session=True)
+        p.stderr_file = err
+        self.procs.append(p)
+        return p
+
+    def stderr_of(self, p):
+        with open(p.stderr_file.name) as f:
+            return f.read()
+
+    def diagnostics(self):
+        """What a failed wait shows: every started process, its exit code and stderr."""
+        return "\n".join(f"{p.args[1:8]} rc={p.poll()}: {self.stderr_of(p)}" for p in self.procs)
+
+    def wait_until(self, what, pred, timeout=10):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = pred()
+            if value:
+                return value
+            time.sleep(0.01)
+        self.fail(f"{what}: not within {timeout}s; started processes:\n" + self.diagnostics())
+
+    def wait_for_file(self, name, timeout=10):
+        """The stripped text of the file name of the temp dir once it ends with a newline."""
+        def complete():
+            if os.path.exists(self.path(name)):
+                with open(self.path(name)) as f:
+                    text = f.read()
+                if text.endswith("\n"):
+                    return text.strip()
+            return None
+        return self.wait_until(f"{name} appears", complete, timeout)
+
+    def wait_exit(self, p, timeout):
+        try:
+            return p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.fail(f"leasehold {p.args[1:]} still running after {timeout}s; stderr:\n"
+                      + self.stderr_of(p))
+
+    def status_json(self, key=None, env=None, store=True):
+        r = self.cli("status", key or self.key, "--json", env=env, store=store)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)
+
+    def assert_one_error_line(self, r, code):
+        lines = r.stderr.splitlines()
+        self.assertGreaterEqual(r.returncode, 0, f"killed by signal: {r.stderr}")
+        self.assertEqual(r.returncode, code, f"stderr: {r.stderr}")
+        self.assertEqual(len(lines), 1, f"expected one stderr line, got: {lines}")
+        self.assertTrue(lines[0].startswith("leasehold: "), lines[0])
