@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 
 #include "leasehold/options.h"
-#include "leasehold/version.h"
 
 namespace leasehold {
 
@@ -61,8 +60,6 @@ std::string_view LeaseStateName(LeaseState state) {
   }
   return "unknown";
 }
-
-const char* Version() { return LEASEHOLD_VERSION_STRING; }
 
 Status::Status(StatusCode code, std::string message, std::string detail) {
   if (code != StatusCode::kOk) {

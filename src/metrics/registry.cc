@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "leasehold/version.h"
+
 namespace leasehold {
 
 namespace internal {
@@ -159,6 +161,13 @@ MetricsSnapshot MetricsRegistry::Snapshot() {
   f.push_back(Family("leasehold_lease_safe_remaining_seconds", MetricType::kGauge,
                      "Smallest safe_until - now among held leases: how long the most endangered "
                      "holder may still act without another confirmed renewal."));
+  f.push_back(Family("leasehold_build_info", MetricType::kGauge,
+                     "Always 1; the labels say what the library was built from: version, git "
+                     "commit and the stores compiled in."));
+  MetricPoint build;
+  build.labels = {{"version", Version()}, {"commit", Commit()}, {"stores", CompiledStores()}};
+  build.value = 1;
+  f.back().points.push_back(std::move(build));
   for (std::size_t si = 0; si < series.size(); ++si) {
     const LeaseMetrics& s = *series[si];
     const MetricLabel backend{"backend", s.backend};

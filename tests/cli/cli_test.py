@@ -432,6 +432,18 @@ class CliTest(CliHarness, unittest.TestCase):
                          128 + signal.SIGKILL)
         self.assertFalse(self.status_json("job")["held"])
 
+    def test_command_after_dashes_is_passed_byte_for_byte(self):
+        # CLI11 used to strip the brackets of a lone "[x]": `sh -c '[ -n "$X" ]'` broke.
+        args = ["[x]", "[ -n a ]", "{y}", "a,b", "--", "-q", "--store", " spaced "]
+        for sub in (["run", "job"], ["elect", "--wait", "0", "svc"]):
+            with self.subTest(sub=sub[0]):
+                r = self.cli(*sub, "--", "python3", "-c",
+                             "import json, sys; print(json.dumps(sys.argv[1:]))", *args)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual(json.loads(r.stdout), args)
+        r = self.cli("run", "job", "--", "sh", "-c", '[ -n "$LEASEHOLD_FENCING_TOKEN" ]')
+        self.assertEqual(r.returncode, 0, r.stderr)
+
     def test_sigterm_to_run_is_forwarded_and_run_exits_with_childs_code(self):
         run = self.start("run", "--ttl", "5s", "job", "--", "sh", "-c",
                          "trap 'echo forwarded > child.term; exit 7' TERM; echo $$ > child.pid; "

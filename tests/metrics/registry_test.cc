@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "leasehold/version.h"
+
 namespace leasehold::internal {
 namespace {
 
@@ -103,6 +105,18 @@ TEST(MetricsRegistryTest, EveryFamilyIsListedEvenWithoutSeries) {
     EXPECT_TRUE(f->points.empty()) << name;
     EXPECT_FALSE(f->help.empty()) << name;
   }
+}
+
+TEST(MetricsRegistryTest, BuildInfoNamesVersionCommitAndStores) {
+  MetricsRegistry registry;
+  MetricsSnapshot snap = registry.Snapshot();
+  const MetricPoint* info = snap.Find(
+      "leasehold_build_info",
+      {{"version", Version()}, {"commit", Commit()}, {"stores", CompiledStores()}});
+  ASSERT_NE(info, nullptr);
+  EXPECT_EQ(info->value, 1);
+  EXPECT_STRNE(Commit(), "");
+  EXPECT_EQ(std::string(CompiledStores()).find("  "), std::string::npos);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <new>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -70,7 +71,8 @@ std::string Footer() {
 
 int Main(int argc, char** argv) {
   CLI::App app("leasehold: distributed leases with fencing tokens", "leasehold");
-  app.set_version_flag("--version", fmt::format("leasehold {}", Version()));
+  app.set_version_flag("--version", fmt::format("leasehold {} (commit {}; stores: {})", Version(),
+                                                Commit(), CompiledStores()));
   app.require_subcommand(1);
   app.footer(Footer());
   Flags flags;
@@ -114,8 +116,9 @@ int Main(int argc, char** argv) {
   AddTreeOptions(*run, flags.run);
   AddObservabilityOptions(*run, flags.run.observability);
   run->add_option("KEY", flags.run.key, "The lease's name, 1..512 bytes of UTF-8")->required();
-  run->add_option("COMMAND", flags.run.command, "The command to run, after --, with its arguments")
-      ->required();
+  // Not required() here: what follows `--` is taken verbatim before CLI11 parses (Main below);
+  // RunCommand reports a missing COMMAND.
+  run->add_option("COMMAND", flags.run.command, "The command to run, after --, with its arguments");
   run->footer(Footer());
 
   CLI::App* elect = app.add_subcommand(
@@ -162,8 +165,7 @@ int Main(int argc, char** argv) {
   elect->add_option("NAME", flags.elect.name, "The election's name")->required();
   elect
       ->add_option("COMMAND", flags.elect.run.command,
-                   "The command to run while leader, after --, with its arguments")
-      ->required();
+                   "The command to run while leader, after --, with its arguments");
   elect->footer(Footer());
 
   CLI::App* leader = app.add_subcommand(
@@ -206,8 +208,19 @@ int Main(int argc, char** argv) {
   AddCommonOptions(*schema, flags);
   schema->footer(Footer());
 
+  // Everything after the first `--` is the command, byte for byte: CLI11 rewrites some
+  // arguments it parses (a lone "[x]" becomes "x", which broke `sh -c '[ -n "$X" ]'`).
+  std::optional<std::vector<std::string>> command;
+  int cli_argc = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--") {
+      command.emplace(argv + i + 1, argv + argc);
+      cli_argc = i;
+      break;
+    }
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(cli_argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -220,6 +233,11 @@ int Main(int argc, char** argv) {
   }
 
   SetQuiet(flags.quiet);
+  if (command.has_value()) {
+    flags.run.command.insert(flags.run.command.end(), command->begin(), command->end());
+    flags.elect.run.command.insert(flags.elect.run.command.end(), command->begin(),
+                                   command->end());
+  }
   if (run->parsed()) {
     flags.run.store_url = flags.store_url;
     flags.run.ttl = ttl;
