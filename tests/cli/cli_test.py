@@ -454,6 +454,20 @@ class CliTest(CliHarness, unittest.TestCase):
         self.assertEqual(self.wait_for_file("child.term"), "forwarded")
         self.assertFalse(self.status_json("job")["held"])
 
+    def test_sigterm_while_waiting_for_children_reaches_a_setsid_leftover(self):
+        run = self.start("run", "--ttl", "2s", "--wait-children", "job", "--", "sh", "-c",
+                         "(setsid sh -c 'while :; do echo x >> d.tick; sleep 0.02; done' &); "
+                         "exit 5")
+        self.wait_for_file("d.tick")
+        self.assertEqual(self.status_json("job")["held"], True)
+        os.kill(run.pid, signal.SIGTERM)
+        self.assertEqual(self.wait_exit(run, 10), 5, self.stderr_of(run))  # the command's own
+        size = os.path.getsize(self.path("d.tick"))
+        time.sleep(0.3)
+        self.assertEqual(os.path.getsize(self.path("d.tick")), size, "the leftover runs on")
+        self.assertIn("leftovers", self.stderr_of(run))
+        self.assertFalse(self.status_json("job")["held"])
+
     def test_sigint_while_waiting_exits_130(self):
         self.start("run", "--ttl", "5s", "job", "--", "sleep", "60")
         held = self.wait_held("job")

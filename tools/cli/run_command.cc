@@ -334,12 +334,18 @@ class LeaseGuard {
 
   // SIGINT/SIGTERM/SIGHUP, from a process or the terminal, go to the command's process group
   // as a shell's job control would: the command is not in leasehold's (foreground) group, so
-  // nothing reaches it twice.
+  // nothing reaches it twice. Once the command itself has exited, they go to the whole tree.
   void HandleSignals() {
     signalfd_siginfo info{};
     while (ReadSignal(signal_fd_, info)) {
       const int sig = static_cast<int>(info.ssi_signo);
-      if (IsInterrupt(sig)) {
+      if (IsInterrupt(sig) && tree_.command_exited()) {
+        // Only leftovers are running (--wait-children, or their grace): the whole tree, or a
+        // setsid daemon would keep us waiting after the user asked to stop.
+        interrupted_ = true;
+        Info(fmt::format("forwarding {} to the leftovers of the command's tree", SignalName(sig)));
+        tree_.SignalTree(sig);
+      } else if (IsInterrupt(sig)) {
         interrupted_ = true;
         Info(fmt::format("forwarding {} to the command's process group", SignalName(sig)));
         tree_.SignalGroup(sig);

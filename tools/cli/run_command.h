@@ -12,8 +12,9 @@
 //      LEASEHOLD_KEY and LEASEHOLD_FENCING_TOKEN in its environment (never the owner token).
 //   4. Supervises with poll() over the signalfd, an eventfd written by the lease's callbacks
 //      (state changes, losses and every renewal), a CLOCK_BOOTTIME timerfd and the keeper's
-//      report pipe:
-//        - SIGINT/SIGTERM/SIGHUP go to the command's process group, as job control would;
+//      report socket:
+//        - SIGINT/SIGTERM/SIGHUP go to the command's process group, as job control would
+//          (to the whole tree once only leftovers of an exited command remain);
 //        - without a confirmed renewal the whole tree gets SIGTERM at safe_until - kill_grace
 //          and SIGKILL at safe_until, so it is gone before anyone else can acquire the lease;
 //        - if the store says the grant is no longer ours (force-release, take-over), SIGTERM at
