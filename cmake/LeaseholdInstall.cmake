@@ -10,6 +10,12 @@ install(TARGETS leasehold leasehold_testing EXPORT leaseholdTargets
 install(EXPORT leaseholdTargets NAMESPACE leasehold::
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/leasehold)
 
+# leaseholdConfig.cmake finds the library's own dependencies only for a static libleasehold.
+if(BUILD_SHARED_LIBS)
+  set(LEASEHOLD_STATIC_LIB OFF)
+else()
+  set(LEASEHOLD_STATIC_LIB ON)
+endif()
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/leaseholdConfig.cmake.in
   ${PROJECT_BINARY_DIR}/leaseholdConfig.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/leasehold)

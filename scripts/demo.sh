@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Sets up leasehold and runs the main job on the embedded default store: two `leasehold run`
 # on the same key. The first holds it for 3 s; the second waits politely (--wait), starts as
-# soon as the first is done, and sees a higher fencing token.
+# soon as the first is done, and sees a higher fencing token. Installs only what building the
+# command needs (scripts/install-deps.sh --build) and builds only the `leasehold` command
+# (tests, examples and benchmarks off; scripts/test.sh turns them back on in the same build/).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-scripts/install-deps.sh
-BUILD_DIR="$root/build" scripts/build.sh >/dev/null
+scripts/install-deps.sh --build
+BUILD_DIR="$root/build" TARGET=leasehold_cli scripts/build.sh -DLEASEHOLD_BUILD_TESTS=OFF \
+  -DLEASEHOLD_BUILD_EXAMPLES=OFF -DLEASEHOLD_BUILD_BENCH=OFF >/dev/null
 leasehold="$root/build/tools/cli/leasehold"
 key="demo:nightly-report"
 

@@ -1,19 +1,35 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages leasehold needs to build and test. Idempotent and quick when
-# everything is present. Runs apt-get as root, or through sudo when not root.
+# Installs the Debian 12 packages leasehold needs. Idempotent and quick when everything is
+# present. Runs apt-get as root, or through sudo when not root.
+#
+#   scripts/install-deps.sh           what building and testing need (the test command's set)
+#   scripts/install-deps.sh --build   only what building the library and the `leasehold`
+#                                     command needs: a compiler, CMake and the store client
+#                                     libraries' -dev packages (the quick start's set: no
+#                                     servers, no Java runtime, no Prometheus, no clang)
 set -euo pipefail
 
-packages=(
-  g++ clang-14 cmake make pkg-config ccache python3
-  libfmt-dev libcli11-dev libsqlite3-dev nlohmann-json3-dev
-  libgtest-dev libgmock-dev
-  libhiredis-dev redis-server redis-tools
-  postgresql pgbouncer libpq-dev
-  libcpp-httplib-dev prometheus
-  etcd-server etcd-client libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  zookeeper default-jre-headless libzookeeper-mt-dev
-  openssl curl
+build_packages=(
+  g++ cmake make pkg-config ccache
+  libfmt-dev libcli11-dev libsqlite3-dev nlohmann-json3-dev libcpp-httplib-dev
+  libhiredis-dev libpq-dev libzookeeper-mt-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
 )
+# The stores the tests start (redis-server, PostgreSQL, PgBouncer, etcd, ZooKeeper and its
+# JRE), the test frameworks, clang for the thread-safety build, promtool for the metrics test,
+# and what the package test uses (dpkg-shlibdeps from dpkg-dev, groff for the man page lint).
+test_packages=(
+  clang-14 python3 libgtest-dev libgmock-dev libbenchmark-dev
+  redis-server redis-tools postgresql pgbouncer prometheus
+  etcd-server etcd-client zookeeper default-jre-headless
+  openssl curl dpkg-dev groff-base
+)
+
+case "${1:-}" in
+  --build) packages=("${build_packages[@]}") ;;
+  "") packages=("${build_packages[@]}" "${test_packages[@]}") ;;
+  *) echo "usage: $0 [--build]" >&2; exit 64 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

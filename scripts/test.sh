@@ -14,7 +14,9 @@ step "dependencies"
 scripts/install-deps.sh
 
 step "build (RelWithDebInfo, -Werror)"
-BUILD_DIR="$root/build" scripts/build.sh -DLEASEHOLD_WERROR=ON -DLEASEHOLD_BUILD_BENCH=ON
+# Everything on by name: build/ may have been configured by scripts/demo.sh with tests off.
+BUILD_DIR="$root/build" scripts/build.sh -DLEASEHOLD_WERROR=ON -DLEASEHOLD_BUILD_BENCH=ON \
+  -DLEASEHOLD_BUILD_TESTS=ON -DLEASEHOLD_BUILD_EXAMPLES=ON -DLEASEHOLD_BUILD_CLI=ON
 step "tests"
 ctest --test-dir build -j "$jobs" --timeout 600
 
@@ -29,7 +31,7 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
     -DLEASEHOLD_WERROR=ON -DLEASEHOLD_SANITIZE=address,undefined
   step "tests under AddressSanitizer + UBSan"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-asan -j "$jobs" --timeout 900 -LE "install|chaos"
+    ctest --test-dir build-asan -j "$jobs" --timeout 900 -LE "install|chaos|package"
 
   step "build with ThreadSanitizer"
   # etcd:// is left out here: TSan needs every library instrumented, and Debian's gRPC is not

@@ -14,6 +14,7 @@ cmake --build "$tmp/consumer" >/dev/null
 libdir="$(find "$tmp/prefix" -name leasehold.pc -printf '%h\n' | head -1)"
 PKG_CONFIG_PATH="$libdir" g++ -std=c++20 -o "$tmp/pc_consumer" "$source_dir/tests/install/consumer/main.cc" \
   $(PKG_CONFIG_PATH="$libdir" pkg-config --cflags --libs --static leasehold)
-"$tmp/pc_consumer"
+# A shared libleasehold is found at run time through the prefix's lib directory.
+LD_LIBRARY_PATH="$(dirname "$libdir")" "$tmp/pc_consumer"
 test -x "$tmp/prefix/bin/leasehold" || { echo "leasehold command not installed" >&2; exit 1; }
 echo "install_test: find_package and pkg-config consumers both work"

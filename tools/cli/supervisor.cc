@@ -681,8 +681,17 @@ CgroupLeaf PrepareCgroup() {
   if (own == "/") {
     own.clear();
   }
-  leaf.dir = fmt::format("{}{}/leasehold-{}-{}", mount, own, ::getpid(), ++sequence);
-  if (::mkdir(leaf.dir.c_str(), 0755) != 0) {
+  // The pid alone does not make the name unique: leasehold as PID 1 of a container's namespace
+  // shares it with every other such container under the same parent.
+  int made = -1;
+  for (int attempt = 0; attempt < 100 && made != 0; ++attempt) {
+    leaf.dir = fmt::format("{}{}/leasehold-{}-{}", mount, own, ::getpid(), ++sequence);
+    made = ::mkdir(leaf.dir.c_str(), 0755);
+    if (made != 0 && errno != EEXIST) {
+      break;
+    }
+  }
+  if (made != 0) {
     leaf.why_not = fmt::format("cannot create {}: {}", leaf.dir, ErrnoText(errno));
     leaf.dir.clear();
     return leaf;
