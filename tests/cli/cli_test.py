@@ -554,6 +554,20 @@ class ElectCliTest(CliHarness, unittest.TestCase):
         self.assertEqual(json.loads(r.stdout), {"name": "svc", "leader": False},
                          "the last leadership was resigned at exit")
 
+    def test_elect_again_backs_off_when_terms_end_at_once(self):
+        elect = self.start("elect", "--again", "--ttl", "2s", "svc", "--", "sh", "-c",
+                           "echo $LEASEHOLD_TERM >> terms")
+        time.sleep(2.2)  # pauses 0.5 s, 1.5 s, 3.5 s...: three terms in 2.2 s, not hundreds
+        os.kill(elect.pid, signal.SIGTERM)
+        self.assertEqual(self.wait_exit(elect, 10), 0, self.stderr_of(elect))
+        with open(self.path("terms")) as f:
+            terms = f.read().split()
+        print(f"\n  [figure] terms of an instantly ending command in 2.2 s (--again): "
+              f"{len(terms)} (bound 4)", file=sys.stderr)
+        self.assertGreaterEqual(len(terms), 2)
+        self.assertLessEqual(len(terms), 4)
+        self.assertIn("its term lasted only", self.stderr_of(elect))
+
     def test_leader_shows_the_leader_and_a_candidate_without_wait_exits_75(self):
         self.start("elect", "--ttl", "5s", "--id", "first", "svc", "--", "sh", "-c",
                    "echo $LEASEHOLD_TERM $LEASEHOLD_ELECTION $LEASEHOLD_LEADER_ID "

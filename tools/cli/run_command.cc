@@ -499,6 +499,33 @@ ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status()>& re
   return {child_code, guard.interrupted()};
 }
 
+// --again's pause after a term that ended at once.
+constexpr Duration kShortTerm = seconds(1);
+constexpr Duration kFirstPause = std::chrono::milliseconds(500);
+constexpr Duration kMaxPause = seconds(30);
+
+// Waits up to `limit` on the supervised signals; true if SIGINT/SIGTERM/SIGHUP came.
+bool WaitForInterrupt(int signal_fd, Duration limit) {
+  const SteadyTime end = Clock::Real().Now() + limit;
+  for (;;) {
+    const Duration left = end - Clock::Real().Now();
+    if (left <= Duration::zero()) {
+      return false;
+    }
+    pollfd p{signal_fd, POLLIN, 0};
+    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+    if (::poll(&p, 1, static_cast<int>(ms)) < 0 && errno != EINTR) {
+      return false;
+    }
+    signalfd_siginfo info{};
+    while (ReadSignal(signal_fd, info)) {
+      if (IsInterrupt(static_cast<int>(info.ssi_signo))) {
+        return true;
+      }
+    }
+  }
+}
+
 const std::string& DefaultCandidateId() {
   static const std::string id = [] {
     char host[256] = {};
@@ -641,6 +668,7 @@ int ElectCommand(const ElectFlags& flags) {
          }
        }});
   int exit_code = 0;
+  Duration pause = Duration::zero();  // between short terms (--again)
   for (;;) {
     if (watcher == nullptr) {
       watcher = std::make_unique<InterruptWatcher>((*sup)->signal_fd.get());
@@ -679,6 +707,7 @@ int ElectCommand(const ElectFlags& flags) {
          fmt::format("LEASEHOLD_FENCING_TOKEN={}", leadership->term()),
          "LEASEHOLD_ELECTION=" + flags.name, fmt::format("LEASEHOLD_TERM={}", leadership->term()),
          "LEASEHOLD_LEADER_ID=" + id});
+    const SteadyTime term_start = Clock::Real().Now();
     ChildOutcome outcome = RunUnderLease(
         lease, [&leadership] { return leadership->Resign(); }, run.command, std::move(env),
         TreeSettingsFor(*settings, run), **sup, "leadership of " + flags.name);
@@ -686,8 +715,22 @@ int ElectCommand(const ElectFlags& flags) {
     if (!flags.again || outcome.interrupted) {
       return exit_code;
     }
-    Info(fmt::format("campaigning again in {} (--again; the command ended: exit {})", flags.name,
+    // A command that ends at once must not turn --again into a loop that hammers the store:
+    // after a term shorter than kShortTerm, wait 0.5 s, then twice as long each time, up to 30 s.
+    const Duration term = Clock::Real().Now() - term_start;
+    pause = term < kShortTerm ? std::min<Duration>(pause * 2 + kFirstPause, kMaxPause)
+                              : Duration::zero();
+    Info(fmt::format("campaigning again in {}{} (--again; the command ended: exit {})",
+                     flags.name,
+                     pause > Duration::zero() ? " after " + FormatDuration(pause) +
+                                                    " (its term lasted only " +
+                                                    FormatDuration(term) + ")"
+                                              : std::string(),
                      exit_code));
+    if (pause > Duration::zero() && WaitForInterrupt((*sup)->signal_fd.get(), pause)) {
+      Error(fmt::format("interrupted while pausing between terms of {}", flags.name));
+      return exit_code;
+    }
   }
 }
 
