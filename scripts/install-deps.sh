@@ -17,12 +17,13 @@ build_packages=(
 )
 # The stores the tests start (redis-server, PostgreSQL, PgBouncer, etcd, ZooKeeper and its
 # JRE), the test frameworks, clang for the thread-safety build, promtool for the metrics test,
-# and what the package test uses (dpkg-shlibdeps from dpkg-dev, groff for the man page lint).
+# and what the package test uses (dpkg-shlibdeps from dpkg-dev, groff and man-db for the man
+# page).
 test_packages=(
   clang-14 python3 libgtest-dev libgmock-dev libbenchmark-dev
   redis-server redis-tools postgresql pgbouncer prometheus
   etcd-server etcd-client zookeeper default-jre-headless
-  openssl curl dpkg-dev groff-base
+  openssl curl dpkg-dev groff-base man-db
 )
 
 case "${1:-}" in
