@@ -553,7 +553,10 @@ class TreeScenarios(ModeFixture):
         for _ in range(2):  # again: the loops fork every 20 ms
             for p, st in scan().items():
                 if st.pgid in groups and p != keeper and p not in stopped:
-                    os.kill(p, signal.SIGSTOP)
+                    try:
+                        os.kill(p, signal.SIGSTOP)
+                    except ProcessLookupError:
+                        continue  # a `sleep 0.02` of the loops, gone since the scan
                     stopped.add(p)
         t_stop = time.monotonic()
         tree = self.tree_members(run.pid, keeper)
