@@ -292,7 +292,9 @@ TEST_P(SupervisorTest, DeathOfItsOwnerTakesTheTreeDownAtOnce) {
       std::chrono::duration_cast<std::chrono::milliseconds>(last_growth - killed).count();
   std::printf("  [figure] %s: tree gone %lld ms after kill -9 of its owner\n",
               std::string(ContainmentName(GetParam())).c_str(), static_cast<long long>(gone_ms));
-  EXPECT_LE(gone_ms, 100);
+  // The target is 100 ms (the figure above: 0 ms here, ticks are 10 ms apart); the bound is
+  // generous so that a busy CI machine does not make a timing test flake.
+  EXPECT_LE(gone_ms, 1000);
   EXPECT_TRUE(Silent(files, 300ms));
   // The keeper removes the owner's cgroup leaf once the tree is gone (nobody else would).
   const std::string leaf_prefix = "leasehold-" + std::to_string(owner) + "-";
