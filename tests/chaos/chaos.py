@@ -601,10 +601,10 @@ def read_new_lines(path, offsets, name):
 
 
 class Orchestrator:
-    def __init__(self, args, store, scenario, run_dir, rng, worker_flags):
+    def __init__(self, args, store, scenario, run_dir, rng, worker_flags, scenarios=SCENARIOS):
         self.args = args
         self.store = store
-        self.sc = SCENARIOS[scenario]
+        self.sc = scenarios[scenario]
         self.run_dir = run_dir
         self.rng = rng
         self.ttl_ns = args.ttl_ms * MS
@@ -1123,24 +1123,16 @@ class CliOrchestrator(Orchestrator):
     SIGKILL every writer still alive."""
 
     def __init__(self, args, store, scenario, run_dir, rng, unsafe):
-        self.args = args
-        self.store = store
+        # procs, stopped, pause_req (unused here: Orchestrator.live reads it), offsets (bytes
+        # read of each worker's stderr), log_f and next_id come from the base.
+        super().__init__(args, store, scenario, run_dir, rng, [], scenarios=CLI_SCENARIOS)
         self.scenario = scenario
-        self.sc = CLI_SCENARIOS[scenario]
-        self.run_dir = run_dir
-        self.rng = rng
-        self.ttl_ns = args.ttl_ms * MS
         self.unsafe = unsafe
         self.env = dict(os.environ)
         self.env.pop(CLI_UNSAFE_ENV, None)
         if unsafe:
             self.env[CLI_UNSAFE_ENV] = "1"
         self.reg_path = os.path.join(run_dir, "register.db")
-        self.log_f = open(os.path.join(run_dir, "orch.log"), "a", buffering=1)
-        self.procs = {}  # pid -> (Popen, worker id)
-        self.stopped = {}  # pid -> cont_at_ns
-        self.pause_req = {}  # unused here (Orchestrator.live reads it)
-        self.offsets = {}  # worker id -> bytes read of its stderr
         self.started = {}  # worker id -> t its command started (stderr), None before
         self.finished = set()  # worker ids whose command's end leasehold has logged
         self.killed_at = {}  # worker id -> t of our SIGKILL
@@ -1151,7 +1143,6 @@ class CliOrchestrator(Orchestrator):
         self.orphans = {}  # writer pid -> worker id (counted, SIGKILLed)
         self.unknown_seen = {}  # writer pid -> first seen, for writers of no known worker
         self.unspawned = 0  # workers whose spawn failed, to start again
-        self.next_id = 0
 
     def spawn(self, end_ns):
         wid = f"w{self.next_id}"
