@@ -497,15 +497,16 @@ class Keeper {
 
   void OnTimer() {
     const long long now = NowBootNs();
+    // Report first: in group mode KillAll reaps, and exits the keeper once the tree is empty.
     if (!kill_done_ && kill_at_ > 0 && now >= kill_at_) {
-      KillAll();
+      Report(kOpDeadlineFired, SIGKILL);
       kill_done_ = true;
       term_done_ = true;
-      Report(kOpDeadlineFired, SIGKILL);
+      KillAll();
     } else if (!term_done_ && term_at_ > 0 && now >= term_at_) {
-      SignalAll(SIGTERM);
-      term_done_ = true;
       Report(kOpDeadlineFired, SIGTERM);
+      term_done_ = true;
+      SignalAll(SIGTERM);
     }
   }
 
