@@ -36,6 +36,9 @@ struct BootClock {
 
 using Duration = std::chrono::nanoseconds;
 using SteadyTime = BootClock::time_point;
+// Wall-clock time (CLOCK_REALTIME): names schedule slots and dates records, never drives
+// safety (it may jump).
+using SystemTime = std::chrono::system_clock::time_point;
 
 class Clock {
  public:

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 
@@ -36,6 +37,19 @@ namespace internal {
 class LeaseCore;
 struct StoreCore;
 }  // namespace internal
+
+class SlotClaim;
+
+// How Lease::Release ends a grant.
+struct ReleaseOptions {
+  // Zero: the grant is deleted at once and a waiter takes over. Positive: the grant stays in the
+  // store until at least this long after it was acquired (ShedLock's lockAtLeastFor), without a
+  // heartbeat and without this process, then expires by itself; others are refused with
+  // kHeldByAnother until then. If that time has already passed, the grant is deleted at once.
+  // The fencing counter is not touched: the next grant's token is higher, as always.
+  // REQUIRES: >= 0.
+  Duration hold_at_least{};
+};
 
 class Lease {
  public:
@@ -87,9 +101,21 @@ class Lease {
   // which case the grant simply expires at its TTL.
   Status Release();
 
+  // As Release(), ending the grant as `options` says. The lease is released locally either way:
+  // it is no longer valid and the heartbeat stops renewing it.
+  // Returns kInvalidArgument (and releases as Release() does) for a negative hold_at_least;
+  // kUnimplemented if the store cannot keep a grant without its holder.
+  Status Release(const ReleaseOptions& options);
+
  private:
   friend class Store;
+  friend class SlotClaim;
   Lease(std::shared_ptr<internal::StoreCore> store, std::shared_ptr<internal::LeaseCore> core);
+
+  // Releases the grant: stops the heartbeat, then ends the grant in the store, keeping it
+  // until `keep_until` (on the store's Clock; nothing kept if passed) and replacing the key's
+  // record with `record` (if set) in the same atomic step.
+  Status Finish(SteadyTime keep_until, std::optional<std::string> record, Duration record_ttl);
 
   void ReleaseOnDestroy() noexcept;
 

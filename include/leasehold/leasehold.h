@@ -20,6 +20,7 @@
 #include "leasehold/logging.h"
 #include "leasehold/metrics.h"
 #include "leasehold/options.h"
+#include "leasehold/schedule.h"
 #include "leasehold/status.h"
 #include "leasehold/store.h"
 #include "leasehold/version.h"

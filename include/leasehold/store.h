@@ -32,6 +32,7 @@
 #include "leasehold/lease_info.h"
 #include "leasehold/metrics.h"
 #include "leasehold/options.h"
+#include "leasehold/schedule.h"
 #include "leasehold/status.h"
 
 namespace leasehold {
@@ -75,6 +76,18 @@ class Store {
   // is requested; other errors as TryAcquire. Transient store errors are retried while waiting.
   Result<Lease> Acquire(std::string_view key, const LeaseOptions& options = {},
                         std::stop_token cancel = {});
+
+  // Claims the current slot of `grid` for `key` (leasehold/schedule.h): names the slot on the
+  // store's wall clock (the local one where the store has none), returns an unclaimed
+  // SlotClaim if the key's record shows the slot done, else takes the lease as Acquire does
+  // (waiting up to options.wait; 0 tries once) and checks the record again under it.
+  // Returns kHeldByAnother (or kDeadlineExceeded after a wait) while another host runs it;
+  // kInvalidArgument for a bad key or grid; other errors as Acquire.
+  Result<SlotClaim> ClaimSlot(std::string_view key, const SlotGrid& grid,
+                              const LeaseOptions& options = {}, std::stop_token cancel = {});
+
+  // Returns the key's recorded slot runs, newest first (empty if none, or the record expired).
+  Result<std::vector<SlotRun>> SlotRuns(std::string_view key);
 
   // Returns the live grant of `key`, or nullopt if the key is free.
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key);

@@ -2,6 +2,10 @@
 
 #include <utility>
 
+#include <fmt/format.h>
+
+#include "core/duration.h"
+
 namespace leasehold::internal {
 
 std::vector<Status> Backend::RenewMany(std::span<const RenewRequest> requests) {
@@ -11,6 +15,44 @@ std::vector<Status> Backend::RenewMany(std::span<const RenewRequest> requests) {
     results.push_back(Renew(request));
   }
   return results;
+}
+
+Status CheckFinishRequest(const FinishRequest& request) {
+  if (request.keep < Duration::zero()) {
+    return Status::InvalidArgument(fmt::format("lease {}: the time to keep a grant must not be "
+                                               "negative, got {}",
+                                               request.key, FormatDuration(request.keep)));
+  }
+  if (request.record.has_value()) {
+    if (request.record->size() > kMaxRecordBytes) {
+      return Status::InvalidArgument(fmt::format("lease {}: a record is at most {} bytes, got {}",
+                                                 request.key, kMaxRecordBytes,
+                                                 request.record->size()));
+    }
+    if (request.record_ttl <= Duration::zero()) {
+      return Status::InvalidArgument(fmt::format(
+          "lease {}: a record needs a positive TTL, got {}", request.key,
+          FormatDuration(request.record_ttl)));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Backend::Finish(const FinishRequest& request) {
+  LH_RETURN_IF_ERROR(CheckFinishRequest(request));
+  if (request.keep == Duration::zero() && !request.record.has_value()) {
+    return Release(request.key, request.owner_token);
+  }
+  return Status::Unimplemented(
+      fmt::format("the {} store cannot keep a grant or a record after its holder", scheme()));
+}
+
+Result<std::optional<std::string>> Backend::ReadRecord(std::string_view /*key*/) {
+  return Status::Unimplemented(fmt::format("the {} store keeps no records", scheme()));
+}
+
+Result<StoreTime> Backend::WallClock() {
+  return StoreTime{.time = std::chrono::system_clock::now(), .from_store = false};
 }
 
 void Backend::AbandonWait(std::string_view /*key*/, std::string_view /*waiter_id*/) {}

@@ -68,6 +68,41 @@ struct RenewRequest {
   Duration ttl{};
 };
 
+// The largest record Backend::Finish accepts (a key's schedule record is a few hundred bytes).
+inline constexpr std::size_t kMaxRecordBytes = 4096;
+
+// How a grant ends (Backend::Finish): deleted or left to expire by itself, and optionally with
+// the key's record replaced in the same atomic step.
+struct FinishRequest {
+  std::string key;
+  std::string owner_token;
+  // Zero: the grant is deleted, as by Release. Positive: the grant is not deleted; it stays
+  // live, with its holder and fencing token, until `keep` from now on the store's clock (rounded
+  // up to the store's granularity), without renewal and without any session or connection of
+  // the caller, then expires by itself. Nobody renews it any more. REQUIRES: >= 0.
+  Duration keep{};
+  // If set, replaces the key's record (Backend::ReadRecord), only if the owner token matches,
+  // in the same atomic step as the end of the grant. Opaque bytes to the backend, at most
+  // kMaxRecordBytes. The record is independent of grants: later grants, releases, expiry and
+  // force-release leave it alone; it expires `record_ttl` from now on the store's clock
+  // (rounded up to the store's granularity), or when replaced.
+  std::optional<std::string> record;
+  // REQUIRES: > 0 when record is set.
+  Duration record_ttl{};
+};
+
+// The wall-clock time a store reported, with the local wall clock's bracket of the call.
+struct StoreTime {
+  SystemTime time;
+  // True if `time` is the store's own clock; false if the store has none and `time` is the
+  // local wall clock (same host for sqlite://: that is the store's clock, and is reported true).
+  bool from_store = true;
+};
+
+// Checks a FinishRequest's keep, record size and record_ttl (every backend's Finish calls it
+// before touching the store).
+Status CheckFinishRequest(const FinishRequest& request);
+
 class Backend {
  public:
   Backend() = default;
@@ -100,6 +135,23 @@ class Backend {
   // kLost if the grant was absent, expired or someone else's (nothing of anyone else's is
   // deleted). Wakes waiters on the key where the store can notify.
   virtual Status Release(std::string_view key, std::string_view owner_token) = 0;
+
+  // Ends the grant as `request` says (see FinishRequest), only if request.owner_token matches.
+  // Returns OK if a live grant of the caller's was ended; kLost as Release (nothing is written:
+  // neither the grant nor the record changes); kInvalidArgument for a negative keep, a record
+  // over kMaxRecordBytes or without a positive record_ttl. Wakes waiters when the grant is
+  // deleted. The default serves keep == 0 without a record by Release, and returns
+  // kUnimplemented otherwise.
+  virtual Status Finish(const FinishRequest& request);
+
+  // Returns the key's record (FinishRequest::record), or nullopt if it has none or it expired.
+  // The default returns kUnimplemented.
+  virtual Result<std::optional<std::string>> ReadRecord(std::string_view key);
+
+  // Returns the store's wall clock, read in one round trip, where the store has one (Redis
+  // TIME, PostgreSQL clock_timestamp(), the ZooKeeper leader's transaction time); the default
+  // returns the local wall clock with from_store = false.
+  virtual Result<StoreTime> WallClock();
 
   // Returns the live grant of `key`, or nullopt if there is none.
   virtual Result<std::optional<LeaseInfo>> Inspect(std::string_view key) = 0;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/duration.h"
 #include "core/lease_core.h"
 #include "core/logging.h"
 #include "core/owner_token.h"
@@ -71,18 +72,42 @@ Duration Lease::ttl() const { return core_ ? core_->ttl() : Duration(); }
 
 Duration Lease::renew_interval() const { return core_ ? core_->renew_interval() : Duration(); }
 
-Status Lease::Release() {
+Status Lease::Release() { return Finish(SteadyTime::min(), std::nullopt, Duration::zero()); }
+
+Status Lease::Release(const ReleaseOptions& options) {
+  if (options.hold_at_least < Duration::zero()) {
+    Status released = Release();
+    return Status::InvalidArgument(
+        fmt::format("hold_at_least must not be negative, got {} (the lease was released: {})",
+                    internal::FormatDuration(options.hold_at_least), released.ToString()));
+  }
+  if (!core_ || !store_) {
+    return Status();
+  }
+  return Finish(core_->granted_at() + options.hold_at_least, std::nullopt, Duration::zero());
+}
+
+Status Lease::Finish(SteadyTime keep_until, std::optional<std::string> record,
+                     Duration record_ttl) {
   if (!core_ || !store_) {
     return Status();  // empty, or released before: releasing twice is harmless
   }
   std::shared_ptr<internal::StoreCore> store = std::move(store_);
   Status local = core_->BeginRelease();
   store->heartbeat.Remove(core_.get());
-  // Delete the grant only if the owner token still matches; the backend guarantees nothing of
+  // End the grant only if the owner token still matches; the backend guarantees nothing of
   // anyone else's is touched. Do it even when the lease is locally lost: if the grant is still
-  // ours in the store, deleting it hands the key over sooner.
+  // ours in the store, deleting it hands the key over sooner (a record is written only if the
+  // store still has our grant, which is what a caller that records a finished run needs).
   const SteadyTime t_send = store->clock.Now();
-  Status remote = store->backend->Release(core_->key(), core_->owner_token());
+  // The store counts `keep` from no earlier than t_send, so the grant lasts until keep_until
+  // at least.
+  const Duration keep = keep_until > t_send ? keep_until - t_send : Duration::zero();
+  Status remote = store->backend->Finish({.key = core_->key(),
+                                          .owner_token = core_->owner_token(),
+                                          .keep = keep,
+                                          .record = std::move(record),
+                                          .record_ttl = record_ttl});
   const Duration latency = store->clock.Now() - t_send;
   const internal::ReleaseOutcome outcome =
       !local.ok() || remote.code() == StatusCode::kLost ? internal::ReleaseOutcome::kLost
@@ -95,6 +120,7 @@ Status Lease::Release() {
     const std::string fencing = std::to_string(core_->fencing_token());
     const std::string prefix = internal::TokenPrefix(core_->owner_token());
     const std::string latency_s = internal::LogSeconds(latency);
+    const std::string keep_s = internal::LogSeconds(keep);
     const std::string result = remote.ToString();
     internal::LogEvent(internal::LogLevel::kInfo, "released",
                        {{"key", core_->key()},
@@ -102,6 +128,7 @@ Status Lease::Release() {
                         {"token", prefix},
                         {"backend", store->backend->scheme()},
                         {"latency_seconds", latency_s, true},
+                        {"kept_seconds", keep_s, true},
                         {"outcome", internal::kReleaseOutcomeNames[static_cast<std::size_t>(
                                         outcome)]},
                         {"store_reply", result}});

@@ -34,11 +34,13 @@ namespace leasehold::internal {
 struct LeaseParams {
   std::string key;
   std::string owner_token;
+  std::string holder;         // LeaseOptions::holder, or the default "<hostname>:<pid>"
   FencingToken fencing_token = 0;
   Duration ttl{};             // as granted by the store
   Duration renew_interval{};  // validated: 0 < renew_interval < ttl - drift
   Duration drift{};           // validated: 0 <= drift < ttl
   SteadyTime t_send{};        // read before the acquire request was sent
+  SteadyTime t_granted{};     // read when the store's grant arrived (hold-at-least counts from it)
   std::string backend_name;   // for log lines
   // Where losses are counted; null records nothing. Owned by the store's registry, which
   // outlives every call that can change this lease's state (see StoreCore).
@@ -62,11 +64,16 @@ class LeaseCore {
 
   const std::string& owner_token() const { return params_.owner_token; }
 
+  const std::string& holder() const { return params_.holder; }
+
   FencingToken fencing_token() const { return params_.fencing_token; }
 
   Duration ttl() const { return params_.ttl; }
 
   Duration renew_interval() const { return params_.renew_interval; }
+
+  // When the store's grant arrived: the grant was made no later than this.
+  SteadyTime granted_at() const { return params_.t_granted; }
 
   // Returns true while not lost and Clock::Now() < safe_until. Marks the lease lost (and fires
   // the signal) if it finds safe_until passed.

@@ -256,11 +256,13 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
   internal::LeaseParams params{
       .key = std::string(key),
       .owner_token = token,
+      .holder = resolved.holder,
       .fencing_token = grant.fencing_token,
       .ttl = ttl,
       .renew_interval = resolved.renew_interval.value_or(ttl / 3),
       .drift = resolved.drift.value_or(DefaultDrift(ttl)),
       .t_send = t_send,
+      .t_granted = t_send + latency,
       .backend_name = std::string(backend.scheme()),
       .metrics = metrics,
       .on_lost = options.on_lost,

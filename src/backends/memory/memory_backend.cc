@@ -68,6 +68,37 @@ class MemoryTable {
     return result;
   }
 
+  Status Finish(const FinishRequest& request) LH_EXCLUDES(mu_) {
+    LH_RETURN_IF_ERROR(CheckFinishRequest(request));
+    MutexLock lock(&mu_);
+    SteadyTime now = clock_.Now();
+    auto it = grants_.find(request.key);
+    if (it == grants_.end() || it->second.token != request.owner_token ||
+        it->second.expires <= now) {
+      return LostLocked(request.key, request.owner_token, now);
+    }
+    if (request.record.has_value()) {
+      records_[request.key] = Record{*request.record, now + request.record_ttl};
+    }
+    if (request.keep > Duration::zero()) {
+      it->second.expires = now + request.keep;
+      it->second.ttl = request.keep;
+    } else {
+      grants_.erase(it);
+      WakeLocked(request.key);
+    }
+    return Status();
+  }
+
+  Result<std::optional<std::string>> ReadRecord(std::string_view key) LH_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    auto it = records_.find(key);
+    if (it == records_.end() || it->second.expires <= clock_.Now()) {
+      return std::optional<std::string>();
+    }
+    return std::optional<std::string>(it->second.value);
+  }
+
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) LH_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     SteadyTime now = clock_.Now();
@@ -148,6 +179,11 @@ class MemoryTable {
     Duration ttl;
   };
 
+  struct Record {
+    std::string value;
+    SteadyTime expires;
+  };
+
   LeaseInfo InfoLocked(const std::string& key, const Entry& e, SteadyTime now)
       LH_REQUIRES(mu_) {
     return LeaseInfo{key, e.holder, TokenPrefix(e.token), e.fencing,
@@ -185,6 +221,7 @@ class MemoryTable {
   std::map<std::string, Entry, std::less<>> grants_ LH_GUARDED_BY(mu_);
   std::map<std::string, FencingToken, std::less<>> fences_ LH_GUARDED_BY(mu_);
   std::set<std::string, std::less<>> forced_ LH_GUARDED_BY(mu_);
+  std::map<std::string, Record, std::less<>> records_ LH_GUARDED_BY(mu_);
   std::multimap<std::string, std::stop_source> waiters_ LH_GUARDED_BY(mu_);
 };
 
@@ -206,6 +243,12 @@ class MemoryBackend final : public Backend {
 
   Status Release(std::string_view key, std::string_view owner_token) override {
     return table_->Release(key, owner_token);
+  }
+
+  Status Finish(const FinishRequest& request) override { return table_->Finish(request); }
+
+  Result<std::optional<std::string>> ReadRecord(std::string_view key) override {
+    return table_->ReadRecord(key);
   }
 
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {

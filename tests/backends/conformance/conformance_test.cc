@@ -731,6 +731,294 @@ TEST_P(ConformanceTest, ElectionReportsLostLeadership) {
   EXPECT_EQ(leadership->Resign().code(), StatusCode::kLost);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Ends that outlive the holder (Backend::Finish), the key's record, the store's clock, and
+// schedule slots built on them (leasehold/schedule.h).
+
+// Polls until ReadRecord shows nothing (a store may drop an expired record a moment late: etcd
+// checks lease expiry every 500 ms), for at most `limit`.
+bool RecordGoneWithin(Backend& backend, const std::string& key, Duration limit) {
+  const auto give_up = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < give_up) {
+    auto record = backend.ReadRecord(key);
+    if (record.ok() && !record->has_value()) {
+      return true;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+TEST_P(ConformanceTest, FinishWritesTheRecordOnlyForTheOwnerAndInTheSameStep) {
+  auto grant = Grant("job", Token('a'));
+  ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+  auto none = backend_->ReadRecord("job");
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_FALSE(none->has_value());
+  // Someone else's token: refused, nothing written, the grant untouched.
+  Status refused = backend_->Finish(
+      {.key = "job", .owner_token = Token('b'), .record = "theirs", .record_ttl = 30s});
+  EXPECT_EQ(refused.code(), StatusCode::kLost) << refused.ToString();
+  auto still_none = backend_->ReadRecord("job");
+  ASSERT_TRUE(still_none.ok());
+  EXPECT_FALSE(still_none->has_value()) << "a refused finish must not write the record";
+  auto info = backend_->Inspect("job");
+  ASSERT_TRUE(info.ok() && info->has_value());
+  EXPECT_EQ((*info)->fencing_token, grant->fencing_token);
+  // The owner: the grant is deleted and the record written, together.
+  std::string value = "leasehold-slots 1\n1 d 0 1 2 3 holder with spaces\n";
+  Status finished = backend_->Finish(
+      {.key = "job", .owner_token = Token('a'), .record = value, .record_ttl = 30s});
+  ASSERT_TRUE(finished.ok()) << finished.ToString();
+  auto freed = backend_->Inspect("job");
+  ASSERT_TRUE(freed.ok());
+  EXPECT_FALSE(freed->has_value()) << "keep 0 deletes the grant";
+  auto record = backend_->ReadRecord("job");
+  ASSERT_TRUE(record.ok() && record->has_value()) << record.status().ToString();
+  EXPECT_EQ(**record, value);
+  EXPECT_EQ(backend_->Finish({.key = "job", .owner_token = Token('a')}).code(), StatusCode::kLost)
+      << "a second finish finds no grant";
+  // Later grants, their releases and force-releases leave the record alone; the next owner
+  // replaces it.
+  auto next = Grant("job", Token('c'));
+  ASSERT_TRUE(next.ok());
+  EXPECT_GT(next->fencing_token, grant->fencing_token);
+  ASSERT_TRUE(backend_->ForceRelease("job").ok());
+  ASSERT_TRUE(Grant("job", Token('d')).ok());
+  ASSERT_TRUE(backend_->Release("job", Token('d')).ok());
+  record = backend_->ReadRecord("job");
+  ASSERT_TRUE(record.ok() && record->has_value());
+  EXPECT_EQ(**record, value);
+  ASSERT_TRUE(Grant("job", Token('e')).ok());
+  ASSERT_TRUE(backend_->Finish(
+                  {.key = "job", .owner_token = Token('e'), .record = "v2", .record_ttl = 30s})
+                  .ok());
+  record = backend_->ReadRecord("job");
+  ASSERT_TRUE(record.ok() && record->has_value());
+  EXPECT_EQ(**record, "v2");
+  // Records are per key.
+  auto other = backend_->ReadRecord("job2");
+  ASSERT_TRUE(other.ok());
+  EXPECT_FALSE(other->has_value());
+}
+
+TEST_P(ConformanceTest, ARecordExpiresAfterItsTtl) {
+  ASSERT_TRUE(Grant("job", Token('a')).ok());
+  ASSERT_TRUE(backend_->Finish(
+                  {.key = "job", .owner_token = Token('a'), .record = "r", .record_ttl = 1s})
+                  .ok());
+  auto record = backend_->ReadRecord("job");
+  ASSERT_TRUE(record.ok() && record->has_value()) << "readable at once";
+  // A store may round the TTL up to its granularity (etcd: whole seconds, at least 2 s).
+  std::this_thread::sleep_for(900ms);
+  EXPECT_TRUE(RecordGoneWithin(*backend_, "job", 3s)) << "still there well after its ttl";
+}
+
+TEST_P(ConformanceTest, FinishCanKeepTheGrantWithoutItsHolder) {
+  auto grant = Grant("job", Token('a'), 10s);
+  ASSERT_TRUE(grant.ok());
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(backend_->Finish({.key = "job", .owner_token = Token('a'), .keep = 1500ms}).ok());
+  auto handle = OpenHandle();
+  auto refused = handle->TryAcquire("job", {.ttl = 5s});
+  ASSERT_EQ(refused.status().code(), StatusCode::kHeldByAnother) << refused.status().ToString();
+  ASSERT_NE(refused.status().holder(), nullptr);
+  EXPECT_EQ(refused.status().holder()->fencing_token, grant->fencing_token);
+  EXPECT_LE(refused.status().holder()->remaining, 3s) << "kept for the keep, not the old ttl";
+  auto taken = handle->Acquire("job", {.ttl = 5s, .wait = 6s});
+  const auto waited = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_GE(waited, 1500ms) << "taken before the keep ran out";
+  EXPECT_LT(waited, 5s) << "the kept grant must expire by its keep, not the old ttl";
+  EXPECT_GT(taken->fencing_token(), grant->fencing_token);
+  std::printf("[ figure ] %s grant kept 1500ms after its holder: taken after %.0f ms\n",
+              GetParam().name.c_str(),
+              std::chrono::duration<double, std::milli>(waited).count());
+}
+
+TEST_P(ConformanceTest, HoldAtLeastKeepsOthersOutAfterTheHolderHasExited) {
+  if (!backend_->capabilities().multi_process) {
+    GTEST_SKIP() << GetParam().name << " is confined to one process";
+  }
+  // The holder takes the key, releases it with hold_at_least 2s at once, and exits: its
+  // session and connections are gone, the grant is not.
+  const auto start = std::chrono::steady_clock::now();
+  Child holder({LEASE_HOLDER_PATH, url_, "job", "linger", "5000", "2000"});
+  std::string line = holder.ReadLine();
+  ASSERT_TRUE(line.starts_with("acquired ")) << line;
+  ASSERT_EQ(holder.Wait(), 0) << holder.ReadLine();
+  auto handle = OpenHandle();
+  auto refused = handle->TryAcquire("job", {.ttl = 5s});
+  EXPECT_EQ(refused.status().code(), StatusCode::kHeldByAnother)
+      << "the holder has exited, but the grant must stay: " << refused.status().ToString();
+  auto taken = handle->Acquire("job", {.ttl = 5s, .wait = 8s});
+  const auto waited = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_GE(waited, 2s);
+  std::printf("[ figure ] %s hold_at_least 2s after the holder exited: taken after %.0f ms\n",
+              GetParam().name.c_str(),
+              std::chrono::duration<double, std::milli>(waited).count());
+}
+
+TEST_P(ConformanceTest, FinishRejectsBadInputAndKeepsTheGrant) {
+  auto grant = Grant("job", Token('a'));
+  ASSERT_TRUE(grant.ok());
+  EXPECT_EQ(backend_->Finish({.key = "job", .owner_token = Token('a'), .keep = -1s}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_
+                ->Finish({.key = "job",
+                          .owner_token = Token('a'),
+                          .record = std::string(internal::kMaxRecordBytes + 1, 'x'),
+                          .record_ttl = 10s})
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->Finish({.key = "job", .owner_token = Token('a'), .record = "r"}).code(),
+            StatusCode::kInvalidArgument);
+  auto info = backend_->Inspect("job");
+  ASSERT_TRUE(info.ok() && info->has_value()) << "bad input leaves the grant alone";
+  EXPECT_EQ((*info)->fencing_token, grant->fencing_token);
+  // The largest record is accepted, byte for byte.
+  std::string largest(internal::kMaxRecordBytes, 'x');
+  largest[7] = '\n';
+  ASSERT_TRUE(backend_
+                  ->Finish({.key = "job",
+                            .owner_token = Token('a'),
+                            .record = largest,
+                            .record_ttl = 10s})
+                  .ok());
+  auto record = backend_->ReadRecord("job");
+  ASSERT_TRUE(record.ok() && record->has_value());
+  EXPECT_EQ(**record, largest);
+}
+
+TEST_P(ConformanceTest, WallClockAgreesWithThisHost) {
+  const auto before = std::chrono::system_clock::now();
+  auto now = backend_->WallClock();
+  const auto after = std::chrono::system_clock::now();
+  ASSERT_TRUE(now.ok()) << now.status().ToString();
+  // Same machine: the store's clock is this host's, read within the call (1 s of slack for
+  // a store that reports whole seconds or a leader's time a little stale).
+  EXPECT_GE(now->time, before - 1s);
+  EXPECT_LE(now->time, after + 1s);
+  std::printf("[ figure ] %s wall clock: %s, %.1f ms from this host's\n",
+              GetParam().name.c_str(), now->from_store ? "the store's" : "this host's",
+              std::chrono::duration<double, std::milli>(now->time - before).count());
+}
+
+TEST_P(ConformanceTest, OneRunPerSlotAmongRacingHolders) {
+  // Six handles race for the same slot, each claiming and finishing as a job would; exactly
+  // one runs, the others find it running or done.
+  const SlotGrid grid{.period = 1h};
+  std::vector<std::unique_ptr<Store>> hosts;
+  for (int i = 0; i < 6; ++i) {
+    hosts.push_back(OpenHandle());
+  }
+  std::atomic<int> ran{0}, done{0}, running{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      auto claim = hosts[i]->ClaimSlot("nightly", grid,
+                                       {.ttl = 5s, .wait = 0s, .holder = fmt::format("h{}", i)});
+      if (!claim.ok()) {
+        (claim.status().code() == StatusCode::kHeldByAnother ? running : errors)++;
+        return;
+      }
+      if (!claim->claimed()) {
+        ++done;
+        return;
+      }
+      ++ran;
+      std::this_thread::sleep_for(100ms);
+      if (!claim->Finish({.succeeded = true}).ok()) {
+        ++errors;
+      }
+    });
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
+  EXPECT_EQ(ran, 1);
+  EXPECT_EQ(errors, 0);
+  EXPECT_EQ(ran + done + running, 6);
+  // Whoever comes later in the slot finds it done, with the run recorded.
+  auto later = hosts[0]->ClaimSlot("nightly", grid, {.ttl = 5s, .wait = 0s});
+  ASSERT_TRUE(later.ok()) << later.status().ToString();
+  EXPECT_FALSE(later->claimed());
+  ASSERT_TRUE(later->done_by().has_value());
+  EXPECT_TRUE(later->done_by()->succeeded);
+  EXPECT_EQ(later->done_by()->slot_start, later->slot_start());
+  auto runs = hosts[0]->SlotRuns("nightly");
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  ASSERT_EQ(runs->size(), 1u);
+  EXPECT_TRUE((*runs)[0].holder.starts_with("h"));
+  EXPECT_GT((*runs)[0].fencing_token, 0u);
+  EXPECT_LE((*runs)[0].started, (*runs)[0].ended);
+}
+
+TEST_P(ConformanceTest, AFailedRunFreesTheSlotAndASuccessClosesIt) {
+  const SlotGrid grid{.period = 1h};
+  auto a = OpenHandle();
+  auto b = OpenHandle();
+  auto first = a->ClaimSlot("job", grid, {.ttl = 5s, .wait = 0s, .holder = "a"});
+  ASSERT_TRUE(first.ok() && first->claimed()) << first.status().ToString();
+  ASSERT_TRUE(first->Finish({.succeeded = false, .exit_code = 3}).ok());
+  auto retry = b->ClaimSlot("job", grid, {.ttl = 5s, .wait = 0s, .holder = "b"});
+  ASSERT_TRUE(retry.ok()) << retry.status().ToString();
+  ASSERT_TRUE(retry->claimed()) << "a failed run leaves the slot open";
+  ASSERT_TRUE(retry->Finish({.succeeded = true}).ok());
+  auto again = a->ClaimSlot("job", grid, {.ttl = 5s, .wait = 0s});
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->claimed()) << "the success closes the slot";
+  auto runs = a->SlotRuns("job");
+  ASSERT_TRUE(runs.ok() && runs->size() == 2u);
+  EXPECT_TRUE((*runs)[0].succeeded);
+  EXPECT_EQ((*runs)[0].holder, "b");
+  EXPECT_FALSE((*runs)[1].succeeded);
+  EXPECT_EQ((*runs)[1].exit_code, 3);
+  EXPECT_FALSE((*runs)[1].final);
+  // With retries off, a failure closes the slot too.
+  auto strict = a->ClaimSlot("strict", grid, {.ttl = 5s, .wait = 0s});
+  ASSERT_TRUE(strict.ok() && strict->claimed());
+  ASSERT_TRUE(strict->Finish({.succeeded = false, .exit_code = 1, .retry_failed = false}).ok());
+  auto closed = b->ClaimSlot("strict", grid, {.ttl = 5s, .wait = 0s});
+  ASSERT_TRUE(closed.ok());
+  EXPECT_FALSE(closed->claimed());
+  // A claim dropped without Finish (a crashed runner) records nothing and frees the slot.
+  {
+    auto dropped = a->ClaimSlot("crash", grid, {.ttl = 5s, .wait = 0s});
+    ASSERT_TRUE(dropped.ok() && dropped->claimed());
+  }
+  auto after_crash = b->ClaimSlot("crash", grid, {.ttl = 5s, .wait = 0s});
+  ASSERT_TRUE(after_crash.ok());
+  EXPECT_TRUE(after_crash->claimed());
+}
+
+TEST_P(ConformanceTest, ASlotRecordExpiresAfterTwoPeriods) {
+  // A 1 s grid without tolerance: the record lives 2 s after the run.
+  const SlotGrid grid{.period = 1s, .tolerance = 0s};
+  auto handle = OpenHandle();
+  auto claim = handle->ClaimSlot("tick", grid, {.ttl = 5s, .wait = 0s});
+  ASSERT_TRUE(claim.ok() && claim->claimed()) << claim.status().ToString();
+  ASSERT_TRUE(claim->Finish({.succeeded = true}).ok());
+  auto runs = handle->SlotRuns("tick");
+  ASSERT_TRUE(runs.ok());
+  EXPECT_EQ(runs->size(), 1u);
+  std::this_thread::sleep_for(1800ms);
+  EXPECT_TRUE(RecordGoneWithin(*backend_, "tick", 3s)) << "kept well past two periods";
+}
+
+TEST_P(ConformanceTest, ALostLeaseRecordsNoRun) {
+  const SlotGrid grid{.period = 1h};
+  auto a = OpenHandle();
+  auto claim = a->ClaimSlot("job", grid, {.ttl = 5s, .wait = 0s});
+  ASSERT_TRUE(claim.ok() && claim->claimed());
+  ASSERT_TRUE(a->ForceRelease("job").ok());
+  EXPECT_EQ(claim->Finish({.succeeded = true}).code(), StatusCode::kLost);
+  auto runs = a->SlotRuns("job");
+  ASSERT_TRUE(runs.ok());
+  EXPECT_TRUE(runs->empty()) << "a run that may have overlapped another is not recorded";
+}
+
 INSTANTIATE_TEST_SUITE_P(AllBackends, ConformanceTest, ::testing::ValuesIn(Factories()),
                          [](const auto& info) { return info.param.name; });
 

@@ -5,6 +5,8 @@
 //                                              "acquired N GRANTED_TTL_MS", hold HOLD_MS,
 //                                              release, exit 0 (a store may grant more than
 //                                              TTL_MS: etcd rounds up to whole seconds, >= 2 s)
+//   lease_holder URL KEY linger TTL_MS KEEP_MS acquire, print "acquired N", release with
+//                                              hold_at_least KEEP_MS at once, exit 0
 // Output is flushed per line so the test can read it while the process runs.
 
 #include <unistd.h>
@@ -20,7 +22,7 @@
 int main(int argc, char** argv) {
   using namespace std::chrono_literals;
   if (argc < 5) {
-    std::fprintf(stderr, "usage: lease_holder URL KEY try|hold TTL_MS [HOLD_MS]\n");
+    std::fprintf(stderr, "usage: lease_holder URL KEY try|hold|linger TTL_MS [HOLD_MS|KEEP_MS]\n");
     return 2;
   }
   std::string mode = argv[3];
@@ -59,6 +61,22 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(argv[5])));
     return lease->Release().ok() ? 0 : 1;
+  }
+  if (mode == "linger" && argc >= 6) {
+    auto lease = (*store)->TryAcquire(argv[2], options);
+    if (!lease.ok()) {
+      std::printf("error %s\n", lease.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("acquired %llu\n", static_cast<unsigned long long>(lease->fencing_token()));
+    std::fflush(stdout);
+    leasehold::Status released =
+        lease->Release({.hold_at_least = std::chrono::milliseconds(std::atoll(argv[5]))});
+    if (!released.ok()) {
+      std::printf("error %s\n", released.ToString().c_str());
+      return 1;
+    }
+    return 0;
   }
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
   return 2;
