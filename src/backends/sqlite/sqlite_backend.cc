@@ -7,6 +7,8 @@
 // - Time is CLOCK_BOOTTIME in nanoseconds since boot, read after the write lock is held. A
 //   grant is live only if its boot_id is the current boot's and expires_ns > now.
 // - fencing_counters rows are never deleted, so fencing tokens keep increasing per key.
+// - records (a key's schedule-slot record) are judged on the wall clock, CLOCK_REALTIME, not
+//   CLOCK_BOOTTIME: a record must outlive a reboot, and it never decides who holds a lease.
 // - A file is modified only once it is known to be a leasehold database (application_id and
 //   user_version) or to be empty. Anything else is reported, never recreated.
 
@@ -42,8 +44,9 @@ constexpr const char* kBootIdPath = "/proc/sys/kernel/random/boot_id";
 constexpr std::size_t kTokenPrefixLength = 8;
 
 // ---------------------------------------------------------------------------------------------
-// Schema, version 1. Created in one transaction together with application_id and user_version,
-// so a database is either fully initialised or untouched.
+// Schema, version 2. Created in one transaction together with application_id and user_version,
+// so a database is either fully initialised or untouched. Version 1 lacked `records`; a version 1
+// file is upgraded in place at open (kUpgradeFrom1Sql), in one transaction.
 //
 // fencing_counters: one row per key ever granted; `last` is the last fencing token handed out.
 //   Never deleted, so tokens keep increasing across release, expiry, force-release and reboots.
@@ -52,7 +55,18 @@ constexpr std::size_t kTokenPrefixLength = 8;
 //   acquire of the key replaces them, or a release deletes them.
 //   token is the full owner token (the file is 0600); holder is the holder's free-form identity;
 //   ttl_ns is the TTL of the last acquire or renew.
+// records: at most one row per key, the key's record (Backend::Finish), live while
+//   expires_unix_ns (CLOCK_REALTIME, ns) is after now; written only together with the end of
+//   the key's grant by its owner; never touched by grants, releases or force-release.
 // WITHOUT ROWID: the key is the primary key and the only lookup path.
+constexpr const char* kCreateRecordsSql = R"sql(
+CREATE TABLE records (
+  key             TEXT PRIMARY KEY NOT NULL,
+  value           BLOB NOT NULL,
+  expires_unix_ns INTEGER NOT NULL
+) WITHOUT ROWID;
+)sql";
+
 constexpr const char* kCreateSchemaSql = R"sql(
 CREATE TABLE fencing_counters (
   key  TEXT PRIMARY KEY NOT NULL,
@@ -123,6 +137,23 @@ constexpr const char* kDeleteOwnGrantSql = R"sql(
 DELETE FROM grants WHERE key = ?1 AND token = ?2 RETURNING boot_id, expires_ns
 )sql";
 
+// Keeps grant ?1 (owner token ?2, live at ?3) until ?4 (ns since boot) without renewal, with
+// ?5 as its TTL for display; sqlite3_changes() says whether it did.
+constexpr const char* kKeepGrantSql = R"sql(
+UPDATE grants SET ttl_ns = ?5, expires_ns = ?4
+WHERE key = ?1 AND token = ?2 AND boot_id = ?6 AND expires_ns > ?3
+)sql";
+
+// Replaces the record of ?1 with ?2, live until ?3 (CLOCK_REALTIME ns).
+constexpr const char* kPutRecordSql = R"sql(
+INSERT OR REPLACE INTO records (key, value, expires_unix_ns) VALUES (?1, ?2, ?3)
+)sql";
+
+// The record of ?1 if it is live at ?2 (CLOCK_REALTIME ns).
+constexpr const char* kSelectRecordSql = R"sql(
+SELECT value FROM records WHERE key = ?1 AND expires_unix_ns > ?2
+)sql";
+
 // Deletes grant ?1 whoever holds it (force-release); the fencing counter stays.
 constexpr const char* kDeleteAnyGrantSql = R"sql(
 DELETE FROM grants WHERE key = ?1 RETURNING boot_id, expires_ns
@@ -150,13 +181,17 @@ enum StatementId : std::size_t {
   kDeleteOwnGrant,
   kDeleteAnyGrant,
   kListLiveGrants,
+  kKeepGrant,
+  kPutRecord,
+  kSelectRecord,
   kStatementCount,
 };
 
 constexpr std::array<const char*, kStatementCount> kStatementSql = {
     kBeginImmediateSql, kCommitSql,         kRollbackSql,       kSelectLiveGrantSql,
     kBumpFenceSql,      kPutGrantSql,       kRenewGrantSql,     kSelectAnyGrantSql,
-    kDeleteOwnGrantSql, kDeleteAnyGrantSql, kListLiveGrantsSql,
+    kDeleteOwnGrantSql, kDeleteAnyGrantSql, kListLiveGrantsSql, kKeepGrantSql,
+    kPutRecordSql,      kSelectRecordSql,
 };
 
 // sqlite3_busy_timeout takes an int of milliseconds.
@@ -164,6 +199,12 @@ constexpr Duration kMaxBusyTimeout = std::chrono::milliseconds(2'000'000'000);
 
 std::int64_t NowNs() {
   return BootClock::now().time_since_epoch().count();
+}
+
+std::int64_t WallNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 std::int64_t SaturatingAdd(std::int64_t a, std::int64_t b) {
@@ -405,6 +446,9 @@ class SqliteConnection {
       if (locked.ok() && locked->kind == Kind::kEmpty) {
         Status created = Exec(kCreateSchemaSql, "initialize");
         if (created.ok()) {
+          created = Exec(kCreateRecordsSql, "initialize");
+        }
+        if (created.ok()) {
           created = Exec(fmt::format("PRAGMA application_id = {}; PRAGMA user_version = {};",
                                      kSqliteApplicationId, kSqliteSchemaVersion),
                          "initialize");
@@ -424,7 +468,11 @@ class SqliteConnection {
       }
       state = *locked;
     }
-    return CheckState(state);
+    LH_RETURN_IF_ERROR(CheckState(state));
+    if (state.user_version < kSqliteSchemaVersion) {
+      return Upgrade();
+    }
+    return Status::Ok();
   }
 
   // Switches to WAL (readers never block the writer; writers queue on the write lock) and
@@ -564,6 +612,28 @@ class SqliteConnection {
     return state;
   }
 
+  // Upgrades a version 1 file to version 2 (adds `records`), under the write lock and
+  // re-checked there: another process may be upgrading it right now.
+  Status Upgrade() {
+    LH_RETURN_IF_ERROR(Exec(kBeginImmediateSql, "upgrade the schema"));
+    Result<State> locked = ReadState();
+    Status upgraded = locked.status();
+    if (upgraded.ok() && locked->user_version == 1) {
+      upgraded = Exec(kCreateRecordsSql, "upgrade the schema");
+      if (upgraded.ok()) {
+        upgraded = Exec(fmt::format("PRAGMA user_version = {};", kSqliteSchemaVersion),
+                        "upgrade the schema");
+      }
+    }
+    if (upgraded.ok()) {
+      upgraded = Exec(kCommitSql, "upgrade the schema");
+    }
+    if (!upgraded.ok()) {
+      RollbackIfActive();
+    }
+    return upgraded;
+  }
+
   Status CheckState(const State& state) const {
     if (state.kind == Kind::kForeign) {
       return Status::InvalidArgument(fmt::format(
@@ -665,6 +735,12 @@ class StatementRun {
 
   void BindNull(int index) { Check(sqlite3_bind_null(statement_, index)); }
 
+  // `bytes` must outlive the run (bound without a copy).
+  void BindBlob(int index, std::string_view bytes) {
+    Check(sqlite3_bind_blob(statement_, index, bytes.data(), static_cast<int>(bytes.size()),
+                            SQLITE_STATIC));
+  }
+
   // Steps once. Returns true at a row, false when done.
   Result<bool> Next() {
     if (bind_rc_ != SQLITE_OK) {
@@ -692,6 +768,14 @@ class StatementRun {
 
   [[nodiscard]] std::int64_t Int(int column) const {
     return sqlite3_column_int64(statement_, column);
+  }
+
+  [[nodiscard]] std::string Blob(int column) const {
+    const auto* bytes = static_cast<const char*>(sqlite3_column_blob(statement_, column));
+    if (bytes == nullptr) {
+      return {};
+    }
+    return {bytes, static_cast<std::size_t>(sqlite3_column_bytes(statement_, column))};
   }
 
   [[nodiscard]] std::string Text(int column) const {
@@ -992,6 +1076,73 @@ Status SqliteBackend::Release(std::string_view key, std::string_view owner_token
   // Commit even when lost: deleting our own expired row is harmless and tidies the table.
   LH_RETURN_IF_ERROR(transaction.Commit("release"));
   return result;
+}
+
+Status SqliteBackend::Finish(const FinishRequest& request) {
+  LH_RETURN_IF_ERROR(CheckFinishRequest(request));
+  if (request.keep == Duration::zero() && !request.record.has_value()) {
+    return Release(request.key, request.owner_token);
+  }
+  MutexLock lock(&mu_);
+  SqliteConnection& connection = *connection_;
+  WriteTransaction transaction(connection);
+  LH_RETURN_IF_ERROR(transaction.Begin("finish"));
+  const std::int64_t now_ns = NowNs();
+  if (request.keep > Duration::zero()) {
+    StatementRun keep(connection, kKeepGrant, "finish");
+    keep.Bind(1, request.key);
+    keep.Bind(2, request.owner_token);
+    keep.Bind(3, now_ns);
+    keep.Bind(4, SaturatingAdd(now_ns, request.keep.count()));
+    keep.Bind(5, request.keep.count());
+    keep.Bind(6, boot_id_);
+    LH_RETURN_IF_ERROR(keep.Finish());
+  } else {
+    // Only a live grant of ours may end with a record: a dead one is deleted without it.
+    StatementRun erase(connection, kDeleteOwnGrant, "finish");
+    erase.Bind(1, request.key);
+    erase.Bind(2, request.owner_token);
+    LH_ASSIGN_OR_RETURN(bool found, erase.Next());
+    if (found && (erase.Text(0) != boot_id_ || erase.Int(1) <= now_ns)) {
+      LH_RETURN_IF_ERROR(erase.Finish());
+      Status lost = Status::Lost(
+          fmt::format("lease {} was lost before release: expired (nothing recorded)", request.key));
+      LH_RETURN_IF_ERROR(transaction.Commit("finish"));
+      return lost;
+    }
+    if (found) {
+      LH_RETURN_IF_ERROR(erase.Finish());
+    }
+  }
+  if (sqlite3_changes(connection.db()) != 1) {
+    return LostStatusLocked(request.key, request.owner_token, now_ns);  // rolls back
+  }
+  if (request.record.has_value()) {
+    StatementRun put(connection, kPutRecord, "finish");
+    put.Bind(1, request.key);
+    put.BindBlob(2, *request.record);
+    put.Bind(3, SaturatingAdd(WallNowNs(), request.record_ttl.count()));
+    LH_RETURN_IF_ERROR(put.Finish());
+  }
+  LH_RETURN_IF_ERROR(transaction.Commit("finish"));
+  return Status::Ok();
+}
+
+Result<std::optional<std::string>> SqliteBackend::ReadRecord(std::string_view key) {
+  MutexLock lock(&mu_);
+  StatementRun select(*connection_, kSelectRecord, "read the record");
+  select.Bind(1, key);
+  select.Bind(2, WallNowNs());
+  LH_ASSIGN_OR_RETURN(bool found, select.Next());
+  if (!found) {
+    return std::optional<std::string>();
+  }
+  return std::optional<std::string>(select.Blob(0));
+}
+
+Result<StoreTime> SqliteBackend::WallClock() {
+  // The database is on this host: its clock is this host's.
+  return StoreTime{.time = std::chrono::system_clock::now(), .from_store = true};
 }
 
 Result<std::optional<LeaseInfo>> SqliteBackend::Inspect(std::string_view key) {

@@ -48,7 +48,8 @@ class SqliteConnection;
 // Identifies a leasehold database: PRAGMA application_id, 'LEAS' in ASCII.
 inline constexpr std::int32_t kSqliteApplicationId = 0x4C454153;
 // PRAGMA user_version of the schema this build creates and understands.
-inline constexpr std::int32_t kSqliteSchemaVersion = 1;
+// Version 2 added the records table; a version 1 file is upgraded at open.
+inline constexpr std::int32_t kSqliteSchemaVersion = 2;
 
 // Opens (creating if needed) the leasehold database named by `url` (scheme "sqlite").
 // Returns kInvalidArgument for a bad URL or a file that is not a leasehold database (or is
@@ -83,6 +84,15 @@ class SqliteBackend final : public Backend {
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
 
   Status Release(std::string_view key, std::string_view owner_token) override;
+
+  // One BEGIN IMMEDIATE transaction: the owner check, the grant's end (delete, or a new expiry
+  // with no renewal) and the record.
+  Status Finish(const FinishRequest& request) override;
+
+  Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
+
+  // This host's wall clock, which is the store's (from_store true).
+  Result<StoreTime> WallClock() override;
 
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
 

@@ -775,6 +775,40 @@ TEST_F(SqliteBackendTest, NewerSchemaVersionIsRejected) {
   EXPECT_THAT(std::string(backend.status().message()), HasSubstr(DbPath()));
 }
 
+TEST_F(SqliteBackendTest, AVersion1DatabaseIsUpgradedInPlaceAndKeepsItsGrants) {
+  FencingToken before = 0;
+  {
+    auto backend = MustOpen();
+    ASSERT_NE(backend, nullptr);
+    auto grant = backend->TryAcquire(Request("job:x", kTokenA));
+    ASSERT_TRUE(grant.ok());
+    before = grant->fencing_token;
+  }
+  {
+    // What a version 1 file looked like: no records table.
+    RawDb raw(DbPath());
+    raw.Exec("DROP TABLE records; PRAGMA user_version = 1;");
+  }
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  {
+    RawDb raw(DbPath());
+    EXPECT_EQ(raw.QueryInt("PRAGMA user_version"), kSqliteSchemaVersion);
+  }
+  auto info = backend->Inspect("job:x");
+  ASSERT_TRUE(info.ok() && info->has_value()) << "the grant survives the upgrade";
+  EXPECT_EQ((*info)->fencing_token, before);
+  ASSERT_TRUE(backend
+                  ->Finish({.key = "job:x",
+                            .owner_token = kTokenA,
+                            .record = std::string("r\0b", 3),
+                            .record_ttl = std::chrono::seconds(10)})
+                  .ok());
+  auto record = backend->ReadRecord("job:x");
+  ASSERT_TRUE(record.ok() && record->has_value()) << record.status().ToString();
+  EXPECT_EQ(**record, std::string("r\0b", 3)) << "records are bytes, NULs included";
+}
+
 TEST_F(SqliteBackendTest, CorruptDatabaseIsReportedAndLeftUntouched) {
   {
     auto backend = MustOpen();
