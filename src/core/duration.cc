@@ -30,6 +30,9 @@ std::int64_t UnitNanos(std::string_view unit) {
   if (unit == "h") {
     return 3'600'000'000'000;
   }
+  if (unit == "d") {  // 24 h, for schedule periods such as --once-per 1d
+    return 86'400'000'000'000;
+  }
   return 0;
 }
 

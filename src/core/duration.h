@@ -1,7 +1,7 @@
 // File: core/duration.h (internal)
 //
-// Durations as people write them: "500ms", "10s", "2m", "1h", "1m30s", "250us". A bare number
-// is rejected (is "10" seconds or milliseconds?), as are negative values.
+// Durations as people write them: "500ms", "10s", "2m", "1h", "1d" (24 h), "1m30s", "250us". A
+// bare number is rejected (is "10" seconds or milliseconds?), as are negative values.
 //
 // Thread safety: pure functions.
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "leasehold/lease_info.h"
+#include "leasehold/schedule.h"
 #include "leasehold/store.h"
 
 #include "backends/registry.h"
@@ -34,6 +35,28 @@ nlohmann::ordered_json ToJson(const LeaseInfo& info) {
   return j;
 }
 
+nlohmann::ordered_json ToJson(const SlotRun& run) {
+  nlohmann::ordered_json j;
+  j["slot"] = FormatSlotTime(run.slot_start);
+  j["outcome"] = run.succeeded ? "done" : (run.final ? "failed" : "failed, retry allowed");
+  j["exit_code"] = run.exit_code;
+  j["holder"] = run.holder;
+  j["fencing_token"] = run.fencing_token;
+  j["started"] = FormatSlotTime(run.started);
+  j["ended"] = FormatSlotTime(run.ended);
+  return j;
+}
+
+// One line per recorded slot run: "2026-12-01T17:00:00.000Z done by web-1:42 (fencing token
+// 7, exit 0, 1.2s)".
+std::string DescribeRun(const SlotRun& run) {
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(run.ended - run.started);
+  return fmt::format("{} {} by {} (fencing token {}, exit {}, {})", FormatSlotTime(run.slot_start),
+                     run.succeeded ? "done" : (run.final ? "failed" : "failed (retry allowed)"),
+                     run.holder, run.fencing_token, run.exit_code,
+                     internal::FormatDuration(took));
+}
+
 void PrintLine(const std::string& text) {
   std::fputs(text.c_str(), stdout);
   std::fputc('\n', stdout);
@@ -53,6 +76,11 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
   if (!info.ok()) {
     return ReportFailure(info.error());
   }
+  // The schedule slots the key ran (run --once-per), newest first.
+  Result<std::vector<SlotRun>> runs = (*store)->SlotRuns(key);
+  if (!runs.ok()) {
+    return ReportFailure(runs.error());
+  }
   if (json) {
     nlohmann::ordered_json j;
     if (info->has_value()) {
@@ -62,21 +90,30 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
       j["key"] = key;
       j["held"] = false;
     }
+    nlohmann::ordered_json slots = nlohmann::ordered_json::array();
+    for (const SlotRun& run : *runs) {
+      slots.push_back(ToJson(run));
+    }
+    j["slot_runs"] = std::move(slots);
     PrintLine(j.dump());
     return 0;
   }
   if (!info->has_value()) {
     PrintLine(fmt::format("{}: free", key));
-    return 0;
+  } else {
+    const LeaseInfo& l = **info;
+    PrintLine(fmt::format("key:           {}", l.key));
+    PrintLine("state:         held");
+    PrintLine(fmt::format("holder:        {}", l.holder));
+    PrintLine(fmt::format("fencing token: {}", l.fencing_token));
+    PrintLine(fmt::format("token prefix:  {}", l.token_prefix));
+    PrintLine(fmt::format("remaining:     {}", internal::FormatDuration(l.remaining)));
+    PrintLine(fmt::format("ttl:           {}", internal::FormatDuration(l.ttl)));
   }
-  const LeaseInfo& l = **info;
-  PrintLine(fmt::format("key:           {}", l.key));
-  PrintLine("state:         held");
-  PrintLine(fmt::format("holder:        {}", l.holder));
-  PrintLine(fmt::format("fencing token: {}", l.fencing_token));
-  PrintLine(fmt::format("token prefix:  {}", l.token_prefix));
-  PrintLine(fmt::format("remaining:     {}", internal::FormatDuration(l.remaining)));
-  PrintLine(fmt::format("ttl:           {}", internal::FormatDuration(l.ttl)));
+  for (std::size_t i = 0; i < runs->size(); ++i) {
+    PrintLine(fmt::format("{}{}", i == 0 ? "slot runs:     " : "               ",
+                          DescribeRun((*runs)[i])));
+  }
   return 0;
 }
 

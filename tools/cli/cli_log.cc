@@ -107,6 +107,8 @@ void SetQuiet(bool q) {
   }
 }
 
+bool IsQuiet() { return quiet.load(); }
+
 void SetLogFormat(LogFormat format) {
   json.store(format == LogFormat::kJson);
   leasehold::SetLogSink([](const LogRecord& record) {

@@ -20,6 +20,9 @@ namespace leasehold::cli {
 // Silences Info() and lowers the library's log level to warnings. Call before any thread starts.
 void SetQuiet(bool quiet);
 
+// Returns what SetQuiet set.
+bool IsQuiet();
+
 enum class LogFormat {
   // "leasehold: <line>"; the library's events as "leasehold: event key=value ...".
   kText,

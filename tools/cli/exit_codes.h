@@ -29,6 +29,8 @@ inline constexpr int kExitHeldByAnother = 75;
 inline constexpr int kExitPermissionDenied = 77;
 // The lease was lost (expired, force-released or taken over) and the child was stopped.
 inline constexpr int kExitLeaseLost = 79;
+// run --once-per: the schedule slot was already done (by this or another host).
+inline constexpr int kExitSlotDone = 80;
 // The command was found but could not be executed (as in a shell).
 inline constexpr int kExitCannotExecute = 126;
 // The command was not found (as in a shell).
@@ -74,6 +76,7 @@ inline constexpr std::string_view kExitCodeHelp =
     "  75      held by another / not elected (no --wait, or the wait expired)\n"
     "  77      permission denied (store refused access, store directory not writable)\n"
     "  79      lease (or leadership) lost, command stopped\n"
+    "  80      run --once-per: this schedule slot is already done (nothing run)\n"
     "  126     run/elect: command found but not executable\n"
     "  127     run/elect: command not found\n"
     "  128+N   run/elect: the command died of signal N\n"

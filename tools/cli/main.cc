@@ -114,6 +114,47 @@ int Main(int argc, char** argv) {
                   "Identity shown to others (status, list). Default: <hostname>:<pid>")
       ->type_name("ID");
   AddTreeOptions(*run, flags.run);
+  std::string once_per;
+  std::string slot_offset;
+  std::string slot_tolerance;
+  std::string hold_at_least;
+  CLI::Option* once_per_opt =
+      run->add_option("--once-per", once_per,
+                      "Run at most once successfully per PERIOD-long slot of a time grid (15m, "
+                      "1h, 1d), across every host that runs this same line: the first host to "
+                      "claim the slot runs COMMAND, the others exit 80 (slot done) or 75 (it is "
+                      "running; see --wait). The slot is named by the store's clock where it has "
+                      "one. Exit 0 records the slot as done; a failure leaves it open for a retry "
+                      "(see --retry-failed). With --quiet, hosts that find the slot done or "
+                      "running print nothing")
+          ->type_name("PERIOD");
+  CLI::Option* slot_offset_opt =
+      run->add_option("--slot-offset", slot_offset,
+                      "Where the --once-per grid starts: slots begin at epoch + offset + k * "
+                      "PERIOD (e.g. --once-per 1d --slot-offset 2h: daily at 02:00). Default: 0")
+          ->type_name("DURATION");
+  run->add_option("--slot-zone", flags.run.slot_zone,
+                  "Lay the --once-per grid on local time in this IANA time zone "
+                  "(Europe/Berlin), so daily slots start at local midnight across "
+                  "daylight-saving changes. Default: UTC")
+      ->type_name("ZONE");
+  CLI::Option* slot_tolerance_opt =
+      run->add_option("--slot-tolerance", slot_tolerance,
+                      "A host that starts up to this long before a slot boundary counts itself "
+                      "into the coming slot (its clock or timer runs a little early). Must be "
+                      "less than half the period. Default: min(PERIOD/4, 5m)")
+          ->type_name("DURATION");
+  run->add_option("--retry-failed", flags.run.retry_failed,
+                  "yes: a failed run (non-zero exit) leaves its --once-per slot open for "
+                  "another host or a retry; no: a failure closes the slot too. Default: yes")
+      ->type_name("yes|no");
+  CLI::Option* hold_opt =
+      run->add_option("--hold-at-least", hold_at_least,
+                      "Keep the lease in the store until at least DURATION after it was taken, "
+                      "even after COMMAND ends and leasehold exits (no heartbeat, no process): "
+                      "others are refused until then (ShedLock's lockAtLeastFor). Default: "
+                      "release at once")
+          ->type_name("DURATION");
   AddObservabilityOptions(*run, flags.run.observability);
   run->add_option("KEY", flags.run.key, "The lease's name, 1..512 bytes of UTF-8")->required();
   // Not required() here: what follows `--` is taken verbatim before CLI11 parses (Main below);
@@ -249,6 +290,18 @@ int Main(int argc, char** argv) {
     }
     if (grace_opt->count() > 0) {
       flags.run.kill_grace = kill_grace;
+    }
+    if (once_per_opt->count() > 0) {
+      flags.run.once_per = once_per;
+    }
+    if (slot_offset_opt->count() > 0) {
+      flags.run.slot_offset = slot_offset;
+    }
+    if (slot_tolerance_opt->count() > 0) {
+      flags.run.slot_tolerance = slot_tolerance;
+    }
+    if (hold_opt->count() > 0) {
+      flags.run.hold_at_least = hold_at_least;
     }
     return RunCommand(flags.run);
   }

@@ -33,6 +33,7 @@
 #include "leasehold/election.h"
 #include "leasehold/lease.h"
 #include "leasehold/options.h"
+#include "leasehold/schedule.h"
 #include "leasehold/status.h"
 #include "leasehold/store.h"
 
@@ -68,7 +69,50 @@ struct RunSettings {
   // nullopt: try once.
   std::optional<Duration> wait;
   Duration kill_grace{};
+  // --once-per and its shape; nullopt: an ordinary run.
+  std::optional<SlotGrid> slot;
+  bool retry_failed = true;
+  // --hold-at-least; zero: release at once.
+  Duration hold_at_least{};
 };
+
+// Reads a duration flag that may be 0.
+Result<Duration> ParseNonNegativeDurationFlag(std::string_view flag, std::string_view text) {
+  LH_ASSIGN_OR_RETURN(Duration d, ParseWaitFlag(flag, text));
+  if (d == kWaitForever) {
+    return Status::InvalidArgument(fmt::format("{}: want a duration, got '{}'", flag, text));
+  }
+  return d;
+}
+
+// Reads --once-per and the --slot-* flags into a checked grid.
+Result<std::optional<SlotGrid>> ParseSlotFlags(const RunFlags& flags) {
+  const bool shaped = flags.slot_offset.has_value() || !flags.slot_zone.empty() ||
+                      flags.slot_tolerance.has_value() || flags.retry_failed != "yes";
+  if (!flags.once_per.has_value()) {
+    if (shaped) {
+      return Status::InvalidArgument(
+          "--slot-offset, --slot-zone, --slot-tolerance and --retry-failed need --once-per");
+    }
+    return std::optional<SlotGrid>();
+  }
+  SlotGrid grid;
+  LH_ASSIGN_OR_RETURN(grid.period, ParsePositiveDurationFlag("--once-per", *flags.once_per));
+  if (flags.slot_offset.has_value()) {
+    LH_ASSIGN_OR_RETURN(grid.offset,
+                        ParseNonNegativeDurationFlag("--slot-offset", *flags.slot_offset));
+  }
+  if (flags.slot_tolerance.has_value()) {
+    LH_ASSIGN_OR_RETURN(grid.tolerance,
+                        ParseNonNegativeDurationFlag("--slot-tolerance", *flags.slot_tolerance));
+  }
+  grid.zone = flags.slot_zone;
+  if (Status valid = ValidateSlotGrid(grid); !valid.ok()) {
+    return Status(valid.code(), fmt::format("--once-per {}: {}", *flags.once_per,
+                                            valid.message()));
+  }
+  return std::optional<SlotGrid>(std::move(grid));
+}
 
 // Reads and cross-checks the duration flags, naming the flag in every error.
 Result<RunSettings> ParseSettings(const RunFlags& flags) {
@@ -86,6 +130,16 @@ Result<RunSettings> ParseSettings(const RunFlags& flags) {
   LH_ASSIGN_OR_RETURN(s.contain, ParseContainment(flags.contain));
   if (flags.wait.has_value()) {
     LH_ASSIGN_OR_RETURN(s.wait, ParseWaitFlag("--wait", *flags.wait));
+  }
+  LH_ASSIGN_OR_RETURN(s.slot, ParseSlotFlags(flags));
+  if (flags.retry_failed != "yes" && flags.retry_failed != "no") {
+    return Status::InvalidArgument(
+        fmt::format("--retry-failed: want yes or no, got '{}'", flags.retry_failed));
+  }
+  s.retry_failed = flags.retry_failed == "yes";
+  if (flags.hold_at_least.has_value()) {
+    LH_ASSIGN_OR_RETURN(s.hold_at_least,
+                        ParsePositiveDurationFlag("--hold-at-least", *flags.hold_at_least));
   }
   if (flags.kill_grace.has_value()) {
     LH_ASSIGN_OR_RETURN(s.kill_grace, ParsePositiveDurationFlag("--kill-grace", *flags.kill_grace));
@@ -436,10 +490,11 @@ bool UnsafeDirectChildOnly() {
 }
 
 // Runs `command` with `env` as a supervised process tree while `lease` is held, until every
-// process of the tree is gone, then calls `release` (Lease::Release or Leadership::Resign).
+// process of the tree is gone, then calls `release` (Lease::Release, SlotClaim::Finish or
+// Leadership::Resign) with the exit code the run ends with (the command's, 79, 126, 127...).
 // `what` names the lease in messages ("lease job", "leadership of svc"). Returns the command's
 // code, 79 if the lease was lost, 126/127 if the command could not run.
-ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status()>& release,
+ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status(int)>& release,
                            const std::vector<std::string>& command, std::vector<std::string> env,
                            const TreeSettings& settings, Supervision& sup,
                            const std::string& what) {
@@ -450,17 +505,18 @@ ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status()>& re
                          .contain = settings.contain,
                          .unsafe_direct_child_only = UnsafeDirectChildOnly()});
   if (!started.ok()) {
-    Status released = release();
+    Status released = release(ExitCodeFor(started.error()));
     Error(fmt::format("cannot run '{}': {}{}", command.front(), Describe(started.error()),
                       released.ok() ? "" : "; release failed: " + Describe(released)));
     return {ExitCodeFor(started.error()), false};
   }
   Supervisor& tree = **started;
   if (int err = tree.exec_errno(); err != 0) {
-    Status released = release();
+    const int code = err == ENOENT ? kExitCommandNotFound : kExitCannotExecute;
+    Status released = release(code);
     Error(fmt::format("cannot run '{}': {}{}", command.front(), std::strerror(err),
                       released.ok() ? "" : "; release failed: " + Describe(released)));
-    return {err == ENOENT ? kExitCommandNotFound : kExitCannotExecute, false};
+    return {code, false};
   }
   Info(fmt::format("containment: {}", tree.mode_note()));
   if (tree.weak()) {
@@ -483,13 +539,13 @@ ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status()>& re
     Status reason = lease.lost_reason();
     // Release now rather than in the destructor: it deletes the grant if the lease was only at
     // risk, and the destructor's best-effort release would log a lost lease as a failure.
-    (void)release();
+    (void)release(kExitLeaseLost);
     Error(fmt::format("{} lost{}; the command was stopped: it {}", what,
                       reason.ok() ? std::string() : ": " + Describe(reason), tree.DescribeExit()));
     return {kExitLeaseLost, guard.interrupted()};
   }
   Info(fmt::format("the command {}; its whole tree is gone", tree.DescribeExit()));
-  if (Status released = release(); !released.ok()) {
+  if (Status released = release(child_code); !released.ok()) {
     Error(fmt::format("release of {} failed: {}", what, Describe(released)));
     if (released.code() == StatusCode::kLost) {
       return {kExitLeaseLost, guard.interrupted()};
@@ -537,6 +593,43 @@ const std::string& DefaultCandidateId() {
   return id;
 }
 
+// Takes the lease (or claims the slot) with `attempt`: once, then, if the key is held and
+// --wait allows, again waiting up to --wait (cancelled by SIGINT/SIGTERM/SIGHUP), announcing
+// the wait. Sets `waited` if it waited.
+template <typename T, typename Attempt>
+Result<T> TakeOrWait(Attempt attempt, const std::string& key, std::optional<Duration> wait,
+                     LeaseOptions options, InterruptWatcher& watcher, bool& waited) {
+  options.wait = Duration::zero();
+  Result<T> taken = attempt(options, std::stop_token());
+  if (!taken.ok() && taken.error().code() == StatusCode::kHeldByAnother && wait.has_value() &&
+      *wait > Duration::zero() && watcher.signal() == 0) {
+    const LeaseInfo* holder = taken.error().holder();
+    Info(fmt::format("{} is held by {}; waiting {}", key,
+                     holder != nullptr ? DescribeHolder(*holder) : std::string("another"),
+                     *wait == kWaitForever ? std::string("for as long as it takes")
+                                           : "up to " + FormatDuration(*wait)));
+    options.wait = *wait;
+    waited = true;
+    taken = attempt(options, watcher.token());
+  }
+  return taken;
+}
+
+// Reports a lease not taken and returns the exit code: 75 when held (silent under --quiet if
+// `quiet_when_held`: with --once-per another host running the slot is the expected outcome).
+int ReportNotTaken(Store& store, const std::string& key, const Status& status, bool waited,
+                   bool quiet_when_held) {
+  const StatusCode code = status.code();
+  if (code == StatusCode::kHeldByAnother || code == StatusCode::kDeadlineExceeded) {
+    if (quiet_when_held && IsQuiet()) {
+      return kExitHeldByAnother;
+    }
+    Error(HeldMessage(store, key, status, waited));
+    return kExitHeldByAnother;
+  }
+  return ReportFailure(status);
+}
+
 }  // namespace
 
 int RunCommand(const RunFlags& flags) {
@@ -577,20 +670,67 @@ int RunCommand(const RunFlags& flags) {
 
   LeaseOptions options = SupervisedLeaseOptions(*settings, **sup);
   options.holder = flags.holder;
-  Result<Lease> lease = (*store)->TryAcquire(flags.key, options);
   bool waited = false;
-  if (!lease.ok() && lease.error().code() == StatusCode::kHeldByAnother &&
-      settings->wait.has_value() && *settings->wait > Duration::zero() && watcher->signal() == 0) {
-    const Duration wait = *settings->wait;
-    const LeaseInfo* holder = lease.error().holder();
-    Info(fmt::format("{} is held by {}; waiting {}", flags.key,
-                     holder != nullptr ? DescribeHolder(*holder) : std::string("another"),
-                     wait == kWaitForever ? std::string("for as long as it takes")
-                                          : "up to " + FormatDuration(wait)));
-    options.wait = wait;
-    waited = true;
-    lease = (*store)->Acquire(flags.key, options, watcher->token());
+  if (settings->slot.has_value()) {
+    Result<SlotClaim> claim = TakeOrWait<SlotClaim>(
+        [&](const LeaseOptions& o, std::stop_token cancel) {
+          return (*store)->ClaimSlot(flags.key, *settings->slot, o, std::move(cancel));
+        },
+        flags.key, settings->wait, options, *watcher, waited);
+    watcher->Stop();
+    const int interrupted_by = watcher->signal();
+    watcher.reset();
+    if (interrupted_by != 0) {
+      Error(fmt::format("interrupted by {} while waiting for {}", SignalName(interrupted_by),
+                        flags.key));
+      return kExitInterrupted;  // a claim taken meanwhile is released unrecorded
+    }
+    if (!claim.ok()) {
+      return ReportNotTaken(**store, flags.key, claim.error(), waited, /*quiet_when_held=*/true);
+    }
+    const std::string slot = FormatSlotTime(claim->slot_start());
+    const char* clock = claim->named_by_store_clock() ? "the store's clock" : "this host's clock";
+    if (!claim->claimed()) {
+      const SlotRun& done = *claim->done_by();
+      Info(fmt::format(
+          "{}: slot {} is done{}: {} by {} (fencing token {}, exit {}) at {}; not running "
+          "(slot named by {})",
+          flags.key, slot,
+          done.slot_start > claim->slot_start()
+              ? fmt::format(" (a later slot, {}, has run)", FormatSlotTime(done.slot_start))
+              : "",
+          done.succeeded ? "ran" : "failed, not to be retried", done.holder, done.fencing_token,
+          done.exit_code, FormatSlotTime(done.ended), clock));
+      return kExitSlotDone;
+    }
+    Info(fmt::format("{}: claimed slot {} (named by {}; fencing token {})", flags.key, slot,
+                     clock, claim->lease().fencing_token()));
+    Lease& lease = claim->lease();
+    std::vector<std::string> env = BuildChildEnvironment(
+        {"LEASEHOLD_KEY", "LEASEHOLD_FENCING_TOKEN", "LEASEHOLD_SLOT"},
+        {"LEASEHOLD_KEY=" + lease.key(),
+         fmt::format("LEASEHOLD_FENCING_TOKEN={}", lease.fencing_token()),
+         "LEASEHOLD_SLOT=" + slot});
+    const bool retry_failed = settings->retry_failed;
+    const Duration hold = settings->hold_at_least;
+    return RunUnderLease(
+               lease,
+               [&claim, retry_failed, hold](int code) {
+                 return claim->Finish({.succeeded = code == 0,
+                                       .exit_code = code,
+                                       .retry_failed = retry_failed,
+                                       .hold_at_least = hold});
+               },
+               flags.command, std::move(env), TreeSettingsFor(*settings, flags), **sup,
+               "lease " + flags.key)
+        .exit_code;
   }
+  Result<Lease> lease = TakeOrWait<Lease>(
+      [&](const LeaseOptions& o, std::stop_token cancel) {
+        return o.wait == Duration::zero() ? (*store)->TryAcquire(flags.key, o)
+                                          : (*store)->Acquire(flags.key, o, std::move(cancel));
+      },
+      flags.key, settings->wait, options, *watcher, waited);
   watcher->Stop();
   const int interrupted_by = watcher->signal();
   watcher.reset();
@@ -603,12 +743,7 @@ int RunCommand(const RunFlags& flags) {
     return kExitInterrupted;
   }
   if (!lease.ok()) {
-    const StatusCode code = lease.error().code();
-    if (code == StatusCode::kHeldByAnother || code == StatusCode::kDeadlineExceeded) {
-      Error(HeldMessage(**store, flags.key, lease.error(), waited));
-      return kExitHeldByAnother;
-    }
-    return ReportFailure(lease.error());
+    return ReportNotTaken(**store, flags.key, lease.error(), waited, /*quiet_when_held=*/false);
   }
 
   // The acquisition was logged by the library ("acquired key=... fencing_token=... token=...").
@@ -618,9 +753,12 @@ int RunCommand(const RunFlags& flags) {
       BuildChildEnvironment({"LEASEHOLD_KEY", "LEASEHOLD_FENCING_TOKEN"},
                             {"LEASEHOLD_KEY=" + lease->key(),
                              fmt::format("LEASEHOLD_FENCING_TOKEN={}", lease->fencing_token())});
+  const Duration hold = settings->hold_at_least;
   return RunUnderLease(
-             *lease, [&lease] { return lease->Release(); }, flags.command, std::move(env),
-             TreeSettingsFor(*settings, flags), **sup, "lease " + flags.key)
+             *lease,
+             [&lease, hold](int) { return lease->Release({.hold_at_least = hold}); },
+             flags.command, std::move(env), TreeSettingsFor(*settings, flags), **sup,
+             "lease " + flags.key)
       .exit_code;
 }
 
@@ -709,7 +847,7 @@ int ElectCommand(const ElectFlags& flags) {
          "LEASEHOLD_LEADER_ID=" + id});
     const SteadyTime term_start = Clock::Real().Now();
     ChildOutcome outcome = RunUnderLease(
-        lease, [&leadership] { return leadership->Resign(); }, run.command, std::move(env),
+        lease, [&leadership](int) { return leadership->Resign(); }, run.command, std::move(env),
         TreeSettingsFor(*settings, run), **sup, "leadership of " + flags.name);
     exit_code = outcome.exit_code;
     if (!flags.again || outcome.interrupted) {

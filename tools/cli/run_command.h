@@ -24,7 +24,12 @@
 //        - when COMMAND's own process exits and descendants remain, they are stopped (SIGTERM,
 //          kill_grace, SIGKILL) before the lease is released, or waited for (--wait-children).
 //   5. Once every process of the tree is gone, releases the lease and exits with COMMAND's own
-//      code, or 79 if the lease was lost.
+//      code, or 79 if the lease was lost. With --hold-at-least the release leaves the grant in
+//      the store until that long after it was taken.
+// With --once-per, step 2 claims the current schedule slot (Store::ClaimSlot): exit 80 at once if
+// the slot is done, 75 if another host is running it (or wait, with --wait); step 5 records the
+// run (exit 0: done; else a failed attempt, which leaves the slot open unless --retry-failed=no)
+// in the same atomic step as the release.
 //
 // Thread safety: call once, from the main thread (the keeper's PDEATHSIG follows the forking
 // thread).
@@ -61,6 +66,17 @@ struct RunFlags {
   std::string holder;
   // --metrics-addr, --log-format, --on-risk.
   ObservabilityFlags observability;
+  // --once-per PERIOD (leasehold/schedule.h): run at most once successfully per slot of the
+  // grid; --slot-offset, --slot-zone, --slot-tolerance shape the grid; --retry-failed=no makes
+  // a failed run close its slot too. Unset: an ordinary run.
+  std::optional<std::string> once_per;
+  std::optional<std::string> slot_offset;
+  std::string slot_zone;
+  std::optional<std::string> slot_tolerance;
+  std::string retry_failed = "yes";
+  // --hold-at-least: the grant stays in the store this long after it was taken, without the
+  // process (ReleaseOptions::hold_at_least).
+  std::optional<std::string> hold_at_least;
 };
 
 // Runs the command; returns the process exit code (exit_codes.h).
