@@ -353,7 +353,7 @@ class CliTest(CliHarness, unittest.TestCase):
         free = self.cli("status", "nobody")
         self.assertEqual(free.returncode, 0, free.stderr)
         self.assertIn("free", free.stdout)
-        self.assertEqual(self.status_json("nobody"), {"key": "nobody", "held": False})
+        self.assertEqual(self.status_json("nobody"), {"key": "nobody", "held": False, "slot_runs": []})
 
         r = self.cli("list", "app:", "--json")
         self.assertEqual(r.returncode, 0, r.stderr)

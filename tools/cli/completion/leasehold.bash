@@ -32,14 +32,17 @@ _leasehold() {
     --log-format) COMPREPLY=($(compgen -W "text json" -- "$cur")); return ;;
     --on-risk) COMPREPLY=($(compgen -W "wait term" -- "$cur")); return ;;
     --wait) COMPREPLY=($(compgen -W "0 10s 1m forever" -- "$cur")); return ;;
+    --once-per) COMPREPLY=($(compgen -W "15m 1h 1d" -- "$cur")); return ;;
+    --retry-failed) COMPREPLY=($(compgen -W "yes no" -- "$cur")); return ;;
+    --slot-zone) COMPREPLY=($(cd /usr/share/zoneinfo 2>/dev/null && compgen -f -- "$cur")); return ;;
     --store) COMPREPLY=($(compgen -W "sqlite:// redis:// redis+unix:// postgres:// etcd:// etcds:// zk://" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
-    --ttl|--renew-every|--kill-grace|--holder|--id|--metrics-addr) return ;;
+    --ttl|--renew-every|--kill-grace|--holder|--id|--metrics-addr|--slot-offset|--slot-tolerance|--hold-at-least) return ;;
   esac
 
   local flags
   case "$sub" in
     "") flags="$common --version"; COMPREPLY=($(compgen -W "$subcommands $flags" -- "$cur")); return ;;
-    run) flags="$common $tree --holder" ;;
+    run) flags="$common $tree --holder --once-per --slot-offset --slot-zone --slot-tolerance --retry-failed --hold-at-least" ;;
     elect) flags="$common $tree --id --again" ;;
     leader) flags="$common --watch --json" ;;
     status|list) flags="$common --json" ;;
