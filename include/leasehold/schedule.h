@@ -98,6 +98,13 @@ struct SlotRun {
   SystemTime ended;
 };
 
+// A key's recorded runs (Store::ListSlotRuns).
+struct KeySlotRuns {
+  std::string key;
+  // Newest first.
+  std::vector<SlotRun> runs;
+};
+
 // How a claimed slot's run ended (SlotClaim::Finish).
 struct SlotFinish {
   bool succeeded = false;

@@ -89,6 +89,10 @@ class Store {
   // Returns the key's recorded slot runs, newest first (empty if none, or the record expired).
   Result<std::vector<SlotRun>> SlotRuns(std::string_view key);
 
+  // Returns the recorded slot runs of every key that starts with `prefix` and has a record
+  // (held or free), ordered by key.
+  Result<std::vector<KeySlotRuns>> ListSlotRuns(std::string_view prefix = {});
+
   // Returns the live grant of `key`, or nullopt if the key is free.
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key);
 

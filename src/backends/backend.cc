@@ -51,6 +51,11 @@ Result<std::optional<std::string>> Backend::ReadRecord(std::string_view /*key*/)
   return Status::Unimplemented(fmt::format("the {} store keeps no records", scheme()));
 }
 
+Result<std::vector<std::pair<std::string, std::string>>> Backend::ListRecords(
+    std::string_view /*prefix*/) {
+  return Status::Unimplemented(fmt::format("the {} store cannot list records", scheme()));
+}
+
 Result<StoreTime> Backend::WallClock() {
   return StoreTime{.time = std::chrono::system_clock::now(), .from_store = false};
 }

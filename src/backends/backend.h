@@ -20,6 +20,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "leasehold/clock.h"
@@ -147,6 +148,11 @@ class Backend {
   // Returns the key's record (FinishRequest::record), or nullopt if it has none or it expired.
   // The default returns kUnimplemented.
   virtual Result<std::optional<std::string>> ReadRecord(std::string_view key);
+
+  // Returns the records (key, record) of the keys that start with `prefix`, ordered by key,
+  // expired ones left out. The default returns kUnimplemented.
+  virtual Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
+      std::string_view prefix);
 
   // Returns the store's wall clock, read in one round trip, where the store has one (Redis
   // TIME, PostgreSQL clock_timestamp(), the ZooKeeper leader's transaction time); the default

@@ -264,6 +264,20 @@ Result<std::vector<SlotRun>> Store::SlotRuns(std::string_view key) {
   return ParseSlotRecord(*record);
 }
 
+Result<std::vector<KeySlotRuns>> Store::ListSlotRuns(std::string_view prefix) {
+  LH_ASSIGN_OR_RETURN(auto records, core_->backend->ListRecords(prefix));
+  std::vector<KeySlotRuns> out;
+  out.reserve(records.size());
+  for (auto& [key, text] : records) {
+    Result<std::vector<SlotRun>> runs = ParseSlotRecord(text);
+    if (!runs.ok()) {
+      return runs.status().WithContext(fmt::format("key {}", key));
+    }
+    out.push_back({std::move(key), std::move(runs).value()});
+  }
+  return out;
+}
+
 Result<SlotClaim> Store::ClaimSlot(std::string_view key, const SlotGrid& grid,
                                    const LeaseOptions& options, std::stop_token cancel) {
   LH_RETURN_IF_ERROR(ValidateKey(key));

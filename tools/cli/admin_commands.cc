@@ -3,6 +3,7 @@
 #include "admin_commands.h"
 
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -38,7 +39,7 @@ nlohmann::ordered_json ToJson(const LeaseInfo& info) {
 nlohmann::ordered_json ToJson(const SlotRun& run) {
   nlohmann::ordered_json j;
   j["slot"] = FormatSlotTime(run.slot_start);
-  j["outcome"] = run.succeeded ? "done" : (run.final ? "failed" : "failed, retry allowed");
+  j["outcome"] = run.succeeded ? "done" : (run.final ? "failed" : "failed_retryable");
   j["exit_code"] = run.exit_code;
   j["holder"] = run.holder;
   j["fencing_token"] = run.fencing_token;
@@ -126,10 +127,32 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
   if (!leases.ok()) {
     return ReportFailure(leases.error());
   }
+  Result<std::vector<KeySlotRuns>> slots = (*store)->ListSlotRuns(prefix);
+  if (!slots.ok()) {
+    return ReportFailure(slots.error());
+  }
   if (json) {
-    nlohmann::ordered_json j = nlohmann::ordered_json::array();
+    // One entry per key that is held or has recorded slot runs, ordered by key.
+    std::map<std::string, nlohmann::ordered_json> entries;
     for (const LeaseInfo& l : *leases) {
-      j.push_back(ToJson(l));
+      nlohmann::ordered_json j = ToJson(l);
+      j["held"] = true;
+      entries[l.key] = std::move(j);
+    }
+    for (const KeySlotRuns& k : *slots) {
+      if (k.runs.empty()) {
+        continue;
+      }
+      auto [it, added] = entries.try_emplace(k.key);
+      if (added) {
+        it->second["key"] = k.key;
+        it->second["held"] = false;
+      }
+      it->second["last_slot_run"] = ToJson(k.runs.front());
+    }
+    nlohmann::ordered_json j = nlohmann::ordered_json::array();
+    for (auto& [key, entry] : entries) {
+      j.push_back(std::move(entry));
     }
     PrintLine(j.dump());
     return 0;
@@ -146,6 +169,25 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
     PrintLine(fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", l.key, key_width, l.holder,
                           holder_width, l.fencing_token, internal::FormatDuration(l.remaining),
                           internal::FormatDuration(l.ttl), l.token_prefix));
+  }
+  // Then the last recorded schedule-slot run of every key that has one (run --once-per).
+  std::size_t slot_key_width = 3;
+  bool any = false;
+  for (const KeySlotRuns& k : *slots) {
+    if (!k.runs.empty()) {
+      any = true;
+      slot_key_width = std::max(slot_key_width, k.key.size());
+    }
+  }
+  if (!any) {
+    return 0;
+  }
+  PrintLine("");
+  PrintLine(fmt::format("{:<{}}  {}", "KEY", slot_key_width, "LAST SLOT RUN"));
+  for (const KeySlotRuns& k : *slots) {
+    if (!k.runs.empty()) {
+      PrintLine(fmt::format("{:<{}}  {}", k.key, slot_key_width, DescribeRun(k.runs.front())));
+    }
   }
   return 0;
 }

@@ -227,9 +227,14 @@ int Main(int argc, char** argv) {
   status->add_option("KEY", flags.key, "The lease's name")->required();
   status->footer(Footer());
 
-  CLI::App* list = app.add_subcommand("list", "List the live leases whose keys start with PREFIX");
+  CLI::App* list = app.add_subcommand(
+      "list",
+      "List the live leases whose keys start with PREFIX, then the last recorded schedule-slot "
+      "run (run --once-per) of every such key that has one, held or free");
   AddCommonOptions(*list, flags);
-  list->add_flag("--json", flags.json, "Print one JSON array");
+  list->add_flag("--json", flags.json,
+                 "Print one JSON array: one object per key that is held (\"held\": true) or has "
+                 "slot runs (\"last_slot_run\")");
   list->add_option("PREFIX", flags.prefix, "Key prefix. Default: all keys");
   list->footer(Footer());
 

@@ -99,6 +99,20 @@ class MemoryTable {
     return std::optional<std::string>(it->second.value);
   }
 
+  Result<std::vector<std::pair<std::string, std::string>>> ListRecords(std::string_view prefix)
+      LH_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    const SteadyTime now = clock_.Now();
+    std::vector<std::pair<std::string, std::string>> out;
+    for (auto it = records_.lower_bound(prefix);
+         it != records_.end() && std::string_view(it->first).starts_with(prefix); ++it) {
+      if (it->second.expires > now) {
+        out.emplace_back(it->first, it->second.value);
+      }
+    }
+    return out;
+  }
+
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) LH_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     SteadyTime now = clock_.Now();
@@ -249,6 +263,11 @@ class MemoryBackend final : public Backend {
 
   Result<std::optional<std::string>> ReadRecord(std::string_view key) override {
     return table_->ReadRecord(key);
+  }
+
+  Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
+      std::string_view prefix) override {
+    return table_->ListRecords(prefix);
   }
 
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {

@@ -154,6 +154,14 @@ constexpr const char* kSelectRecordSql = R"sql(
 SELECT value FROM records WHERE key = ?1 AND expires_unix_ns > ?2
 )sql";
 
+// Live records (at ?1, CLOCK_REALTIME ns) whose key is in the byte range [?2, ?3) (?3 NULL: no
+// upper bound), ordered by key: as kListLiveGrantsSql.
+constexpr const char* kListRecordsSql = R"sql(
+SELECT key, value FROM records
+WHERE expires_unix_ns > ?1 AND key >= ?2 AND (?3 IS NULL OR key < ?3)
+ORDER BY key
+)sql";
+
 // Deletes grant ?1 whoever holds it (force-release); the fencing counter stays.
 constexpr const char* kDeleteAnyGrantSql = R"sql(
 DELETE FROM grants WHERE key = ?1 RETURNING boot_id, expires_ns
@@ -184,6 +192,7 @@ enum StatementId : std::size_t {
   kKeepGrant,
   kPutRecord,
   kSelectRecord,
+  kListRecords,
   kStatementCount,
 };
 
@@ -191,7 +200,7 @@ constexpr std::array<const char*, kStatementCount> kStatementSql = {
     kBeginImmediateSql, kCommitSql,         kRollbackSql,       kSelectLiveGrantSql,
     kBumpFenceSql,      kPutGrantSql,       kRenewGrantSql,     kSelectAnyGrantSql,
     kDeleteOwnGrantSql, kDeleteAnyGrantSql, kListLiveGrantsSql, kKeepGrantSql,
-    kPutRecordSql,      kSelectRecordSql,
+    kPutRecordSql,      kSelectRecordSql,   kListRecordsSql,
 };
 
 // sqlite3_busy_timeout takes an int of milliseconds.
@@ -1138,6 +1147,28 @@ Result<std::optional<std::string>> SqliteBackend::ReadRecord(std::string_view ke
     return std::optional<std::string>();
   }
   return std::optional<std::string>(select.Blob(0));
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> SqliteBackend::ListRecords(
+    std::string_view prefix) {
+  MutexLock lock(&mu_);
+  const std::optional<std::string> upper = PrefixUpperBound(prefix);
+  StatementRun list(*connection_, kListRecords, "list records");
+  list.Bind(1, WallNowNs());
+  list.Bind(2, prefix);
+  if (upper.has_value()) {
+    list.Bind(3, *upper);
+  } else {
+    list.BindNull(3);
+  }
+  std::vector<std::pair<std::string, std::string>> records;
+  while (true) {
+    LH_ASSIGN_OR_RETURN(bool row, list.Next());
+    if (!row) {
+      return records;
+    }
+    records.emplace_back(list.Text(0), list.Blob(1));
+  }
 }
 
 Result<StoreTime> SqliteBackend::WallClock() {

@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "leasehold/lease_info.h"
@@ -90,6 +91,9 @@ class SqliteBackend final : public Backend {
   Status Finish(const FinishRequest& request) override;
 
   Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
+
+  Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
+      std::string_view prefix) override;
 
   // This host's wall clock, which is the store's (from_store true).
   Result<StoreTime> WallClock() override;

@@ -802,6 +802,37 @@ TEST_P(ConformanceTest, FinishWritesTheRecordOnlyForTheOwnerAndInTheSameStep) {
   EXPECT_FALSE(other->has_value());
 }
 
+TEST_P(ConformanceTest, ListRecordsByPrefixInKeyOrder) {
+  for (const char* key : {"app/b", "app/a", "app_%", "other", "app/gone"}) {
+    ASSERT_TRUE(Grant(key, Token('a')).ok()) << key;
+    ASSERT_TRUE(backend_
+                    ->Finish({.key = key,
+                              .owner_token = Token('a'),
+                              .record = std::string("r:") + key,
+                              .record_ttl = std::string_view(key) == "app/gone" ? 1s : 30s})
+                    .ok())
+        << key;
+  }
+  ASSERT_TRUE(Grant("app/c", Token('c')).ok()) << "a grant without a record is not listed";
+  std::this_thread::sleep_for(900ms);
+  ASSERT_TRUE(RecordGoneWithin(*backend_, "app/gone", 3s));
+  auto listed = backend_->ListRecords("app/");
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_EQ(listed->size(), 2u);
+  EXPECT_EQ((*listed)[0], std::make_pair(std::string("app/a"), std::string("r:app/a")));
+  EXPECT_EQ((*listed)[1], std::make_pair(std::string("app/b"), std::string("r:app/b")));
+  auto literal = backend_->ListRecords("app_");
+  ASSERT_TRUE(literal.ok());
+  ASSERT_EQ(literal->size(), 1u) << "wildcard characters are literal";
+  EXPECT_EQ((*literal)[0].first, "app_%");
+  auto all = backend_->ListRecords("");
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 4u);
+  auto grants = backend_->List("");
+  ASSERT_TRUE(grants.ok());
+  EXPECT_EQ(grants->size(), 1u) << "records are not grants";
+}
+
 TEST_P(ConformanceTest, ARecordExpiresAfterItsTtl) {
   ASSERT_TRUE(Grant("job", Token('a')).ok());
   ASSERT_TRUE(backend_->Finish(
