@@ -5,7 +5,7 @@
 // early or late. Every host tries; the first to claim the slot runs the job; the others find
 // the slot running (kHeldByAnother) or done (SlotClaim::claimed() false).
 //
-// The rule (DESIGN.md, "Scheduled jobs"):
+// The rule (README, "Scheduled jobs"):
 //   - The slot is named by the store's wall clock where the store has one (Redis TIME,
 //     PostgreSQL clock_timestamp(), the ZooKeeper leader's transaction time; sqlite:// is on
 //     this host), else by this host's wall clock (etcd://, memory://).
