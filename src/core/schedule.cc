@@ -154,6 +154,15 @@ std::string FormatSlotRecord(const std::vector<SlotRun>& runs) {
   for (std::size_t i = 0; i < n; ++i) {
     const SlotRun& run = runs[i];
     std::string holder = run.holder.substr(0, kMaxRecordedHolder);
+    if (holder.size() < run.holder.size()) {
+      // Never cut a UTF-8 sequence in two: drop the continuation bytes and their lead byte.
+      while (!holder.empty() && (static_cast<unsigned char>(holder.back()) & 0xC0) == 0x80) {
+        holder.pop_back();
+      }
+      if (!holder.empty() && (static_cast<unsigned char>(holder.back()) & 0x80) != 0) {
+        holder.pop_back();
+      }
+    }
     std::replace_if(
         holder.begin(), holder.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
     const char outcome = run.succeeded ? 'd' : (run.final ? 'F' : 'f');
@@ -203,7 +212,12 @@ Result<std::vector<SlotRun>> ParseSlotRecord(std::string_view text) {
         return bad("a field that is not a number");
       }
     }
-    if (fields[2] < INT32_MIN || fields[2] > INT32_MAX || fields[3] < 0) {
+    // Times within ±3000 years of the epoch, so that milliseconds convert to SystemTime's
+    // nanoseconds without overflow.
+    constexpr std::int64_t kMaxMillis = 100'000'000'000'000;
+    auto time_ok = [&](std::int64_t ms) { return ms >= -kMaxMillis && ms <= kMaxMillis; };
+    if (fields[2] < INT32_MIN || fields[2] > INT32_MAX || fields[3] < 0 || !time_ok(fields[0]) ||
+        !time_ok(fields[4]) || !time_ok(fields[5])) {
       return bad("a field out of range");
     }
     SlotRun run;

@@ -122,6 +122,14 @@ TEST(SlotRecordTest, RoundTripsNewestFirstAndCapsTheHistory) {
     EXPECT_EQ(got.ended, runs[i].ended);
   }
   EXPECT_EQ((*parsed)[0].holder, "web 1:42 second line") << "one line per run";
+  // A long holder is cut on a UTF-8 boundary: "é" is two bytes, the 256th byte would split one.
+  std::vector<SlotRun> accented{SlotRun{.holder = "x"}};
+  for (int i = 0; i < 200; ++i) {
+    accented[0].holder += "\xc3\xa9";
+  }
+  auto cut = ParseSlotRecord(FormatSlotRecord(accented));
+  ASSERT_TRUE(cut.ok());
+  EXPECT_EQ((*cut)[0].holder.size(), 255u) << "x and 127 whole two-byte characters";
   // A holder name of any length still fits.
   std::vector<SlotRun> long_names(kMaxSlotHistory, SlotRun{.holder = std::string(5000, 'h')});
   EXPECT_LE(FormatSlotRecord(long_names).size(), 4096u);
@@ -134,7 +142,9 @@ TEST(SlotRecordTest, TextItDoesNotUnderstandIsAnErrorNotACrash) {
                                "leasehold-slots 1\n1 d 0 -1 2 3 h\n",
                                "leasehold-slots 1\n1 d 99999999999 1 2 3 h\n",
                                "leasehold-slots 1\n1 d 0 1 2 3a h\n",
-                               "leasehold-slots 1\n99999999999999999999 d 0 1 2 3 h\n"}) {
+                               "leasehold-slots 1\n99999999999999999999 d 0 1 2 3 h\n",
+                               "leasehold-slots 1\n9000000000000000 d 0 1 2 3 h\n",
+                               "leasehold-slots 1\n1 d 0 1 -9000000000000000 3 h\n"}) {
     EXPECT_EQ(ParseSlotRecord(bad).status().code(), StatusCode::kInternal) << bad;
   }
   auto empty = ParseSlotRecord("leasehold-slots 1\n");
