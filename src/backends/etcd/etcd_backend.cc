@@ -82,11 +82,13 @@ std::string QueuePrefix(std::string_view prefix, std::string_view key) {
   return q;
 }
 
-// Where the record of `key` lives (Backend::ReadRecord): "<prefix>\0record/<key>", on an etcd
-// lease of its own. Out of every "<prefix>/..." range for the same reason as the queue, so a
-// record is never listed or inspected as a grant, and no grant's revoke or expiry touches it.
+// Where the record of `key` lives (Backend::ReadRecord): "<prefix>/\0record/<key>", on an etcd
+// lease of its own. Inside "<prefix>/", so a user with read-write on that prefix can write it,
+// yet never a lease's key (lease names are 1..512 bytes without NUL, so no lease name starts
+// with NUL): Inspect never finds it, and List starts its range past it. No grant's revoke or
+// expiry touches it.
 std::string RecordKey(std::string_view prefix, std::string_view key) {
-  std::string r(prefix);
+  std::string r = fmt::format("{}/", prefix);
   r += '\0';
   r += "record/";
   r += key;
@@ -1510,6 +1512,11 @@ Result<std::vector<LeaseInfo>> EtcdBackend::List(std::string_view prefix) {
   pb::RangeRequest req;
   req.set_key(base + std::string(prefix));
   req.set_range_end(PrefixEnd(req.key()));
+  if (prefix.empty()) {
+    // From the first byte a lease name can start with: records ("<prefix>/\0record/...") sort
+    // before every lease and are left out.
+    req.set_key(base + std::string(1, '\x01'));
+  }
   req.set_sort_order(pb::RangeRequest::ASCEND);
   req.set_sort_target(pb::RangeRequest::KEY);
   pb::RangeResponse resp;

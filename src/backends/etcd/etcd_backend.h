@@ -29,7 +29,7 @@
 //                 record is Put under its own lease in the same Txn. The grant's old lease is
 //                 revoked afterwards (it carries no key by then); the new leases are revoked if
 //                 the Txn finds the grant gone.
-//   records       "<prefix>\0record/<name>" (out of every "<prefix>/..." range: never listed or
+//   records       "<prefix>/\0record/<name>" (no lease name starts with NUL: never listed or
 //                 inspected as a grant, and untouched by grants' revokes and expiry), on an etcd
 //                 lease of record_ttl in whole seconds (at least etcd's minimum, 2 s). etcd
 //                 deletes keys of expired leases in its leader's periodic check (every 500 ms),
