@@ -82,6 +82,19 @@ std::string QueuePrefix(std::string_view prefix, std::string_view key) {
   return q;
 }
 
+// Where the record of `key` lives (Backend::ReadRecord): "<prefix>/\0record/<key>", on an etcd
+// lease of its own. Inside "<prefix>/", so a user with read-write on that prefix can write it,
+// yet never a lease's key (lease names are 1..512 bytes without NUL, so no lease name starts
+// with NUL): Inspect never finds it, and List starts its range past it. No grant's revoke or
+// expiry touches it.
+std::string RecordKey(std::string_view prefix, std::string_view key) {
+  std::string r = fmt::format("{}/", prefix);
+  r += '\0';
+  r += "record/";
+  r += key;
+  return r;
+}
+
 // The value of a grant: "v1\n<owner token>\n<granted ttl ms>\n<holder>". The holder comes last
 // so it may contain anything, newlines included.
 struct GrantValue {
@@ -179,6 +192,7 @@ struct HeldGrant {
   std::string owner_token;
   int64_t lease_id = 0;
   int64_t create_revision = 0;
+  std::string holder;  // the grant's value is re-Put with it when Finish keeps the grant
 };
 
 // A lease granted ahead of time, with no key attached yet, so that an acquire needs only its
@@ -1126,7 +1140,7 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
   if (txn_resp.succeeded()) {
     // The Put is the Txn's only write: the Txn's revision is the key's create revision.
     const int64_t revision = txn_resp.header().revision();
-    impl.SetHeld(request.key, {request.owner_token, lease.id, revision});
+    impl.SetHeld(request.key, {request.owner_token, lease.id, revision, request.holder});
     if (entry) {
       impl.Dequeue(request.key, request.waiter_id);  // its key went with the grant
     }
@@ -1159,7 +1173,8 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
   if (value && value->token == request.owner_token && kv.lease() == lease.id) {
     // An earlier attempt of this very Txn was applied before its reply was lost (a deadline
     // or a failover): the grant is ours, on this lease.
-    impl.SetHeld(request.key, {request.owner_token, lease.id, kv.create_revision()});
+    impl.SetHeld(request.key,
+                 {request.owner_token, lease.id, kv.create_revision(), request.holder});
     return Grant{.fencing_token = static_cast<FencingToken>(kv.create_revision()), .ttl = reported};
   }
   // Held by another: the lease has no key attached, so it can serve the next acquire (a
@@ -1309,6 +1324,143 @@ Status EtcdBackend::Release(std::string_view key, std::string_view owner_token) 
 
 namespace {
 
+// A fresh etcd lease of `ttl`, in whole seconds rounded up (etcd raises small TTLs to its
+// minimum, 2 s for 3.4's defaults): its id and the TTL etcd granted.
+struct FreshLease {
+  int64_t id = 0;
+  int64_t ttl_seconds = 0;
+};
+
+Result<FreshLease> GrantLease(EtcdBackend::Impl& impl, Duration ttl, std::string_view what) {
+  pb::LeaseGrantRequest req;
+  req.set_ttl(std::max<int64_t>(1, std::chrono::ceil<std::chrono::seconds>(ttl).count()));
+  pb::LeaseGrantResponse resp;
+  LH_RETURN_IF_ERROR(impl.Call(what, impl.counters_.lease_grant,
+                               [&](Endpoint& e, grpc::ClientContext& ctx) {
+                                 return e.lease->LeaseGrant(&ctx, req, &resp);
+                               }));
+  if (resp.id() == 0 || resp.ttl() <= 0) {
+    return Status::Internal(
+        fmt::format("etcd granted lease {} with TTL {} s", resp.id(), resp.ttl()), resp.error());
+  }
+  return FreshLease{resp.id(), resp.ttl()};
+}
+
+}  // namespace
+
+Status EtcdBackend::Finish(const FinishRequest& request) {
+  LH_RETURN_IF_ERROR(CheckFinishRequest(request));
+  if (request.keep == Duration::zero() && !request.record.has_value()) {
+    return Release(request.key, request.owner_token);  // its revoke overlaps its Txn
+  }
+  Impl& impl = *impl_;
+  std::optional<HeldGrant> held = impl.FindHeld(request.key, request.owner_token);
+  if (!held) {
+    return Status::Lost(fmt::format(
+        "{} is not held by this owner token (already released, lost or someone else's)",
+        request.key));
+  }
+  // The leases for the new TTLs come first, so that one Txn does the rest. Each is counted
+  // from its grant, which etcd applies before the Txn: the kept grant and the record last at
+  // least `keep` and `record_ttl` from the call. The kept grant and the record get a lease each
+  // (never a shared one): a force-release revokes the grant's lease, which must not take the
+  // record with it.
+  std::optional<FreshLease> keep_lease;
+  std::optional<FreshLease> record_lease;
+  if (request.keep > Duration::zero()) {
+    LH_ASSIGN_OR_RETURN(keep_lease, GrantLease(impl, request.keep, "LeaseGrant (keep)"));
+  }
+  if (request.record.has_value()) {
+    Result<FreshLease> granted = GrantLease(impl, request.record_ttl, "LeaseGrant (record)");
+    if (!granted.ok()) {
+      if (keep_lease) {
+        impl.RevokeInBackground(keep_lease->id);
+      }
+      return granted.status();
+    }
+    record_lease = *granted;
+  }
+
+  // One Txn, guarded by the grant's create revision (the owner check, as in Release). Keeping
+  // re-Puts the key under the keep lease: a Put on an existing key keeps its create revision,
+  // so the holder and the fencing token stay, and nothing renews the new lease. The old lease
+  // then carries no key and is revoked below.
+  const std::string etcd_key = KeyName(options_.prefix, request.key);
+  const std::string record_key = RecordKey(options_.prefix, request.key);
+  pb::TxnRequest txn;
+  pb::Compare* cmp = txn.add_compare();
+  cmp->set_result(pb::Compare::EQUAL);
+  cmp->set_target(pb::Compare::CREATE);
+  cmp->set_key(etcd_key);
+  cmp->set_create_revision(held->create_revision);
+  if (keep_lease) {
+    pb::PutRequest* put = txn.add_success()->mutable_request_put();
+    put->set_key(etcd_key);
+    put->set_value(
+        EncodeValue({request.owner_token, keep_lease->ttl_seconds * 1000, held->holder}));
+    put->set_lease(keep_lease->id);
+  } else {
+    txn.add_success()->mutable_request_delete_range()->set_key(etcd_key);
+  }
+  if (record_lease) {
+    pb::PutRequest* put = txn.add_success()->mutable_request_put();
+    put->set_key(record_key);
+    put->set_value(*request.record);
+    put->set_lease(record_lease->id);
+  }
+  // On failure: what is there now, to recognise an earlier attempt of this very Txn that was
+  // applied before its reply was lost (Call moved on to another member).
+  txn.add_failure()->mutable_request_range()->set_key(etcd_key);
+  txn.add_failure()->mutable_request_range()->set_key(record_key);
+  pb::TxnResponse txn_resp;
+  Status s = impl.Call(
+      "Txn (finish)", impl.counters_.txn,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Txn(&ctx, txn, &txn_resp); });
+  if (!s.ok()) {
+    // Unknown outcome. The new leases are left to expire by themselves (at most keep and
+    // record_ttl): if the Txn was applied they carry the kept grant and the record, and a
+    // revoke would undo them. The grant stays known for a retry, as in Release.
+    return s;
+  }
+  bool applied = txn_resp.succeeded();
+  if (!applied && txn_resp.responses_size() == 2) {
+    const auto& grant_kvs = txn_resp.responses(0).response_range().kvs();
+    const auto& record_kvs = txn_resp.responses(1).response_range().kvs();
+    applied = keep_lease ? !grant_kvs.empty() && grant_kvs[0].lease() == keep_lease->id
+                         : !record_kvs.empty() && record_kvs[0].lease() == record_lease->id;
+  }
+  impl.DropHeld(request.key, held->lease_id);
+  if (!applied) {
+    for (const auto& fresh : {keep_lease, record_lease}) {
+      if (fresh) {
+        impl.RevokeInBackground(fresh->id);
+      }
+    }
+    return Status::Lost(
+        fmt::format("{} was no longer ours (expired, force-released or taken over)", request.key),
+        LostCause::kSessionLost);
+  }
+  // The grant's own lease carries no key now (it moved to the keep lease, or was deleted).
+  impl.RevokeInBackground(held->lease_id);
+  return Status();
+}
+
+Result<std::optional<std::string>> EtcdBackend::ReadRecord(std::string_view key) {
+  Impl& impl = *impl_;
+  pb::RangeRequest req;
+  req.set_key(RecordKey(options_.prefix, key));
+  pb::RangeResponse resp;
+  LH_RETURN_IF_ERROR(impl.Call(
+      "Range (record)", impl.counters_.range,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Range(&ctx, req, &resp); }));
+  if (resp.kvs_size() == 0) {
+    return std::optional<std::string>();
+  }
+  return std::optional<std::string>(resp.kvs(0).value());
+}
+
+namespace {
+
 // Reads the key (and its lease's remaining time) into a LeaseInfo; nullopt if the key is absent
 // or its lease already expired (etcd deletes such keys a moment later).
 Result<std::optional<LeaseInfo>> ToInfo(EtcdBackend::Impl& impl, std::string_view key,
@@ -1360,6 +1512,11 @@ Result<std::vector<LeaseInfo>> EtcdBackend::List(std::string_view prefix) {
   pb::RangeRequest req;
   req.set_key(base + std::string(prefix));
   req.set_range_end(PrefixEnd(req.key()));
+  if (prefix.empty()) {
+    // From the first byte a lease name can start with: records ("<prefix>/\0record/...") sort
+    // before every lease and are left out.
+    req.set_key(base + std::string(1, '\x01'));
+  }
   req.set_sort_order(pb::RangeRequest::ASCEND);
   req.set_sort_target(pb::RangeRequest::KEY);
   pb::RangeResponse resp;

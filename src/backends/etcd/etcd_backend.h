@@ -21,6 +21,22 @@
 //                 (or, without a waiter id, that the queue is empty) and deletes our entry.
 //   force-release LeaseRevoke of the holder's lease (deletes the key with it, so the holder's
 //                 next keep-alive answer says TTL 0 and it is lost at once).
+//   finish        (Backend::Finish) LeaseGrant(ceil(keep) s) and/or LeaseGrant(ceil(record_ttl) s)
+//                 first, then one Txn guarded like release: keep > 0 re-Puts the key under the
+//                 keep lease (a Put keeps the create revision, so holder and fencing token stay;
+//                 nobody renews that lease, so the grant expires by itself with no session of
+//                 the caller), keep == 0 deletes it (waking waiters, fair queue included); the
+//                 record is Put under its own lease in the same Txn. The grant's old lease is
+//                 revoked afterwards (it carries no key by then); the new leases are revoked if
+//                 the Txn finds the grant gone.
+//   records       "<prefix>/\0record/<name>" (no lease name starts with NUL: never listed or
+//                 inspected as a grant, and untouched by grants' revokes and expiry), on an etcd
+//                 lease of record_ttl in whole seconds (at least etcd's minimum, 2 s). etcd
+//                 deletes keys of expired leases in its leader's periodic check (every 500 ms),
+//                 so a record may be read for up to about half a second past its TTL.
+//   wall clock    etcd exposes no server wall clock (ResponseHeader carries cluster and member
+//                 ids, revision and raft term; KeyValue only revisions; lease TTLs are relative),
+//                 so WallClock is the Backend default: this host's clock, from_store = false.
 //
 // Renew and release only work for grants made through this backend object (it keeps the lease
 // id of each); a token it does not know gets kLost. An operator who deletes a key with
@@ -110,6 +126,14 @@ class EtcdBackend final : public Backend {
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
 
   Status Release(std::string_view key, std::string_view owner_token) override;
+
+  // Two LeaseGrants at most (keep, record), then one Txn; keep == 0 without a record is Release.
+  // Returns kLost (revoking the leases it granted) if the grant is not ours any more; on an
+  // unknown outcome (kUnavailable) the new leases are left to expire by themselves.
+  Status Finish(const FinishRequest& request) override;
+
+  // One Range of the record's key.
+  Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
 
   // One Range plus one LeaseTimeToLive (remaining in whole seconds, as etcd reports it).
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;

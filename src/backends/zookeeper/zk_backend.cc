@@ -6,6 +6,7 @@
 #include "backends/zookeeper/zk_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -109,6 +110,9 @@ class ZkSession {
 namespace {
 
 constexpr std::string_view kRootName = "leasehold";
+// Children of a key's node besides the queued ones (no '-': never taken for a queued node).
+constexpr std::string_view kKeptName = "kept";
+constexpr std::string_view kRecordName = "record";
 // How many times an operation re-reads after a race (the holder left between two reads).
 constexpr int kRaceRetries = 4;
 // Reaper: how often it retries background deletes, and how many times before giving up (the
@@ -147,6 +151,8 @@ struct Reply {
   bool has_stat = false;
   std::string value;
   std::vector<std::string> strings;
+  // Buffers the C client writes into when the reply comes (Requests::Multi).
+  std::shared_ptr<void> extra;
 
   void Finish(int code) {
     std::lock_guard<std::mutex> lock(mu);
@@ -157,6 +163,25 @@ struct Reply {
 };
 
 using ReplyPtr = std::shared_ptr<Reply>;
+
+// One operation of a multi (Requests::Multi).
+struct MultiOp {
+  enum Kind { kCreate, kDelete, kSet, kCheck };
+
+  Kind kind = kCheck;
+  std::string path;
+  std::string data;   // kCreate, kSet
+  int version = -1;   // kDelete, kSet, kCheck: -1 = any
+  int mode = 0;       // kCreate
+};
+
+struct MultiBuffers {
+  explicit MultiBuffers(std::size_t n) : results(n), stats(n), paths(n) {}
+
+  std::vector<zoo_op_result_t> results;
+  std::vector<struct Stat> stats;
+  std::vector<std::array<char, 1024>> paths;
+};
 
 // Waits for `reply` until `deadline` (std::chrono::steady_clock). Returns its rc, or
 // ZOPERATIONTIMEOUT if no reply came in time.
@@ -373,6 +398,73 @@ class Requests {
     return AwaitReply(*reply, deadline_);
   }
 
+  // As Set, returning the node's Stat (its mtime is the leader's time of the write).
+  int SetStat(const std::string& path, std::string_view value, int version, struct Stat* stat) {
+    auto reply = std::make_shared<Reply>();
+    void* data = Hold(reply);
+    int rc = zoo_aset(zh_, path.c_str(), value.data(), static_cast<int>(value.size()), version,
+                      StatCompletion, data);
+    if (rc != ZOK) {
+      Take(data);
+      return rc;
+    }
+    rc = AwaitReply(*reply, deadline_);
+    if (rc == ZOK && stat != nullptr) {
+      std::lock_guard<std::mutex> lock(reply->mu);
+      *stat = reply->stat;
+    }
+    return rc;
+  }
+
+  // Sends `ops` as one multi (all applied or none). Returns the multi's rc (the first failing
+  // op's); `errors` gets each op's own rc when the reply came.
+  int Multi(const std::vector<MultiOp>& ops, const struct ACL_vector* acl,
+            std::vector<int>* errors) {
+    auto reply = std::make_shared<Reply>();
+    // The C client serialises the ops at once but writes the results (and each create's path,
+    // each set's Stat) when the reply comes, possibly after we gave up: they live with the reply.
+    auto buffers = std::make_shared<MultiBuffers>(ops.size());
+    reply->extra = buffers;
+    std::vector<zoo_op_t> zops(ops.size());
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const MultiOp& op = ops[i];
+      const int len = static_cast<int>(op.data.size());
+      switch (op.kind) {
+        case MultiOp::kCreate:
+          zoo_create_op_init(&zops[i], op.path.c_str(), op.data.data(), len, acl, op.mode,
+                             buffers->paths[i].data(),
+                             static_cast<int>(buffers->paths[i].size()));
+          break;
+        case MultiOp::kDelete:
+          zoo_delete_op_init(&zops[i], op.path.c_str(), op.version);
+          break;
+        case MultiOp::kSet:
+          zoo_set_op_init(&zops[i], op.path.c_str(), op.data.data(), len, op.version,
+                          &buffers->stats[i]);
+          break;
+        case MultiOp::kCheck:
+          zoo_check_op_init(&zops[i], op.path.c_str(), op.version);
+          break;
+      }
+    }
+    void* data = Hold(reply);
+    int rc = zoo_amulti(zh_, static_cast<int>(zops.size()), zops.data(), buffers->results.data(),
+                        VoidCompletion, data);
+    if (rc != ZOK) {
+      Take(data);
+      return rc;
+    }
+    rc = AwaitReply(*reply, deadline_);
+    std::lock_guard<std::mutex> lock(reply->mu);
+    if (reply->done && errors != nullptr) {
+      errors->clear();
+      for (const zoo_op_result_t& result : buffers->results) {
+        errors->push_back(result.err);
+      }
+    }
+    return rc;
+  }
+
   // Sets a one-shot data watch on `path`. Returns ZNONODE if it is already gone (no watch then).
   int Watch(const std::string& path, const WakerPtr& waker) {
     auto reply = std::make_shared<Reply>();
@@ -519,6 +611,63 @@ LeaseInfo ParseNodeData(std::string_view key, std::string_view data, const struc
   return info;
 }
 
+// The kept grant (Backend::Finish with keep > 0): the persistent node <key dir>/kept holding
+// "kept1\n<keep ms>\n<fencing token>\n<token prefix>\n<holder>". It is live until its mtime
+// (the leader's time of the Finish) plus keep. Its name has no '-', so SortBySequence never
+// takes it for a queued node.
+std::string KeptData(Duration keep, FencingToken fencing, std::string_view owner_token,
+                     std::string_view holder) {
+  return fmt::format("kept1\n{}\n{}\n{}\n{}", duration_cast<milliseconds>(keep).count(), fencing,
+                     owner_token.substr(0, 8), holder);
+}
+
+// Splits off the text up to the next '\n' as a number; false if there is none.
+bool TakeNumber(std::string_view& text, std::int64_t* value) {
+  std::size_t nl = text.find('\n');
+  if (nl == std::string_view::npos) {
+    return false;
+  }
+  auto [end, ec] = std::from_chars(text.data(), text.data() + nl, *value);
+  if (ec != std::errc() || end != text.data() + nl) {
+    return false;
+  }
+  text.remove_prefix(nl + 1);
+  return true;
+}
+
+// Parses a kept node; nullopt if it is not in our layout. `info.ttl` is the keep.
+std::optional<LeaseInfo> ParseKeptData(std::string_view key, std::string_view data) {
+  constexpr std::string_view kMagic = "kept1\n";
+  if (!data.starts_with(kMagic)) {
+    return std::nullopt;
+  }
+  data.remove_prefix(kMagic.size());
+  std::int64_t keep_ms = 0;
+  std::int64_t fencing = 0;
+  std::size_t nl = 0;
+  if (!TakeNumber(data, &keep_ms) || !TakeNumber(data, &fencing) ||
+      (nl = data.find('\n')) == std::string_view::npos) {
+    return std::nullopt;
+  }
+  LeaseInfo info;
+  info.key = std::string(key);
+  info.ttl = milliseconds(keep_ms);
+  info.fencing_token = static_cast<FencingToken>(fencing);
+  info.token_prefix = std::string(data.substr(0, nl));
+  info.holder = std::string(data.substr(nl + 1));
+  return info;
+}
+
+// The record (Backend::ReadRecord): the persistent node <key dir>/record holding
+// "<ttl ms>\n<bytes>", live until its mtime plus the TTL.
+std::string RecordData(Duration ttl, std::string_view record) {
+  return fmt::format("{}\n{}", duration_cast<milliseconds>(ttl).count(), record);
+}
+
+SystemTime FromZkMillis(std::int64_t ms) {
+  return SystemTime(duration_cast<SystemTime::duration>(milliseconds(ms)));
+}
+
 std::chrono::steady_clock::time_point ToSteady(SteadyTime t) {
   Duration left = t - Clock::Real().Now();
   auto now = std::chrono::steady_clock::now();
@@ -537,7 +686,9 @@ Result<std::shared_ptr<Backend>> OpenZkBackend(const Url& url) {
 }
 
 ZkBackend::ZkBackend(ZkOptions options)
-    : options_(std::move(options)), base_(options_.chroot + "/" + std::string(kRootName)) {}
+    : options_(std::move(options)),
+      base_(options_.chroot + "/" + std::string(kRootName)),
+      clock_path_(options_.chroot + "/leasehold-clock") {}
 
 Result<std::shared_ptr<ZkBackend>> ZkBackend::Open(ZkOptions options) {
   SetUpClientLogging();
@@ -710,6 +861,12 @@ Result<std::optional<LeaseInfo>> ZkBackend::ReadHolder(ZkSession& session, std::
     if (rc != ZOK) {
       return ErrorStatus(rc, "reading a lease", options_);
     }
+    if (std::find(children.begin(), children.end(), kKeptName) != children.end()) {
+      LH_ASSIGN_OR_RETURN(std::optional<Kept> kept, ReadKept(session, key, dir));
+      if (kept.has_value() && kept->remaining > Duration::zero()) {
+        return std::optional<LeaseInfo>(std::move(kept->info));  // ahead of any queued node
+      }
+    }
     SortBySequence(children);
     if (children.empty()) {
       return std::optional<LeaseInfo>();
@@ -729,6 +886,58 @@ Result<std::optional<LeaseInfo>> ZkBackend::ReadHolder(ZkSession& session, std::
   }
   return Status::Unavailable(
       fmt::format("the holder of {} kept changing while it was read; try again", key));
+}
+
+Result<SystemTime> ZkBackend::LeaderNow(ZkSession& session) {
+  Requests requests(session, options_.command_timeout);
+
+  struct Stat stat {};
+
+  // A write goes through the leader, which stamps it with its own wall clock (the transaction
+  // time becomes the node's mtime): the store's clock in one round trip.
+  int rc = requests.SetStat(clock_path_, "", -1, &stat);
+  if (rc == ZNONODE) {
+    const struct ACL_vector* acl =
+        options_.user.has_value() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE;
+    rc = requests.Create(clock_path_, "", acl, ZOO_PERSISTENT, nullptr, &stat);
+    if (rc == ZNODEEXISTS) {
+      rc = requests.SetStat(clock_path_, "", -1, &stat);
+    }
+  }
+  if (rc != ZOK) {
+    return ErrorStatus(rc, "reading the leader's clock", options_);
+  }
+  return FromZkMillis(stat.mtime);
+}
+
+Result<std::optional<ZkBackend::Kept>> ZkBackend::ReadKept(ZkSession& session,
+                                                           std::string_view key,
+                                                           const std::string& dir) {
+  std::string data;
+
+  struct Stat stat {};
+
+  {
+    Requests requests(session, options_.command_timeout);
+    int rc = requests.Get(dir + "/" + std::string(kKeptName), &data, &stat);
+    if (rc == ZNONODE) {
+      return std::optional<Kept>();
+    }
+    if (rc != ZOK) {
+      return ErrorStatus(rc, "reading a kept grant", options_);
+    }
+  }
+  std::optional<LeaseInfo> info = ParseKeptData(key, data);
+  if (!info.has_value()) {
+    return std::optional<Kept>();  // not our layout: never taken for a grant
+  }
+  // Judged on the leader's clock, read after the node: an mtime is never ahead of it.
+  LH_ASSIGN_OR_RETURN(SystemTime now, LeaderNow(session));
+  Kept kept{.info = std::move(*info), .version = stat.version};
+  kept.remaining = duration_cast<Duration>(FromZkMillis(stat.mtime) + kept.info.ttl - now);
+  kept.info.remaining =
+      std::chrono::ceil<milliseconds>(std::max(Duration::zero(), kept.remaining));
+  return std::optional<Kept>(std::move(kept));
 }
 
 Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
@@ -825,6 +1034,8 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
       forget_node();
       return ErrorStatus(rc, fmt::format("acquiring {}", request.key), options_);
     }
+    const bool kept_present =
+        std::find(children.begin(), children.end(), kKeptName) != children.end();
     SortBySequence(children);
     auto mine = std::find(children.begin(), children.end(), my_name);
     if (mine == children.end()) {
@@ -836,7 +1047,38 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
       return Status::Unavailable(fmt::format(
           "the node of {} vanished while acquiring (session expiry?); try again", request.key));
     }
-    if (mine == children.begin()) {
+    // A kept grant (Finish with keep > 0) holds the key ahead of every queued node while it is
+    // live. It is only ever created together with the delete of the holder's node, so a
+    // listing without that node (we are lowest) already shows it.
+    std::optional<Kept> kept;
+    if (kept_present) {
+      Result<std::optional<Kept>> read = ReadKept(*session, request.key, dir);
+      if (!read.ok()) {
+        forget_node();
+        return read.status();
+      }
+      kept = std::move(*read);
+    }
+    const bool kept_live = kept.has_value() && kept->remaining > Duration::zero();
+    if (mine == children.begin() && kept.has_value() && !kept_live) {
+      // Expired: take over. The versioned delete fails if someone else already did (or a
+      // force-release); the check fails if our node went. Either way: decide again.
+      std::vector<int> errors;
+      rc = requests.Multi({{.kind = MultiOp::kCheck, .path = my_path},
+                           {.kind = MultiOp::kDelete,
+                            .path = dir + "/" + std::string(kKeptName),
+                            .version = kept->version}},
+                          acl, &errors);
+      if (rc == ZNONODE || rc == ZBADVERSION) {
+        continue;
+      }
+      if (rc != ZOK) {
+        forget_node();
+        return ErrorStatus(rc, fmt::format("taking over the kept grant of {}", request.key),
+                           options_);
+      }
+    }
+    if (mine == children.begin() && !kept_live) {
       if (!have_stat) {
         rc = requests.Exists(my_path, &my_stat);
         if (rc != ZOK) {
@@ -856,12 +1098,26 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
             Held{.session = session,
                  .path = my_path,
                  .czxid = static_cast<FencingToken>(my_stat.czxid),
+                 .holder = request.holder,
                  .ttl = session->negotiated,
                  .deadline = t_send + session->negotiated};
         reaper_cv_.NotifyAll();
       }
       return Grant{.fencing_token = static_cast<FencingToken>(my_stat.czxid),
                    .ttl = session->negotiated};
+    }
+    if (kept_live) {
+      if (waiting) {
+        MutexLock lock(&mu_);
+        waiters_[waiter_key] = Queued{.session = session, .path = my_path};
+      } else {
+        (void)DeleteOrDoom(session, my_path);
+      }
+      std::string message = fmt::format(
+          "{} is held by {} (fencing token {}), kept after its holder for {} ms more",
+          request.key, kept->info.holder, kept->info.fencing_token,
+          duration_cast<milliseconds>(kept->remaining).count());
+      return Status::HeldByAnother(std::move(message), std::move(kept->info));
     }
     // Not lowest: report the holder (the lowest child).
     std::string holder_data;
@@ -1050,6 +1306,157 @@ Status ZkBackend::Release(std::string_view key, std::string_view owner_token) {
   return ErrorStatus(rc, fmt::format("releasing {}", key), options_);
 }
 
+Status ZkBackend::Finish(const FinishRequest& request) {
+  LH_RETURN_IF_ERROR(CheckFinishRequest(request));
+  if (request.keep == Duration::zero() && !request.record.has_value()) {
+    return Release(request.key, request.owner_token);
+  }
+  Held held;
+  {
+    MutexLock lock(&mu_);
+    auto it = grants_.find({request.key, request.owner_token});
+    if (it == grants_.end()) {
+      return Status::Lost(fmt::format(
+          "{} is not held with this token (released, expired or never granted)", request.key));
+    }
+    held = it->second;
+    grants_.erase(it);
+  }
+  if (held.session->Expired()) {
+    return Status::Lost(fmt::format("the ZooKeeper session that held {} expired", request.key),
+                        LostCause::kSessionLost);
+  }
+  if (Clock::Real().Now() >= held.deadline) {
+    // Not renewed in time: given up already (the reaper was about to delete it).
+    Doom({.session = held.session, .path = held.path});
+    return Status::Lost(fmt::format("{} passed its deadline before it was finished", request.key),
+                        LostCause::kExpired);
+  }
+  const std::string dir = held.path.substr(0, held.path.rfind('/'));
+  const struct ACL_vector* acl =
+      options_.user.has_value() ? &ZOO_CREATOR_ALL_ACL : &ZOO_OPEN_ACL_UNSAFE;
+  Requests requests(*held.session, options_.command_timeout);
+  int rc = ZOK;
+  for (int attempt = 0; attempt < kRaceRetries; ++attempt) {
+    struct Stat stat {};
+
+    rc = requests.Exists(held.path, &stat);
+    if (rc == ZOK && (stat.ephemeralOwner != held.session->session_id ||
+                      static_cast<FencingToken>(stat.czxid) != held.czxid)) {
+      return Status::Lost(fmt::format("the node of {} is not ours any more", request.key),
+                          LostCause::kStolen);
+    }
+    if (rc == ZNONODE) {
+      return Status::Lost(fmt::format("the node of {} was already gone", request.key));
+    }
+    if (rc != ZOK) {
+      break;
+    }
+    // The versioned delete of our node is the owner check; the kept node and the record are
+    // created or set in the same multi (an exists says which; if that changes before the multi,
+    // the multi fails and we look again).
+    std::vector<MultiOp> ops{{.kind = MultiOp::kDelete, .path = held.path, .version = stat.version}};
+    auto write = [&](std::string_view name, std::string data) -> int {
+      const std::string path = dir + "/" + std::string(name);
+
+      struct Stat existing {};
+
+      const int erc = requests.Exists(path, &existing);
+      if (erc == ZNONODE) {
+        ops.push_back({.kind = MultiOp::kCreate,
+                       .path = path,
+                       .data = std::move(data),
+                       .mode = ZOO_PERSISTENT});
+        return ZOK;
+      }
+      if (erc == ZOK) {
+        ops.push_back({.kind = MultiOp::kSet,
+                       .path = path,
+                       .data = std::move(data),
+                       .version = existing.version});
+      }
+      return erc;
+    };
+    if (request.keep > Duration::zero()) {
+      rc = write(kKeptName,
+                 KeptData(request.keep, held.czxid, request.owner_token, held.holder));
+    }
+    if (rc == ZOK && request.record.has_value()) {
+      rc = write(kRecordName, RecordData(request.record_ttl, *request.record));
+    }
+    if (rc != ZOK) {
+      break;
+    }
+    std::vector<int> errors;
+    rc = requests.Multi(ops, acl, &errors);
+    if (rc == ZOK) {
+      return Status();
+    }
+    if (!errors.empty() && errors.front() != ZOK) {
+      // The delete failed (ops before the failing one report ZOK): our node changed or went.
+      return Status::Lost(fmt::format("the node of {} is not ours any more", request.key),
+                          LostCause::kStolen);
+    }
+    if (rc != ZNONODE && rc != ZNODEEXISTS && rc != ZBADVERSION) {
+      break;
+    }
+  }
+  if (IsSessionGone(rc)) {
+    return Status::Lost(fmt::format("the ZooKeeper session that held {} expired", request.key),
+                        LostCause::kSessionLost);
+  }
+  // Unknown outcome (or the record kept changing). If the multi was not applied, our node is
+  // still there: with keep it stays until the keep has passed (then the reaper deletes it, as
+  // for any grant past its deadline), without keep it goes now, as in Release.
+  if (request.keep > Duration::zero()) {
+    held.deadline = std::max(held.deadline, Clock::Real().Now() + request.keep);
+    MutexLock lock(&mu_);
+    grants_[{request.key, request.owner_token}] = held;
+    reaper_cv_.NotifyAll();
+  } else {
+    Doom({.session = held.session, .path = held.path});
+  }
+  if (rc == ZNONODE || rc == ZNODEEXISTS || rc == ZBADVERSION) {
+    return Status::Unavailable(
+        fmt::format("the record of {} kept changing while finishing; try again", request.key));
+  }
+  return ErrorStatus(rc, fmt::format("finishing {}", request.key), options_);
+}
+
+Result<std::optional<std::string>> ZkBackend::ReadRecord(std::string_view key) {
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> session, ServiceSession());
+  // The clock first: it is a write, so the get after it in this session is served no older
+  // than the leader's state at that time (a lagging follower cannot hide a fresh record).
+  LH_ASSIGN_OR_RETURN(SystemTime now, LeaderNow(*session));
+  Requests requests(*session, options_.command_timeout);
+  std::string data;
+
+  struct Stat stat {};
+
+  int rc = requests.Get(KeyDir(key) + "/" + std::string(kRecordName), &data, &stat);
+  if (rc == ZNONODE) {
+    return std::optional<std::string>();
+  }
+  if (rc != ZOK) {
+    return ErrorStatus(rc, fmt::format("reading the record of {}", key), options_);
+  }
+  std::string_view text = data;
+  std::int64_t ttl_ms = 0;
+  if (!TakeNumber(text, &ttl_ms)) {
+    return Status::Internal(fmt::format("the record node of {} is not in leasehold's layout", key));
+  }
+  if (FromZkMillis(stat.mtime) + milliseconds(ttl_ms) <= now) {
+    return std::optional<std::string>();  // expired (the node stays until replaced)
+  }
+  return std::optional<std::string>(std::string(text));
+}
+
+Result<StoreTime> ZkBackend::WallClock() {
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> session, ServiceSession());
+  LH_ASSIGN_OR_RETURN(SystemTime now, LeaderNow(*session));
+  return StoreTime{.time = now, .from_store = true};
+}
+
 Status ZkBackend::DeleteOrDoom(const std::shared_ptr<ZkSession>& session, const std::string& path) {
   Requests requests(*session, options_.command_timeout);
   int rc = requests.Delete(path, -1);  // the name is unique to us: -1 cannot hit another's
@@ -1114,6 +1521,24 @@ Result<bool> ZkBackend::ForceRelease(std::string_view key) {
     }
     if (rc != ZOK) {
       return ErrorStatus(rc, fmt::format("force-releasing {}", key), options_);
+    }
+    if (std::find(children.begin(), children.end(), kKeptName) != children.end()) {
+      LH_ASSIGN_OR_RETURN(std::optional<Kept> kept, ReadKept(*session, key, dir));
+      if (kept.has_value()) {
+        rc = requests.Delete(dir + "/" + std::string(kKeptName), kept->version);
+        if (rc == ZNONODE || rc == ZBADVERSION) {
+          continue;  // taken over or replaced meanwhile: decide again
+        }
+        if (rc != ZOK) {
+          return ErrorStatus(rc, fmt::format("force-releasing {}", key), options_);
+        }
+        if (kept->remaining > Duration::zero()) {
+          LogEvent(LogLevel::kWarning, "zk_force_release", {{"key", std::string(key)},
+                                                            {"node", std::string(kKeptName)}});
+          return true;  // the kept grant was the holder; queued nodes stay queued
+        }
+        // An expired one, tidied away: the holder is the lowest queued node, if any.
+      }
     }
     SortBySequence(children);
     if (children.empty()) {
@@ -1218,19 +1643,41 @@ Status ZkBackend::Wait(const std::shared_ptr<ZkSession>& session, const std::str
   if (rc != ZOK) {
     return ErrorStatus(rc, "waiting for a lease", options_);
   }
+  // A live kept grant holds the key until its expiry, which nothing announces (the node is not
+  // deleted then): wait until then at most, watching the node for an earlier delete.
+  SteadyTime until = deadline;
+  bool kept_live = false;
+  if (std::find(children.begin(), children.end(), kKeptName) != children.end()) {
+    LH_ASSIGN_OR_RETURN(std::optional<Kept> kept, ReadKept(*session, "", dir));
+    if (kept.has_value() && kept->remaining > Duration::zero()) {
+      kept_live = true;
+      until = std::min(deadline, Clock::Real().Now() + kept->remaining);
+    }
+  }
   SortBySequence(children);
   std::string watched;
   if (my_name.empty()) {
     if (children.empty()) {
-      return Status();
+      if (!kept_live) {
+        return Status();
+      }
+      watched = kKeptName;
+    } else {
+      watched = children.front();
     }
-    watched = children.front();
   } else {
     auto mine = std::find(children.begin(), children.end(), my_name);
-    if (mine == children.end() || mine == children.begin()) {
-      return Status();  // our turn (or our node is gone: the next try says which)
+    if (mine == children.end()) {
+      return Status();  // our node is gone: the next try says why
     }
-    watched = *(mine - 1);  // the predecessor only: no herd when the holder leaves
+    if (mine == children.begin()) {
+      if (!kept_live) {
+        return Status();  // our turn
+      }
+      watched = kKeptName;
+    } else {
+      watched = *(mine - 1);  // the predecessor only: no herd when the holder leaves
+    }
   }
   auto waker = std::make_shared<ZkWaker>();
   rc = requests.Watch(dir + "/" + watched, waker);
@@ -1241,11 +1688,14 @@ Status ZkBackend::Wait(const std::shared_ptr<ZkSession>& session, const std::str
     return ErrorStatus(rc, "waiting for a lease", options_);
   }
   std::unique_lock<std::mutex> lock(waker->mu);
-  if (waker->cv.wait_until(lock, stop, ToSteady(deadline), [&] { return waker->fired; })) {
+  if (waker->cv.wait_until(lock, stop, ToSteady(until), [&] { return waker->fired; })) {
     return Status();
   }
   if (stop.stop_requested()) {
     return Status::Cancelled("cancelled while waiting");
+  }
+  if (Clock::Real().Now() < deadline) {
+    return Status();  // the kept grant has expired
   }
   return Status::DeadlineExceeded("the lease did not change before the deadline");
 }

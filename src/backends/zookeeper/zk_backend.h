@@ -12,6 +12,28 @@
 // other client's node can have our name even if the key's container was deleted and recreated
 // (sequence numbers restart then).
 //
+// Ends that outlive the holder (Backend::Finish): a grant kept after its holder (keep > 0) must
+// survive the holder's session, which an ephemeral node cannot. So one multi, checked by the
+// holder node's version, deletes the ephemeral node and creates the persistent node
+// <key>/kept ("kept1\n<keep ms>\n<fencing token>\n<token prefix>\n<holder>"), which keeps the
+// grant's holder and fencing token (the ephemeral node's czxid: every node queued behind it, and
+// every later one, has a higher czxid, so the next grant's token is higher). It is live until its
+// mtime, set by the ZooKeeper leader's clock, plus keep; it is not deleted at expiry (plain
+// persistent node: TTL nodes need zookeeper.extendedTypesEnabled and are removed lazily anyway),
+// so every reader judges it against the leader's clock (WallClock) and ignores it once expired.
+// While it is live the lowest queued node is not the holder: TryAcquire refuses with its
+// holder, Inspect and List show it, waiters sleep until its expiry (or its delete); once it has
+// expired, the lowest queued node takes over by deleting it (versioned, in one multi with a
+// check of its own node). ForceRelease deletes it. The same multi (or, with keep == 0, a multi
+// of the versioned delete) writes the record, the persistent node <key>/record
+// ("<ttl ms>\n<bytes>", live until mtime + ttl on the leader's clock); grants never touch it.
+// Neither name has a '-', so neither is ever taken for a queued node. An expired record or kept
+// node stays (a few bytes) until it is replaced or taken over.
+//
+// Wall clock: a setData on <chroot>/leasehold-clock returns a Stat whose mtime the leader set
+// (its transaction time): one round trip, and one write. Expiry of kept grants and records is
+// judged on it, so it moves by the skew between two servers' clocks if the leader changes.
+//
 // Sessions: an ephemeral node lives as long as the session that created it. A lease's TTL is
 // the session timeout the handle asks for; the server clamps it (by default to 2..20 ticks), and
 // the negotiated timeout is the Grant's ttl, so safe_until = t_send + negotiated - drift. One
@@ -107,6 +129,17 @@ class ZkBackend final : public Backend {
 
   Status Release(std::string_view key, std::string_view owner_token) override;
 
+  // One multi: a versioned delete of the holder's node, with the kept node and/or the record
+  // created or set (an exists of each first says which); keep == 0 without a record is Release.
+  // Returns kLost if the node is not ours any more or the grant passed its local deadline.
+  Status Finish(const FinishRequest& request) override;
+
+  // A get of the record, and (if there is one) a clock read to judge its expiry.
+  Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
+
+  // The leader's transaction time of a setData on the clock node; from_store = true.
+  Result<StoreTime> WallClock() override;
+
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
 
   // Reads the key nodes under <chroot>/leasehold, then each key's lowest child.
@@ -138,6 +171,7 @@ class ZkBackend final : public Backend {
     std::shared_ptr<ZkSession> session;
     std::string path;
     FencingToken czxid = 0;
+    std::string holder;  // for the kept node (Finish)
     Duration ttl{};
     // t_send of the last confirmed renewal + ttl; the reaper deletes the node after it.
     SteadyTime deadline{};
@@ -161,6 +195,13 @@ class ZkBackend final : public Backend {
 
   using KeyAndId = std::pair<std::string, std::string>;
 
+  // A kept grant's node as read, with its time left on the leader's clock (<= 0: expired).
+  struct Kept {
+    LeaseInfo info;
+    int version = 0;
+    Duration remaining{};
+  };
+
   explicit ZkBackend(ZkOptions options);
 
   // Returns the live session for leases of `ttl`, opening (or replacing an expired) one.
@@ -173,8 +214,17 @@ class ZkBackend final : public Backend {
 
   std::string KeyDir(std::string_view key) const;
 
-  // Reads the key's lowest child as a LeaseInfo; nullopt if the key has no node.
+  // Reads the key's holder as a LeaseInfo: a live kept node, else the lowest child; nullopt if
+  // the key has neither.
   Result<std::optional<LeaseInfo>> ReadHolder(ZkSession& session, std::string_view key);
+
+  // The leader's wall clock: the mtime of a setData on the clock node (created if missing).
+  Result<SystemTime> LeaderNow(ZkSession& session);
+
+  // Reads <dir>/kept and judges it on the leader's clock; nullopt if there is none (or it is
+  // not in our layout).
+  Result<std::optional<Kept>> ReadKept(ZkSession& session, std::string_view key,
+                                       const std::string& dir);
 
   // Deletes `path` now (bounded); on a transient failure hands it to the reaper.
   Status DeleteOrDoom(const std::shared_ptr<ZkSession>& session, const std::string& path);
@@ -189,6 +239,7 @@ class ZkBackend final : public Backend {
   // Immutable after construction.
   const ZkOptions options_;
   const std::string base_;  // <chroot>/leasehold
+  const std::string clock_path_;  // <chroot>/leasehold-clock
 
   // Serialises session creation (a connect can take up to connect_timeout).
   Mutex connect_mu_;

@@ -138,6 +138,45 @@ TEST_F(EtcdBackendTest, GrantedTtlIsWholeSecondsAndAtLeastTheServersMinimum) {
   EXPECT_GT(odd->fencing_token, small->fencing_token);
 }
 
+// Finish keeps a grant by re-putting its key under a lease nobody renews (the create revision,
+// so the fencing token, stays) and writes records outside every lease's key: List and Inspect
+// never show a record.
+TEST_F(EtcdBackendTest, FinishKeepsTheFencingTokenAndRecordsAreNeverListed) {
+  auto backend = OpenBackend(Url());
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire({"a", Token(1), "holder-a", 5s}).ok());
+  ASSERT_TRUE(
+      backend->Finish({.key = "a", .owner_token = Token(1), .record = "ra", .record_ttl = 30s})
+          .ok());
+  auto b = backend->TryAcquire({"b", Token(2), "holder-b", 5s});
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(backend
+                  ->Finish({.key = "b",
+                            .owner_token = Token(2),
+                            .keep = 2500ms,
+                            .record = "rb",
+                            .record_ttl = 30s})
+                  .ok());
+  auto list = backend->List("");
+  ASSERT_TRUE(list.ok()) << list.status().ToString();
+  ASSERT_EQ(list->size(), 1u) << "records are not grants";
+  EXPECT_EQ((*list)[0].key, "b");
+  EXPECT_EQ((*list)[0].holder, "holder-b");
+  EXPECT_EQ((*list)[0].fencing_token, b->fencing_token);
+  EXPECT_EQ((*list)[0].ttl, 3s) << "the keep, in whole seconds rounded up";
+  auto a_info = backend->Inspect("a");
+  ASSERT_TRUE(a_info.ok());
+  EXPECT_FALSE(a_info->has_value());
+  EXPECT_EQ(backend->Renew({"b", Token(2), 5s}).code(), StatusCode::kLost)
+      << "nobody renews a kept grant";
+  auto ra = backend->ReadRecord("a");
+  auto rb = backend->ReadRecord("b");
+  ASSERT_TRUE(ra.ok() && ra->has_value() && rb.ok() && rb->has_value());
+  EXPECT_EQ(**ra, "ra");
+  EXPECT_EQ(**rb, "rb");
+  EXPECT_EQ(backend->WallClock()->from_store, false) << "etcd has no server wall clock";
+}
+
 // "found N leases" from `etcdctl lease list`; -1 if unreadable.
 int CountLeases(EtcdCluster& cluster) {
   auto list = cluster.Etcdctl({"lease", "list"});
@@ -415,6 +454,18 @@ TEST(EtcdAuthTest, PermissionsAndWrongPasswords) {
   auto lease = (*app)->TryAcquire("job", {.ttl = 5s});
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
   EXPECT_TRUE(lease->Release().ok());
+  {
+    // Kept grants and records live under the user's prefix too.
+    auto finishing = OpenBackend(fmt::format("etcd://app:apppw@{}?prefix=apps", hosts));
+    ASSERT_NE(finishing, nullptr);
+    ASSERT_TRUE(finishing->TryAcquire({"slot", Token(7), "t", 5s}).ok());
+    Status finished = finishing->Finish(
+        {.key = "slot", .owner_token = Token(7), .keep = 2s, .record = "r", .record_ttl = 10s});
+    EXPECT_TRUE(finished.ok()) << finished.ToString();
+    auto record = finishing->ReadRecord("slot");
+    ASSERT_TRUE(record.ok()) << record.status().ToString();
+    EXPECT_EQ(record->value_or(""), "r");
+  }
 
   auto nobody = Store::Open(fmt::format("etcd://nobody:nopw@{}?prefix=apps", hosts));
   ASSERT_EQ(nobody.status().code(), StatusCode::kPermissionDenied) << nobody.status().ToString();

@@ -306,6 +306,57 @@ TEST(ZkBackendTest, WaitersKeepOneNodeAndLeaveNothingBehind) {
   EXPECT_EQ(CountNodes(hosts, key_dir), 0);
 }
 
+// Finish keeps a grant as the persistent node <key>/kept (it outlives the holder's sessions) and
+// the record as <key>/record, both judged on the leader's clock: List and Inspect show the kept
+// grant and never the record; once it has expired the next grant takes it over with a higher
+// fencing token; ForceRelease deletes a kept grant.
+TEST(ZkBackendTest, KeptGrantsAndRecordsArePersistentNodesJudgedOnTheLeadersClock) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/kept");
+  const std::string hosts = (*zk)->Url().substr(5);
+  const std::string key_dir = "/kept/leasehold/job";
+  auto a = OpenZk(url);
+  auto b = OpenZk(url);
+  ASSERT_TRUE(a && b);
+  auto held = a->TryAcquire({"job", std::string(32, 'a'), "a", 5s, ""});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  ASSERT_TRUE(a->Finish({.key = "job",
+                         .owner_token = std::string(32, 'a'),
+                         .keep = 1s,
+                         .record = "r",
+                         .record_ttl = 30s})
+                  .ok());
+  EXPECT_EQ(CountNodes(hosts, key_dir), 2) << "the kept node and the record";
+  a.reset();  // the holder's sessions close; its grant stays
+  auto list = b->List("");
+  ASSERT_TRUE(list.ok()) << list.status().ToString();
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].holder, "a");
+  EXPECT_EQ((*list)[0].fencing_token, held->fencing_token);
+  EXPECT_EQ((*list)[0].token_prefix, std::string(8, 'a'));
+  auto refused = b->TryAcquire({"job", std::string(32, 'b'), "b", 5s, ""});
+  ASSERT_EQ(refused.status().code(), StatusCode::kHeldByAnother) << refused.status().ToString();
+  EXPECT_EQ(CountNodes(hosts, key_dir), 2) << "a losing try-acquire left its node behind";
+  std::this_thread::sleep_for(1100ms);
+  auto taken = b->TryAcquire({"job", std::string(32, 'b'), "b", 5s, ""});
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_GT(taken->fencing_token, held->fencing_token);
+  EXPECT_EQ(CountNodes(hosts, key_dir), 2) << "the record and the new grant's node";
+  auto record = b->ReadRecord("job");
+  ASSERT_TRUE(record.ok() && record->has_value()) << record.status().ToString();
+  EXPECT_EQ(**record, "r");
+
+  ASSERT_TRUE(b->Finish({.key = "job", .owner_token = std::string(32, 'b'), .keep = 60s}).ok());
+  auto forced = b->ForceRelease("job");
+  ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+  EXPECT_TRUE(*forced) << "the kept grant was the holder";
+  EXPECT_TRUE(b->TryAcquire({"job", std::string(32, 'c'), "b", 5s, ""}).ok());
+  auto clock = b->WallClock();
+  ASSERT_TRUE(clock.ok()) << clock.status().ToString();
+  EXPECT_TRUE(clock->from_store);
+}
+
 // A TCP proxy in front of one server that can lose the server's replies: in Drop() mode it
 // still forwards every request to the server but throws the replies away, then cuts every
 // connection (the client sees a connection loss, not an answer); Pass() restores it. This is a
