@@ -696,7 +696,7 @@ Status PostgresAdvisoryBackend::Finish(const FinishRequest& request) {
     }
     if (!session->lost && session->conn != nullptr && !session->conn->broken()) {
       r = session->conn->Exec(
-          "finish", PgStatement(sql::kAdvisoryFinish, options_),
+          "finish", PgFinishStatement(sql::kAdvisoryFinish, write_record, options_),
           {request.key, request.owner_token,
            request.keep > Duration::zero() ? std::to_string(PgCeilMillis(request.keep))
                                            : std::string("0"),

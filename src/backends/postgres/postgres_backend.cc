@@ -104,6 +104,13 @@ std::string PgStatement(std::string_view text, const PostgresOptions& options) {
   return out;
 }
 
+std::string PgFinishStatement(std::string_view finish, bool with_record,
+                              const PostgresOptions& options) {
+  return PgStatement(ReplaceAll(std::string(finish), "{recorded}",
+                                with_record ? sql::kFinishRecorded : sql::kFinishNoRecord),
+                     options);
+}
+
 std::string PgArrayLiteral(const std::vector<std::string>& items) {
   std::string out = "{";
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -596,8 +603,11 @@ Status PostgresTableBackend::Release(std::string_view key, std::string_view owne
 Status PostgresTableBackend::Finish(const FinishRequest& request) {
   LH_RETURN_IF_ERROR(CheckFinishRequest(request));
   const bool write_record = request.record.has_value();
+  if (request.keep == Duration::zero() && !write_record) {
+    return Release(request.key, request.owner_token);
+  }
   Result<PgResult> r =
-      Run("finish", PgStatement(sql::kTableFinish, options_),
+      Run("finish", PgFinishStatement(sql::kTableFinish, write_record, options_),
           {request.key, request.owner_token,
            request.keep > Duration::zero() ? std::to_string(PgCeilMillis(request.keep))
                                            : std::string("0"),

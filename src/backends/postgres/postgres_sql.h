@@ -163,13 +163,28 @@ FROM {schema}.leases
 WHERE starts_with(key, $1) AND token IS NOT NULL AND expires_at > clock_timestamp()
 ORDER BY key COLLATE "C")sql";
 
+// The `recorded` part of kTableFinish and kAdvisoryFinish (filled in for {recorded}): replaces
+// the key's record only if `ended` did something, in the same statement and transaction as the
+// end of the grant, so the two commit together or not at all. $4 the record hex-encoded, $5 its
+// ttl in ms.
+inline constexpr std::string_view kFinishRecorded = R"sql(recorded AS (
+  INSERT INTO {schema}.records AS r (key, value, expires_at)
+  SELECT key, decode($4::text, 'hex'), clock_timestamp() + $5::bigint * interval '1 millisecond'
+  FROM ended WHERE $4::text IS NOT NULL
+  ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at))sql";
+
+// In its place when there is no record: names $4 and $5 (the server must type every parameter
+// sent) without touching the records table, so that a schema from before records can still
+// keep grants.
+inline constexpr std::string_view kFinishNoRecord =
+    R"sql(recorded AS (SELECT $4::text AS value, $5::bigint AS ttl_ms))sql";
+
 // Finish, table mode. $1 key, $2 owner token, $3 keep in ms ('0': clear the grant, as
 // kTableRelease), $4 the record hex-encoded (NULL: none), $5 the record's ttl in ms.
 // - `ended` changes the row only if the token matches and the grant is live: with a keep, only
 //   its expiry moves (token, holder and fence stay, so it is still the same grant); without,
 //   the grant's columns are cleared.
-// - `recorded` replaces the record only if `ended` did something: same statement, same
-//   transaction, so the record and the end of the grant commit together or not at all.
+// - `recorded` (kFinishRecorded, or kFinishNoRecord) writes the record.
 // - NOTIFY either way: after a clear a waiter takes over; after a keep, waiters re-read the
 //   shorter remaining time. One row means finished, none means lost.
 inline constexpr std::string_view kTableFinish = R"sql(
@@ -182,11 +197,7 @@ WITH ended AS (
                         THEN clock_timestamp() + $3::bigint * interval '1 millisecond' END
   WHERE l.key = $1 AND l.token = $2 AND l.expires_at > clock_timestamp()
   RETURNING l.key),
-recorded AS (
-  INSERT INTO {schema}.records AS r (key, value, expires_at)
-  SELECT key, decode($4::text, 'hex'), clock_timestamp() + $5::bigint * interval '1 millisecond'
-  FROM ended WHERE $4::text IS NOT NULL
-  ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at)
+{recorded}
 SELECT pg_notify({channel}, key) FROM ended)sql";
 
 // Remaining time of the key's live grant in ms, or no row if it is free: how long a waiter may
@@ -343,7 +354,7 @@ SELECT pg_advisory_unlock($1::bigint), set_config('idle_session_timeout', $2, fa
 //   grant (pid and lock_id NULL, expires_at at the end of the keep; token, holder and fence
 //   stay); without, its grant's columns are cleared. Unlike kAdvisoryRelease it always writes
 //   the row: that row lock is what makes the next grant wait for this commit (top of file).
-// - `recorded` replaces the record only if `ended` did something, as kTableFinish.
+// - `recorded` writes the record, as in kTableFinish.
 // - The select list unlocks, after `ended` produced its row: the next waiter in the server's
 //   queue gets the lock at once, and its grant statement waits for this commit.
 // One row means finished, none means lost (nothing written, nothing unlocked).
@@ -359,11 +370,7 @@ WITH ended AS (
   WHERE l.key = $1 AND l.token = $2 AND l.pid = pg_backend_pid() AND l.lock_id = $6::bigint
     AND )sql" LH_PG_LOCK_HELD("pg_backend_pid()", "$6::bigint") R"sql(
   RETURNING l.key),
-recorded AS (
-  INSERT INTO {schema}.records AS r (key, value, expires_at)
-  SELECT key, decode($4::text, 'hex'), clock_timestamp() + $5::bigint * interval '1 millisecond'
-  FROM ended WHERE $4::text IS NOT NULL
-  ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at)
+{recorded}
 SELECT pg_advisory_unlock($6::bigint), set_config('idle_session_timeout', $7, false)
 FROM ended)sql";
 

@@ -45,6 +45,11 @@ Status EnsureSchema(PgConnection& conn, const PostgresOptions& options);
 // The DDL for `options`, as `leasehold schema` prints it.
 std::string SchemaSql(const PostgresOptions& options);
 
+// `finish` (kTableFinish or kAdvisoryFinish) with its {recorded} part for a record or for none,
+// as PgStatement fills it in.
+std::string PgFinishStatement(std::string_view finish, bool with_record,
+                              const PostgresOptions& options);
+
 // Lowercase hex of `bytes`, for a record sent as text and decoded by the server
 // (decode(.., 'hex')), and back; nullopt for text that is not hex.
 std::string PgHexEncode(std::string_view bytes);
