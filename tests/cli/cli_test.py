@@ -739,6 +739,7 @@ class SchemaCliTest(unittest.TestCase):
         self.assertIn('CREATE SCHEMA IF NOT EXISTS "billing";', r.stdout)
         self.assertIn('CREATE TABLE IF NOT EXISTS "billing".leases (', r.stdout)
         self.assertIn("fence      bigint NOT NULL", r.stdout)
+        self.assertIn('CREATE TABLE IF NOT EXISTS "billing".records (', r.stdout)
         self.assertNotIn("s3cret", r.stdout + r.stderr)
         # Not a postgres:// store: a usage error.
         self.assertEqual(self.schema("sqlite:///nonexistent/x.db").returncode, EXIT_USAGE)
@@ -793,6 +794,11 @@ class SchemaCliTest(unittest.TestCase):
                               capture_output=True, text=True)
         self.assertEqual(cols.stdout.strip(),
                          "key,fence,token,holder,ttl_ms,expires_at,lock_id,pid", cols.stderr)
+        cols = subprocess.run(psql + ["-c", "SELECT string_agg(column_name, ',' ORDER BY "
+                                      "ordinal_position) FROM information_schema.columns WHERE "
+                                      "table_schema = 'billing' AND table_name = 'records'"],
+                              capture_output=True, text=True)
+        self.assertEqual(cols.stdout.strip(), "key,value,expires_at", cols.stderr)
         # The store opens on the table the DBA created, without creating anything itself.
         st = subprocess.run([LEASEHOLD, "status", "--store", url + "&create_schema=false", "job"],
                             capture_output=True, text=True, timeout=30)

@@ -13,10 +13,19 @@
 // - The local expiry of a grant is taken after the reply of its acquire or renew, so it is never
 //   earlier than the holder's safe_until (read before the request): unlocking a grant whose
 //   holder stopped renewing, at that expiry, can never cut a holder's safe window short.
+// - A grant kept after its holder (Finish with keep > 0) is not a lock: a session lock cannot
+//   outlive its session, and the holder's process may exit at once. It is the key's row with no
+//   session (pid NULL) and an expiry, written by the finish statement just before it unlocks
+//   (postgres_sql.h, top). Every grant statement refuses while that row is live; a waiter whose
+//   queued lock was granted meanwhile keeps the lock (and its place) and sleeps until the kept
+//   grant's end (Waiting::kept_until), then completes its grant. held_ never has kept grants.
+// - Records live in the `records` table, as in table mode: they need no session either.
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <set>
 #include <utility>
 
@@ -45,6 +54,8 @@ constexpr Duration kAbandonGrace = std::chrono::seconds(2);
 constexpr std::size_t kMaxIdleSessions = 2;
 // Bound on remembered reasons for lost grants.
 constexpr std::size_t kMaxLostReasons = 1024;
+// A waiter refused by a kept grant it cannot see yet re-checks after this long.
+constexpr Duration kKeptRecheck = milliseconds(100);
 
 std::atomic<bool> skip_pooler_check_for_testing{false};
 
@@ -92,6 +103,18 @@ std::string WaitStatement(std::int64_t lock_id) {
   return Fill(Fill(sql::kAdvisoryWait, "{timeout_ms}", kWaitBackstopMs), "{lock_id}", lock_id);
 }
 
+// (fence, holder, token prefix, ttl, remaining) from columns 1-5 of row 0: a refusal's holder.
+LeaseInfo RefusedBy(std::string_view key, const PgResult& r) {
+  LeaseInfo info;
+  info.key = std::string(key);
+  info.fencing_token = static_cast<FencingToken>(r.GetInt(0, 1));
+  info.holder = std::string(r.Get(0, 2));
+  info.token_prefix = std::string(r.Get(0, 3));
+  info.ttl = milliseconds(r.GetInt(0, 4));
+  info.remaining = milliseconds(r.GetInt(0, 5));
+  return info;
+}
+
 }  // namespace
 
 // One server session. Its connection is used under mu; pid and the lost flag are set once.
@@ -122,6 +145,8 @@ struct PostgresAdvisoryBackend::Waiting {
   std::shared_ptr<Session> session;
   bool in_flight = false;
   bool got = false;
+  // The lock is ours but a kept grant refused us: its end, until which WaitForTurn sleeps.
+  SteadyTime kept_until{};
 };
 
 namespace {
@@ -355,17 +380,10 @@ Result<Grant> PostgresAdvisoryBackend::TryAcquire(const GrantRequest& request) {
       held_[request.key] = held;
       return Grant{.fencing_token = held->fence, .ttl = request.ttl};
     }
-    if (r->rows() == 0) {
+    if (r->rows() == 0 || r->IsNull(0, 1)) {
       return PgHeld(request.key, std::nullopt);
     }
-    LeaseInfo info;
-    info.key = request.key;
-    info.fencing_token = static_cast<FencingToken>(r->GetInt(0, 1));
-    info.holder = std::string(r->Get(0, 2));
-    info.token_prefix = std::string(r->Get(0, 3));
-    info.ttl = milliseconds(r->GetInt(0, 4));
-    info.remaining = milliseconds(r->GetInt(0, 5));
-    return PgHeld(request.key, std::move(info));
+    return PgHeld(request.key, RefusedBy(request.key, *r));
   }
 }
 
@@ -435,13 +453,23 @@ Result<Grant> PostgresAdvisoryBackend::CompleteWaitedGrant(const GrantRequest& r
     }
     return r.status();  // still queued-and-granted: AbandonWait unlocks if the caller gives up
   }
+  if (r->rows() == 0 || !r->GetBool(0, 0)) {
+    // A kept grant refuses: keep the lock, and with it this waiter's place, and sleep until
+    // the kept grant ends (WaitForTurn). Its row may not be visible to the statement's
+    // snapshot yet (a finish that committed while we waited for its row): re-check soon then.
+    const bool known = r->rows() > 0;
+    wait->kept_until =
+        BootClock::now() + (known ? milliseconds(r->GetInt(0, 5)) : kKeptRecheck);
+    return known ? PgHeld(request.key, RefusedBy(request.key, *r))
+                 : PgHeld(request.key, std::nullopt);
+  }
   auto held = std::make_shared<Held>();
   held->key = request.key;
   held->token = request.owner_token;
   held->holder = request.holder;
   held->session = session;
   held->lock_id = wait->lock_id;
-  held->fence = static_cast<FencingToken>(r->GetInt(0, 0));
+  held->fence = static_cast<FencingToken>(r->GetInt(0, 1));
   held->ttl = request.ttl;
   held->expires = BootClock::now() + request.ttl;
   MutexLock lock(&mu_);
@@ -634,6 +662,121 @@ Status PostgresAdvisoryBackend::Release(std::string_view key, std::string_view o
   return Status();
 }
 
+Status PostgresAdvisoryBackend::Finish(const FinishRequest& request) {
+  LH_RETURN_IF_ERROR(CheckFinishRequest(request));
+  if (request.keep == Duration::zero() && !request.record.has_value()) {
+    return Release(request.key, request.owner_token);  // the cheaper statement
+  }
+  std::shared_ptr<Held> held;
+  {
+    MutexLock lock(&mu_);
+    if (auto it = held_.find(request.key);
+        it != held_.end() && it->second->token == request.owner_token) {
+      held = it->second;
+    }
+  }
+  if (held == nullptr) {
+    return LostStatus(request.key, request.owner_token);
+  }
+  const bool write_record = request.record.has_value();
+  std::shared_ptr<Session> session = held->session;
+  Result<PgResult> r = Status::Unavailable("session lost");
+  {
+    MutexLock slock(&session->mu);
+    Duration largest{};
+    bool others = false;
+    {
+      MutexLock lock(&mu_);
+      for (const auto& [k, h] : held_) {
+        if (h->session == session && h != held) {
+          largest = std::max(largest, h->ttl);
+          others = true;
+        }
+      }
+    }
+    if (!session->lost && session->conn != nullptr && !session->conn->broken()) {
+      r = session->conn->Exec(
+          "finish", PgFinishStatement(sql::kAdvisoryFinish, write_record, options_),
+          {request.key, request.owner_token,
+           request.keep > Duration::zero() ? std::to_string(PgCeilMillis(request.keep))
+                                           : std::string("0"),
+           write_record ? std::optional<std::string>(PgHexEncode(*request.record))
+                        : std::nullopt,
+           std::to_string(write_record ? PgCeilMillis(request.record_ttl) : 0),
+           std::to_string(held->lock_id),
+           others ? LimitsFor(largest).idle_ms : std::string("0")},
+          PgDeadline(options_));
+      if (!r.ok() && session->conn->broken()) {
+        SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
+      }
+    }
+    if (r.ok() && r->rows() > 0) {
+      MutexLock lock(&mu_);
+      if (auto it = held_.find(request.key); it != held_.end() && it->second == held) {
+        held_.erase(it);
+      }
+    }
+  }
+  if (session->lost) {
+    return LostStatus(request.key, request.owner_token);
+  }
+  if (!r.ok() || r->rows() == 0) {
+    // Failed, or the row or the lock is not this grant's any more: nothing was written. End
+    // what is left of the grant as Release does (a lock nobody renews must not stay on a live
+    // session), and report the failure.
+    (void)Release(request.key, request.owner_token);
+    if (!r.ok()) {
+      return PgRecordsStatus(r.status(), options_);
+    }
+    return Status::Lost(fmt::format(
+        "{}: this session no longer held the grant (lost); nothing kept or written",
+        request.key));
+  }
+  Recycle(session);
+  return Status();
+}
+
+Result<std::optional<std::string>> PostgresAdvisoryBackend::ReadRecord(std::string_view key) {
+  LH_ASSIGN_OR_RETURN(PgResult r, RunOnPrimary("read record",
+                                               PgStatement(sql::kReadRecord, options_),
+                                               {std::string(key)}));
+  if (r.rows() == 0) {
+    return std::optional<std::string>();
+  }
+  std::optional<std::string> value = PgHexDecode(r.Get(0, 0));
+  if (!value.has_value()) {
+    return Status::Internal(fmt::format("unexpected reply from postgres: the record of {} is "
+                                        "not hex",
+                                        key));
+  }
+  return value;
+}
+
+Result<StoreTime> PostgresAdvisoryBackend::WallClock() {
+  LH_ASSIGN_OR_RETURN(PgResult r, RunOnPrimary("clock", std::string(sql::kWallClock), {}));
+  return PgStoreTime(r);
+}
+
+Result<PgResult> PostgresAdvisoryBackend::RunOnPrimary(std::string_view what,
+                                                       const std::string& statement,
+                                                       const PgParams& params) {
+  for (int attempt = 0;; ++attempt) {
+    LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
+    MutexLock slock(&session->mu);
+    Result<PgResult> r = session->conn->Exec(what, statement, params, PgDeadline(options_));
+    if (!r.ok() && session->conn->broken()) {
+      SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
+      if (attempt == 0) {
+        continue;  // a fresh session: nothing of a lease depends on this read
+      }
+    }
+    if (!r.ok()) {
+      return PgRecordsStatus(r.status(), options_);
+    }
+    return r;
+  }
+}
+
 Result<std::optional<LeaseInfo>> PostgresAdvisoryBackend::Inspect(std::string_view key) {
   for (int attempt = 0;; ++attempt) {
     LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
@@ -750,6 +893,27 @@ Status PostgresAdvisoryBackend::WaitForTurn(std::string_view key, std::string_vi
     waits_[std::string(waiter_id)] = wait;
   }
   std::shared_ptr<Session> session = wait->session;
+  SteadyTime kept_until{};
+  {
+    MutexLock slock(&session->mu);
+    kept_until = wait->got ? wait->kept_until : SteadyTime{};
+  }
+  if (kept_until > BootClock::now()) {
+    // Ours is the lock, but a kept grant refused us: nothing will notify its end. Sleep until
+    // then, without the session's mutex (AbandonWait may need it meanwhile).
+    const SteadyTime until = std::min(deadline, kept_until);
+    std::mutex m;
+    std::unique_lock<std::mutex> l(m);
+    std::condition_variable_any().wait_for(l, stop, until - BootClock::now(),
+                                           [] { return false; });
+    if (stop.stop_requested()) {
+      return Status::Cancelled(fmt::format("cancelled while waiting for {}", key));
+    }
+    if (BootClock::now() < kept_until) {
+      return Status::DeadlineExceeded(fmt::format("{} is kept by its last holder", key));
+    }
+    return Status();
+  }
   MutexLock slock(&session->mu);
   if (wait->got) {
     return Status();

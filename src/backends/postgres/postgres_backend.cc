@@ -104,6 +104,13 @@ std::string PgStatement(std::string_view text, const PostgresOptions& options) {
   return out;
 }
 
+std::string PgFinishStatement(std::string_view finish, bool with_record,
+                              const PostgresOptions& options) {
+  return PgStatement(ReplaceAll(std::string(finish), "{recorded}",
+                                with_record ? sql::kFinishRecorded : sql::kFinishNoRecord),
+                     options);
+}
+
 std::string PgArrayLiteral(const std::vector<std::string>& items) {
   std::string out = "{";
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -151,24 +158,111 @@ Status PgHeld(std::string_view key, std::optional<LeaseInfo> holder) {
 std::string SchemaSql(const PostgresOptions& options) {
   return fmt::format(
       "-- leasehold schema for {}\n"
-      "-- One row per lease key; `fence` (the fencing counter) only ever grows. The role that\n"
-      "-- leasehold connects as needs SELECT, INSERT, UPDATE on the table and USAGE on the "
-      "schema.\n{}\n{}\n",
+      "-- One row per lease key in `leases`; `fence` (the fencing counter) only ever grows.\n"
+      "-- One row per key in `records`: the record a lease may leave when it ends (schedule\n"
+      "-- slots). The role that leasehold connects as needs SELECT, INSERT, UPDATE on both\n"
+      "-- tables and USAGE on the schema.\n{}\n{}\n{}\n",
       options.display, PgStatement(sql::kCreateSchema, options),
-      PgStatement(sql::kCreateTable, options));
+      PgStatement(sql::kCreateTable, options), PgStatement(sql::kCreateRecordsTable, options));
+}
+
+std::string PgHexEncode(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 0xF];
+  }
+  return out;
+}
+
+std::optional<std::string> PgHexDecode(std::string_view hex) {
+  if (hex.size() % 2 != 0) {
+    return std::nullopt;
+  }
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') {
+      return c - '0';
+    }
+    if (c >= 'a' && c <= 'f') {
+      return c - 'a' + 10;
+    }
+    return -1;
+  };
+  std::string out;
+  out.reserve(hex.size() / 2);
+  for (std::size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = nibble(hex[i]);
+    const int lo = nibble(hex[i + 1]);
+    if (hi < 0 || lo < 0) {
+      return std::nullopt;
+    }
+    out += static_cast<char>(hi * 16 + lo);
+  }
+  return out;
+}
+
+StoreTime PgStoreTime(const PgResult& r) {
+  return StoreTime{.time = SystemTime(std::chrono::duration_cast<SystemTime::duration>(
+                       std::chrono::microseconds(r.GetInt(0, 0)))),
+                   .from_store = true};
+}
+
+Status PgRecordsStatus(Status status, const PostgresOptions& options) {
+  if (status.detail() != kSqlStateUndefinedTable) {
+    return status;
+  }
+  return Status::PermissionDenied(
+      fmt::format("table {}.records does not exist in the database of {} (a schema from before "
+                  "records, and this role could not create the table): have someone with the "
+                  "CREATE privilege run the SQL printed by `leasehold schema --store URL` ({})",
+                  options.schema, options.display, status.message()),
+      std::string(status.detail()));
 }
 
 Status EnsureSchema(PgConnection& conn, const PostgresOptions& options) {
   const std::string table = "\"" + options.schema + "\".leases";
-  auto state = [&]() -> Result<std::pair<bool, bool>> {
-    LH_ASSIGN_OR_RETURN(PgResult r,
-                        conn.Exec("schema check", std::string(sql::kSchemaState),
-                                  {"\"" + options.schema + "\"", table}, PgDeadline(options)));
-    return std::make_pair(r.GetBool(0, 0), r.GetBool(0, 1));
+  const std::string records = "\"" + options.schema + "\".records";
+  struct State {
+    bool schema = false;
+    bool leases = false;
+    bool records = false;
   };
-  LH_ASSIGN_OR_RETURN(auto exists, state());
-  if (exists.second) {
+  auto state = [&]() -> Result<State> {
+    LH_ASSIGN_OR_RETURN(PgResult r, conn.Exec("schema check", std::string(sql::kSchemaState),
+                                              {"\"" + options.schema + "\"", table, records},
+                                              PgDeadline(options)));
+    return State{r.GetBool(0, 0), r.GetBool(0, 1), r.GetBool(0, 2)};
+  };
+  LH_ASSIGN_OR_RETURN(State exists, state());
+  if (exists.leases && exists.records) {
     return Status();
+  }
+  if (exists.leases) {
+    // A schema from before records: leases work as before, so a role that may not add the table
+    // still opens, and only what needs records (schedule slots) fails, naming the fix.
+    auto cannot = [&](std::string_view why) {
+      Log(LogLevel::kWarning,
+          fmt::format("postgres at {}: table {}.records is missing and {}: leases work, but "
+                      "ending one with a record (schedule slots, --once-per) fails until someone "
+                      "with the CREATE privilege runs the SQL printed by `leasehold schema`",
+                      options.display, options.schema, why));
+      return Status();
+    };
+    if (!options.create_schema) {
+      return cannot("create_schema=false forbids creating it");
+    }
+    Result<PgResult> created = conn.Exec(
+        "create table", PgStatement(sql::kCreateRecordsTable, options), {}, PgDeadline(options));
+    if (created.ok()) {
+      Log(LogLevel::kInfo, fmt::format("postgres at {}: created {}", options.display, records));
+      return Status();
+    }
+    LH_ASSIGN_OR_RETURN(exists, state());  // someone else may have created it meanwhile
+    return exists.records ? Status()
+                          : cannot(fmt::format("cannot be created ({})",
+                                               created.status().message()));
   }
   auto missing = [&](std::string_view why) {
     return fmt::format(
@@ -179,8 +273,9 @@ Status EnsureSchema(PgConnection& conn, const PostgresOptions& options) {
   if (!options.create_schema) {
     return Status::InvalidArgument(missing("create_schema=false forbids creating it"));
   }
-  std::string ddl = exists.first ? "" : PgStatement(sql::kCreateSchema, options);
+  std::string ddl = exists.schema ? "" : PgStatement(sql::kCreateSchema, options);
   ddl += PgStatement(sql::kCreateTable, options);
+  ddl += PgStatement(sql::kCreateRecordsTable, options);
   Result<PgResult> created = conn.Exec("create table", ddl, {}, PgDeadline(options));
   if (created.ok()) {
     Log(LogLevel::kInfo, fmt::format("postgres at {}: created {}", options.display, table));
@@ -192,7 +287,7 @@ Status EnsureSchema(PgConnection& conn, const PostgresOptions& options) {
   }
   // Another process may have created it at the same moment (unique violation on the catalog).
   LH_ASSIGN_OR_RETURN(exists, state());
-  return exists.second ? Status() : created.status();
+  return exists.leases && exists.records ? Status() : created.status();
 }
 
 std::int64_t AdvisoryLockId(std::string_view schema, std::string_view key) {
@@ -503,6 +598,54 @@ Status PostgresTableBackend::Release(std::string_view key, std::string_view owne
         fmt::format("{} was not held by this owner (lost or stolen): nothing released", key));
   }
   return Status();
+}
+
+Status PostgresTableBackend::Finish(const FinishRequest& request) {
+  LH_RETURN_IF_ERROR(CheckFinishRequest(request));
+  const bool write_record = request.record.has_value();
+  if (request.keep == Duration::zero() && !write_record) {
+    return Release(request.key, request.owner_token);
+  }
+  Result<PgResult> r =
+      Run("finish", PgFinishStatement(sql::kTableFinish, write_record, options_),
+          {request.key, request.owner_token,
+           request.keep > Duration::zero() ? std::to_string(PgCeilMillis(request.keep))
+                                           : std::string("0"),
+           write_record ? std::optional<std::string>(PgHexEncode(*request.record))
+                        : std::nullopt,
+           std::to_string(write_record ? PgCeilMillis(request.record_ttl) : 0)});
+  if (!r.ok()) {
+    return PgRecordsStatus(r.status(), options_);
+  }
+  if (r->rows() == 0) {
+    return Status::Lost(fmt::format(
+        "{} was not held by this owner (lost or stolen): nothing released or written",
+        request.key));
+  }
+  return Status();
+}
+
+Result<std::optional<std::string>> PostgresTableBackend::ReadRecord(std::string_view key) {
+  Result<PgResult> r =
+      Run("read record", PgStatement(sql::kReadRecord, options_), {std::string(key)});
+  if (!r.ok()) {
+    return PgRecordsStatus(r.status(), options_);
+  }
+  if (r->rows() == 0) {
+    return std::optional<std::string>();
+  }
+  std::optional<std::string> value = PgHexDecode(r->Get(0, 0));
+  if (!value.has_value()) {
+    return Status::Internal(fmt::format("unexpected reply from postgres: the record of {} is "
+                                        "not hex",
+                                        key));
+  }
+  return value;
+}
+
+Result<StoreTime> PostgresTableBackend::WallClock() {
+  LH_ASSIGN_OR_RETURN(PgResult r, Run("clock", std::string(sql::kWallClock), {}));
+  return PgStoreTime(r);
 }
 
 Result<std::optional<LeaseInfo>> PostgresTableBackend::Inspect(std::string_view key) {

@@ -46,6 +46,12 @@
 //   waiter at once. A waiting session that becomes a holder stays one until its leases end.
 // - Force-release can only end the holder's session (pg_terminate_backend): all leases on it
 //   are lost. It needs the holder's role or pg_signal_backend.
+// - A session lock cannot outlive its session, so what must (Backend::Finish) uses the table
+//   instead: a grant kept after its holder (keep > 0) becomes the key's row with no session and
+//   an expiry on the server's clock, written just before the unlock; every grant statement
+//   refuses while it is live (kHeldByAnother, with its holder and remaining time), status and
+//   list show it, force-release clears it. Records go into the `records` table, as in table
+//   mode.
 // Advisory mode needs a direct session; use mode=table through transaction poolers.
 //
 // Example:
@@ -114,6 +120,12 @@ class PostgresTableBackend final : public Backend {
   // One UPDATE for all requests. If it fails, every request gets that error.
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
   Status Release(std::string_view key, std::string_view owner_token) override;
+  // One statement (kTableFinish): the grant's row and the key's row in `records` change together
+  // or not at all. keep and record_ttl are rounded up to whole milliseconds.
+  Status Finish(const FinishRequest& request) override;
+  Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
+  // clock_timestamp(), one round trip.
+  Result<StoreTime> WallClock() override;
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
   Result<bool> ForceRelease(std::string_view key) override;
@@ -157,6 +169,16 @@ class PostgresAdvisoryBackend final : public Backend {
   // One statement per session that holds any of the requests' leases (usually one).
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
   Status Release(std::string_view key, std::string_view owner_token) override;
+  // One statement on the holder's session (kAdvisoryFinish): writes the record into `records`,
+  // clears the key's row or turns it into a kept grant (no session, an expiry: the file
+  // comment), then unlocks. keep == 0 without a record is Release. If the statement fails, the
+  // grant is released as by Release and the error returned.
+  Status Finish(const FinishRequest& request) override;
+  // Records are in the `records` table, as in table mode (read on the primary session).
+  Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
+  // clock_timestamp(), one round trip on the primary session.
+  Result<StoreTime> WallClock() override;
+  // Live grants and live kept grants.
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
   // Ends the holder's session (see the file comment). Returns false if no session holds the
@@ -196,6 +218,9 @@ class PostgresAdvisoryBackend final : public Backend {
   bool SessionAlive(const std::shared_ptr<Session>& session,
                     const std::shared_ptr<Session>& locked);
   Result<Grant> CompleteWaitedGrant(const GrantRequest& request, std::shared_ptr<Waiting> wait);
+  // Runs one statement on the primary session, once more on a fresh one if that broke.
+  Result<PgResult> RunOnPrimary(std::string_view what, const std::string& statement,
+                                const PgParams& params);
 
   const PostgresOptions options_;
   mutable Mutex mu_;

@@ -9,6 +9,20 @@
 // One table serves both modes. A key's row is created by its first grant and never deleted:
 // `fence` therefore only ever grows, whatever happens to grants (release, expiry, force-release,
 // a killed holder), and a release clears the grant's columns instead of deleting the row.
+// A second table, `records`, keeps each key's record (Backend::Finish): its own row with its own
+// expiry, which no grant's end touches.
+//
+// A grant kept after its holder (Backend::Finish with keep > 0) is, in both modes, the key's row
+// with token, holder and fence left as they were, expires_at = the end of the keep on the
+// server's clock, and pid = lock_id = NULL. Table mode needs nothing more: that is an ordinary
+// live row. Advisory mode cannot keep the lock itself (a session lock dies with its session,
+// and the holder's session may end at once), so its finish statement writes that row and then
+// unlocks, and every advisory grant statement refuses while such a row is live (LH_PG_KEPT):
+// the check sits in ON CONFLICT DO UPDATE's WHERE, which PostgreSQL evaluates on the newest
+// version of the row after waiting for any transaction that is writing it. That wait also
+// orders a finish's unlock (effective at once, before its commit) before the next grant: the
+// next holder's statement waits for the finish to commit, so it never misses the kept row nor,
+// when it reads the record next, the record written with it.
 //
 // Advisory mode's lock id is FNV-1a 64 over "<schema>\0<key>" (see AdvisoryLockId), computed the
 // same way by every client; pg_locks shows a bigint advisory lock as classid (high 32 bits),
@@ -40,10 +54,37 @@ inline constexpr std::string_view kCreateTable = R"sql(CREATE TABLE IF NOT EXIST
   pid        integer
 );)sql";
 
-// Whether the schema and the table exist: to_regnamespace/to_regclass return NULL, not an
-// error, for a missing name.
+// The records table, also printed by `leasehold schema`. key: the lease's name; value: its
+// record, opaque bytes (bytea, so any byte and any database encoding will do); expires_at: the
+// record's end on the server's clock. A row is replaced by the key's next record; an expired
+// one reads as none.
+inline constexpr std::string_view kCreateRecordsTable =
+    R"sql(CREATE TABLE IF NOT EXISTS {schema}.records (
+  key        text PRIMARY KEY,
+  value      bytea NOT NULL,
+  expires_at timestamptz NOT NULL
+);)sql";
+
+// Whether the schema and the two tables exist: to_regnamespace/to_regclass return NULL, not an
+// error, for a missing name. $1 schema, $2 leases table, $3 records table.
 inline constexpr std::string_view kSchemaState = R"sql(
-SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL)sql";
+SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL,
+       to_regclass($3) IS NOT NULL)sql";
+
+// The server's wall clock in microseconds since the Unix epoch (clock_timestamp(): the time of
+// the call, not of the transaction's start).
+inline constexpr std::string_view kWallClock = R"sql(
+SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)sql";
+
+// The key's record, hex-encoded (bytea's text output depends on bytea_output), if it has not
+// expired on the server's clock. $1 key. Both modes.
+inline constexpr std::string_view kReadRecord = R"sql(
+SELECT encode(value, 'hex') FROM {schema}.records
+WHERE key = $1 AND expires_at > clock_timestamp())sql";
+
+// Whether the row `l` is a grant kept after its holder (see the top of this file).
+#define LH_PG_KEPT(l) \
+  "(" l ".pid IS NULL AND " l ".token IS NOT NULL AND " l ".expires_at > clock_timestamp())"
 
 // pg_backend_pid() of the session that runs it: compared with the pid libpq got at startup
 // (PQbackendPID), which a pooler such as PgBouncer makes up, to detect a pooler in between.
@@ -122,6 +163,43 @@ FROM {schema}.leases
 WHERE starts_with(key, $1) AND token IS NOT NULL AND expires_at > clock_timestamp()
 ORDER BY key COLLATE "C")sql";
 
+// The `recorded` part of kTableFinish and kAdvisoryFinish (filled in for {recorded}): replaces
+// the key's record only if `ended` did something, in the same statement and transaction as the
+// end of the grant, so the two commit together or not at all. $4 the record hex-encoded, $5 its
+// ttl in ms.
+inline constexpr std::string_view kFinishRecorded = R"sql(recorded AS (
+  INSERT INTO {schema}.records AS r (key, value, expires_at)
+  SELECT key, decode($4::text, 'hex'), clock_timestamp() + $5::bigint * interval '1 millisecond'
+  FROM ended WHERE $4::text IS NOT NULL
+  ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at))sql";
+
+// In its place when there is no record: names $4 and $5 (the server must type every parameter
+// sent) without touching the records table, so that a schema from before records can still
+// keep grants.
+inline constexpr std::string_view kFinishNoRecord =
+    R"sql(recorded AS (SELECT $4::text AS value, $5::bigint AS ttl_ms))sql";
+
+// Finish, table mode. $1 key, $2 owner token, $3 keep in ms ('0': clear the grant, as
+// kTableRelease), $4 the record hex-encoded (NULL: none), $5 the record's ttl in ms.
+// - `ended` changes the row only if the token matches and the grant is live: with a keep, only
+//   its expiry moves (token, holder and fence stay, so it is still the same grant); without,
+//   the grant's columns are cleared.
+// - `recorded` (kFinishRecorded, or kFinishNoRecord) writes the record.
+// - NOTIFY either way: after a clear a waiter takes over; after a keep, waiters re-read the
+//   shorter remaining time. One row means finished, none means lost.
+inline constexpr std::string_view kTableFinish = R"sql(
+WITH ended AS (
+  UPDATE {schema}.leases AS l
+  SET token = CASE WHEN $3::bigint > 0 THEN l.token END,
+      holder = CASE WHEN $3::bigint > 0 THEN l.holder END,
+      ttl_ms = CASE WHEN $3::bigint > 0 THEN $3::bigint ELSE l.ttl_ms END,
+      expires_at = CASE WHEN $3::bigint > 0
+                        THEN clock_timestamp() + $3::bigint * interval '1 millisecond' END
+  WHERE l.key = $1 AND l.token = $2 AND l.expires_at > clock_timestamp()
+  RETURNING l.key),
+{recorded}
+SELECT pg_notify({channel}, key) FROM ended)sql";
+
 // Remaining time of the key's live grant in ms, or no row if it is free: how long a waiter may
 // sleep before the grant expires by itself.
 inline constexpr std::string_view kTableRemaining = R"sql(
@@ -153,11 +231,16 @@ inline constexpr std::string_view kListen = R"sql(LISTEN {schema_ident})sql";
 // postgres_backend.h, computed by the backend for the largest TTL on the session).
 // - `limits` raises the session's TCP limits first, so that they hold before the lock does.
 // - `lock` then takes the session-level advisory lock if free (MATERIALIZED: evaluated once).
-// - `granted` bumps the key's fence and records the grant only if the lock was taken: both in
-//   one statement, so the fence moves exactly with the grant; the first branch of the result
-//   then sets idle_session_timeout (only a session that holds leases gets an idle limit).
-// - Otherwise the second branch returns the holder recorded in the row, but only if that row's
-//   session really holds the lock now (a row left by a dead session is no holder).
+// - `granted` bumps the key's fence and records the grant only if the lock was taken and the
+//   row is not a live kept grant (LH_PG_KEPT, judged on the row's newest version: see the top
+//   of this file): both in one statement, so the fence moves exactly with the grant.
+// - `holder` is the grant that refuses us: the row, if its session really holds the lock now (a
+//   row left by a dead session is no holder) or if it is a live kept grant.
+// - The result is always one row, from `lock`: (granted, fence, then NULLs) after a grant, when
+//   it also sets idle_session_timeout (only a session that holds leases gets an idle limit);
+//   (false, the holder's fence, holder, token prefix, ttl, remaining) when refused, or all NULL
+//   if the holder is unknown. Its last column unlocks again a lock taken for a grant that a
+//   kept row refused: in the select list of the one row, so it surely runs, once.
 // Note: a session-level advisory lock survives an error of the statement that took it, so the
 // backend unlocks after any error of this statement.
 inline constexpr std::string_view kAdvisoryAcquire = R"sql(
@@ -176,36 +259,56 @@ granted AS (
     SET fence = l.fence + 1, token = EXCLUDED.token, holder = EXCLUDED.holder,
         ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at, lock_id = EXCLUDED.lock_id,
         pid = EXCLUDED.pid
-  RETURNING l.fence)
-SELECT true, fence, set_config('idle_session_timeout', $6, false), NULL, NULL::bigint,
-       NULL::bigint
-FROM granted
-UNION ALL
-SELECT false, l.fence, l.holder, left(l.token, 8), l.ttl_ms,
-       greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
-FROM {schema}.leases l
-WHERE l.key = $1 AND l.token IS NOT NULL AND NOT EXISTS (SELECT 1 FROM granted)
-  AND )sql" LH_PG_LOCK_HELD("l.pid", "l.lock_id");
+    WHERE NOT )sql" LH_PG_KEPT("l") R"sql(
+  RETURNING l.fence),
+holder AS (
+  SELECT l.fence, l.holder, left(l.token, 8) AS token_prefix, l.ttl_ms,
+         greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
+           AS remaining_ms
+  FROM {schema}.leases l
+  WHERE l.key = $1 AND l.token IS NOT NULL
+    AND ()sql" LH_PG_LOCK_HELD("l.pid", "l.lock_id") " OR " LH_PG_KEPT("l") R"sql()
+  LIMIT 1)
+SELECT g.fence IS NOT NULL, coalesce(g.fence, h.fence),
+       CASE WHEN g.fence IS NOT NULL THEN set_config('idle_session_timeout', $6, false)
+            ELSE h.holder END,
+       h.token_prefix, h.ttl_ms, h.remaining_ms,
+       CASE WHEN k.got AND g.fence IS NULL THEN pg_advisory_unlock($5::bigint) END
+FROM lock k
+LEFT JOIN granted g ON true
+LEFT JOIN holder h ON g.fence IS NULL)sql";
 
 // Completes a grant whose lock this session already holds (it waited in the server's lock
-// queue: kAdvisoryWait). Parameters as kAdvisoryAcquire. Sets the session limits, then bumps the
-// fence and records the grant, in one statement.
+// queue: kAdvisoryWait). Parameters as kAdvisoryAcquire. Sets the session's TCP limits, then
+// bumps the fence and records the grant, in one statement, unless the row is a live kept grant
+// (as kAdvisoryAcquire); idle_session_timeout is set only with a grant (RETURNING runs only for
+// the row written), since a waiter that keeps the lock until a kept grant ends sends nothing
+// meanwhile. Returns (true, fence) when granted, (false, fence, holder, token prefix, ttl,
+// remaining) when a kept grant refuses, or no row when the refusal's row is not yet visible to
+// this statement's snapshot (a finish that committed while the statement waited for it).
 inline constexpr std::string_view kAdvisoryGrantHeld = R"sql(
 WITH limits AS MATERIALIZED (
   SELECT set_config('tcp_keepalives_idle', $7, false),
          set_config('tcp_keepalives_interval', '1', false),
          set_config('tcp_keepalives_count', '1', false),
-         set_config('tcp_user_timeout', $8, false),
-         set_config('idle_session_timeout', $6, false))
-INSERT INTO {schema}.leases AS l (key, fence, token, holder, ttl_ms, expires_at, lock_id, pid)
-SELECT $1, 1, $2, $3, $4::bigint, clock_timestamp() + $4::bigint * interval '1 millisecond',
-       $5::bigint, pg_backend_pid()
-FROM limits
-ON CONFLICT (key) DO UPDATE
-  SET fence = l.fence + 1, token = EXCLUDED.token, holder = EXCLUDED.holder,
-      ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at, lock_id = EXCLUDED.lock_id,
-      pid = EXCLUDED.pid
-RETURNING l.fence)sql";
+         set_config('tcp_user_timeout', $8, false)),
+granted AS (
+  INSERT INTO {schema}.leases AS l (key, fence, token, holder, ttl_ms, expires_at, lock_id, pid)
+  SELECT $1, 1, $2, $3, $4::bigint, clock_timestamp() + $4::bigint * interval '1 millisecond',
+         $5::bigint, pg_backend_pid()
+  FROM limits
+  ON CONFLICT (key) DO UPDATE
+    SET fence = l.fence + 1, token = EXCLUDED.token, holder = EXCLUDED.holder,
+        ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at, lock_id = EXCLUDED.lock_id,
+        pid = EXCLUDED.pid
+    WHERE NOT )sql" LH_PG_KEPT("l") R"sql(
+  RETURNING l.fence, set_config('idle_session_timeout', $6, false))
+SELECT true, fence, NULL, NULL, NULL::bigint, NULL::bigint FROM granted
+UNION ALL
+SELECT false, l.fence, l.holder, left(l.token, 8), l.ttl_ms,
+       greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
+FROM {schema}.leases l
+WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM granted) AND )sql" LH_PG_KEPT("l");
 
 // Waits in the server's lock queue for the lock {lock_id}: SET LOCAL applies lock_timeout to
 // this statement only (several statements in one simple query form one implicit transaction),
@@ -243,38 +346,72 @@ UNION ALL SELECT 'renewed', key FROM renewed)sql";
 inline constexpr std::string_view kAdvisoryRelease = R"sql(
 SELECT pg_advisory_unlock($1::bigint), set_config('idle_session_timeout', $2, false))sql";
 
+// Finish, advisory mode. $1 key, $2 owner token, $3 keep in ms ('0': clear the grant), $4 the
+// record hex-encoded (NULL: none), $5 the record's ttl in ms, $6 lock id, $7 the session's idle
+// limit for the leases it keeps afterwards (as kAdvisoryRelease).
+// - `ended` changes the row only if it records this token as this session's grant and this
+//   session holds the lock (pg_locks): the owner check. With a keep, the row becomes a kept
+//   grant (pid and lock_id NULL, expires_at at the end of the keep; token, holder and fence
+//   stay); without, its grant's columns are cleared. Unlike kAdvisoryRelease it always writes
+//   the row: that row lock is what makes the next grant wait for this commit (top of file).
+// - `recorded` writes the record, as in kTableFinish.
+// - The select list unlocks, after `ended` produced its row: the next waiter in the server's
+//   queue gets the lock at once, and its grant statement waits for this commit.
+// One row means finished, none means lost (nothing written, nothing unlocked).
+inline constexpr std::string_view kAdvisoryFinish = R"sql(
+WITH ended AS (
+  UPDATE {schema}.leases AS l
+  SET token = CASE WHEN $3::bigint > 0 THEN l.token END,
+      holder = CASE WHEN $3::bigint > 0 THEN l.holder END,
+      ttl_ms = CASE WHEN $3::bigint > 0 THEN $3::bigint ELSE l.ttl_ms END,
+      expires_at = CASE WHEN $3::bigint > 0
+                        THEN clock_timestamp() + $3::bigint * interval '1 millisecond' END,
+      pid = NULL, lock_id = NULL
+  WHERE l.key = $1 AND l.token = $2 AND l.pid = pg_backend_pid() AND l.lock_id = $6::bigint
+    AND )sql" LH_PG_LOCK_HELD("pg_backend_pid()", "$6::bigint") R"sql(
+  RETURNING l.key),
+{recorded}
+SELECT pg_advisory_unlock($6::bigint), set_config('idle_session_timeout', $7, false)
+FROM ended)sql";
+
 // Force-release, advisory mode. $1 key, $2 lock id. An advisory lock can only be freed by its
 // own session, so the operator's break-glass ends that session: pg_terminate_backend(pid, 3000)
 // waits up to 3 s for it to exit (every lease on it is lost; its holder finds out at its next
-// heartbeat). The row's grant is cleared. Needs the holder's role, or pg_signal_backend.
+// heartbeat). The row's grant is cleared, a kept one too (no session holds that: the last
+// branch reports it). Needs the holder's role, or pg_signal_backend.
 inline constexpr std::string_view kAdvisoryForceRelease = R"sql(
 WITH cleared AS (
-  UPDATE {schema}.leases
+  UPDATE {schema}.leases AS l
   SET token = NULL, holder = NULL, expires_at = NULL, pid = NULL, lock_id = NULL
-  WHERE key = $1
-  RETURNING key),
+  FROM {schema}.leases AS o
+  WHERE l.key = $1 AND o.key = l.key
+  RETURNING )sql" LH_PG_KEPT("o") R"sql( AS kept),
 target AS (
   SELECT k.pid FROM pg_locks k
   WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.granted
     AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())
     AND )sql" LH_PG_LOCK_ID_OF("k") R"sql( = $2::bigint AND k.pid <> pg_backend_pid())
-SELECT pid, pg_terminate_backend(pid, 3000), (SELECT count(*) FROM cleared) FROM target)sql";
+SELECT pid, pg_terminate_backend(pid, 3000), (SELECT count(*) FROM cleared) FROM target
+UNION ALL
+SELECT NULL::integer, NULL::boolean, 1::bigint FROM cleared
+WHERE kept AND NOT EXISTS (SELECT 1 FROM target))sql";
 
 // Inspect and list, advisory mode: rows whose recorded session holds the lock now (pg_locks)
-// and whose holder renewed within its ttl. $1 key or prefix.
+// and whose holder renewed within its ttl, and live kept grants (no session: pid NULL). $1 key
+// or prefix.
 inline constexpr std::string_view kAdvisoryInspect = R"sql(
 SELECT l.key, l.holder, left(l.token, 8), l.fence, l.ttl_ms,
        greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
 FROM {schema}.leases l
 WHERE l.key = $1 AND l.token IS NOT NULL AND l.expires_at > clock_timestamp()
-  AND )sql" LH_PG_LOCK_HELD("l.pid", "l.lock_id");
+  AND (l.pid IS NULL OR )sql" LH_PG_LOCK_HELD("l.pid", "l.lock_id") ")";
 
 inline constexpr std::string_view kAdvisoryList = R"sql(
 SELECT l.key, l.holder, left(l.token, 8), l.fence, l.ttl_ms,
        greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
 FROM {schema}.leases l
 WHERE starts_with(l.key, $1) AND l.token IS NOT NULL AND l.expires_at > clock_timestamp()
-  AND )sql" LH_PG_LOCK_HELD("l.pid", "l.lock_id") R"sql(
+  AND (l.pid IS NULL OR )sql" LH_PG_LOCK_HELD("l.pid", "l.lock_id") R"sql()
 ORDER BY l.key COLLATE "C")sql";
 
 // The benchmark's and tests' reference round trip.

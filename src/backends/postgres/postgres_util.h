@@ -1,7 +1,7 @@
 // File: backends/postgres/postgres_util.h (internal)
 //
 // Helpers shared by the two postgres:// modes: SQL templating, array literals, rows to
-// LeaseInfo, and the schema check at open.
+// LeaseInfo, records and the store's clock, and the schema check at open.
 //
 // Thread safety: pure functions, except EnsureSchema (uses the connection it is given).
 
@@ -16,6 +16,7 @@
 #include "leasehold/lease_info.h"
 #include "leasehold/status.h"
 
+#include "backends/backend.h"
 #include "backends/postgres/postgres_connection.h"
 #include "backends/postgres/postgres_options.h"
 
@@ -43,6 +44,23 @@ Status EnsureSchema(PgConnection& conn, const PostgresOptions& options);
 
 // The DDL for `options`, as `leasehold schema` prints it.
 std::string SchemaSql(const PostgresOptions& options);
+
+// `finish` (kTableFinish or kAdvisoryFinish) with its {recorded} part for a record or for none,
+// as PgStatement fills it in.
+std::string PgFinishStatement(std::string_view finish, bool with_record,
+                              const PostgresOptions& options);
+
+// Lowercase hex of `bytes`, for a record sent as text and decoded by the server
+// (decode(.., 'hex')), and back; nullopt for text that is not hex.
+std::string PgHexEncode(std::string_view bytes);
+std::optional<std::string> PgHexDecode(std::string_view hex);
+
+// The store's wall clock from kWallClock's result (microseconds since the epoch).
+StoreTime PgStoreTime(const PgResult& r);
+
+// `status` of a statement on the records table, with a message naming `leasehold schema` if the
+// table does not exist (an old schema whose role could not create it at open).
+Status PgRecordsStatus(Status status, const PostgresOptions& options);
 
 // The deadline of one statement started now.
 SteadyTime PgDeadline(const PostgresOptions& options);

@@ -99,6 +99,7 @@ enum ScriptId {
   kFairAcquire,
   kAbandonWait,
   kQueueState,
+  kFinish,
   kScriptCount
 };
 
@@ -107,6 +108,7 @@ constexpr Script kScripts[kScriptCount] = {
     {"release", kReleaseScript},          {"force-release", kForceReleaseScript},
     {"inspect", kInspectScript},          {"fair acquire", kFairAcquireScript},
     {"abandon-wait", kAbandonWaitScript}, {"queue-state", kQueueStateScript},
+    {"finish", kFinishScript},
 };
 
 timeval ToTimeval(Duration d) {
@@ -1022,6 +1024,10 @@ std::string RedisBackend::ChannelName(std::string_view prefix, std::string_view 
   return LeaseKeyName(prefix, key) + ":released";
 }
 
+std::string RedisBackend::RecordKeyName(std::string_view prefix, std::string_view key) {
+  return LeaseKeyName(prefix, key) + ":record";
+}
+
 std::string RedisBackend::QueueKeyName(std::string_view prefix, std::string_view key) {
   return LeaseKeyName(prefix, key) + ":queue";
 }
@@ -1148,6 +1154,77 @@ Status RedisBackend::Release(std::string_view key, std::string_view owner_token)
   return Status();
 }
 
+Status RedisBackend::Finish(const FinishRequest& request) {
+  LH_RETURN_IF_ERROR(CheckFinishRequest(request));
+  // keep and record_ttl are rounded up to whole ms: a grant or record never ends early. A
+  // positive keep never rounds to the '0' that means "delete".
+  const std::string keep_ms =
+      request.keep > Duration::zero() ? std::to_string(CeilMillis(request.keep)) : "0";
+  const bool write_record = request.record.has_value();
+  std::vector<Command> call = {
+      {"EVALSHA", pool_->shas_[kFinish], "2", LeaseKeyName(options_.prefix, request.key),
+       RecordKeyName(options_.prefix, request.key), request.owner_token,
+       ChannelName(options_.prefix, request.key), keep_ms, write_record ? "1" : "0",
+       write_record ? *request.record : std::string(),
+       write_record ? std::to_string(CeilMillis(request.record_ttl)) : "0"}};
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
+  const redisReply* reply = out.replies[0].get();
+  if (IsError(reply)) {
+    return ScriptErrorStatus(options_.Address(), fmt::format("finishing {}", request.key),
+                             kFinishScript, ReplyText(reply));
+  }
+  LH_ASSIGN_OR_RETURN(long long finished, ParseInteger(reply));
+  if (finished == 0) {
+    return Status::Lost(fmt::format(
+        "lease {} was lost or stolen: the grant expired, was force-released or is someone "
+        "else's; nothing was deleted or written",
+        request.key));
+  }
+  return Status();
+}
+
+Result<std::optional<std::string>> RedisBackend::ReadRecord(std::string_view key) {
+  // A plain GET is one atomic read; the server drops the record at its PX expiry.
+  std::vector<Command> get = {{"GET", RecordKeyName(options_.prefix, key)}};
+  LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
+  pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
+  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
+                      connection->Pipeline(get, options_.Address()));
+  const redisReply* reply = replies[0].get();
+  if (IsError(reply)) {
+    return ErrorReplyStatus(options_.Address(), "GET", ReplyText(reply));
+  }
+  if (reply->type == REDIS_REPLY_NIL) {
+    return std::optional<std::string>();
+  }
+  if (reply->type != REDIS_REPLY_STRING) {
+    return Status::Internal(fmt::format("unexpected reply from redis to GET of the record of {}",
+                                        key));
+  }
+  return std::optional<std::string>(std::string(ReplyText(reply)));
+}
+
+Result<StoreTime> RedisBackend::WallClock() {
+  std::vector<Command> time = {{"TIME"}};
+  LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
+  pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
+  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
+                      connection->Pipeline(time, options_.Address()));
+  const redisReply* reply = replies[0].get();
+  if (IsError(reply)) {
+    return ErrorReplyStatus(options_.Address(), "TIME", ReplyText(reply));
+  }
+  // {unix seconds, microseconds within the second}, both as strings.
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2) {
+    return Status::Internal("unexpected reply from redis to TIME");
+  }
+  LH_ASSIGN_OR_RETURN(long long seconds, ParseInteger(reply->element[0]));
+  LH_ASSIGN_OR_RETURN(long long micros, ParseInteger(reply->element[1]));
+  return StoreTime{.time = SystemTime(std::chrono::duration_cast<SystemTime::duration>(
+                       std::chrono::seconds(seconds) + std::chrono::microseconds(micros))),
+                   .from_store = true};
+}
+
 Result<std::optional<LeaseInfo>> RedisBackend::Inspect(std::string_view key) {
   std::vector<Command> call = {
       {"EVALSHA", pool_->shas_[kInspect], "1", LeaseKeyName(options_.prefix, key)}};
@@ -1167,7 +1244,7 @@ Result<std::optional<LeaseInfo>> RedisBackend::Inspect(std::string_view key) {
 Result<std::vector<LeaseInfo>> RedisBackend::List(std::string_view prefix) {
   // Grant keys are "<prefix>:{<hex>}"; hex(prefix) is a prefix of hex(key) exactly when prefix
   // is a prefix of key, and hex digits are never glob metacharacters. The trailing "}" keeps
-  // the fence counters (":fence") out of the match.
+  // the fence counters (":fence"), records (":record") and queues out of the match.
   const std::string head = options_.prefix + ":{";
   const std::string pattern = GlobEscape(head) + HexEncode(prefix) + "*}";
   std::vector<LeaseInfo> leases;

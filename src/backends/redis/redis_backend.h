@@ -10,6 +10,9 @@
 // reloaded by itself after NOSCRIPT (server restart, SCRIPT FLUSH). With fair=true, waiters
 // also queue in "<prefix>:{<hex key>}:queue" (plus ":queue:expiry" and ":queue:seq", same hash
 // tag), and the key goes to the head of the queue only (redis_scripts.h, kFairAcquireScript).
+// A key's record (Backend::Finish) is a string at "<prefix>:{<hex key>}:record" with its own
+// PEXPIRE, beside the grant and under the same hash tag, so that the finish script can end the
+// grant and replace the record in one atomic step (in a cluster too); no grant's end touches it.
 //
 // Fencing tokens survive a restart only if the server persists its data (AOF or RDB): with
 // persistence off the counters restart from zero. Open() checks with CONFIG GET where the ACL
@@ -96,6 +99,18 @@ class RedisBackend final : public Backend {
 
   Status Release(std::string_view key, std::string_view owner_token) override;
 
+  // One script (redis_scripts.h, kFinishScript): compare the owner token, replace the record
+  // (SET PX), then delete the grant and publish as Release does, or PEXPIRE it to `keep`. keep
+  // and record_ttl are rounded up to whole milliseconds. Like Release, it does not WAIT for
+  // replicas with min_replicas.
+  Status Finish(const FinishRequest& request) override;
+
+  // One GET of the record key.
+  Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
+
+  // The server's TIME, one round trip.
+  Result<StoreTime> WallClock() override;
+
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
 
   // Walks the keyspace with SCAN (never KEYS) and reads the grants found in one pipeline per
@@ -131,6 +146,8 @@ class RedisBackend final : public Backend {
   static std::string LeaseKeyName(std::string_view prefix, std::string_view key);
   static std::string FenceKeyName(std::string_view prefix, std::string_view key);
   static std::string ChannelName(std::string_view prefix, std::string_view key);
+  // The key's record (Backend::Finish / ReadRecord).
+  static std::string RecordKeyName(std::string_view prefix, std::string_view key);
   // fair=true: the wait queue (zset by arrival), its entries' deadlines (zset) and its arrival
   // counter.
   static std::string QueueKeyName(std::string_view prefix, std::string_view key);

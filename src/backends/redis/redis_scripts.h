@@ -9,7 +9,9 @@
 // Layout, for a lease named K (hex-encoded as H) under prefix P:
 //   P:{H}         hash {token, holder, fence, ttl} with a PEXPIRE: the grant
 //   P:{H}:fence   integer, INCR'd per grant, never deleted: the fencing counter
-//   P:{H}:released  pub/sub channel, one message per release or force-release
+//   P:{H}:released  pub/sub channel, one message per release, force-release or finish
+//   P:{H}:record  string with a PEXPIRE: the key's record (Backend::Finish), written only by
+//                 the finish script, never deleted by a grant's end (release, expiry, force)
 // and, with fair=true, the wait queue:
 //   P:{H}:queue         zset waiter id -> arrival number: the queue order
 //   P:{H}:queue:expiry  zset waiter id -> deadline (server time, ms): a waiter that stops
@@ -156,6 +158,38 @@ return 0
 //   3   Wake every waiter subscribed to this key's channel.
 //   4   Released.
 //   6   Lost or stolen: nothing is deleted.
+
+// KEYS[1] = grant hash, KEYS[2] = record. ARGV[1] = owner token, ARGV[2] = release channel,
+// ARGV[3] = keep in milliseconds ('0': delete the grant), ARGV[4] = '1' to write the record,
+// ARGV[5] = the record, ARGV[6] = the record's TTL in milliseconds.
+// Returns 1 if the grant was ended, 0 if it was absent, expired or someone else's.
+inline constexpr std::string_view kFinishScript = R"lua(
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then
+  return 0
+end
+if ARGV[4] == '1' then
+  redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[6])
+end
+if ARGV[3] == '0' then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  redis.call('HSET', KEYS[1], 'ttl', ARGV[3])
+end
+redis.call('PUBLISH', ARGV[2], 'released')
+return 1
+)lua";
+// Line by line:
+//   1-3 Compare first, as kReleaseScript: someone else's grant (or none) changes nothing, and
+//       the record is not written either.
+//   4-6 Replace the record, with its own expiry: a key separate from the grant, so that no
+//       grant's end (release, expiry, force-release) touches it.
+//   7-8 keep = 0: delete the grant, as a release does; the fence counter stays.
+//   9-11 keep > 0: the grant stays, same token, holder and fencing token, and now ends by
+//       itself after keep (nobody renews it any more).
+//  13   Wake the waiters either way: after a delete the head of a fair queue (or the quickest
+//       waiter) takes the key, as after a release; after a keep they re-read the now shorter
+//       remaining time instead of sleeping to the old expiry.
 
 // KEYS[1] = grant hash. ARGV[1] = release channel.
 // Returns 1 if a live grant was deleted, 0 if the key was free.

@@ -22,6 +22,7 @@
 #include "backends/postgres/postgres_backend.h"
 #include "backends/postgres/postgres_options.h"
 #include "core/url.h"
+#include "leasehold/schedule.h"
 #include "leasehold/store.h"
 #include "testing/postgres_server.h"
 #include "testing/spawned_process.h"
@@ -356,6 +357,91 @@ TEST_F(PostgresBackendTest, MissingTableWithoutCreateRightNamesTheSchemaCommand)
   auto store = Store::Open(url->Redacted());
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   EXPECT_TRUE((*store)->TryAcquire("job", {.ttl = 5s}).ok());
+}
+
+TEST_F(PostgresBackendTest, AKeptGrantIsListedRefusesOthersAndCanBeForceReleasedInBothModes) {
+  for (std::string_view mode : {"advisory", "table"}) {
+    SCOPED_TRACE(mode);
+    std::string url = Url(mode);
+    auto a = Open(url);
+    auto b = Open(url);
+    ASSERT_TRUE(a != nullptr && b != nullptr);
+    auto lease = a->TryAcquire("job", {.ttl = 5s, .holder = "kept-holder"});
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    const FencingToken fence = lease->fencing_token();
+    ASSERT_TRUE(lease->Release({.hold_at_least = 30s}).ok());
+    // In advisory mode no session holds the lock any more: the row alone keeps the grant.
+    auto listed = b->List("");
+    ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+    ASSERT_EQ(listed->size(), 1u);
+    EXPECT_EQ((*listed)[0].holder, "kept-holder");
+    EXPECT_EQ((*listed)[0].fencing_token, fence);
+    EXPECT_GT((*listed)[0].remaining, 20s);
+    for (Store* store : {a.get(), b.get()}) {
+      auto refused = store->TryAcquire("job", {.ttl = 5s});
+      ASSERT_EQ(refused.status().code(), StatusCode::kHeldByAnother)
+          << refused.status().ToString();
+      ASSERT_NE(refused.status().holder(), nullptr) << refused.status().ToString();
+      EXPECT_EQ(refused.status().holder()->holder, "kept-holder");
+    }
+    // A waiter is refused too (in advisory mode it gets the free lock and must not use it).
+    auto waited = b->Acquire("job", {.ttl = 5s, .wait = 300ms});
+    EXPECT_EQ(waited.status().code(), StatusCode::kDeadlineExceeded)
+        << waited.status().ToString();
+    auto forced = b->ForceRelease("job");
+    ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+    EXPECT_TRUE(*forced) << "a kept grant is a live grant";
+    auto next = b->TryAcquire("job", {.ttl = 5s});
+    ASSERT_TRUE(next.ok()) << next.status().ToString();
+    EXPECT_GT(next->fencing_token(), fence);
+  }
+}
+
+TEST_F(PostgresBackendTest, ASchemaFromBeforeRecordsGetsItsRecordsTableOrNamesTheSchemaCommand) {
+  ASSERT_TRUE(server_->Psql("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
+                            "'app') THEN CREATE ROLE app LOGIN; END IF; END $$")
+                  .ok());
+  // The schema as older releases created it: the leases table only.
+  auto old_schema = [&](const std::string& schema) {
+    return server_->Psql(fmt::format(
+        "CREATE SCHEMA {0}; CREATE TABLE {0}.leases (key text PRIMARY KEY, fence bigint NOT "
+        "NULL, token text, holder text, ttl_ms bigint, expires_at timestamptz, lock_id bigint, "
+        "pid integer); GRANT USAGE ON SCHEMA {0} TO app; GRANT SELECT, INSERT, UPDATE ON "
+        "{0}.leases TO app",
+        schema));
+  };
+  const std::string upgraded = fmt::format("old_{}", getpid());
+  ASSERT_TRUE(old_schema(upgraded).ok());
+  auto owner = Open(fmt::format("{}?mode=table&schema={}", server_->Url(), upgraded));
+  ASSERT_NE(owner, nullptr);
+  auto claim = owner->ClaimSlot("nightly", SlotGrid{.period = 1h}, {.ttl = 5s, .wait = 0s});
+  ASSERT_TRUE(claim.ok()) << claim.status().ToString();
+  ASSERT_TRUE(claim->Finish({.succeeded = true}).ok());
+  auto runs = owner->SlotRuns("nightly");
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  EXPECT_EQ(runs->size(), 1u);
+
+  // A role that may not add the table still opens and leases work; records name the fix.
+  for (std::string_view mode : {"advisory", "table"}) {
+    SCOPED_TRACE(mode);
+    const std::string stuck = fmt::format("old_norights_{}_{}", mode, getpid());
+    ASSERT_TRUE(old_schema(stuck).ok());
+    auto app = Store::Open(fmt::format("postgres://app@127.0.0.1:{}/postgres?mode={}&schema={}",
+                                       server_->port(), mode, stuck));
+    ASSERT_TRUE(app.ok()) << app.status().ToString();
+    auto lease = (*app)->TryAcquire("job", {.ttl = 5s});
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    ASSERT_TRUE(lease->Release().ok());
+    auto kept = (*app)->TryAcquire("job", {.ttl = 5s});
+    ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+    Status kept_status = kept->Release({.hold_at_least = 10s});
+    EXPECT_TRUE(kept_status.ok()) << "keeping needs no records table: " << kept_status.ToString();
+    EXPECT_EQ((*app)->TryAcquire("job", {.ttl = 5s}).status().code(), StatusCode::kHeldByAnother);
+    auto no_records = (*app)->SlotRuns("nightly");
+    ASSERT_FALSE(no_records.ok());
+    EXPECT_NE(no_records.status().message().find("leasehold schema"), std::string::npos)
+        << no_records.status().ToString();
+  }
 }
 
 TEST_F(PostgresBackendTest, FencingCountersSurviveEveryEndInBothModesAndAcrossModes) {

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "leasehold/schedule.h"
 #include "leasehold/store.h"
 
 #include "backends/redis/redis_options.h"
@@ -36,7 +37,7 @@ using leasehold::testing::RedisServerOptions;
 // The commands the backend needs, as an ACL rule (README "Redis" section lists the same).
 constexpr char kNeededCommands[] =
     "-@all +ping +select +evalsha +script|load +scan +subscribe +unsubscribe "
-    "+exists +hmget +hget +hset +incr +pexpire +pttl +del +publish";
+    "+exists +hmget +hget +hset +incr +pexpire +pttl +del +publish +get +set +time";
 
 // The extra commands of fair=true (README "Redis" section lists the same).
 constexpr char kFairCommands[] =
@@ -226,6 +227,21 @@ TEST(RedisBackendTest, AclUserWithOnlyTheNeededCommandsCanDoEverything) {
   auto forced = (*a)->ForceRelease("job");
   ASSERT_TRUE(forced.ok()) << forced.status().ToString();
   EXPECT_TRUE(*forced);
+  // Schedule slots: the server's TIME, the record's GET and the finish script's SET.
+  auto claim = (*a)->ClaimSlot("nightly", SlotGrid{.period = std::chrono::hours(1)},
+                               {.ttl = 2s, .wait = 0s});
+  ASSERT_TRUE(claim.ok()) << claim.status().ToString();
+  ASSERT_TRUE(claim->claimed());
+  Status finished = claim->Finish({.succeeded = true, .hold_at_least = 100ms});
+  ASSERT_TRUE(finished.ok()) << finished.ToString();
+  auto runs = (*b)->SlotRuns("nightly");
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  EXPECT_EQ(runs->size(), 1u);
+  // Once the kept grant has expired, the record key (":record") is not listed as a grant.
+  std::this_thread::sleep_for(300ms);
+  auto after = (*b)->List("");
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_TRUE(after->empty()) << after->front().key;
 }
 
 TEST(RedisBackendTest, AclUserWithoutACommandGetsPermissionDeniedNamingIt) {
