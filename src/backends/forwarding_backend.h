@@ -37,6 +37,19 @@ class ForwardingBackend : public Backend {
     return inner_->Release(key, owner_token);
   }
 
+  Status Finish(const FinishRequest& request) override { return inner_->Finish(request); }
+
+  Result<std::optional<std::string>> ReadRecord(std::string_view key) override {
+    return inner_->ReadRecord(key);
+  }
+
+  Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
+      std::string_view prefix) override {
+    return inner_->ListRecords(prefix);
+  }
+
+  Result<StoreTime> WallClock() override { return inner_->WallClock(); }
+
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
     return inner_->Inspect(key);
   }
