@@ -23,7 +23,7 @@ test_packages=(
   clang-14 python3 libgtest-dev libgmock-dev libbenchmark-dev
   redis-server redis-tools postgresql pgbouncer prometheus
   etcd-server etcd-client zookeeper default-jre-headless
-  openssl curl dpkg-dev groff-base man-db
+  openssl curl dpkg-dev groff-base man-db faketime
 )
 
 case "${1:-}" in

@@ -20,7 +20,12 @@
 # started within P/4 of its plan (it then named that slot before any host could name the next);
 # a slot none of whose hosts started in time is reported as untested, not failed (and more than
 # a few of those fail the run: the machine was too busy for the test to mean anything).
-# A double run is always a failure, whatever the lateness.
+# A double run is always a failure, whatever the lateness. The negative control (sqlite only)
+# puts every host on a store of its own for 3 slots: the checker must report 5 runs per slot.
+#
+# Also: --hold-at-least 5s with a 1 s job (refused 75 at 2 s, free from 5 s, taken at 6 s), the
+# bad --once-per arguments (one stderr line, exit 64), and a done slot (80, silent with --quiet;
+# status and status --json show the run).
 #
 # The stores: sqlite (a file in the test's temp dir; its clock is each host's own, faked one)
 # and, through the store classes of tests/chaos/chaos.py, a throwaway redis-server, PostgreSQL
@@ -178,8 +183,9 @@ class SlotsTest(CliHarness, unittest.TestCase):
                    FAIL_SLOTS=" ".join(fail_slots))
         return env
 
-    def run_fleet(self, fail_every=None):
-        """Runs the fleet; returns (b0, attempts, runs lines, fail slot names)."""
+    def run_fleet(self, fail_every=None, slots=SLOTS, own_store=False):
+        """Runs the fleet; returns (b0, attempts, runs lines, fail slot names). own_store (the
+        negative control): every host on a sqlite file of its own, as if nothing were shared."""
         runs = self.path("runs.txt")
         marks = self.path("marks")
         os.makedirs(marks)
@@ -188,22 +194,24 @@ class SlotsTest(CliHarness, unittest.TestCase):
         b0 = math.ceil((now + 1.0 + max(OFFSETS_MS) / 1000) / PERIOD) * PERIOD
         fail_slots = []
         if fail_every:
-            fail_slots = [iso(b0 + i * PERIOD) for i in range(SLOTS) if i % fail_every == 0]
+            fail_slots = [iso(b0 + i * PERIOD) for i in range(slots) if i % fail_every == 0]
         events = []  # (real time, seq, Attempt)
-        for i in range(SLOTS):
+        for i in range(slots):
             for o in OFFSETS_MS:
                 a = Attempt(i, o, 1, b0 + i * PERIOD - o / 1000)
                 heapq.heappush(events, (a.planned, len(events), a))
         attempts, running = [], []
         seq = len(events)
-        deadline = b0 + SLOTS * PERIOD + 20
+        deadline = b0 + slots * PERIOD + 20
         while (events or running) and time.time() < deadline:
             t = time.time()
             while events and events[0][0] <= t:
                 _, _, a = heapq.heappop(events)
                 a.spawned = time.time()
-                a.proc = self.start("run", "--quiet", "--once-per", "2s", "--holder", a.host,
-                                    self.key, "--", "sh", "-c", JOB,
+                store = (["--store", "sqlite://" + self.path(f"own{a.offset_ms:+d}.db")]
+                         if own_store else ["--store", self.store])
+                a.proc = self.start("run", *store, "--quiet", "--once-per", "2s", "--holder",
+                                    a.host, self.key, "--", "sh", "-c", JOB, store=False,
                                     env=self.host_env(a, runs, marks, fail_slots))
                 attempts.append(a)
                 running.append(a)
@@ -237,7 +245,7 @@ class SlotsTest(CliHarness, unittest.TestCase):
         hi = math.floor((a.ended + 0.02 + skew + TOLERANCE - b0) / PERIOD)
         return range(lo, hi + 1)
 
-    def check_fleet(self, b0, attempts, lines, fail_slots):
+    def check_fleet(self, b0, attempts, lines, fail_slots, slots=SLOTS):
         by_host = {a.host: a for a in attempts}
         problems = []
         # Exit codes, and the silence of --quiet for 75/80.
@@ -280,7 +288,7 @@ class SlotsTest(CliHarness, unittest.TestCase):
             problems.append(f"slot {j} ({iso(b0 + j * PERIOD)}) ran successfully {len(v)} times: "
                             + ", ".join(f"{h} token {t}" for t, h, _ in v))
         untested = []
-        for i in range(SLOTS):
+        for i in range(slots):
             if i in ok:
                 continue
             group = [a for a in attempts if a.slot == i]
@@ -290,12 +298,12 @@ class SlotsTest(CliHarness, unittest.TestCase):
                                             for a in group))
             else:
                 untested.append(i)
-        extra = sorted(j for j in ok if not 0 <= j < SLOTS)
+        extra = sorted(j for j in ok if not 0 <= j < slots)
         # A success outside the 20 slots is legitimate only as the slot before the first, named
         # by the store's clock for a host that fired more than the tolerance early (checked by
         # named_slots above), or one after the last by a host that started very late.
         for j in extra:
-            if j not in (-1, SLOTS):
+            if j not in (-1, slots):
                 problems.append(f"a run of slot {j}, outside the fleet's slots")
         # Fencing tokens rise slot after slot (every claim takes a new one).
         tokens = [t for j in sorted(ok) for t, _, _ in sorted(ok[j])]
@@ -315,31 +323,31 @@ class SlotsTest(CliHarness, unittest.TestCase):
             for j, f in failed.items():
                 if iso(b0 + j * PERIOD) not in fail_slots:
                     problems.append(f"slot {j} failed but was not meant to: {f}")
-        self.report_figures(b0, attempts, ok, failed, untested, extra)
+        self.report_figures(b0, attempts, ok, failed, untested, extra, slots)
         if len(untested) > MAX_UNTESTED:
             problems.append(f"{len(untested)} slots untested (every host started more than "
                             f"{ON_TIME}s late): the machine was too busy; slots {untested}")
         self.assertEqual(problems, [], "the fleet:\n  " + "\n  ".join(problems))
         return ok, failed
 
-    def report_figures(self, b0, attempts, ok, failed, untested, extra):
+    def report_figures(self, b0, attempts, ok, failed, untested, extra, slots):
         first = [a for a in attempts if a.attempt == 1]
         late = [a.lateness for a in first]
         figure("host start lateness p50 (vs its clock's boundary)", pct(late, 0.5), ON_TIME)
         figure("host start lateness max", max(late), ON_TIME)
         spreads = []
-        for i in range(SLOTS):
+        for i in range(slots):
             g = [a.spawned for a in first if a.slot == i]
             spreads.append(max(g) - min(g))
         figure("firing spread per slot (real time, max)", max(spreads),
                (max(OFFSETS_MS) - min(OFFSETS_MS)) / 1000 + ON_TIME)
-        per_slot = [len(ok.get(i, [])) for i in range(SLOTS) if i not in untested]
+        per_slot = [len(ok.get(i, [])) for i in range(slots) if i not in untested]
         count_figure("successful runs per slot (min..max)",
                      f"{min(per_slot, default=0)}..{max(per_slot, default=0)}", "1..1")
         count_figure("slots run twice", sum(1 for n in per_slot if n > 1), 0)
         count_figure("slots missed", sum(1 for n in per_slot if n == 0), 0)
         count_figure("slots untested (every host late)", len(untested), MAX_UNTESTED)
-        count_figure("runs outside the 20 slots (lead-in/tail)", len(extra), "<= 2")
+        count_figure(f"runs outside the {slots} slots (lead-in/tail)", len(extra), "<= 2")
         codes = {}
         for a in attempts:
             codes[a.rc] = codes.get(a.rc, 0) + 1
@@ -407,19 +415,39 @@ class SlotsTest(CliHarness, unittest.TestCase):
             if known[k] == "ok":
                 self.assertEqual((r["outcome"], r["exit_code"]), ("done", 0), r)
             else:
+                # README: outcome is done, failed or failed_retryable (status's text line says
+                # "failed (retry allowed)").
                 self.assertEqual((r["outcome"], r["exit_code"]),
-                                 ("failed, retry allowed", JOB_FAIL), r)
+                                 ("failed_retryable", JOB_FAIL), r)
                 seen_failed += 1
                 done = [x for x in runs if x["slot"] == r["slot"] and x["outcome"] == "done"]
                 self.assertEqual(len(done), 1, f"failed slot {r['slot']} in slot_runs: {runs}")
             for field in ("started", "ended"):
                 self.assertRegex(r[field], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$", r)
+        text = self.cli("status", self.key)
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertEqual(text.stdout.count("failed (retry allowed)"), seen_failed, text.stdout)
+        self.assertEqual(text.stdout.count(" done by "), len(runs) - seen_failed, text.stdout)
         last = max(ok)
         self.assertEqual(runs[0]["slot"], iso(b0 + last * PERIOD), f"newest first: {runs}")
         self.assertGreater(seen_failed, 0, f"no failed run among the newest: {runs}")
         count_figure("slot_runs entries in status --json (failed ones)",
                      f"{len(runs)} ({seen_failed})", 8)
         figure("fleet test duration", time.monotonic() - t0, 45.0)
+
+    def test_negative_control_unshared_stores_are_caught_as_double_runs(self):
+        # The checker must see double runs: 3 slots with every host on a store of its own.
+        if STORE != "sqlite":
+            self.skipTest("store-independent: run with --store sqlite")
+        self.need_faketime()
+        b0, attempts, lines, _ = self.run_fleet(slots=3, own_store=True)
+        with self.assertRaises(AssertionError) as caught:
+            self.check_fleet(b0, attempts, lines, [], slots=3)
+        self.assertIn(f"ran successfully {len(OFFSETS_MS)} times", str(caught.exception))
+        caught_lines = [ln.strip() for ln in str(caught.exception).splitlines()
+                        if "ran successfully" in ln]
+        print(f"\n  slots_test: negative control caught: {caught_lines[-1]}", file=sys.stderr,
+              flush=True)
 
     # --- --hold-at-least -----------------------------------------------------------------------
 
@@ -449,8 +477,11 @@ class SlotsTest(CliHarness, unittest.TestCase):
         self.assertIsNotNone(freed, "still held 8 s after a --hold-at-least 5s grant")
         self.assertGreaterEqual(freed, 5.0 - 0.05, f"free at {freed:.3f}s, before 5 s")
         time.sleep(max(0.0, t0 + 6 - time.time()))
-        third = self.cli("run", "--holder", "third", self.key, "--", "true")
+        # --wait 2s: a store may keep the grant to its own granularity (etcd: whole seconds).
+        t = time.time()
+        third = self.cli("run", "--wait", "2s", "--holder", "third", self.key, "--", "true")
         self.assertEqual(third.returncode, 0, f"6 s after: {third.stderr}")
+        figure("hold-at-least 5s: the run at 6 s waited", time.time() - t, 2.0)
         figure("hold-at-least 5s, job 1s: first run's wall time", t_first, 2.0)
         figure("hold-at-least 5s: free after (from the first run's start)", freed, 6.0)
 

@@ -185,7 +185,8 @@ in_list() {  # in_list CODE "LIST"
 # --- systemd units: systemd-analyze verify --------------------------------------------------
 
 sd="$ex/systemd"
-units=(leasehold-report.service leasehold-report.timer leasehold-leader.service)
+units=(leasehold-report.service leasehold-report.timer leasehold-leader.service
+       leasehold-invoices.service leasehold-invoices.timer)
 for u in "${units[@]}"; do
   [ -f "$sd/$u" ] || fail "missing examples/systemd/$u"
 done
@@ -223,6 +224,8 @@ if command -v systemd-analyze >/dev/null 2>&1; then
   ok "systemd-analyze verify leasehold-report.timer leasehold-report.service"
   verify leasehold-leader.service
   ok "systemd-analyze verify leasehold-leader.service"
+  verify leasehold-invoices.timer leasehold-invoices.service
+  ok "systemd-analyze verify leasehold-invoices.timer leasehold-invoices.service"
   # The calendar spec fires every 15 minutes.
   cal="$(one_value "$sd/leasehold-report.timer" OnCalendar)"
   next="$(TZ=UTC systemd-analyze calendar --iterations=3 "$cal" | awk -F': ' '/Iter\. #|Next elapse/ {print $2}' |
@@ -230,6 +233,13 @@ if command -v systemd-analyze >/dev/null 2>&1; then
   [ "$(awk 'NR > 1 { print $1 - prev } { prev = $1 }' <<<"$next" | sort -u)" = 900 ] ||
     fail "OnCalendar=$cal does not fire every 15 minutes"
   ok "OnCalendar=$cal fires every 900 s"
+  # The invoices timer fires every hour, the period of its service's --once-per.
+  cal="$(one_value "$sd/leasehold-invoices.timer" OnCalendar)"
+  next="$(TZ=UTC systemd-analyze calendar --iterations=3 "$cal" | awk -F': ' '/Iter\. #|Next elapse/ {print $2}' |
+          while read -r t; do TZ=UTC date -d "$t" +%s; done)"
+  [ "$(awk 'NR > 1 { print $1 - prev } { prev = $1 }' <<<"$next" | sort -u)" = 3600 ] ||
+    fail "OnCalendar=$cal does not fire every hour"
+  ok "OnCalendar=$cal fires every 3600 s"
 else
   note "systemd-analyze not found: falling back to a syntax check of the units (sections, Key=Value lines)"
   for u in "${units[@]}"; do
@@ -269,6 +279,26 @@ for f in "$rs" "$ls_"; do
     fail "$(basename "$f"): TimeoutStopSec=${stop_ms}ms < 2 x --kill-grace + 2 s"
 done
 ok "unit settings: oneshot, Delegate=yes, KillMode=mixed, AccuracySec=1s, Persistent=true, Restart=always, 75 is success, TimeoutStopSec >= 2 x grace + 2 s"
+# leasehold-invoices.{service,timer}: the --once-per pair.
+is_="$sd/leasehold-invoices.service"
+it="$sd/leasehold-invoices.timer"
+[ "$(one_value "$is_" Type)" = oneshot ] || fail "leasehold-invoices.service: Type= is not oneshot"
+[ "$(one_value "$is_" Delegate)" = yes ] || fail "leasehold-invoices.service: Delegate= is not yes"
+[ "$(one_value "$is_" KillMode)" = mixed ] || fail "leasehold-invoices.service: KillMode= is not mixed"
+for code in 75 80; do
+  in_list "$code" "$(one_value "$is_" SuccessExitStatus)" ||
+    fail "leasehold-invoices.service: SuccessExitStatus= lacks $code"
+done
+cmd="$(exec_start "$is_")"
+[[ "$cmd" == *" --once-per 1h "* ]] || fail "leasehold-invoices.service: ExecStart lacks --once-per 1h"
+[[ "$cmd" =~ --kill-grace\ ([^ ]+) ]] || fail "leasehold-invoices.service: ExecStart has no --kill-grace"
+[ "$(to_ms "$(one_value "$is_" TimeoutStopSec)")" -ge $((2 * $(to_ms "${BASH_REMATCH[1]}") + 2000)) ] ||
+  fail "leasehold-invoices.service: TimeoutStopSec < 2 x --kill-grace + 2 s"
+[ -z "$(unit_values "$it" AccuracySec)" ] ||
+  fail "leasehold-invoices.timer sets AccuracySec= (its comment explains why the default is kept)"
+[ "$(one_value "$it" Persistent)" = true ] || fail "leasehold-invoices.timer: Persistent= is not true"
+[ "$(one_value "$it" Unit)" = leasehold-invoices.service ] || fail "leasehold-invoices.timer: Unit= is not the service"
+ok "leasehold-invoices: oneshot, Delegate=yes, KillMode=mixed, 75 and 80 are success, --once-per 1h, default AccuracySec, Persistent=true"
 
 # --- crontab line ---------------------------------------------------------------------------
 
@@ -316,6 +346,115 @@ for line in "${cron_file[@]}"; do
   ok "crontab line still fails (exit $rc) when the job fails (exit 3)"
 done
 [ "$cron_lines" -ge 1 ] || fail "no crontab line in leasehold.cron"
+
+# --- schedule slots: the --once-per crontab line and leasehold-invoices.service --------------
+
+# Waits, if need be, until no instant at which the slot's name changes (a boundary of the
+# command's --once-per grid minus the slot tolerance) falls within the next 20 s, so that the
+# runs of check_once_per all name one slot.
+avoid_slot_edge() {
+  local c="$1" p_ms tol_ms now_ms edge_ms until_ms
+  [[ "$c" =~ --once-per\ ([^ ]+) ]] || fail "no --once-per in: $c"
+  p_ms="$(to_ms "${BASH_REMATCH[1]}")"
+  if [[ "$c" =~ --slot-tolerance\ ([^ ]+) ]]; then
+    tol_ms="$(to_ms "${BASH_REMATCH[1]}")"
+  else
+    tol_ms=$((p_ms / 4 < 300000 ? p_ms / 4 : 300000))  # the default: min(period/4, 5m)
+  fi
+  [[ "$c" != *--slot-offset* && "$c" != *--slot-zone* ]] || fail "avoid_slot_edge: no offsets or zones: $c"
+  now_ms=$(($(date +%s%N) / 1000000))
+  edge_ms=$(((p_ms - tol_ms) % p_ms))
+  until_ms=$(((edge_ms - now_ms % p_ms + p_ms) % p_ms))
+  if [ "$until_ms" -lt 20000 ]; then
+    note "waiting $((until_ms / 1000 + 1)) s for a slot edge to pass"
+    sleep $((until_ms / 1000 + 1))
+  fi
+}
+# check_once_per NAME LOCAL_COMMAND SUCCESS_CODES: runs a --once-per command line (after
+# localize; a crontab line's command or an ExecStart) on a store of its own, as the hosts of a
+# fleet would in one slot: held by another host (75, nothing printed, the job not run), the
+# job fails (its 3: the slot stays open), the next run (0, the job runs), and once more (80,
+# nothing printed, the job not run). SUCCESS_CODES: what the line itself must exit for 75 and
+# 80 ("line": a crontab line that maps them to 0; else the codes the unit counts as success).
+check_once_per() {
+  local name="$1" c="$2" success="$3" lh key job rc err saved_store="$store"
+  store="sqlite://$tmp/slots-$name.db"
+  c="$(sed -E "s#--store [^ ]+#--store $store#" <<<"$c")"
+  lh="${c%% || *}"  # leasehold's own part of a crontab line
+  key="$(sed -E 's/.* ([^ ]+) -- .*/\1/' <<<"$lh")"
+  job="$(grep -o "$tmp/bin/[A-Za-z0-9_.-]*" <<<"$lh" | head -1 | sed 's#.*/##')"
+  avoid_slot_edge "$lh"
+  reset_ran
+  # expect WHAT CODE [STUB_MODE]: runs leasehold's part, checks its code. A crontab line
+  # ("line") is also run whole where that runs no job (75, 80: it must exit 0), and instead of
+  # leasehold's part where the job fails (it must exit non-zero).
+  expect() {
+    local whole=no
+    [ "$success" = line ] && [ "$c" != "$lh" ] && whole=yes
+    if [ "$whole" = yes ] && [ "$2" -ne 0 ] && [ "$2" -ne 75 ] && [ "$2" -ne 80 ]; then
+      rc=0
+      STUB_MODE="${3:-exit0}" sh -c "$c" 2>/dev/null || rc=$?
+      [ "$rc" -ne 0 ] || fail "$name, $1: the line exited 0 for a job that exits $2"
+      return 0
+    fi
+    rc=0
+    STUB_MODE="${3:-exit0}" sh -c "$lh" 2>"$tmp/once.err" || rc=$?
+    err="$(cat "$tmp/once.err")"
+    [ "$rc" -eq "$2" ] || fail "$name, $1: leasehold exited $rc, not $2: $err"
+    if [ "$whole" = yes ] && [ "$2" -ne 0 ]; then
+      rc=0
+      STUB_MODE="${3:-exit0}" sh -c "$c" 2>/dev/null || rc=$?
+      [ "$rc" -eq 0 ] || fail "$name, $1: the line exited $rc for leasehold's $2"
+    fi
+  }
+  hold_key "$key"
+  expect "key held by another host" 75
+  release_holder
+  [ -z "$err" ] || fail "$name: --quiet --once-per printed on 75: $err"
+  [ "$(ran_count "$job")" -eq 0 ] || fail "$name ran the job while another host held the key"
+  expect "the job fails" 3 fail
+  [ "$(ran_count "$job")" -eq 1 ] || fail "$name: the failing job did not run once"
+  expect "after a failure" 0
+  [ "$(ran_count "$job")" -eq 2 ] || fail "$name: the slot's failed run was not run again"
+  expect "the slot is done" 80
+  [ -z "$err" ] || fail "$name: --quiet --once-per printed on 80: $err"
+  [ "$(ran_count "$job")" -eq 2 ] || fail "$name ran the job again in a done slot"
+  if [ "$success" != line ]; then
+    in_list 75 "$success" && in_list 80 "$success" || fail "$name: 75 or 80 is not a success: $success"
+  fi
+  python3 - "$("$leasehold" --store "$store" status --json "$key")" <<'PY' || fail "$name: status --json slot_runs"
+import json, sys
+runs = json.loads(sys.argv[1])["slot_runs"]
+got = [(r["outcome"], r["exit_code"]) for r in runs]
+assert got == [("done", 0), ("failed_retryable", 3)], got
+assert runs[0]["slot"] == runs[1]["slot"], runs
+PY
+  ok "$name: held elsewhere 75, silent; failed run 3 leaves the slot open; next run 0; then 80, silent; status shows both runs"
+  store="$saved_store"
+}
+
+once_cron="$ex/cron/leasehold-once-per.cron"
+[ -f "$once_cron" ] || fail "missing examples/cron/leasehold-once-per.cron"
+[ -z "$(tail -c1 "$once_cron")" ] || fail "leasehold-once-per.cron does not end with a newline"
+once_lines=0
+mapfile -t cron_file <"$once_cron"
+for line in "${cron_file[@]}"; do
+  case "$line" in '' | '#'*) continue ;; esac
+  [[ "$line" =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] && continue
+  read -r m h dom mon dow user cmd <<<"$line"
+  [ "$m $h $dom $mon $dow" = "0 * * * *" ] || fail "--once-per crontab line is not hourly: $line"
+  [[ "$user" =~ ^[a-z_][a-z0-9_-]*$ ]] || fail "crontab line has no user field: $line"
+  [[ "$cmd" != *%* ]] || fail "crontab command contains %, which cron turns into a newline"
+  [[ "$cmd" == *" --once-per 1h "* ]] || fail "crontab line lacks --once-per 1h (its schedule is hourly)"
+  [[ "$cmd" == *" --quiet "* ]] || fail "crontab line lacks --quiet"
+  once_lines=$((once_lines + 1))
+  check_once_per "leasehold-once-per.cron" "$(localize "$cmd")" line
+done
+[ "$once_lines" -eq 1 ] || fail "want one crontab line in leasehold-once-per.cron, got $once_lines"
+
+cmd="$(exec_start "$is_")"
+[[ "$cmd" != *[\$%\"\']* ]] || fail "ExecStart uses \$, % or quotes; this test splits it like sh"
+check_once_per "leasehold-invoices.service" "$(localize "$cmd")" "0 $(one_value "$is_" SuccessExitStatus)"
 
 # --- the units' ExecStart lines, run for real -----------------------------------------------
 
