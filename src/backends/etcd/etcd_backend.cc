@@ -1459,6 +1459,34 @@ Result<std::optional<std::string>> EtcdBackend::ReadRecord(std::string_view key)
   return std::optional<std::string>(resp.kvs(0).value());
 }
 
+Result<std::vector<std::pair<std::string, std::string>>> EtcdBackend::ListRecords(
+    std::string_view prefix) {
+  Impl& impl = *impl_;
+  // Every record key is "<prefix>/\0record/<key>", so the record keys of the keys that start
+  // with `prefix` are exactly the etcd keys that start with RecordKey(prefix): a byte range,
+  // never a pattern. etcd returns a range in byte order, which is the order of the keys.
+  const std::string base = RecordKey(options_.prefix, "");
+  pb::RangeRequest req;
+  req.set_key(base + std::string(prefix));
+  req.set_range_end(PrefixEnd(req.key()));
+  req.set_sort_order(pb::RangeRequest::ASCEND);
+  req.set_sort_target(pb::RangeRequest::KEY);
+  pb::RangeResponse resp;
+  LH_RETURN_IF_ERROR(impl.Call(
+      "Range (list records)", impl.counters_.range,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Range(&ctx, req, &resp); }));
+  // As ReadRecord: a record is live while etcd still has its key. Telling an expired lease
+  // whose key the leader has not deleted yet (at most its 500 ms check, or longer while it
+  // rate-limits revokes) would cost a LeaseTimeToLive per record, and that only says "expired"
+  // a whole second late (it truncates to seconds): no better than waiting for the delete.
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(static_cast<std::size_t>(resp.kvs_size()));
+  for (const mvccpb::KeyValue& kv : resp.kvs()) {
+    out.emplace_back(std::string(std::string_view(kv.key()).substr(base.size())), kv.value());
+  }
+  return out;
+}
+
 namespace {
 
 // Reads the key (and its lease's remaining time) into a LeaseInfo; nullopt if the key is absent

@@ -33,7 +33,8 @@
 //                 inspected as a grant, and untouched by grants' revokes and expiry), on an etcd
 //                 lease of record_ttl in whole seconds (at least etcd's minimum, 2 s). etcd
 //                 deletes keys of expired leases in its leader's periodic check (every 500 ms),
-//                 so a record may be read for up to about half a second past its TTL.
+//                 so a record may be read (or listed) for up to about half a second past its
+//                 TTL. ListRecords is one Range over "<prefix>/\0record/<user prefix>".
 //   wall clock    etcd exposes no server wall clock (ResponseHeader carries cluster and member
 //                 ids, revision and raft term; KeyValue only revisions; lease TTLs are relative),
 //                 so WallClock is the Backend default: this host's clock, from_store = false.
@@ -61,6 +62,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "leasehold/clock.h"
@@ -134,6 +136,11 @@ class EtcdBackend final : public Backend {
 
   // One Range of the record's key.
   Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
+
+  // One Range over the records of the keys that start with `prefix` (their values only: the
+  // whole answer must fit gRPC's 4 MiB message limit, about 1000 records of kMaxRecordBytes).
+  Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
+      std::string_view prefix) override;
 
   // One Range plus one LeaseTimeToLive (remaining in whole seconds, as etcd reports it).
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;

@@ -336,6 +336,36 @@ class Requests {
     return rc;
   }
 
+  // One get per path, all sent before any reply is awaited (one round of latency), each awaited
+  // until the same deadline. Returns each get's rc; values and stats are filled where ZOK.
+  std::vector<int> GetAll(const std::vector<std::string>& paths, std::vector<std::string>* values,
+                          std::vector<struct Stat>* stats) {
+    std::vector<ReplyPtr> replies;
+    replies.reserve(paths.size());
+    for (const std::string& path : paths) {
+      auto reply = std::make_shared<Reply>();
+      void* data = Hold(reply);
+      int rc = zoo_aget(zh_, path.c_str(), 0, DataCompletion, data);
+      if (rc != ZOK) {
+        Take(data);
+        reply->Finish(rc);
+      }
+      replies.push_back(std::move(reply));
+    }
+    std::vector<int> rcs(paths.size());
+    values->assign(paths.size(), std::string());
+    stats->assign(paths.size(), Stat{});
+    for (std::size_t i = 0; i < replies.size(); ++i) {
+      rcs[i] = AwaitReply(*replies[i], deadline_);
+      if (rcs[i] == ZOK) {
+        std::lock_guard<std::mutex> lock(replies[i]->mu);
+        (*values)[i] = std::move(replies[i]->value);
+        (*stats)[i] = replies[i]->stat;
+      }
+    }
+    return rcs;
+  }
+
   int Children(const std::string& path, std::vector<std::string>* children) {
     auto reply = std::make_shared<Reply>();
     void* data = Hold(reply);
@@ -1449,6 +1479,64 @@ Result<std::optional<std::string>> ZkBackend::ReadRecord(std::string_view key) {
     return std::optional<std::string>();  // expired (the node stays until replaced)
   }
   return std::optional<std::string>(std::string(text));
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> ZkBackend::ListRecords(
+    std::string_view prefix) {
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> session, ServiceSession());
+  // One clock read for the whole list, first for the reason ReadRecord gives (the reads after
+  // this write in the session see at least the leader's state at its time, key nodes
+  // included). A record written after it has an mtime past `now`, so it is judged live.
+  LH_ASSIGN_OR_RETURN(SystemTime now, LeaderNow(*session));
+  // One deadline for the children and every get: the list costs one command_timeout at most,
+  // however many keys there are.
+  Requests requests(*session, options_.command_timeout);
+  std::vector<std::string> names;
+  int rc = requests.Children(base_, &names);
+  if (rc == ZNONODE) {
+    return std::vector<std::pair<std::string, std::string>>();
+  }
+  if (rc != ZOK) {
+    return ErrorStatus(rc, "listing records", options_);
+  }
+  // Children come in no particular order, and escaped names would not sort as the keys do
+  // ("%2E" for '.' sorts before '-'): decode, filter and sort the keys themselves, as List does.
+  std::vector<std::string> keys;
+  for (const std::string& name : names) {
+    std::optional<std::string> key = UnescapeKey(name);
+    if (key.has_value() && key->starts_with(prefix)) {
+      keys.push_back(std::move(*key));
+    }
+  }
+  std::sort(keys.begin(), keys.end());
+  std::vector<std::string> paths;
+  paths.reserve(keys.size());
+  for (const std::string& key : keys) {
+    paths.push_back(KeyDir(key) + "/" + std::string(kRecordName));
+  }
+  std::vector<std::string> values;
+  std::vector<struct Stat> stats;
+  const std::vector<int> rcs = requests.GetAll(paths, &values, &stats);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (rcs[i] == ZNONODE) {
+      continue;  // a key without a record (or removed since the children were read)
+    }
+    if (rcs[i] != ZOK) {
+      return ErrorStatus(rcs[i], fmt::format("reading the record of {}", keys[i]), options_);
+    }
+    std::string_view text = values[i];
+    std::int64_t ttl_ms = 0;
+    if (!TakeNumber(text, &ttl_ms)) {
+      return Status::Internal(
+          fmt::format("the record node of {} is not in leasehold's layout", keys[i]));
+    }
+    if (FromZkMillis(stats[i].mtime) + milliseconds(ttl_ms) <= now) {
+      continue;  // expired, as ReadRecord judges it
+    }
+    out.emplace_back(std::move(keys[i]), std::string(text));
+  }
+  return out;
 }
 
 Result<StoreTime> ZkBackend::WallClock() {

@@ -134,8 +134,14 @@ class ZkBackend final : public Backend {
   // Returns kLost if the node is not ours any more or the grant passed its local deadline.
   Status Finish(const FinishRequest& request) override;
 
-  // A get of the record, and (if there is one) a clock read to judge its expiry.
+  // A clock read (to judge the record's expiry), then a get of the record.
   Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
+
+  // A clock read, the key nodes under <chroot>/leasehold, then a get of every matching key's
+  // record, pipelined (three rounds of latency however many keys; the last two share one
+  // command_timeout).
+  Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
+      std::string_view prefix) override;
 
   // The leader's transaction time of a setData on the clock node; from_store = true.
   Result<StoreTime> WallClock() override;
