@@ -752,6 +752,15 @@ Result<std::optional<std::string>> PostgresAdvisoryBackend::ReadRecord(std::stri
   return value;
 }
 
+Result<std::vector<std::pair<std::string, std::string>>> PostgresAdvisoryBackend::ListRecords(
+    std::string_view prefix) {
+  // RunOnPrimary maps a missing records table (an old schema) as for ReadRecord.
+  LH_ASSIGN_OR_RETURN(PgResult r,
+                      RunOnPrimary("list records", PgStatement(sql::kListRecords, options_),
+                                   {std::string(prefix)}));
+  return PgRecords(r);
+}
+
 Result<StoreTime> PostgresAdvisoryBackend::WallClock() {
   LH_ASSIGN_OR_RETURN(PgResult r, RunOnPrimary("clock", std::string(sql::kWallClock), {}));
   return PgStoreTime(r);

@@ -203,6 +203,20 @@ std::optional<std::string> PgHexDecode(std::string_view hex) {
   return out;
 }
 
+Result<std::vector<std::pair<std::string, std::string>>> PgRecords(const PgResult& r) {
+  std::vector<std::pair<std::string, std::string>> records;
+  records.reserve(static_cast<std::size_t>(r.rows()));
+  for (int i = 0; i < r.rows(); ++i) {
+    std::optional<std::string> value = PgHexDecode(r.Get(i, 1));
+    if (!value.has_value()) {
+      return Status::Internal(
+          fmt::format("unexpected reply from postgres: the record of {} is not hex", r.Get(i, 0)));
+    }
+    records.emplace_back(std::string(r.Get(i, 0)), std::move(*value));
+  }
+  return records;
+}
+
 StoreTime PgStoreTime(const PgResult& r) {
   return StoreTime{.time = SystemTime(std::chrono::duration_cast<SystemTime::duration>(
                        std::chrono::microseconds(r.GetInt(0, 0)))),
@@ -641,6 +655,16 @@ Result<std::optional<std::string>> PostgresTableBackend::ReadRecord(std::string_
                                         key));
   }
   return value;
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> PostgresTableBackend::ListRecords(
+    std::string_view prefix) {
+  Result<PgResult> r =
+      Run("list records", PgStatement(sql::kListRecords, options_), {std::string(prefix)});
+  if (!r.ok()) {
+    return PgRecordsStatus(r.status(), options_);
+  }
+  return PgRecords(*r);
 }
 
 Result<StoreTime> PostgresTableBackend::WallClock() {

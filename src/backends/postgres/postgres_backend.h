@@ -124,6 +124,9 @@ class PostgresTableBackend final : public Backend {
   // or not at all. keep and record_ttl are rounded up to whole milliseconds.
   Status Finish(const FinishRequest& request) override;
   Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
+  // One SELECT (kListRecords); expiry on the server's clock.
+  Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
+      std::string_view prefix) override;
   // clock_timestamp(), one round trip.
   Result<StoreTime> WallClock() override;
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
@@ -176,6 +179,9 @@ class PostgresAdvisoryBackend final : public Backend {
   Status Finish(const FinishRequest& request) override;
   // Records are in the `records` table, as in table mode (read on the primary session).
   Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
+  // One SELECT (kListRecords) on the primary session, as ReadRecord.
+  Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
+      std::string_view prefix) override;
   // clock_timestamp(), one round trip on the primary session.
   Result<StoreTime> WallClock() override;
   // Live grants and live kept grants.

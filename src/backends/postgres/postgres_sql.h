@@ -82,6 +82,14 @@ inline constexpr std::string_view kReadRecord = R"sql(
 SELECT encode(value, 'hex') FROM {schema}.records
 WHERE key = $1 AND expires_at > clock_timestamp())sql";
 
+// The live records whose key starts with $1, values hex-encoded as in kReadRecord, ordered
+// bytewise. starts_with takes the prefix literally, as kTableList does ('%' and '_' need no
+// escaping), and expiry is judged on the server's clock. Both modes.
+inline constexpr std::string_view kListRecords = R"sql(
+SELECT key, encode(value, 'hex') FROM {schema}.records
+WHERE starts_with(key, $1) AND expires_at > clock_timestamp()
+ORDER BY key COLLATE "C")sql";
+
 // Whether the row `l` is a grant kept after its holder (see the top of this file).
 #define LH_PG_KEPT(l) \
   "(" l ".pid IS NULL AND " l ".token IS NOT NULL AND " l ".expires_at > clock_timestamp())"

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "leasehold/clock.h"
@@ -54,6 +55,9 @@ std::string PgFinishStatement(std::string_view finish, bool with_record,
 // (decode(.., 'hex')), and back; nullopt for text that is not hex.
 std::string PgHexEncode(std::string_view bytes);
 std::optional<std::string> PgHexDecode(std::string_view hex);
+
+// (key, record) from kListRecords' result; kInternal if a value is not hex.
+Result<std::vector<std::pair<std::string, std::string>>> PgRecords(const PgResult& r);
 
 // The store's wall clock from kWallClock's result (microseconds since the epoch).
 StoreTime PgStoreTime(const PgResult& r);

@@ -1204,6 +1204,80 @@ Result<std::optional<std::string>> RedisBackend::ReadRecord(std::string_view key
   return std::optional<std::string>(std::string(ReplyText(reply)));
 }
 
+Result<std::vector<std::pair<std::string, std::string>>> RedisBackend::ListRecords(
+    std::string_view prefix) {
+  // Record keys are "<prefix>:{<hex>}:record": the prefix match works as in List(), and since
+  // hex digits are never '}', a key ending in "}:record" whose middle decodes is a record. The
+  // values come with plain GETs pipelined per SCAN page (one round trip each, like List, and no
+  // command beyond the ACL's +get; MGET would need +mget and one slot in a cluster).
+  const std::string head = options_.prefix + ":{";
+  constexpr std::string_view kTail = "}:record";
+  const std::string pattern = GlobEscape(head) + HexEncode(prefix) + "*" + std::string(kTail);
+  std::vector<std::pair<std::string, std::string>> records;
+  std::string cursor = "0";
+  LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
+  do {
+    std::vector<Command> scan = {
+        {"SCAN", cursor, "MATCH", pattern, "COUNT", std::string(kScanCount)}};
+    pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
+    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> scanned,
+                        connection->Pipeline(scan, options_.Address()));
+    const redisReply* page = scanned[0].get();
+    if (IsError(page)) {
+      return ErrorReplyStatus(options_.Address(), "SCAN", ReplyText(page));
+    }
+    if (page->type != REDIS_REPLY_ARRAY || page->elements != 2 ||
+        page->element[1]->type != REDIS_REPLY_ARRAY) {
+      return Status::Internal("unexpected reply from redis to SCAN");
+    }
+    cursor = std::string(ReplyText(page->element[0]));
+    std::vector<std::string> keys;
+    std::vector<Command> reads;
+    for (std::size_t i = 0; i < page->element[1]->elements; ++i) {
+      std::string_view redis_key = ReplyText(page->element[1]->element[i]);
+      if (!redis_key.starts_with(head) || !redis_key.ends_with(kTail)) {
+        continue;
+      }
+      std::optional<std::string> key =
+          HexDecode(redis_key.substr(head.size(), redis_key.size() - head.size() - kTail.size()));
+      if (!key) {
+        continue;  // not one of ours
+      }
+      keys.push_back(std::move(*key));
+      reads.push_back({"GET", std::string(redis_key)});
+    }
+    if (reads.empty()) {
+      continue;
+    }
+    pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
+    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> values,
+                        connection->Pipeline(reads, options_.Address()));
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const redisReply* reply = values[i].get();
+      if (IsError(reply)) {
+        return ErrorReplyStatus(options_.Address(), "GET", ReplyText(reply));
+      }
+      if (reply->type == REDIS_REPLY_NIL) {
+        continue;  // expired since SCAN saw it
+      }
+      if (reply->type != REDIS_REPLY_STRING) {
+        return Status::Internal(
+            fmt::format("unexpected reply from redis to GET of the record of {}", keys[i]));
+      }
+      records.emplace_back(std::move(keys[i]), std::string(ReplyText(reply)));
+    }
+  } while (cursor != "0");
+  // std::string compares as unsigned bytes (char_traits<char>::lt), the order the other stores
+  // give.
+  std::sort(records.begin(), records.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  // SCAN may return a key more than once.
+  records.erase(std::unique(records.begin(), records.end(),
+                            [](const auto& a, const auto& b) { return a.first == b.first; }),
+                records.end());
+  return records;
+}
+
 Result<StoreTime> RedisBackend::WallClock() {
   std::vector<Command> time = {{"TIME"}};
   LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());

@@ -40,6 +40,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "leasehold/clock.h"
@@ -107,6 +108,12 @@ class RedisBackend final : public Backend {
 
   // One GET of the record key.
   Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
+
+  // Walks the keyspace with SCAN (never KEYS) for record keys and GETs the values found in one
+  // pipeline per SCAN page, on one borrowed connection; every round trip is bounded by
+  // command_timeout. A record that expires during the walk is left out.
+  Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
+      std::string_view prefix) override;
 
   // The server's TIME, one round trip.
   Result<StoreTime> WallClock() override;

@@ -420,6 +420,10 @@ TEST_F(PostgresBackendTest, ASchemaFromBeforeRecordsGetsItsRecordsTableOrNamesTh
   auto runs = owner->SlotRuns("nightly");
   ASSERT_TRUE(runs.ok()) << runs.status().ToString();
   EXPECT_EQ(runs->size(), 1u);
+  auto listed = owner->ListSlotRuns();
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ(listed->front().key, "nightly");
 
   // A role that may not add the table still opens and leases work; records name the fix.
   for (std::string_view mode : {"advisory", "table"}) {
@@ -441,6 +445,12 @@ TEST_F(PostgresBackendTest, ASchemaFromBeforeRecordsGetsItsRecordsTableOrNamesTh
     ASSERT_FALSE(no_records.ok());
     EXPECT_NE(no_records.status().message().find("leasehold schema"), std::string::npos)
         << no_records.status().ToString();
+    auto no_list = (*app)->ListSlotRuns();
+    ASSERT_FALSE(no_list.ok());
+    EXPECT_EQ(no_list.status().code(), StatusCode::kPermissionDenied)
+        << no_list.status().ToString();
+    EXPECT_NE(no_list.status().message().find("leasehold schema"), std::string::npos)
+        << no_list.status().ToString();
   }
 }
 

@@ -237,6 +237,11 @@ TEST(RedisBackendTest, AclUserWithOnlyTheNeededCommandsCanDoEverything) {
   auto runs = (*b)->SlotRuns("nightly");
   ASSERT_TRUE(runs.ok()) << runs.status().ToString();
   EXPECT_EQ(runs->size(), 1u);
+  // Listing records: SCAN for the record keys, then their GETs.
+  auto all_runs = (*b)->ListSlotRuns();
+  ASSERT_TRUE(all_runs.ok()) << all_runs.status().ToString();
+  ASSERT_EQ(all_runs->size(), 1u);
+  EXPECT_EQ(all_runs->front().key, "nightly");
   // Once the kept grant has expired, the record key (":record") is not listed as a grant.
   std::this_thread::sleep_for(300ms);
   auto after = (*b)->List("");
