@@ -39,6 +39,7 @@
 # Every loop is bounded in count and time; the figures are printed as cli_harness's figure().
 
 import calendar
+import collections
 import heapq
 import json
 import math
@@ -183,9 +184,12 @@ class SlotsTest(CliHarness, unittest.TestCase):
                    FAIL_SLOTS=" ".join(fail_slots))
         return env
 
-    def run_fleet(self, fail_every=None, slots=SLOTS, own_store=False):
+    def run_fleet(self, fail_every=None, slots=SLOTS, own_store=False, plain=False):
         """Runs the fleet; returns (b0, attempts, runs lines, fail slot names). own_store (the
-        negative control): every host on a sqlite file of its own, as if nothing were shared."""
+        negative control): every host on a sqlite file of its own, as if nothing were shared.
+        plain (the other negative control): `leasehold run` without --once-per on the shared
+        store, as the crontab lines before schedule slots were; the job is told the slot its
+        host fired for in LEASEHOLD_SLOT (leasehold passes it through without --once-per)."""
         runs = self.path("runs.txt")
         marks = self.path("marks")
         os.makedirs(marks)
@@ -210,9 +214,14 @@ class SlotsTest(CliHarness, unittest.TestCase):
                 a.spawned = time.time()
                 store = (["--store", "sqlite://" + self.path(f"own{a.offset_ms:+d}.db")]
                          if own_store else ["--store", self.store])
-                a.proc = self.start("run", *store, "--quiet", "--once-per", "2s", "--holder",
+                env = self.host_env(a, runs, marks, fail_slots)
+                slot_flags = ["--once-per", "2s"]
+                if plain:
+                    slot_flags = []
+                    env["LEASEHOLD_SLOT"] = iso(b0 + a.slot * PERIOD)
+                a.proc = self.start("run", *store, "--quiet", *slot_flags, "--holder",
                                     a.host, self.key, "--", "sh", "-c", JOB, store=False,
-                                    env=self.host_env(a, runs, marks, fail_slots))
+                                    env=env)
                 attempts.append(a)
                 running.append(a)
             for a in list(running):
@@ -448,6 +457,19 @@ class SlotsTest(CliHarness, unittest.TestCase):
                         if "ran successfully" in ln]
         print(f"\n  slots_test: negative control caught: {caught_lines[-1]}", file=sys.stderr,
               flush=True)
+
+    def test_negative_control_without_once_per_every_host_runs_the_slot(self):
+        # What a crontab line on every host did before schedule slots: a lease alone. The
+        # 100 ms job is over long before the later hosts fire, so each of them takes the free
+        # lease and runs the slot again. The checker must see it, on every store.
+        self.need_faketime()
+        b0, attempts, lines, _ = self.run_fleet(slots=3, plain=True)
+        with self.assertRaises(AssertionError) as caught:
+            self.check_fleet(b0, attempts, lines, [], slots=3)
+        self.assertIn("ran successfully", str(caught.exception))
+        per_slot = collections.Counter(ln[0] for ln in lines if ln[-1] == "ok")
+        count_figure("without --once-per: successful runs per slot (min..max)",
+                     f"{min(per_slot.values())}..{max(per_slot.values())}", f"> 1")
 
     # --- --hold-at-least -----------------------------------------------------------------------
 
