@@ -804,6 +804,19 @@ class SchemaCliTest(unittest.TestCase):
                             capture_output=True, text=True, timeout=30)
         self.assertEqual(st.returncode, 0, st.stderr)
         self.assertIn("job: free", st.stdout, st.stderr)
+        # A schema applied before records existed: status and list still show the leases, and
+        # say why the slot runs are not shown (the store's own warning at open comes first).
+        dropped = subprocess.run(psql + ["-c", "DROP TABLE billing.records"], capture_output=True,
+                                 text=True)
+        self.assertEqual(dropped.returncode, 0, dropped.stderr)
+        for args in (["status", "job"], ["status", "--json", "job"], ["list"]):
+            with self.subTest(args=args):
+                st = subprocess.run([LEASEHOLD, *args, "--store", url + "&create_schema=false"],
+                                    capture_output=True, text=True, timeout=30)
+                self.assertEqual(st.returncode, 0, st.stderr)
+                self.assertIn("slot runs not shown", st.stderr)
+                self.assertIn("leasehold schema", st.stderr.splitlines()[-1])
+                self.assertIn("job" if args[0] == "status" else "KEY", st.stdout)
 
 
 def main():

@@ -77,10 +77,12 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
   if (!info.ok()) {
     return ReportFailure(info.error());
   }
-  // The schedule slots the key ran (run --once-per), newest first.
+  // The schedule slots the key ran (run --once-per), newest first. A store that cannot show
+  // them (a PostgreSQL schema applied before records existed, without CREATE) still shows the
+  // lease: the runs are left out with a warning.
   Result<std::vector<SlotRun>> runs = (*store)->SlotRuns(key);
   if (!runs.ok()) {
-    return ReportFailure(runs.error());
+    Error(fmt::format("slot runs not shown: {}", Describe(runs.error())));
   }
   if (json) {
     nlohmann::ordered_json j;
@@ -91,11 +93,13 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
       j["key"] = key;
       j["held"] = false;
     }
-    nlohmann::ordered_json slots = nlohmann::ordered_json::array();
-    for (const SlotRun& run : *runs) {
-      slots.push_back(ToJson(run));
+    if (runs.ok()) {
+      nlohmann::ordered_json slots = nlohmann::ordered_json::array();
+      for (const SlotRun& run : *runs) {
+        slots.push_back(ToJson(run));
+      }
+      j["slot_runs"] = std::move(slots);
     }
-    j["slot_runs"] = std::move(slots);
     PrintLine(j.dump());
     return 0;
   }
@@ -111,7 +115,7 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     PrintLine(fmt::format("remaining:     {}", internal::FormatDuration(l.remaining)));
     PrintLine(fmt::format("ttl:           {}", internal::FormatDuration(l.ttl)));
   }
-  for (std::size_t i = 0; i < runs->size(); ++i) {
+  for (std::size_t i = 0; runs.ok() && i < runs->size(); ++i) {
     PrintLine(fmt::format("{}{}", i == 0 ? "slot runs:     " : "               ",
                           DescribeRun((*runs)[i])));
   }
@@ -127,10 +131,13 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
   if (!leases.ok()) {
     return ReportFailure(leases.error());
   }
-  Result<std::vector<KeySlotRuns>> slots = (*store)->ListSlotRuns(prefix);
-  if (!slots.ok()) {
-    return ReportFailure(slots.error());
+  // As in status: the leases are shown even if the slot runs cannot be.
+  Result<std::vector<KeySlotRuns>> listed_slots = (*store)->ListSlotRuns(prefix);
+  if (!listed_slots.ok()) {
+    Error(fmt::format("slot runs not shown: {}", Describe(listed_slots.error())));
   }
+  const std::vector<KeySlotRuns> slots =
+      listed_slots.ok() ? std::move(listed_slots).value() : std::vector<KeySlotRuns>();
   if (json) {
     // One entry per key that is held or has recorded slot runs, ordered by key.
     std::map<std::string, nlohmann::ordered_json> entries;
@@ -139,7 +146,7 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
       j["held"] = true;
       entries[l.key] = std::move(j);
     }
-    for (const KeySlotRuns& k : *slots) {
+    for (const KeySlotRuns& k : slots) {
       if (k.runs.empty()) {
         continue;
       }
@@ -173,7 +180,7 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
   // Then the last recorded schedule-slot run of every key that has one (run --once-per).
   std::size_t slot_key_width = 3;
   bool any = false;
-  for (const KeySlotRuns& k : *slots) {
+  for (const KeySlotRuns& k : slots) {
     if (!k.runs.empty()) {
       any = true;
       slot_key_width = std::max(slot_key_width, k.key.size());
@@ -184,7 +191,7 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
   }
   PrintLine("");
   PrintLine(fmt::format("{:<{}}  {}", "KEY", slot_key_width, "LAST SLOT RUN"));
-  for (const KeySlotRuns& k : *slots) {
+  for (const KeySlotRuns& k : slots) {
     if (!k.runs.empty()) {
       PrintLine(fmt::format("{:<{}}  {}", k.key, slot_key_width, DescribeRun(k.runs.front())));
     }
