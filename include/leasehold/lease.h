@@ -21,6 +21,7 @@
 
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <stop_token>
@@ -40,6 +41,9 @@ struct StoreCore;
 
 class SlotClaim;
 
+// The longest ReleaseOptions::hold_at_least: a year.
+inline constexpr Duration kMaxHoldAtLeast = std::chrono::hours(24 * 366);
+
 // How Lease::Release ends a grant.
 struct ReleaseOptions {
   // Zero: the grant is deleted at once and a waiter takes over. Positive: the grant stays in the
@@ -47,7 +51,8 @@ struct ReleaseOptions {
   // heartbeat and without this process, then expires by itself; others are refused with
   // kHeldByAnother until then. If that time has already passed, the grant is deleted at once.
   // The fencing counter is not touched: the next grant's token is higher, as always.
-  // REQUIRES: >= 0.
+  // A lease already lost when it is released is deleted, never kept. On sqlite:// a kept grant
+  // ends at a reboot, as every grant there does. REQUIRES: 0 <= hold_at_least <= kMaxHoldAtLeast.
   Duration hold_at_least{};
 };
 
@@ -103,7 +108,7 @@ class Lease {
 
   // As Release(), ending the grant as `options` says. The lease is released locally either way:
   // it is no longer valid and the heartbeat stops renewing it.
-  // Returns kInvalidArgument (and releases as Release() does) for a negative hold_at_least;
+  // Returns kInvalidArgument (and releases as Release() does) for a hold_at_least out of range;
   // kUnimplemented if the store cannot keep a grant without its holder.
   Status Release(const ReleaseOptions& options);
 

@@ -113,7 +113,8 @@ struct SlotFinish {
   // final and the slot is done.
   bool retry_failed = true;
   // As ReleaseOptions::hold_at_least: the lease stays in the store this long after it was
-  // taken.
+  // taken. REQUIRES: 0 <= hold_at_least <= kMaxHoldAtLeast (else kInvalidArgument, and the
+  // lease is released without recording the run).
   Duration hold_at_least{};
 };
 

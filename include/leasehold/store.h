@@ -80,7 +80,8 @@ class Store {
   // Claims the current slot of `grid` for `key` (leasehold/schedule.h): names the slot on the
   // store's wall clock (the local one where the store has none), returns an unclaimed
   // SlotClaim if the key's record shows the slot done, else takes the lease as Acquire does
-  // (waiting up to options.wait; 0 tries once) and checks the record again under it.
+  // (waiting up to options.wait; 0 tries once) and checks the record again under it. After a
+  // wait it names the slot again, and claims the one it stands in by then.
   // Returns kHeldByAnother (or kDeadlineExceeded after a wait) while another host runs it;
   // kInvalidArgument for a bad key or grid; other errors as Acquire.
   Result<SlotClaim> ClaimSlot(std::string_view key, const SlotGrid& grid,

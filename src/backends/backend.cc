@@ -18,10 +18,10 @@ std::vector<Status> Backend::RenewMany(std::span<const RenewRequest> requests) {
 }
 
 Status CheckFinishRequest(const FinishRequest& request) {
-  if (request.keep < Duration::zero()) {
-    return Status::InvalidArgument(fmt::format("lease {}: the time to keep a grant must not be "
-                                               "negative, got {}",
-                                               request.key, FormatDuration(request.keep)));
+  if (request.keep < Duration::zero() || request.keep > kMaxFinishDuration) {
+    return Status::InvalidArgument(
+        fmt::format("lease {}: the time to keep a grant must be between 0 and {}, got {}",
+                    request.key, FormatDuration(kMaxFinishDuration), FormatDuration(request.keep)));
   }
   if (request.record.has_value()) {
     if (request.record->size() > kMaxRecordBytes) {
@@ -29,10 +29,11 @@ Status CheckFinishRequest(const FinishRequest& request) {
                                                  request.key, kMaxRecordBytes,
                                                  request.record->size()));
     }
-    if (request.record_ttl <= Duration::zero()) {
-      return Status::InvalidArgument(fmt::format(
-          "lease {}: a record needs a positive TTL, got {}", request.key,
-          FormatDuration(request.record_ttl)));
+    if (request.record_ttl <= Duration::zero() || request.record_ttl > kMaxFinishDuration) {
+      return Status::InvalidArgument(
+          fmt::format("lease {}: a record's TTL must be positive and at most {}, got {}",
+                      request.key, FormatDuration(kMaxFinishDuration),
+                      FormatDuration(request.record_ttl)));
     }
   }
   return Status::Ok();

@@ -69,6 +69,10 @@ struct RenewRequest {
   Duration ttl{};
 };
 
+// The longest keep and record_ttl Backend::Finish accepts (four years: a record lives two
+// slot periods of at most a year each; every store's expiry arithmetic stays far from overflow).
+inline constexpr Duration kMaxFinishDuration = std::chrono::hours(24 * 366 * 4);
+
 // The largest record Backend::Finish accepts (a key's schedule record is a few hundred bytes).
 inline constexpr std::size_t kMaxRecordBytes = 4096;
 
@@ -80,7 +84,10 @@ struct FinishRequest {
   // Zero: the grant is deleted, as by Release. Positive: the grant is not deleted; it stays
   // live, with its holder and fencing token, until `keep` from now on the store's clock (rounded
   // up to the store's granularity), without renewal and without any session or connection of
-  // the caller, then expires by itself. Nobody renews it any more. REQUIRES: >= 0.
+  // the caller, then expires by itself. Nobody renews it any more: not even a renewal of the
+  // owner's that was already on its way (the heartbeat does not wait for one in flight), so a
+  // store must make the kept grant unrenewable in the same step.
+  // REQUIRES: 0 <= keep <= kMaxFinishDuration.
   Duration keep{};
   // If set, replaces the key's record (Backend::ReadRecord), only if the owner token matches,
   // in the same atomic step as the end of the grant. Opaque bytes to the backend, at most
@@ -88,7 +95,7 @@ struct FinishRequest {
   // force-release leave it alone; it expires `record_ttl` from now on the store's clock
   // (rounded up to the store's granularity), or when replaced.
   std::optional<std::string> record;
-  // REQUIRES: > 0 when record is set.
+  // REQUIRES: 0 < record_ttl <= kMaxFinishDuration when record is set.
   Duration record_ttl{};
 };
 

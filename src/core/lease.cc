@@ -81,6 +81,13 @@ Status Lease::Release(const ReleaseOptions& options) {
         fmt::format("hold_at_least must not be negative, got {} (the lease was released: {})",
                     internal::FormatDuration(options.hold_at_least), released.ToString()));
   }
+  if (options.hold_at_least > kMaxHoldAtLeast) {
+    Status released = Release();
+    return Status::InvalidArgument(
+        fmt::format("hold_at_least must be at most {}, got {} (the lease was released: {})",
+                    internal::FormatDuration(kMaxHoldAtLeast),
+                    internal::FormatDuration(options.hold_at_least), released.ToString()));
+  }
   if (!core_ || !store_) {
     return Status();
   }
@@ -97,8 +104,13 @@ Status Lease::Finish(SteadyTime keep_until, std::optional<std::string> record,
   store->heartbeat.Remove(core_.get());
   // End the grant only if the owner token still matches; the backend guarantees nothing of
   // anyone else's is touched. Do it even when the lease is locally lost: if the grant is still
-  // ours in the store, deleting it hands the key over sooner (a record is written only if the
-  // store still has our grant, which is what a caller that records a finished run needs).
+  // ours in the store, deleting it hands the key over sooner. But a lease lost here is only
+  // deleted: neither kept (its holder can no longer vouch for it) nor recorded (a run that
+  // outlived its safe_until is not the slot's one clean run), whatever the store still holds.
+  if (!local.ok()) {
+    keep_until = SteadyTime::min();
+    record.reset();
+  }
   const SteadyTime t_send = store->clock.Now();
   // The store counts `keep` from no earlier than t_send, so the grant lasts until keep_until
   // at least.

@@ -241,8 +241,14 @@ Status SlotClaim::Finish(const SlotFinish& result) {
   if (!claimed() || !lease_.core_) {
     return Status::Ok();
   }
-  if (result.hold_at_least < Duration::zero()) {
-    return Status::InvalidArgument("hold_at_least must not be negative");
+  if (result.hold_at_least < Duration::zero() || result.hold_at_least > kMaxHoldAtLeast) {
+    // As Lease::Release(ReleaseOptions): released all the same, the run not recorded.
+    Status released = lease_.Release();
+    return Status::InvalidArgument(fmt::format(
+        "hold_at_least must be between 0 and {}, got {} (the lease was released, the run not "
+        "recorded: {})",
+        internal::FormatDuration(kMaxHoldAtLeast), internal::FormatDuration(result.hold_at_least),
+        released.ToString()));
   }
   SlotRun run;
   run.slot_start = slot_start_;
@@ -314,6 +320,18 @@ Result<SlotClaim> Store::ClaimSlot(std::string_view key, const SlotGrid& grid,
   LH_ASSIGN_OR_RETURN(Lease lease, options.wait == Duration::zero()
                                         ? TryAcquire(key, options)
                                         : Acquire(key, options, std::move(cancel)));
+  // After a wait, the slot named before it may have ended meanwhile: name it again, so that a
+  // host that waited out a long run claims the slot it now stands in, never a past one.
+  if (options.wait != Duration::zero()) {
+    Result<internal::StoreTime> later = backend.WallClock();
+    Result<SystemTime> later_slot =
+        later.ok() ? SlotStartAt(grid, later->time) : Result<SystemTime>(later.status());
+    if (!later_slot.ok()) {
+      (void)lease.Release();
+      return later_slot.status();
+    }
+    claim.slot_start_ = std::max(slot_start, *later_slot);
+  }
   // Again under the lease: the run may have finished between the look and the grant. Only the
   // lease's holder writes the record, so what is read now stays true until Finish.
   Result<std::vector<SlotRun>> held_runs = SlotRuns(key);
@@ -321,7 +339,7 @@ Result<SlotClaim> Store::ClaimSlot(std::string_view key, const SlotGrid& grid,
     (void)lease.Release();
     return held_runs.status();
   }
-  if (std::optional<SlotRun> done = DoneBy(*held_runs, slot_start); done.has_value()) {
+  if (std::optional<SlotRun> done = DoneBy(*held_runs, claim.slot_start_); done.has_value()) {
     (void)lease.Release();
     claim.done_by_ = std::move(done);
     return claim;

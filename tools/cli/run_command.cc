@@ -140,6 +140,11 @@ Result<RunSettings> ParseSettings(const RunFlags& flags) {
   if (flags.hold_at_least.has_value()) {
     LH_ASSIGN_OR_RETURN(s.hold_at_least,
                         ParsePositiveDurationFlag("--hold-at-least", *flags.hold_at_least));
+    if (s.hold_at_least > kMaxHoldAtLeast) {
+      return Status::InvalidArgument(fmt::format("--hold-at-least {}: at most {}",
+                                                 *flags.hold_at_least,
+                                                 FormatDuration(kMaxHoldAtLeast)));
+    }
   }
   if (flags.kill_grace.has_value()) {
     LH_ASSIGN_OR_RETURN(s.kill_grace, ParsePositiveDurationFlag("--kill-grace", *flags.kill_grace));

@@ -81,6 +81,8 @@ class MemoryTable {
       records_[request.key] = Record{*request.record, now + request.record_ttl};
     }
     if (request.keep > Duration::zero()) {
+      // No owner sends this token: a renewal already in flight cannot touch the kept grant.
+      it->second.token += ":kept";
       it->second.expires = now + request.keep;
       it->second.ttl = request.keep;
     } else {

@@ -189,16 +189,17 @@ inline constexpr std::string_view kFinishNoRecord =
 
 // Finish, table mode. $1 key, $2 owner token, $3 keep in ms ('0': clear the grant, as
 // kTableRelease), $4 the record hex-encoded (NULL: none), $5 the record's ttl in ms.
-// - `ended` changes the row only if the token matches and the grant is live: with a keep, only
-//   its expiry moves (token, holder and fence stay, so it is still the same grant); without,
-//   the grant's columns are cleared.
+// - `ended` changes the row only if the token matches and the grant is live: with a keep, its
+//   expiry moves and its token gains ':kept' (holder and fence stay, so it is still the same
+//   grant, but a renewal of the owner's already in flight no longer matches it and cannot
+//   extend or shorten it); without, the grant's columns are cleared.
 // - `recorded` (kFinishRecorded, or kFinishNoRecord) writes the record.
 // - NOTIFY either way: after a clear a waiter takes over; after a keep, waiters re-read the
 //   shorter remaining time. One row means finished, none means lost.
 inline constexpr std::string_view kTableFinish = R"sql(
 WITH ended AS (
   UPDATE {schema}.leases AS l
-  SET token = CASE WHEN $3::bigint > 0 THEN l.token END,
+  SET token = CASE WHEN $3::bigint > 0 THEN l.token || ':kept' END,
       holder = CASE WHEN $3::bigint > 0 THEN l.holder END,
       ttl_ms = CASE WHEN $3::bigint > 0 THEN $3::bigint ELSE l.ttl_ms END,
       expires_at = CASE WHEN $3::bigint > 0
@@ -369,7 +370,7 @@ SELECT pg_advisory_unlock($1::bigint), set_config('idle_session_timeout', $2, fa
 inline constexpr std::string_view kAdvisoryFinish = R"sql(
 WITH ended AS (
   UPDATE {schema}.leases AS l
-  SET token = CASE WHEN $3::bigint > 0 THEN l.token END,
+  SET token = CASE WHEN $3::bigint > 0 THEN l.token || ':kept' END,
       holder = CASE WHEN $3::bigint > 0 THEN l.holder END,
       ttl_ms = CASE WHEN $3::bigint > 0 THEN $3::bigint ELSE l.ttl_ms END,
       expires_at = CASE WHEN $3::bigint > 0

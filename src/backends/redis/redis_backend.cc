@@ -1167,7 +1167,10 @@ Status RedisBackend::Finish(const FinishRequest& request) {
        ChannelName(options_.prefix, request.key), keep_ms, write_record ? "1" : "0",
        write_record ? *request.record : std::string(),
        write_record ? std::to_string(CeilMillis(request.record_ttl)) : "0"}};
-  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
+  // A record or a kept grant is what keeps the next host out: with min_replicas, WAIT for it as
+  // an acquire does, so a failover right after is as unlikely to lose it as to lose a grant.
+  const bool wait_replicas = write_record || request.keep > Duration::zero();
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), wait_replicas));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("finishing {}", request.key),
@@ -1179,6 +1182,14 @@ Status RedisBackend::Finish(const FinishRequest& request) {
         "lease {} was lost or stolen: the grant expired, was force-released or is someone "
         "else's; nothing was deleted or written",
         request.key));
+  }
+  if (wait_replicas && options_.min_replicas > 0 && out.replicas < options_.min_replicas) {
+    // Done on the master and not undoable; say that a failover now could forget it.
+    return Status::Unavailable(fmt::format(
+        "finished {}, but only {} of the {} replicas asked for (min_replicas) acknowledged it "
+        "within {}: a failover now could lose its record or kept grant",
+        request.key, out.replicas, options_.min_replicas,
+        FormatDuration(options_.replica_timeout)));
   }
   return Status();
 }

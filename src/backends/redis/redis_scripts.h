@@ -174,7 +174,7 @@ if ARGV[3] == '0' then
   redis.call('DEL', KEYS[1])
 else
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  redis.call('HSET', KEYS[1], 'ttl', ARGV[3])
+  redis.call('HSET', KEYS[1], 'ttl', ARGV[3], 'token', ARGV[1] .. ':kept')
 end
 redis.call('PUBLISH', ARGV[2], 'released')
 return 1
@@ -185,8 +185,10 @@ return 1
 //   4-6 Replace the record, with its own expiry: a key separate from the grant, so that no
 //       grant's end (release, expiry, force-release) touches it.
 //   7-8 keep = 0: delete the grant, as a release does; the fence counter stays.
-//   9-11 keep > 0: the grant stays, same token, holder and fencing token, and now ends by
-//       itself after keep (nobody renews it any more).
+//   9-11 keep > 0: the grant stays, same holder and fencing token, and now ends by itself
+//       after keep. Its token gains ':kept', which no owner sends: a renewal of the owner's
+//       already on its way (the heartbeat does not wait for one in flight) finds it someone
+//       else's and cannot extend or shorten it. The token prefix shown to others is unchanged.
 //  13   Wake the waiters either way: after a delete the head of a fair queue (or the quickest
 //       waiter) takes the key, as after a release; after a keep they re-read the now shorter
 //       remaining time instead of sleeping to the old expiry.

@@ -44,9 +44,11 @@ constexpr const char* kBootIdPath = "/proc/sys/kernel/random/boot_id";
 constexpr std::size_t kTokenPrefixLength = 8;
 
 // ---------------------------------------------------------------------------------------------
-// Schema, version 2. Created in one transaction together with application_id and user_version,
-// so a database is either fully initialised or untouched. Version 1 lacked `records`; a version 1
-// file is upgraded in place at open (kUpgradeFrom1Sql), in one transaction.
+// Schema, version 1. Created in one transaction together with application_id and user_version,
+// so a database is either fully initialised or untouched. `records` came later and is additive:
+// a file made before it gains the table at open (AddRecordsTable), and older builds, which never
+// read it, keep working on the file (a grant kept by Finish is an ordinary row to them, live
+// until its expiry), so user_version stays 1.
 //
 // fencing_counters: one row per key ever granted; `last` is the last fencing token handed out.
 //   Never deleted, so tokens keep increasing across release, expiry, force-release and reboots.
@@ -66,6 +68,17 @@ CREATE TABLE records (
   expires_unix_ns INTEGER NOT NULL
 ) WITHOUT ROWID;
 )sql";
+
+constexpr const char* kCreateRecordsIfMissingSql = R"sql(
+CREATE TABLE IF NOT EXISTS records (
+  key             TEXT PRIMARY KEY NOT NULL,
+  value           BLOB NOT NULL,
+  expires_unix_ns INTEGER NOT NULL
+) WITHOUT ROWID;
+)sql";
+
+constexpr const char* kHasRecordsTableSql =
+    "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'records'";
 
 constexpr const char* kCreateSchemaSql = R"sql(
 CREATE TABLE fencing_counters (
@@ -138,9 +151,11 @@ DELETE FROM grants WHERE key = ?1 AND token = ?2 RETURNING boot_id, expires_ns
 )sql";
 
 // Keeps grant ?1 (owner token ?2, live at ?3) until ?4 (ns since boot) without renewal, with
-// ?5 as its TTL for display; sqlite3_changes() says whether it did.
+// ?5 as its TTL for display; sqlite3_changes() says whether it did. The token gains ':kept',
+// which no owner sends: a renewal of the owner's already in flight (queued on the write lock
+// behind this) no longer matches and cannot extend or shorten the kept grant.
 constexpr const char* kKeepGrantSql = R"sql(
-UPDATE grants SET ttl_ns = ?5, expires_ns = ?4
+UPDATE grants SET ttl_ns = ?5, expires_ns = ?4, token = token || ':kept'
 WHERE key = ?1 AND token = ?2 AND boot_id = ?6 AND expires_ns > ?3
 )sql";
 
@@ -478,10 +493,7 @@ class SqliteConnection {
       state = *locked;
     }
     LH_RETURN_IF_ERROR(CheckState(state));
-    if (state.user_version < kSqliteSchemaVersion) {
-      return Upgrade();
-    }
-    return Status::Ok();
+    return AddRecordsTable();
   }
 
   // Switches to WAL (readers never block the writer; writers queue on the write lock) and
@@ -621,26 +633,23 @@ class SqliteConnection {
     return state;
   }
 
-  // Upgrades a version 1 file to version 2 (adds `records`), under the write lock and
-  // re-checked there: another process may be upgrading it right now.
-  Status Upgrade() {
-    LH_RETURN_IF_ERROR(Exec(kBeginImmediateSql, "upgrade the schema"));
-    Result<State> locked = ReadState();
-    Status upgraded = locked.status();
-    if (upgraded.ok() && locked->user_version == 1) {
-      upgraded = Exec(kCreateRecordsSql, "upgrade the schema");
-      if (upgraded.ok()) {
-        upgraded = Exec(fmt::format("PRAGMA user_version = {};", kSqliteSchemaVersion),
-                        "upgrade the schema");
-      }
+  // Adds the records table to a file made before it, under the write lock and re-checked there
+  // (another process may be adding it right now). A read first: most opens find it, and take
+  // no write lock.
+  Status AddRecordsTable() {
+    LH_ASSIGN_OR_RETURN(std::int64_t present, QueryInt(kHasRecordsTableSql, "open"));
+    if (present != 0) {
+      return Status::Ok();
     }
-    if (upgraded.ok()) {
-      upgraded = Exec(kCommitSql, "upgrade the schema");
+    LH_RETURN_IF_ERROR(Exec(kBeginImmediateSql, "add the records table"));
+    Status added = Exec(kCreateRecordsIfMissingSql, "add the records table");
+    if (added.ok()) {
+      added = Exec(kCommitSql, "add the records table");
     }
-    if (!upgraded.ok()) {
+    if (!added.ok()) {
       RollbackIfActive();
     }
-    return upgraded;
+    return added;
   }
 
   Status CheckState(const State& state) const {

@@ -49,8 +49,8 @@ class SqliteConnection;
 // Identifies a leasehold database: PRAGMA application_id, 'LEAS' in ASCII.
 inline constexpr std::int32_t kSqliteApplicationId = 0x4C454153;
 // PRAGMA user_version of the schema this build creates and understands.
-// Version 2 added the records table; a version 1 file is upgraded at open.
-inline constexpr std::int32_t kSqliteSchemaVersion = 2;
+// The records table came later, additively, under the same version (sqlite_backend.cc).
+inline constexpr std::int32_t kSqliteSchemaVersion = 1;
 
 // Opens (creating if needed) the leasehold database named by `url` (scheme "sqlite").
 // Returns kInvalidArgument for a bad URL or a file that is not a leasehold database (or is

@@ -850,6 +850,10 @@ TEST_P(ConformanceTest, FinishCanKeepTheGrantWithoutItsHolder) {
   ASSERT_TRUE(grant.ok());
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(backend_->Finish({.key = "job", .owner_token = Token('a'), .keep = 1500ms}).ok());
+  // The heartbeat does not wait for a renewal in flight: one that lands after the finish must
+  // neither extend the kept grant nor shorten it.
+  EXPECT_EQ(backend_->Renew({"job", Token('a'), 10s}).code(), StatusCode::kLost);
+  EXPECT_EQ(backend_->Renew({"job", Token('a'), 100ms}).code(), StatusCode::kLost);
   auto handle = OpenHandle();
   auto refused = handle->TryAcquire("job", {.ttl = 5s});
   ASSERT_EQ(refused.status().code(), StatusCode::kHeldByAnother) << refused.status().ToString();
@@ -859,7 +863,7 @@ TEST_P(ConformanceTest, FinishCanKeepTheGrantWithoutItsHolder) {
   auto taken = handle->Acquire("job", {.ttl = 5s, .wait = 6s});
   const auto waited = std::chrono::steady_clock::now() - start;
   ASSERT_TRUE(taken.ok()) << taken.status().ToString();
-  EXPECT_GE(waited, 1500ms) << "taken before the keep ran out";
+  EXPECT_GE(waited, 1500ms) << "taken before the keep ran out (or a late renewal shortened it)";
   EXPECT_LT(waited, 5s) << "the kept grant must expire by its keep, not the old ttl";
   EXPECT_GT(taken->fencing_token(), grant->fencing_token);
   std::printf("[ figure ] %s grant kept 1500ms after its holder: taken after %.0f ms\n",
@@ -895,6 +899,19 @@ TEST_P(ConformanceTest, FinishRejectsBadInputAndKeepsTheGrant) {
   auto grant = Grant("job", Token('a'));
   ASSERT_TRUE(grant.ok());
   EXPECT_EQ(backend_->Finish({.key = "job", .owner_token = Token('a'), .keep = -1s}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_
+                ->Finish({.key = "job",
+                          .owner_token = Token('a'),
+                          .keep = internal::kMaxFinishDuration + 1s})
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_
+                ->Finish({.key = "job",
+                          .owner_token = Token('a'),
+                          .record = "r",
+                          .record_ttl = Duration::max()})
+                .code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(backend_
                 ->Finish({.key = "job",
