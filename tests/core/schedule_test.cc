@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "leasehold/store.h"
+#include "leasehold/testing/fake_clock.h"
 
 namespace leasehold {
 namespace {
@@ -170,6 +171,42 @@ TEST(SlotClaimTest, ClaimsOnTheMemoryStoreAndReportsTheLocalClock) {
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*store)->ClaimSlot("", {.period = 1h}, {}).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+TEST(SlotClaimTest, ARunWhoseLeaseWasLostLocallyIsNotRecordedEvenIfTheStoreStillHasIt) {
+  // safe_until = t_send + ttl - drift comes before the store's expiry: between the two, the
+  // store still has the grant, but the holder may no longer vouch for its run.
+  testing::FakeClock clock;
+  auto store = Store::Open("memory://", {.clock = &clock});
+  ASSERT_TRUE(store.ok());
+  auto claim = (*store)->ClaimSlot(
+      "job", {.period = 1h}, {.ttl = 10s, .renew_interval = 8s, .drift = 1s, .wait = 0s});
+  ASSERT_TRUE(claim.ok() && claim->claimed()) << claim.status().ToString();
+  clock.Advance(9500ms);
+  EXPECT_FALSE(claim->lease().valid());
+  EXPECT_EQ(claim->Finish({.succeeded = true}).code(), StatusCode::kLost);
+  auto runs = (*store)->SlotRuns("job");
+  ASSERT_TRUE(runs.ok());
+  EXPECT_TRUE(runs->empty()) << "a run past its safe_until is not the slot's clean run";
+  EXPECT_TRUE((*store)->TryAcquire("job", {.ttl = 5s}).ok()) << "deleted, not kept";
+}
+
+TEST(HoldAtLeastTest, AHoldOutOfRangeIsRefusedAndTheLeaseStillReleased) {
+  auto store = Store::Open("memory://");
+  ASSERT_TRUE(store.ok());
+  auto lease = (*store)->TryAcquire("job", {.ttl = 5s});
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->Release({.hold_at_least = kMaxHoldAtLeast + 1s}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*store)->TryAcquire("job", {.ttl = 5s}).ok()) << "released all the same";
+  auto claim = (*store)->ClaimSlot("slot", {.period = 1h}, {.ttl = 5s, .wait = 0s});
+  ASSERT_TRUE(claim.ok() && claim->claimed());
+  EXPECT_EQ(claim->Finish({.succeeded = true, .hold_at_least = -1s}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_FALSE(claim->lease().valid());
+  auto runs = (*store)->SlotRuns("slot");
+  ASSERT_TRUE(runs.ok());
+  EXPECT_TRUE(runs->empty());
 }
 
 TEST(HoldAtLeastTest, ANegativeHoldIsRefusedAndTheLeaseStillReleased) {
