@@ -36,6 +36,7 @@
 #include "backends/postgres/postgres_util.h"
 #include "core/duration.h"
 #include "core/logging.h"
+#include "util/hex.h"
 
 namespace leasehold::internal {
 
@@ -700,7 +701,7 @@ Status PostgresAdvisoryBackend::Finish(const FinishRequest& request) {
           {request.key, request.owner_token,
            request.keep > Duration::zero() ? std::to_string(PgCeilMillis(request.keep))
                                            : std::string("0"),
-           write_record ? std::optional<std::string>(PgHexEncode(*request.record))
+           write_record ? std::optional<std::string>(HexEncode(*request.record))
                         : std::nullopt,
            std::to_string(write_record ? PgCeilMillis(request.record_ttl) : 0),
            std::to_string(held->lock_id),
@@ -743,7 +744,7 @@ Result<std::optional<std::string>> PostgresAdvisoryBackend::ReadRecord(std::stri
   if (r.rows() == 0) {
     return std::optional<std::string>();
   }
-  std::optional<std::string> value = PgHexDecode(r.Get(0, 0));
+  std::optional<std::string> value = HexDecode(r.Get(0, 0));
   if (!value.has_value()) {
     return Status::Internal(fmt::format("unexpected reply from postgres: the record of {} is "
                                         "not hex",

@@ -28,6 +28,7 @@
 #include "backends/postgres/postgres_util.h"
 #include "core/duration.h"
 #include "core/logging.h"
+#include "util/hex.h"
 
 namespace leasehold::internal {
 
@@ -166,48 +167,11 @@ std::string SchemaSql(const PostgresOptions& options) {
       PgStatement(sql::kCreateTable, options), PgStatement(sql::kCreateRecordsTable, options));
 }
 
-std::string PgHexEncode(std::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 0xF];
-  }
-  return out;
-}
-
-std::optional<std::string> PgHexDecode(std::string_view hex) {
-  if (hex.size() % 2 != 0) {
-    return std::nullopt;
-  }
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') {
-      return c - '0';
-    }
-    if (c >= 'a' && c <= 'f') {
-      return c - 'a' + 10;
-    }
-    return -1;
-  };
-  std::string out;
-  out.reserve(hex.size() / 2);
-  for (std::size_t i = 0; i < hex.size(); i += 2) {
-    const int hi = nibble(hex[i]);
-    const int lo = nibble(hex[i + 1]);
-    if (hi < 0 || lo < 0) {
-      return std::nullopt;
-    }
-    out += static_cast<char>(hi * 16 + lo);
-  }
-  return out;
-}
-
 Result<std::vector<std::pair<std::string, std::string>>> PgRecords(const PgResult& r) {
   std::vector<std::pair<std::string, std::string>> records;
   records.reserve(static_cast<std::size_t>(r.rows()));
   for (int i = 0; i < r.rows(); ++i) {
-    std::optional<std::string> value = PgHexDecode(r.Get(i, 1));
+    std::optional<std::string> value = HexDecode(r.Get(i, 1));
     if (!value.has_value()) {
       return Status::Internal(
           fmt::format("unexpected reply from postgres: the record of {} is not hex", r.Get(i, 0)));
@@ -625,7 +589,7 @@ Status PostgresTableBackend::Finish(const FinishRequest& request) {
           {request.key, request.owner_token,
            request.keep > Duration::zero() ? std::to_string(PgCeilMillis(request.keep))
                                            : std::string("0"),
-           write_record ? std::optional<std::string>(PgHexEncode(*request.record))
+           write_record ? std::optional<std::string>(HexEncode(*request.record))
                         : std::nullopt,
            std::to_string(write_record ? PgCeilMillis(request.record_ttl) : 0)});
   if (!r.ok()) {
@@ -648,7 +612,7 @@ Result<std::optional<std::string>> PostgresTableBackend::ReadRecord(std::string_
   if (r->rows() == 0) {
     return std::optional<std::string>();
   }
-  std::optional<std::string> value = PgHexDecode(r->Get(0, 0));
+  std::optional<std::string> value = HexDecode(r->Get(0, 0));
   if (!value.has_value()) {
     return Status::Internal(fmt::format("unexpected reply from postgres: the record of {} is "
                                         "not hex",

@@ -51,11 +51,6 @@ std::string SchemaSql(const PostgresOptions& options);
 std::string PgFinishStatement(std::string_view finish, bool with_record,
                               const PostgresOptions& options);
 
-// Lowercase hex of `bytes`, for a record sent as text and decoded by the server
-// (decode(.., 'hex')), and back; nullopt for text that is not hex.
-std::string PgHexEncode(std::string_view bytes);
-std::optional<std::string> PgHexDecode(std::string_view hex);
-
 // (key, record) from kListRecords' result; kInternal if a value is not hex.
 Result<std::vector<std::pair<std::string, std::string>>> PgRecords(const PgResult& r);
 

@@ -40,6 +40,7 @@
 #include "backends/redis/redis_scripts.h"
 #include "core/duration.h"
 #include "core/logging.h"
+#include "util/hex.h"
 #include "util/mutex.h"
 #include "util/sigpipe_guard.h"
 #include "util/thread_annotations.h"
@@ -118,43 +119,6 @@ timeval ToTimeval(Duration d) {
 
 long long CeilMillis(Duration d) {
   return std::max<long long>(1, std::chrono::ceil<milliseconds>(d).count());
-}
-
-std::string HexEncode(std::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 0xF];
-  }
-  return out;
-}
-
-std::optional<std::string> HexDecode(std::string_view hex) {
-  if (hex.size() % 2 != 0) {
-    return std::nullopt;
-  }
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') {
-      return c - '0';
-    }
-    if (c >= 'a' && c <= 'f') {
-      return c - 'a' + 10;
-    }
-    return -1;
-  };
-  std::string out;
-  out.reserve(hex.size() / 2);
-  for (std::size_t i = 0; i < hex.size(); i += 2) {
-    int hi = nibble(hex[i]);
-    int lo = nibble(hex[i + 1]);
-    if (hi < 0 || lo < 0) {
-      return std::nullopt;
-    }
-    out += static_cast<char>(hi * 16 + lo);
-  }
-  return out;
 }
 
 // Escapes Redis glob metacharacters (* ? [ ] \) so that `text` matches only itself in SCAN
