@@ -612,14 +612,30 @@ std::vector<Status> PostgresAdvisoryBackend::RenewMany(std::span<const RenewRequ
   return results;
 }
 
-Status PostgresAdvisoryBackend::Release(std::string_view key, std::string_view owner_token) {
-  std::shared_ptr<Held> held;
-  {
-    MutexLock lock(&mu_);
-    if (auto it = held_.find(key); it != held_.end() && it->second->token == owner_token) {
-      held = it->second;
+std::shared_ptr<PostgresAdvisoryBackend::Held> PostgresAdvisoryBackend::FindHeld(
+    std::string_view key, std::string_view owner_token) {
+  MutexLock lock(&mu_);
+  if (auto it = held_.find(key); it != held_.end() && it->second->token == owner_token) {
+    return it->second;
+  }
+  return nullptr;
+}
+
+std::string PostgresAdvisoryBackend::IdleMsAfter(const Held& ending) {
+  Duration largest{};
+  bool others = false;
+  MutexLock lock(&mu_);
+  for (const auto& [k, h] : held_) {
+    if (h->session == ending.session && h.get() != &ending) {
+      largest = std::max(largest, h->ttl);
+      others = true;
     }
   }
+  return others ? LimitsFor(largest).idle_ms : std::string("0");
+}
+
+Status PostgresAdvisoryBackend::Release(std::string_view key, std::string_view owner_token) {
+  std::shared_ptr<Held> held = FindHeld(key, owner_token);
   if (held == nullptr) {
     return LostStatus(key, owner_token);
   }
@@ -627,21 +643,11 @@ Status PostgresAdvisoryBackend::Release(std::string_view key, std::string_view o
   Result<PgResult> r = Status::Unavailable("session lost");
   {
     MutexLock slock(&session->mu);
-    Duration largest{};
-    bool others = false;
-    {
-      MutexLock lock(&mu_);
-      for (const auto& [k, h] : held_) {
-        if (h->session == session && h != held) {
-          largest = std::max(largest, h->ttl);
-          others = true;
-        }
-      }
-    }
+    const std::string idle_ms = IdleMsAfter(*held);
     if (!session->lost && session->conn != nullptr && !session->conn->broken()) {
       r = session->conn->Exec(
           "release", PgStatement(sql::kAdvisoryRelease, options_),
-          {std::to_string(held->lock_id), others ? LimitsFor(largest).idle_ms : std::string("0")},
+          {std::to_string(held->lock_id), idle_ms},
           PgDeadline(options_));
       if (!r.ok() && session->conn->broken()) {
         SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
@@ -668,14 +674,7 @@ Status PostgresAdvisoryBackend::Finish(const FinishRequest& request) {
   if (request.keep == Duration::zero() && !request.record.has_value()) {
     return Release(request.key, request.owner_token);  // the cheaper statement
   }
-  std::shared_ptr<Held> held;
-  {
-    MutexLock lock(&mu_);
-    if (auto it = held_.find(request.key);
-        it != held_.end() && it->second->token == request.owner_token) {
-      held = it->second;
-    }
-  }
+  std::shared_ptr<Held> held = FindHeld(request.key, request.owner_token);
   if (held == nullptr) {
     return LostStatus(request.key, request.owner_token);
   }
@@ -684,17 +683,7 @@ Status PostgresAdvisoryBackend::Finish(const FinishRequest& request) {
   Result<PgResult> r = Status::Unavailable("session lost");
   {
     MutexLock slock(&session->mu);
-    Duration largest{};
-    bool others = false;
-    {
-      MutexLock lock(&mu_);
-      for (const auto& [k, h] : held_) {
-        if (h->session == session && h != held) {
-          largest = std::max(largest, h->ttl);
-          others = true;
-        }
-      }
-    }
+    const std::string idle_ms = IdleMsAfter(*held);
     if (!session->lost && session->conn != nullptr && !session->conn->broken()) {
       r = session->conn->Exec(
           "finish", PgFinishStatement(sql::kAdvisoryFinish, write_record, options_),
@@ -704,8 +693,7 @@ Status PostgresAdvisoryBackend::Finish(const FinishRequest& request) {
            write_record ? std::optional<std::string>(HexEncode(*request.record))
                         : std::nullopt,
            std::to_string(write_record ? PgCeilMillis(request.record_ttl) : 0),
-           std::to_string(held->lock_id),
-           others ? LimitsFor(largest).idle_ms : std::string("0")},
+           std::to_string(held->lock_id), idle_ms},
           PgDeadline(options_));
       if (!r.ok() && session->conn->broken()) {
         SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));

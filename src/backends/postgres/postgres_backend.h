@@ -219,6 +219,12 @@ class PostgresAdvisoryBackend final : public Backend {
   // Returns a session with no leases to the idle list, or closes it.
   void Recycle(std::shared_ptr<Session> session);
   Status LostStatus(std::string_view key, std::string_view owner_token);
+  // Returns the live grant of `key` if it is `owner_token`'s, else null.
+  std::shared_ptr<Held> FindHeld(std::string_view key, std::string_view owner_token)
+      LH_EXCLUDES(mu_);
+  // The idle-in-transaction limit `ending`'s session keeps once `ending` is gone: that of its
+  // other grants' largest TTL, or "0" when it holds no other (Release and Finish).
+  std::string IdleMsAfter(const Held& ending) LH_EXCLUDES(mu_);
   // Returns false (and marks it lost) if `session` has died; `locked` is a session whose mutex
   // the caller holds (lock order: that one, then `session`'s).
   bool SessionAlive(const std::shared_ptr<Session>& session,
