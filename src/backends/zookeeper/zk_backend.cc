@@ -1481,6 +1481,26 @@ Result<std::optional<std::string>> ZkBackend::ReadRecord(std::string_view key) {
   return std::optional<std::string>(std::string(text));
 }
 
+namespace {
+
+// The keys among the key nodes `names` that start with `prefix`, in key order. Children come in
+// no particular order, and escaped names would not sort as the keys do ("%2E" for '.' sorts
+// before '-'): decode, filter and sort the keys themselves.
+std::vector<std::string> KeysWithPrefix(const std::vector<std::string>& names,
+                                        std::string_view prefix) {
+  std::vector<std::string> keys;
+  for (const std::string& name : names) {
+    std::optional<std::string> key = UnescapeKey(name);
+    if (key.has_value() && key->starts_with(prefix)) {
+      keys.push_back(std::move(*key));
+    }
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+}  // namespace
+
 Result<std::vector<std::pair<std::string, std::string>>> ZkBackend::ListRecords(
     std::string_view prefix) {
   LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> session, ServiceSession());
@@ -1499,16 +1519,7 @@ Result<std::vector<std::pair<std::string, std::string>>> ZkBackend::ListRecords(
   if (rc != ZOK) {
     return ErrorStatus(rc, "listing records", options_);
   }
-  // Children come in no particular order, and escaped names would not sort as the keys do
-  // ("%2E" for '.' sorts before '-'): decode, filter and sort the keys themselves, as List does.
-  std::vector<std::string> keys;
-  for (const std::string& name : names) {
-    std::optional<std::string> key = UnescapeKey(name);
-    if (key.has_value() && key->starts_with(prefix)) {
-      keys.push_back(std::move(*key));
-    }
-  }
-  std::sort(keys.begin(), keys.end());
+  const std::vector<std::string> keys = KeysWithPrefix(names, prefix);
   std::vector<std::string> paths;
   paths.reserve(keys.size());
   for (const std::string& key : keys) {
@@ -1579,14 +1590,7 @@ Result<std::vector<LeaseInfo>> ZkBackend::List(std::string_view prefix) {
       return ErrorStatus(rc, "listing leases", options_);
     }
   }
-  std::vector<std::string> keys;
-  for (const std::string& name : names) {
-    std::optional<std::string> key = UnescapeKey(name);
-    if (key.has_value() && key->starts_with(prefix)) {
-      keys.push_back(std::move(*key));
-    }
-  }
-  std::sort(keys.begin(), keys.end());
+  const std::vector<std::string> keys = KeysWithPrefix(names, prefix);
   std::vector<LeaseInfo> out;
   for (const std::string& key : keys) {
     LH_ASSIGN_OR_RETURN(std::optional<LeaseInfo> info, ReadHolder(*session, key));
