@@ -559,7 +559,9 @@ class ElectCliTest(CliHarness, unittest.TestCase):
                            "echo $LEASEHOLD_TERM >> terms")
         time.sleep(2.2)  # pauses 0.5 s, 1.5 s, 3.5 s...: three terms in 2.2 s, not hundreds
         os.kill(elect.pid, signal.SIGTERM)
-        self.assertEqual(self.wait_exit(elect, 10), 0, self.stderr_of(elect))
+        # The last command's code: 0 if the signal came during a pause, 143 if it came during a
+        # term (forwarded to that term's command; seen under ASan, where terms start slower).
+        self.assertIn(self.wait_exit(elect, 10), (0, 128 + signal.SIGTERM), self.stderr_of(elect))
         with open(self.path("terms")) as f:
             terms = f.read().split()
         print(f"\n  [figure] terms of an instantly ending command in 2.2 s (--again): "
