@@ -98,6 +98,10 @@ class [[nodiscard]] Status {
   }
 
   static Status HeldByAnother(std::string message, std::optional<LeaseInfo> holder = {});
+  // kHeldByAnother with the message every store uses: "job:x is held by web-3:4242 (fencing
+  // token 7, 2.5s left)" (the time left only when the store reports it), then "; " and `detail`
+  // if not empty (e.g. the state of a fair queue).
+  static Status HeldByAnother(const LeaseInfo& holder, std::string_view detail = {});
 
   // A kLost status. Backends say kStolen or kSessionLost when they know; the core says kExpired.
   static Status Lost(std::string message, LostCause cause = LostCause::kStoreSaidNo);

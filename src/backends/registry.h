@@ -1,13 +1,15 @@
 // File: backends/registry.h (internal)
 //
-// The explicit table of URL schemes and the backends compiled in (no static registrars: see
-// STYLE.md on Arrow's registry pitfalls).
+// The explicit table of stores (registry.cc, one row per store): their URL schemes, whether
+// they are compiled in, how to open them, and what the CLI and the core need of them. No static
+// registrars, whose order of initialization across files is unspecified.
 //
 // Thread safety: thread-safe.
 
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,9 +21,10 @@
 
 namespace leasehold::internal {
 
-// Opens the backend for `url`. Returns kInvalidArgument for a malformed URL or an unknown
-// scheme (listing the known ones), kUnimplemented for a known scheme not compiled in, and the
-// backend's own errors otherwise.
+// Opens the backend for `url` on `clock`. Returns kInvalidArgument for a malformed URL or an
+// unknown scheme (listing the known ones), or for a clock other than Clock::Real() with a store
+// whose grants expire on a clock outside the process (every store but memory://);
+// kUnimplemented for a known scheme not compiled in; the backend's own errors otherwise.
 Result<std::shared_ptr<Backend>> OpenBackend(const Url& url, Clock& clock);
 
 // Returns the schemes compiled into this build, e.g. {"memory", "sqlite"}.
@@ -31,5 +34,13 @@ std::vector<std::string> CompiledSchemes();
 // connecting. Returns kUnimplemented for stores that need none (or are not compiled in), and
 // kInvalidArgument for a bad URL.
 Result<std::string> StoreSchemaSql(const Url& url);
+
+// Returns the default store's URL (the embedded SQLite file), or kInvalidArgument if this build
+// has no default store.
+Result<std::string> DefaultStoreUrl();
+
+// Reads store text without a scheme that some store accepts (libpq's key=value conninfo names a
+// PostgreSQL store), or returns nullopt if no store reads it. ParseUrl calls it first.
+std::optional<Result<Url>> ParseSchemelessUrl(std::string_view text);
 
 }  // namespace leasehold::internal

@@ -2,9 +2,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 
 #include <fmt/format.h>
 
+#include "core/duration.h"
 #include "leasehold/options.h"
 
 namespace leasehold {
@@ -81,6 +83,19 @@ Status Status::HeldByAnother(std::string message, std::optional<LeaseInfo> holde
   Status s(StatusCode::kHeldByAnother, std::move(message));
   s.state_->holder = std::move(holder);
   return s;
+}
+
+Status Status::HeldByAnother(const LeaseInfo& holder, std::string_view detail) {
+  std::string message = fmt::format(
+      "{} is held by {} (fencing token {}{})", holder.key,
+      holder.holder.empty() ? "another owner" : holder.holder, holder.fencing_token,
+      holder.remaining > std::chrono::milliseconds::zero()
+          ? fmt::format(", {} left", internal::FormatDuration(holder.remaining))
+          : std::string());
+  if (!detail.empty()) {
+    fmt::format_to(std::back_inserter(message), "; {}", detail);
+  }
+  return HeldByAnother(std::move(message), holder);
 }
 
 Status Status::Lost(std::string message, LostCause cause) {

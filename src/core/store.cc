@@ -15,9 +15,6 @@
 #include "core/owner_token.h"
 #include "core/store_core.h"
 #include "core/url.h"
-#if LEASEHOLD_WITH_SQLITE
-#include "backends/sqlite/sqlite_backend.h"
-#endif
 
 namespace leasehold {
 
@@ -183,14 +180,7 @@ Result<std::string> Store::DefaultUrl() {
   if (const char* env = std::getenv("LEASEHOLD_STORE"); env != nullptr && *env != '\0') {
     return std::string(env);
   }
-#if LEASEHOLD_WITH_SQLITE
-  LH_ASSIGN_OR_RETURN(std::string path, internal::DefaultSqlitePath());
-  return "sqlite://" + path;
-#else
-  return Status::InvalidArgument(
-      "no store given: pass --store URL or set LEASEHOLD_STORE (this build has no embedded "
-      "SQLite store)");
-#endif
+  return internal::DefaultStoreUrl();
 }
 
 Result<std::unique_ptr<Store>> Store::Open(std::string_view url, StoreOptions options) {

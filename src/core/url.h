@@ -4,9 +4,8 @@
 //   scheme://[user[:password]@]host[:port][,host[:port]...][/path][?k=v&k=v]
 // Percent-escapes are decoded in user, password, path and query values.
 // The sqlite scheme is special: everything between "sqlite://" and '?' is a file path.
-// A libpq key=value conninfo ("host=db1 dbname=app mode=table") has no scheme: it is read as a
-// postgres:// URL with each pair as a query parameter (libpq takes every keyword as a URI
-// parameter too), so both of libpq's forms name a PostgreSQL store.
+// Text without a scheme that a store reads (libpq's key=value conninfo, "host=db1 dbname=app")
+// is handed to that store by the registry (ParseSchemelessUrl, backends/registry.h).
 //
 // Thread safety: a plain value type.
 

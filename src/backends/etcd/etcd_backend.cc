@@ -1017,7 +1017,8 @@ std::string EtcdBackend::KeyName(std::string_view prefix, std::string_view key) 
   return fmt::format("{}/{}", prefix, key);
 }
 
-Result<std::shared_ptr<Backend>> OpenEtcdBackend(const Url& url) {
+Result<std::shared_ptr<Backend>> OpenEtcdBackend(const Url& url, Clock& clock) {
+  (void)clock;  // TODO(#16): joined by the store's rewrite
   LH_ASSIGN_OR_RETURN(EtcdOptions options, EtcdOptions::FromUrl(url));
   LH_ASSIGN_OR_RETURN(std::shared_ptr<EtcdBackend> backend, EtcdBackend::Open(std::move(options)));
   return std::shared_ptr<Backend>(std::move(backend));

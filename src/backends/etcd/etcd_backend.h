@@ -79,7 +79,8 @@ namespace leasehold::internal {
 // the prefix, after Authenticate when a user is given). Returns kInvalidArgument for a bad URL;
 // kUnavailable if no endpoint answers within command_timeout; kPermissionDenied for wrong
 // credentials or a user without access to the prefix. Messages never contain the password.
-Result<std::shared_ptr<Backend>> OpenEtcdBackend(const Url& url);
+Result<std::shared_ptr<Backend>> OpenEtcdBackend(const Url& url,
+                                                 Clock& clock = Clock::Real());
 
 class EtcdBackend final : public Backend {
  public:

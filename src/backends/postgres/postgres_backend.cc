@@ -284,7 +284,8 @@ std::int64_t AdvisoryLockId(std::string_view schema, std::string_view key) {
   return static_cast<std::int64_t>(hash);
 }
 
-Result<std::shared_ptr<Backend>> OpenPostgresBackend(const Url& url) {
+Result<std::shared_ptr<Backend>> OpenPostgresBackend(const Url& url, Clock& clock) {
+  (void)clock;  // TODO(#16): joined by the store's rewrite
   LH_ASSIGN_OR_RETURN(PostgresOptions options, PostgresOptions::FromUrl(url));
   if (options.mode == PostgresMode::kTable) {
     LH_ASSIGN_OR_RETURN(auto backend, PostgresTableBackend::Open(std::move(options)));

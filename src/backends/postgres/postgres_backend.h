@@ -96,7 +96,8 @@ namespace leasehold::internal {
 // for a bad URL, or advisory mode through a detected pooler (the message names pooling);
 // kUnavailable if the server cannot be reached; kPermissionDenied for rejected credentials, or
 // a missing table the role may not create (the message names `leasehold schema`).
-Result<std::shared_ptr<Backend>> OpenPostgresBackend(const Url& url);
+Result<std::shared_ptr<Backend>> OpenPostgresBackend(const Url& url,
+                                                 Clock& clock = Clock::Real());
 
 // Returns the SQL that creates the store's schema and table for `url`, for `leasehold schema`.
 Result<std::string> PostgresSchemaSql(const Url& url);

@@ -927,7 +927,8 @@ RedisBackend::RedisBackend(RedisOptions options, std::shared_ptr<RedisConnection
 
 RedisBackend::~RedisBackend() = default;
 
-Result<std::shared_ptr<Backend>> OpenRedisBackend(const Url& url) {
+Result<std::shared_ptr<Backend>> OpenRedisBackend(const Url& url, Clock& clock) {
+  (void)clock;  // TODO(#16): joined by the store's rewrite
   LH_ASSIGN_OR_RETURN(RedisOptions options, RedisOptions::FromUrl(url));
   LH_ASSIGN_OR_RETURN(std::shared_ptr<RedisBackend> backend, RedisBackend::Open(options));
   return std::shared_ptr<Backend>(std::move(backend));

@@ -63,7 +63,8 @@ class RedisSubscriber;
 // Returns kInvalidArgument for a bad URL; kUnavailable if the server cannot be reached within
 // connect_timeout; kPermissionDenied for wrong credentials or an ACL that forbids a command the
 // backend needs (the message names it). Messages never contain the password.
-Result<std::shared_ptr<Backend>> OpenRedisBackend(const Url& url);
+Result<std::shared_ptr<Backend>> OpenRedisBackend(const Url& url,
+                                                 Clock& clock = Clock::Real());
 
 class RedisBackend final : public Backend {
  public:

@@ -891,7 +891,8 @@ Result<std::string> DefaultSqlitePath() {
       "$XDG_STATE_HOME); give a store URL such as sqlite:///path/to/leases.db");
 }
 
-Result<std::shared_ptr<Backend>> OpenSqliteBackend(const Url& url) {
+Result<std::shared_ptr<Backend>> OpenSqliteBackend(const Url& url, Clock& clock) {
+  (void)clock;  // TODO(#16): joined by the store's rewrite
   LH_ASSIGN_OR_RETURN(SqliteOptions options, SqliteOptions::FromUrl(url));
   LH_ASSIGN_OR_RETURN(std::shared_ptr<SqliteBackend> backend,
                       SqliteBackend::Open(std::move(options)));

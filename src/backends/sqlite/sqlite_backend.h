@@ -35,6 +35,7 @@
 #include "leasehold/status.h"
 
 #include "backends/backend.h"
+#include "leasehold/clock.h"
 #include "backends/sqlite/sqlite_options.h"
 #include "core/url.h"
 #include "util/mutex.h"
@@ -57,7 +58,8 @@ inline constexpr std::int32_t kSqliteSchemaVersion = 1;
 // corrupt); kPermissionDenied if the file or its directory cannot be created, read or written;
 // kUnimplemented for a database made by a newer leasehold; kUnavailable if it stays locked
 // longer than busy_timeout.
-Result<std::shared_ptr<Backend>> OpenSqliteBackend(const Url& url);
+Result<std::shared_ptr<Backend>> OpenSqliteBackend(const Url& url,
+                                                 Clock& clock = Clock::Real());
 
 // The default database path: $XDG_STATE_HOME/leasehold/leases.db, else
 // ~/.local/state/leasehold/leases.db. A relative $XDG_STATE_HOME is ignored, as the XDG spec

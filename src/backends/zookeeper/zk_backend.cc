@@ -709,7 +709,8 @@ std::chrono::steady_clock::time_point ToSteady(SteadyTime t) {
 
 }  // namespace
 
-Result<std::shared_ptr<Backend>> OpenZkBackend(const Url& url) {
+Result<std::shared_ptr<Backend>> OpenZkBackend(const Url& url, Clock& clock) {
+  (void)clock;  // TODO(#16): joined by the store's rewrite
   LH_ASSIGN_OR_RETURN(ZkOptions options, ZkOptions::FromUrl(url));
   LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkBackend> backend, ZkBackend::Open(std::move(options)));
   return std::shared_ptr<Backend>(std::move(backend));

@@ -103,7 +103,8 @@ class ZkSession;
 // Opens the store named by `url` (scheme "zk") and checks it at once (one session, the chroot
 // created if missing). Returns kInvalidArgument for a bad URL; kUnavailable if no server answers
 // within connect_timeout; kPermissionDenied if the server refuses the credentials or the ACLs.
-Result<std::shared_ptr<Backend>> OpenZkBackend(const Url& url);
+Result<std::shared_ptr<Backend>> OpenZkBackend(const Url& url,
+                                                 Clock& clock = Clock::Real());
 
 class ZkBackend final : public Backend {
  public:
