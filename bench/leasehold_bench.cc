@@ -33,9 +33,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -62,18 +65,7 @@
 #include "floor.h"
 #include "testing/server_process.h"
 #include "testing/spawned_process.h"
-#if LEASEHOLD_WITH_REDIS
-#include "testing/redis_server.h"
-#endif
-#if LEASEHOLD_WITH_POSTGRES
-#include "testing/postgres_server.h"
-#endif
-#if LEASEHOLD_WITH_ETCD
-#include "testing/etcd_server.h"
-#endif
-#if LEASEHOLD_WITH_ZOOKEEPER
-#include "testing/zk_server.h"
-#endif
+#include "testing/store_fixtures.h"
 
 namespace leasehold::bench {
 namespace {
@@ -326,11 +318,20 @@ class Runner {
       }
       out[name] = *r;
     };
-    step("floor", [&] { return Floor(); });
+    // A store without a floor probe of the bench's own is measured without the ratios to it.
+    const bool floor = static_cast<bool>(s_.open_floor);
+    if (!floor) {
+      out["notes"].push_back("no floor probe (bench/floor.h): floor and independent not measured");
+    }
+    if (floor) {
+      step("floor", [&] { return Floor(); });
+    }
     step("uncontended", [&] { return Uncontended(); });
     step("conflict", [&] { return Conflict(); });
     step("handoff", [&] { return Handoff(); });
-    step("independent", [&] { return Independent(); });
+    if (floor) {
+      step("independent", [&] { return Independent(); });
+    }
     step("heartbeat", [&] { return Heartbeat(); });
     step("takeover", [&] { return Takeover(); });
     return out;
@@ -710,174 +711,71 @@ bool Wanted(const std::vector<std::string>& only, const std::string& name) {
   return only.empty() || std::find(only.begin(), only.end(), name) != only.end();
 }
 
-Started StartStores(const std::vector<std::string>& only) {
-  Started st;
-  (void)only;
+// The bench's own probes of each store's cheapest round trip (floor.h), by fixture name; a store
+// without a row is measured without a floor ("n/a" in the ratios).
+struct Floors {
+  const char* name;
+  Result<std::unique_ptr<FloorProbe>> (*open_floor)(const std::string& url);
+  Result<std::unique_ptr<FloorProbe>> (*open_durable_floor)(const std::string& url);
+};
+constexpr Floors kFloors[] = {
 #if LEASEHOLD_WITH_SQLITE
-  if (Wanted(only, "sqlite")) {
-    char tmpl[] = "/tmp/leasehold-bench-sqlite-XXXXXX";
-    if (mkdtemp(tmpl) != nullptr) {
-      std::string dir = tmpl;
-      std::string url = fmt::format("sqlite://{}/leases.db", dir);
-      // Create the file (the floor probe opens it).
-      (void)Store::Open(url);
-      st.servers.push_back(std::shared_ptr<void>(nullptr, [dir](void*) {
-        std::error_code ignored;
-        std::filesystem::remove_all(dir, ignored);
-      }));
-      st.subjects.push_back({"sqlite",
-                             url,
-                             false,
-                             [url] { return OpenSqliteFloor(url); },
-                             [url] { return OpenSqliteDurableFloor(url); },
-                             {},
-                             {}});
-    }
-  }
+    {"sqlite", OpenSqliteFloor, OpenSqliteDurableFloor},
 #endif
 #if LEASEHOLD_WITH_REDIS
-  if (Wanted(only, "redis") || Wanted(only, "redis_fair")) {
-    auto server = testing::RedisServer::Start({.aof = false});
-    if (!server.ok()) {
-      st.errors.push_back(server.status().ToString());
-    } else {
-      std::shared_ptr<testing::RedisServer> redis(server->release());
-      st.servers.push_back(redis);
-      auto requests = [redis]() -> std::optional<double> {
-        auto info = redis->Cli({"INFO", "stats"});
-        if (!info.ok()) {
-          return std::nullopt;
-        }
-        auto at = info->find("total_reads_processed:");
-        if (at == std::string::npos) {
-          return std::nullopt;
-        }
-        return std::strtod(info->c_str() + at + 22, nullptr);
-      };
-      const std::string what = "Redis total_reads_processed (socket reads holding commands)";
-      for (const char* name : {"redis", "redis_fair"}) {
-        if (!Wanted(only, name)) {
-          continue;
-        }
-        std::string url = fmt::format("{}/0?prefix={}", redis->Url(), name);
-        if (std::string_view(name) == "redis_fair") {
-          url += "&fair=true";
-        }
-        st.subjects.push_back({name,
-                               url,
-                               std::string_view(name) == "redis_fair",
-                               [url] { return OpenRedisFloor(url); },
-                               {},
-                               requests,
-                               what});
-      }
-    }
-  }
+    {"redis", OpenRedisFloor, nullptr},
+    {"redis_fair", OpenRedisFloor, nullptr},
 #endif
 #if LEASEHOLD_WITH_POSTGRES
-  if (Wanted(only, "postgres_advisory") || Wanted(only, "postgres_table")) {
-    auto server = testing::PostgresServer::Start({.max_connections = 200});
-    if (!server.ok()) {
-      st.errors.push_back(server.status().ToString());
-    } else {
-      std::shared_ptr<testing::PostgresServer> pg(server->release());
-      st.servers.push_back(pg);
-      auto requests = [pg]() -> std::optional<double> {
-        auto n = pg->Psql(
-            "SELECT pg_stat_force_next_flush(); SELECT xact_commit + xact_rollback FROM "
-            "pg_stat_database WHERE datname = 'postgres'");
-        if (!n.ok()) {
-          return std::nullopt;
-        }
-        auto nl = n->rfind('\n');
-        return std::strtod(n->c_str() + (nl == std::string::npos ? 0 : nl + 1), nullptr);
-      };
-      const std::string what = "PostgreSQL transactions (pg_stat_database xact_commit+rollback)";
-      for (const char* mode : {"advisory", "table"}) {
-        std::string name = fmt::format("postgres_{}", mode);
-        if (!Wanted(only, name)) {
-          continue;
-        }
-        // Each mode in its own schema: the modes keep different rows in the same table shape.
-        std::string url = fmt::format("{}?mode={}&schema=bench_{}", pg->Url(), mode, mode);
-        st.subjects.push_back({name,
-                               url,
-                               std::string_view(mode) == "advisory",
-                               [url] { return OpenPostgresFloor(url); },
-                               {},
-                               requests,
-                               what});
-      }
-    }
-  }
+    {"postgres_advisory", OpenPostgresFloor, nullptr},
+    {"postgres_table", OpenPostgresFloor, nullptr},
 #endif
 #if LEASEHOLD_WITH_ETCD
-  if (Wanted(only, "etcd") || Wanted(only, "etcd_fair")) {
-    auto cluster = testing::EtcdCluster::Start({.members = 1});
-    if (!cluster.ok()) {
-      st.errors.push_back(cluster.status().ToString());
-    } else {
-      std::shared_ptr<testing::EtcdCluster> etcd(cluster->release());
-      st.servers.push_back(etcd);
-      // etcd's own Prometheus counters, on its client port.
-      std::string metrics_url = etcd->Url();
-      metrics_url.replace(0, std::string("etcd://").size(), "http://");
-      metrics_url += "/metrics";
-      auto requests = [metrics_url]() -> std::optional<double> {
-        auto text = testing::RunCommand("timeout 5 curl -s " + testing::ShellQuote(metrics_url));
-        if (!text.ok()) {
-          return std::nullopt;
-        }
-        double total = 0;
-        std::istringstream lines(*text);
-        std::string line;
-        while (std::getline(lines, line)) {
-          if (line.rfind("grpc_server_msg_received_total{", 0) == 0) {
-            total += std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
-          }
-        }
-        return total;
-      };
-      for (const char* name : {"etcd", "etcd_fair"}) {
-        if (!Wanted(only, name)) {
-          continue;
-        }
-        const bool fair = std::string_view(name) == "etcd_fair";
-        const std::string url =
-            fmt::format("{}?prefix=bench-{}{}", etcd->Url(), name, fair ? "&fair=true" : "");
-        st.subjects.push_back({name, url, fair, [url] { return OpenEtcdFloor(url); },
-                               [url] { return OpenEtcdDurableFloor(url); }, requests,
-                               "etcd gRPC messages received (grpc_server_msg_received_total)"});
-      }
-    }
-  }
+    {"etcd", OpenEtcdFloor, OpenEtcdDurableFloor},
+    {"etcd_fair", OpenEtcdFloor, OpenEtcdDurableFloor},
 #endif
 #if LEASEHOLD_WITH_ZOOKEEPER
-  if (Wanted(only, "zk")) {
-    // tickTime 100 ms: sessions as short as 200 ms; no upper clamp below 2 minutes.
-    auto started = testing::ZkEnsemble::Start(
-        {.tick_time = std::chrono::milliseconds(100), .max_session = std::chrono::seconds(120)});
-    if (!started.ok()) {
-      st.errors.push_back(started.status().ToString());
-    } else {
-      std::shared_ptr<testing::ZkEnsemble> zk(started->release());
-      st.servers.push_back(zk);
-      const std::string url = zk->Url("/bench");
-      // The server's own count of packets received ("srvr": "Received: N").
-      auto requests = [zk]() -> std::optional<double> {
-        std::string srvr = zk->FourLetter(0, "srvr");
-        auto at = srvr.find("Received: ");
-        if (at == std::string::npos) {
-          return std::nullopt;
-        }
-        return std::strtod(srvr.c_str() + at + 10, nullptr);
-      };
-      st.subjects.push_back({"zk", url, true, [url] { return OpenZkFloor(url); },
-                             [url] { return OpenZkDurableFloor(url); }, requests,
-                             "ZooKeeper packets received (srvr Received)"});
-    }
-  }
+    {"zk", OpenZkFloor, OpenZkDurableFloor},
 #endif
+};
+
+// The stores of the shared fixtures (tests/testing/store_fixtures.h) that the run measures.
+Started StartStores(const std::vector<std::string>& only) {
+  Started st;
+  // Redis without persistence, and room for the handoff and independent-keys connections.
+  testing::SetStoreFixtureOptions({.redis_aof = false, .postgres_max_connections = 200});
+  for (const testing::StoreFixture& fixture : testing::AllStoreFixtures()) {
+    if (only.empty() ? !fixture.in_bench : !Wanted(only, fixture.name)) {
+      continue;
+    }
+    if (Status started = fixture.start(); !started.ok()) {
+      st.errors.push_back(started.ToString());
+      continue;
+    }
+    char tmpl[] = "/tmp/leasehold-bench-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      st.errors.push_back(fmt::format("mkdtemp: {}", std::strerror(errno)));
+      continue;
+    }
+    std::string dir = tmpl;
+    st.servers.push_back(std::shared_ptr<void>(nullptr, [dir](void*) {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }));
+    const std::string url = fixture.new_store_url(dir);
+    (void)Store::Open(url);  // creates what the store needs (the sqlite file the floor opens)
+    Subject subject{fixture.name, url, fixture.fair, {}, {}, fixture.server_requests,
+                    fixture.server_requests_what};
+    for (const Floors& floors : kFloors) {
+      if (fixture.name == floors.name) {
+        subject.open_floor = [url, open = floors.open_floor] { return open(url); };
+        if (floors.open_durable_floor != nullptr) {
+          subject.open_durable_floor = [url, open = floors.open_durable_floor] { return open(url); };
+        }
+      }
+    }
+    st.subjects.push_back(std::move(subject));
+  }
   return st;
 }
 

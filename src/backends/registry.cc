@@ -128,6 +128,11 @@ Result<std::string> StoreSchemaSql(const Url& url) {
                   fmt::join(CompiledSchemes(), ", "), url.scheme));
 }
 
+bool AcceptsAnyClock(std::string_view scheme) {
+  const StoreRow* row = FindRow(scheme);
+  return row != nullptr && row->any_clock;
+}
+
 Result<std::string> DefaultStoreUrl() {
   for (const StoreRow& row : kStores) {
     if (row.default_url != nullptr) {
@@ -162,7 +167,7 @@ Result<std::shared_ptr<Backend>> OpenBackend(const Url& url, Clock& clock) {
                     "{})",
                     url.scheme, row->product, fmt::join(CompiledSchemes(), ", ")));
   }
-  if (!row->any_clock && &clock != &Clock::Real()) {
+  if (!AcceptsAnyClock(url.scheme) && &clock != &Clock::Real()) {
     return Status::InvalidArgument(fmt::format(
         "a {}:// store runs on the real clock: its grants expire on a clock outside this process, "
         "so StoreOptions::clock must be unset or Clock::Real() (a FakeClock drives memory:// "

@@ -35,6 +35,11 @@ std::vector<std::string> CompiledSchemes();
 // kInvalidArgument for a bad URL.
 Result<std::string> StoreSchemaSql(const Url& url);
 
+// Returns true if a store of `scheme` may run on any Clock (a FakeClock in tests), false if its
+// grants expire on a clock outside the process, so that OpenBackend refuses any clock but
+// Clock::Real(). Only memory:// is of the first kind.
+bool AcceptsAnyClock(std::string_view scheme);
+
 // Returns the default store's URL (the embedded SQLite file), or kInvalidArgument if this build
 // has no default store.
 Result<std::string> DefaultStoreUrl();

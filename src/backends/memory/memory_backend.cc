@@ -20,16 +20,14 @@ class MemoryTable {
  public:
   explicit MemoryTable(Clock& clock) : clock_(clock) {}
 
+  [[nodiscard]] const Clock* clock() const { return &clock_; }
+
   Result<Grant> TryAcquire(const GrantRequest& request) LH_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     SteadyTime now = clock_.Now();
     auto it = grants_.find(request.key);
     if (it != grants_.end() && it->second.expires > now) {
-      LeaseInfo info = InfoLocked(it->first, it->second, now);
-      return Status::HeldByAnother(
-          fmt::format("{} is held by {} (fencing token {}, {} left)", request.key, info.holder,
-                      info.fencing_token, FormatDuration(info.remaining)),
-          info);
+      return Status::HeldByAnother(InfoLocked(it->first, it->second, now));
     }
     FencingToken fencing = ++fences_[request.key];
     grants_[request.key] = Entry{request.owner_token, request.holder, fencing,
@@ -307,6 +305,12 @@ Result<std::shared_ptr<Backend>> OpenMemoryBackend(const Url& url, Clock& clock)
   if (!table) {
     table = std::make_shared<MemoryTable>(clock);
     (*registry)[url.authority] = table;
+  } else if (table->clock() != &clock) {
+    // The table's grants expire on its first opener's clock: a handle on another clock would
+    // compare its deadlines with that one.
+    return Status::InvalidArgument(fmt::format(
+        "memory://{} is open on another clock: open every handle of one name on the same Clock",
+        url.authority));
   }
   return std::shared_ptr<Backend>(std::make_shared<MemoryBackend>(std::move(table)));
 }

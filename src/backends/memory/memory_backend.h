@@ -2,8 +2,8 @@
 //
 // memory://[name]: leases kept in this process, with expiry on the injected Clock, so that
 // core unit tests run deterministically on a FakeClock. Handles opened with the same name in
-// one process share one table (the first opener's clock drives it); an empty name gives a
-// private table. Not for production: nothing survives the process.
+// one process share one table, on the first opener's clock (a handle on another clock is
+// refused, never mixed); an empty name gives a private table. Not for production: nothing survives the process.
 //
 // Thread safety: thread-safe (one mutex per table).
 

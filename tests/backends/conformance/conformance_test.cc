@@ -1,6 +1,7 @@
 // The conformance suite: one list of behaviours that every backend passes unchanged, against a
-// real store (Arrow's GenericFileSystemTest, done as a gtest TEST_P). A backend joins by adding
-// a factory to Factories() below; a behaviour added for one store is added here, for all.
+// real store (Arrow's GenericFileSystemTest, done as a gtest TEST_P). A store joins by adding
+// its fixture row to tests/testing/store_fixtures.cc; a behaviour added for one store is added
+// here, for all.
 //
 // Capability predicates (multi_process, native_wait...) come from the backend itself; a test
 // that needs a capability the store does not have is skipped with the reason printed.
@@ -26,19 +27,9 @@
 #include "core/url.h"
 #include "leasehold/election.h"
 #include "leasehold/store.h"
+#include "leasehold/testing/fake_clock.h"
 #include "testing/spawned_process.h"
-#if LEASEHOLD_WITH_REDIS
-#include "testing/redis_server.h"
-#endif
-#if LEASEHOLD_WITH_POSTGRES
-#include "testing/postgres_server.h"
-#endif
-#if LEASEHOLD_WITH_ETCD
-#include "testing/etcd_server.h"
-#endif
-#if LEASEHOLD_WITH_ZOOKEEPER
-#include "testing/zk_server.h"
-#endif
+#include "testing/store_fixtures.h"
 
 namespace leasehold {
 namespace {
@@ -48,138 +39,8 @@ using internal::Backend;
 using internal::GrantRequest;
 using internal::RenewRequest;
 
-struct BackendFactory {
-  std::string name;
-  // Returns the URL of a fresh, empty store; every handle opened from it shares its leases.
-  std::function<std::string(const std::string& scratch_dir)> new_store_url;
-};
-
-// Names the parameter in test output instead of dumping its bytes.
-void PrintTo(const BackendFactory& factory, std::ostream* os) { *os << factory.name; }
-
-std::vector<BackendFactory> Factories() {
-  std::vector<BackendFactory> factories;
-  factories.push_back({"memory", [](const std::string&) {
-                         static std::atomic<int> n{0};
-                         return fmt::format("memory://conformance-{}", ++n);
-                       }});
-#if LEASEHOLD_WITH_SQLITE
-  factories.push_back(
-      {"sqlite", [](const std::string& dir) { return fmt::format("sqlite://{}/leases.db", dir); }});
-#endif
-#if LEASEHOLD_WITH_REDIS
-  // One redis-server per test process (started on first use, on a free loopback port, killed by
-  // PID at exit); each store gets its own key prefix, so every test starts empty. "redis_fair"
-  // is the same server with fair=true (waiters queue in Redis).
-  auto redis_url = [](std::string_view query) {
-    static testing::RedisServer* server = [] {
-      auto started = testing::RedisServer::Start({.aof = true});
-      if (!started.ok()) {  // every test then fails to open the store
-        std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
-        return static_cast<testing::RedisServer*>(nullptr);
-      }
-      std::atexit([] { delete server; });
-      return started->release();
-    }();
-    static std::atomic<int> n{0};
-    return fmt::format("{}/0?prefix=conformance-{}-{}{}",
-                       server ? server->Url() : "redis://127.0.0.1:1", getpid(), ++n, query);
-  };
-  factories.push_back({"redis", [redis_url](const std::string&) { return redis_url(""); }});
-  factories.push_back(
-      {"redis_fair", [redis_url](const std::string&) { return redis_url("&fair=true"); }});
-#endif
-#if LEASEHOLD_WITH_POSTGRES
-  // One PostgreSQL (and one PgBouncer in transaction pooling in front of it) per test process,
-  // started on first use in temporary directories on free loopback ports and stopped by PID at
-  // exit; each store gets its own schema, so every test starts empty.
-  struct PostgresFixtures {
-    std::unique_ptr<testing::PostgresServer> server;
-    std::unique_ptr<testing::PgBouncer> bouncer;
-  };
-  static PostgresFixtures* postgres = nullptr;
-  auto postgres_url = [](bool through_bouncer, std::string_view mode) {
-    if (postgres == nullptr) {
-      postgres = new PostgresFixtures();
-      std::atexit([] { delete postgres; });
-      auto server = testing::PostgresServer::Start();
-      if (server.ok()) {
-        postgres->server = std::move(server).value();
-        auto bouncer = testing::PgBouncer::Start(*postgres->server);
-        if (bouncer.ok()) {
-          postgres->bouncer = std::move(bouncer).value();
-        } else {
-          std::fprintf(stderr, "%s\n", bouncer.status().ToString().c_str());
-        }
-      } else {  // every test then fails to open the store
-        std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
-      }
-    }
-    static std::atomic<int> n{0};
-    std::string base = "postgres://postgres@127.0.0.1:1/postgres";
-    if (through_bouncer && postgres->bouncer != nullptr) {
-      base = postgres->bouncer->Url();
-    } else if (!through_bouncer && postgres->server != nullptr) {
-      base = postgres->server->Url();
-    }
-    return fmt::format("{}?mode={}&schema=conformance_{}_{}&connect_timeout=3", base, mode,
-                       getpid(), ++n);
-  };
-  factories.push_back({"postgres_advisory", [postgres_url](const std::string&) {
-                         return postgres_url(false, "advisory");
-                       }});
-  factories.push_back({"postgres_table", [postgres_url](const std::string&) {
-                         return postgres_url(false, "table");
-                       }});
-  factories.push_back({"postgres_table_pgbouncer", [postgres_url](const std::string&) {
-                         return postgres_url(true, "table");
-                       }});
-#endif
-#if LEASEHOLD_WITH_ETCD
-  // One single-member etcd per test process (started on first use in a temporary directory on
-  // free loopback ports, killed by PID at exit); each store gets its own key prefix. "etcd_fair"
-  // is the same server with fair=true (waiters queue in etcd).
-  auto etcd_url = [](std::string_view query) {
-    static testing::EtcdCluster* cluster = [] {
-      auto started = testing::EtcdCluster::Start();
-      if (!started.ok()) {  // every test then fails to open the store
-        std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
-        return static_cast<testing::EtcdCluster*>(nullptr);
-      }
-      std::atexit([] { delete cluster; });
-      return started->release();
-    }();
-    static std::atomic<int> n{0};
-    return fmt::format("{}?prefix=conformance-{}-{}{}",
-                       cluster ? cluster->Url() : "etcd://127.0.0.1:1", getpid(), ++n, query);
-  };
-  factories.push_back({"etcd", [etcd_url](const std::string&) { return etcd_url(""); }});
-  factories.push_back(
-      {"etcd_fair", [etcd_url](const std::string&) { return etcd_url("&fair=true"); }});
-#endif
-#if LEASEHOLD_WITH_ZOOKEEPER
-  // One ZooKeeper per test process (started on first use on free loopback ports, killed by PID at
-  // exit); each store gets its own chroot, so every test starts empty. tickTime 100 ms, so the
-  // shortest session (two ticks) is 200 ms and the suite's short TTLs stay short; no upper
-  // clamp below 2 minutes (the clamping itself is tested in tests/backends/zk/).
-  factories.push_back({"zk", [](const std::string&) {
-                         static testing::ZkEnsemble* zk = [] {
-                           auto started = testing::ZkEnsemble::Start(
-                               {.tick_time = 100ms, .max_session = 120s});
-                           if (!started.ok()) {  // every test then fails to open the store
-                             std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
-                             return static_cast<testing::ZkEnsemble*>(nullptr);
-                           }
-                           std::atexit([] { delete zk; });
-                           return started->release();
-                         }();
-                         static std::atomic<int> n{0};
-                         std::string chroot = fmt::format("/conformance-{}-{}", getpid(), ++n);
-                         return zk ? zk->Url(chroot) : "zk://127.0.0.1:1" + chroot;
-                       }});
-#endif
-  return factories;
-}
+// One fixture per store and mode (tests/testing/store_fixtures.h): every store compiled in.
+using BackendFactory = testing::StoreFixture;
 
 using Child = testing::SpawnedProcess;
 
@@ -247,6 +108,34 @@ TEST_P(ConformanceTest, MutualExclusionBetweenTwoHandles) {
   EXPECT_EQ(refused.status().holder()->holder, "handle-a");
   EXPECT_EQ(refused.status().holder()->fencing_token, held->fencing_token());
   EXPECT_TRUE(b->TryAcquire("other-job", {.ttl = 5s}).ok()) << "keys are independent";
+}
+
+// The core's clock and the store's agree on the time base: a FakeClock drives a store that keeps
+// no time of its own (its grants expire on that clock), and every other store refuses it with a
+// clear error instead of comparing fake deadlines with real ones.
+TEST_P(ConformanceTest, AFakeClockDrivesOnlyAStoreWithoutTimeOfItsOwn) {
+  testing::FakeClock clock;
+  // A store of its own: the fixture's backend_ is on the real clock.
+  auto store = Store::Open(GetParam().new_store_url(scratch_), {.clock = &clock});
+  if (!internal::AcceptsAnyClock(backend_->scheme())) {
+    ASSERT_EQ(store.status().code(), StatusCode::kInvalidArgument) << store.status().ToString();
+    EXPECT_NE(store.status().message().find("runs on the real clock"), std::string_view::npos)
+        << store.status().message();
+    auto real = Store::Open(url_, {.clock = &Clock::Real()});
+    EXPECT_TRUE(real.ok()) << "Clock::Real() named explicitly is the default: "
+                           << real.status().ToString();
+    return;
+  }
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto held = (*store)->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  EXPECT_EQ((*store)->TryAcquire("job", {.ttl = 10s}).status().code(),
+            StatusCode::kHeldByAnother);
+  clock.Advance(11s);  // no renewal can land in time: the heartbeat sleeps on the same clock
+  EXPECT_FALSE(held->valid());
+  auto next = (*store)->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(next.ok()) << "the grant expired on the FakeClock: " << next.status().ToString();
+  EXPECT_GT(next->fencing_token(), held->fencing_token());
 }
 
 TEST_P(ConformanceTest, MutualExclusionBetweenTwoProcesses) {
@@ -1067,7 +956,7 @@ TEST_P(ConformanceTest, ALostLeaseRecordsNoRun) {
   EXPECT_TRUE(runs->empty()) << "a run that may have overlapped another is not recorded";
 }
 
-INSTANTIATE_TEST_SUITE_P(AllBackends, ConformanceTest, ::testing::ValuesIn(Factories()),
+INSTANTIATE_TEST_SUITE_P(AllBackends, ConformanceTest, ::testing::ValuesIn(testing::AllStoreFixtures()),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -1,0 +1,300 @@
+#include "testing/store_fixtures.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "testing/server_process.h"
+#if LEASEHOLD_WITH_REDIS
+#include "testing/redis_server.h"
+#endif
+#if LEASEHOLD_WITH_POSTGRES
+#include "testing/postgres_server.h"
+#endif
+#if LEASEHOLD_WITH_ETCD
+#include "testing/etcd_server.h"
+#endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+#include "testing/zk_server.h"
+#endif
+
+namespace leasehold::testing {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::mutex options_mu;
+StoreFixtureOptions fixture_options;
+
+StoreFixtureOptions Options() {
+  std::lock_guard<std::mutex> lock(options_mu);
+  return fixture_options;
+}
+
+// One server of type T for the whole process: started on first use, deleted at exit (which stops
+// it). Holds the start status, so that every fixture of the server reports the same reason.
+template <typename T>
+class Lazy {
+ public:
+  using Starter = std::function<Result<std::unique_ptr<T>>()>;
+  explicit Lazy(Starter starter) : starter_(std::move(starter)) {}
+
+  // Returns the server, or null if it would not start (status() says why).
+  T* Get() {
+    std::call_once(once_, [this] {
+      auto started = starter_();
+      if (!started.ok()) {
+        status_ = started.status();
+        std::fprintf(stderr, "%s\n", status_.ToString().c_str());
+        return;
+      }
+      server_ = std::move(started).value();
+    });
+    return server_.get();
+  }
+  Status status() {
+    Get();
+    return status_;
+  }
+
+ private:
+  Starter starter_;
+  std::once_flag once_;
+  std::unique_ptr<T> server_;
+  Status status_;
+};
+
+// A process-wide server that is never destroyed before exit: `Lazy`s live in function statics.
+template <typename T>
+Lazy<T>& Server(typename Lazy<T>::Starter starter) {
+  static auto* lazy = new Lazy<T>(std::move(starter));
+  static const bool registered = [] {
+    std::atexit([] { delete lazy; });
+    return true;
+  }();
+  (void)registered;
+  return *lazy;
+}
+
+// A suffix no other store of this process (or of another process on the host) has.
+std::string Fresh() {
+  static std::atomic<int> n{0};
+  return fmt::format("{}-{}", getpid(), ++n);
+}
+
+std::vector<StoreFixture> MakeFixtures() {
+  std::vector<StoreFixture> fixtures;
+  auto no_server = [] { return Status(); };
+  fixtures.push_back({.name = "memory",
+                      .in_bench = false,
+                      .start = no_server,
+                      .new_store_url = [](const std::string&) {
+                        return fmt::format("memory://fixture-{}", Fresh());
+                      }});
+#if LEASEHOLD_WITH_SQLITE
+  fixtures.push_back({.name = "sqlite", .start = no_server, .new_store_url = [](const std::string& dir) {
+                        return fmt::format("sqlite://{}/leases.db", dir);
+                      }});
+#endif
+#if LEASEHOLD_WITH_REDIS
+  {
+    auto redis = [] {
+      return &Server<RedisServer>([] { return RedisServer::Start({.aof = Options().redis_aof}); });
+    };
+    auto requests = [redis]() -> std::optional<double> {
+      RedisServer* server = redis()->Get();
+      if (server == nullptr) {
+        return std::nullopt;
+      }
+      auto info = server->Cli({"INFO", "stats"});
+      auto at = info.ok() ? info->find("total_reads_processed:") : std::string::npos;
+      if (at == std::string::npos) {
+        return std::nullopt;
+      }
+      return std::strtod(info->c_str() + at + 22, nullptr);
+    };
+    for (bool fair : {false, true}) {
+      fixtures.push_back(
+          {.name = fair ? "redis_fair" : "redis",
+           .fair = fair,
+           .start = [redis] { return redis()->status(); },
+           .new_store_url =
+               [redis, fair](const std::string&) {
+                 RedisServer* server = redis()->Get();
+                 return fmt::format("{}/0?prefix=fixture-{}{}",
+                                    server ? server->Url() : "redis://127.0.0.1:1", Fresh(),
+                                    fair ? "&fair=true" : "");
+               },
+           .server_requests = requests,
+           .server_requests_what = "Redis total_reads_processed (socket reads holding commands)"});
+    }
+  }
+#endif
+#if LEASEHOLD_WITH_POSTGRES
+  {
+    // PgBouncer in transaction pooling in front of the server, for the table mode behind a pool.
+    struct Postgres {
+      std::unique_ptr<PostgresServer> server;
+      std::unique_ptr<PgBouncer> bouncer;
+    };
+    auto pg = [] {
+      return &Server<Postgres>([]() -> Result<std::unique_ptr<Postgres>> {
+        auto both = std::make_unique<Postgres>();
+        LH_ASSIGN_OR_RETURN(both->server, PostgresServer::Start(
+                                              {.max_connections = Options().postgres_max_connections}));
+        auto bouncer = PgBouncer::Start(*both->server);
+        if (bouncer.ok()) {
+          both->bouncer = std::move(bouncer).value();
+        } else {  // the direct fixtures still work; the PgBouncer one fails to open
+          std::fprintf(stderr, "%s\n", bouncer.status().ToString().c_str());
+        }
+        return both;
+      });
+    };
+    auto requests = [pg]() -> std::optional<double> {
+      Postgres* both = pg()->Get();
+      if (both == nullptr) {
+        return std::nullopt;
+      }
+      auto n = both->server->Psql(
+          "SELECT pg_stat_force_next_flush(); SELECT xact_commit + xact_rollback FROM "
+          "pg_stat_database WHERE datname = 'postgres'");
+      if (!n.ok()) {
+        return std::nullopt;
+      }
+      auto nl = n->rfind('\n');
+      return std::strtod(n->c_str() + (nl == std::string::npos ? 0 : nl + 1), nullptr);
+    };
+    struct Mode {
+      const char* name;
+      const char* mode;
+      bool through_bouncer;
+    };
+    for (Mode m : {Mode{"postgres_advisory", "advisory", false}, Mode{"postgres_table", "table", false},
+                   Mode{"postgres_table_pgbouncer", "table", true}}) {
+      fixtures.push_back(
+          {.name = m.name,
+           .fair = std::string_view(m.mode) == "advisory",  // the server's lock queue
+           .in_bench = !m.through_bouncer,
+           .start = [pg] { return pg()->status(); },
+           .new_store_url =
+               [pg, m](const std::string&) {
+                 Postgres* both = pg()->Get();
+                 std::string base = "postgres://postgres@127.0.0.1:1/postgres";
+                 if (both != nullptr && !m.through_bouncer) {
+                   base = both->server->Url();
+                 } else if (both != nullptr && both->bouncer != nullptr) {
+                   base = both->bouncer->Url();
+                 }
+                 // Each store in its own schema, so that it starts empty.
+                 std::string fresh = Fresh();
+                 std::replace(fresh.begin(), fresh.end(), '-', '_');
+                 return fmt::format("{}?mode={}&schema=fixture_{}&connect_timeout=3", base, m.mode,
+                                    fresh);
+               },
+           .server_requests = requests,
+           .server_requests_what = "PostgreSQL transactions (pg_stat_database xact_commit+rollback)"});
+    }
+  }
+#endif
+#if LEASEHOLD_WITH_ETCD
+  {
+    auto etcd = [] {
+      return &Server<EtcdCluster>([] { return EtcdCluster::Start({.members = 1}); });
+    };
+    // etcd's own Prometheus counters, on its client port.
+    auto requests = [etcd]() -> std::optional<double> {
+      EtcdCluster* cluster = etcd()->Get();
+      if (cluster == nullptr) {
+        return std::nullopt;
+      }
+      std::string metrics_url = cluster->Url();
+      metrics_url.replace(0, std::string("etcd://").size(), "http://");
+      auto text = RunCommand("timeout 5 curl -s " + ShellQuote(metrics_url + "/metrics"));
+      if (!text.ok()) {
+        return std::nullopt;
+      }
+      double total = 0;
+      std::istringstream lines(*text);
+      std::string line;
+      while (std::getline(lines, line)) {
+        if (line.rfind("grpc_server_msg_received_total{", 0) == 0) {
+          total += std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+        }
+      }
+      return total;
+    };
+    for (bool fair : {false, true}) {
+      fixtures.push_back(
+          {.name = fair ? "etcd_fair" : "etcd",
+           .fair = fair,
+           .start = [etcd] { return etcd()->status(); },
+           .new_store_url =
+               [etcd, fair](const std::string&) {
+                 EtcdCluster* cluster = etcd()->Get();
+                 return fmt::format("{}?prefix=fixture-{}{}",
+                                    cluster ? cluster->Url() : "etcd://127.0.0.1:1", Fresh(),
+                                    fair ? "&fair=true" : "");
+               },
+           .server_requests = requests,
+           .server_requests_what = "etcd gRPC messages received (grpc_server_msg_received_total)"});
+    }
+  }
+#endif
+#if LEASEHOLD_WITH_ZOOKEEPER
+  {
+    // tickTime 100 ms, so the shortest session (two ticks) is 200 ms and short TTLs stay short;
+    // no upper clamp below 2 minutes (the clamping itself is tested in tests/backends/zk/).
+    auto zk = [] {
+      return &Server<ZkEnsemble>(
+          [] { return ZkEnsemble::Start({.tick_time = 100ms, .max_session = 120s}); });
+    };
+    fixtures.push_back(
+        {.name = "zk",
+         .fair = true,  // sequential nodes: waiters are granted in order
+         .start = [zk] { return zk()->status(); },
+         .new_store_url =
+             [zk](const std::string&) {
+               ZkEnsemble* ensemble = zk()->Get();
+               std::string chroot = fmt::format("/fixture-{}", Fresh());
+               return ensemble ? ensemble->Url(chroot) : "zk://127.0.0.1:1" + chroot;
+             },
+         .server_requests =
+             [zk]() -> std::optional<double> {
+           ZkEnsemble* ensemble = zk()->Get();
+           // The server's own count of packets received ("srvr": "Received: N").
+           std::string srvr = ensemble ? ensemble->FourLetter(0, "srvr") : "";
+           auto at = srvr.find("Received: ");
+           if (at == std::string::npos) {
+             return std::nullopt;
+           }
+           return std::strtod(srvr.c_str() + at + 10, nullptr);
+         },
+         .server_requests_what = "ZooKeeper packets received (srvr Received)"});
+  }
+#endif
+  return fixtures;
+}
+
+}  // namespace
+
+void SetStoreFixtureOptions(const StoreFixtureOptions& options) {
+  std::lock_guard<std::mutex> lock(options_mu);
+  fixture_options = options;
+}
+
+const std::vector<StoreFixture>& AllStoreFixtures() {
+  static const std::vector<StoreFixture>* fixtures = new std::vector<StoreFixture>(MakeFixtures());
+  return *fixtures;
+}
+
+}  // namespace leasehold::testing
