@@ -9,6 +9,16 @@
 // answer within the backend's own timeouts (every call is bounded); kPermissionDenied when the
 // store refuses access; kInternal for an unexpected reply. Others are listed per method.
 //
+// Time, for every method: a backend is opened on a Clock (Open<Store>Backend(url, clock), the
+// Store's StoreOptions::clock) and reads time only from it. Every SteadyTime it receives (the
+// deadline of WaitForChange and WaitForTurn) is on that clock, and so is every SteadyTime it
+// computes (a retry time, a condition-variable wait through ToSteady, backends/common/time.h).
+// For every store but memory:// that clock is Clock::Real(): their grants expire on a clock
+// outside the process (the server's, or CLOCK_BOOTTIME written into a shared SQLite file), so
+// the registry refuses any other. Durations (ttl, keep, record_ttl) are counted by the store, on
+// its own clock, from the moment it applies the operation, which is never before the core's
+// t_send. SystemTime (StoreTime, schedule records) is wall-clock time, never used for safety.
+//
 // Thread safety: implementations must be thread-safe (the heartbeat thread and callers use one
 // backend concurrently) and say how in their class comment.
 

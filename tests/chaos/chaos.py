@@ -830,7 +830,7 @@ class Grant:
 
 def check(run_dir, ttl_ms, scheme, scenario, needs_stale):
     ttl = ttl_ms * MS
-    drift = ttl // 100 + 2 * MS  # DESIGN.md §3 default: ttl/100 + 2 ms
+    drift = ttl // 100 + 2 * MS  # the library's default drift allowance: ttl/100 + 2 ms
     bound = ttl - drift
 
     # Fault log: which pid ran which worker, kills, stops and conts.

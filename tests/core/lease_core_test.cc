@@ -1,4 +1,4 @@
-// The safety rule of DESIGN.md section 3 at its edges, on a FakeClock and memory://:
+// The safety rule (safe_until = t_send + ttl - drift, docs/impl.md "safe_until") at its edges, on a FakeClock and memory://:
 // every test moves time by hand, so each renew round and each expiry happens exactly when the
 // test says, with no sleeps.
 

@@ -81,7 +81,7 @@ TEST(StoreOpenTest, UnknownAndMissingSchemesAreClear) {
   auto unknown = Store::Open("nosuch://x");
   EXPECT_EQ(unknown.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(unknown.status().message().find("nosuch"), std::string_view::npos);
-  // A store DESIGN.md names that this build lacks (none, when every store is built in).
+  // A store the registry knows that this build lacks (none, when every store is built in).
   std::vector<std::string> built = internal::CompiledSchemes();
   for (std::string scheme : {"etcd", "zk"}) {
     if (std::find(built.begin(), built.end(), scheme) != built.end()) {
