@@ -1,48 +1,40 @@
 // File: backends/redis/redis_backend.cc (internal)
 //
-// RedisBackend over hiredis 0.14 (synchronous API). The only file that includes hiredis.
+// RedisBackend: the operations, each a Lua script (redis_scripts.h) run with EVALSHA on a
+// connection borrowed from the pool (redis_connection.h); waits go through the subscriber
+// (redis_subscriber.h).
 //
 // Invariants:
 // - One operation is one pipelined round trip: the EVALSHA (plus WAIT with min_replicas) is
 //   written in one go and every reply read back. NOSCRIPT costs one more SCRIPT LOAD and one
 //   retry of exactly the calls that did not run.
-// - A connection that saw an I/O error or timeout is never reused: hiredis cannot resync a
-//   stream whose replies may still be in flight. The pool drops it and opens a new one.
-// - Every socket read and write is bounded (SO_RCVTIMEO/SO_SNDTIMEO via redisSetTimeout), so no
-//   call blocks longer than the command timeout per read, whatever the server does.
+// - Every time the backend reads is on clock_ (the Clock it was opened with), the clock of the
+//   deadlines it receives; the grants' own expiry is the server's PEXPIRE, never a local time.
 
 #include "backends/redis/redis_backend.h"
-
-#include <poll.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
-#include <deque>
-#include <map>
-#include <mutex>
-#include <random>
+#include <optional>
 #include <set>
 #include <string>
-#include <thread>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
-#include <hiredis/hiredis.h>
-#include <sys/eventfd.h>
-#include <sys/time.h>
 
+#include "backends/common/time.h"
+#include "backends/redis/redis_connection.h"
 #include "backends/redis/redis_scripts.h"
+#include "backends/redis/redis_subscriber.h"
 #include "core/duration.h"
 #include "core/logging.h"
 #include "util/hex.h"
 #include "util/mutex.h"
-#include "util/sigpipe_guard.h"
 #include "util/thread_annotations.h"
 
 namespace leasehold::internal {
@@ -50,21 +42,11 @@ namespace leasehold::internal {
 namespace {
 
 using std::chrono::milliseconds;
-using Command = std::vector<std::string>;
 
 // A waiter whose subscription is not confirmed (subscriber down) polls this often.
 constexpr Duration kFallbackPoll = milliseconds(100);
 // Waiters woken by a grant's expiry spread out over up to this much.
 constexpr Duration kMaxExpiryJitter = milliseconds(20);
-// Reconnect backoff after a failed connect: doubling from base to cap.
-constexpr Duration kReconnectBackoffBase = milliseconds(50);
-constexpr Duration kReconnectBackoffCap = milliseconds(1000);
-// A channel stays subscribed this long after its last waiter leaves: a waiter that loses the
-// race for the grant waits again at once, and must not pay for a new SUBSCRIBE every time.
-constexpr auto kSubscriptionLinger = std::chrono::seconds(1);
-// How long the subscriber thread sleeps in poll() when nothing happens; it is woken through an
-// eventfd for every change, so this only bounds how stale a stop request can get.
-constexpr int kSubscriberPollMs = 1000;
 // fair=true: a waiter's queue entry lives this long past its latest attempt (plus the time two
 // store calls may take, see FairEntryLifetime). Store::Acquire re-attempts on every release
 // message, at the holder's expiry, and at least every 5 s (kNotificationSafetyNet in
@@ -73,18 +55,6 @@ constexpr int kSubscriberPollMs = 1000;
 constexpr Duration kFairEntryBase = std::chrono::seconds(10);
 // SCAN page size hint.
 constexpr std::string_view kScanCount = "1000";
-
-struct ReplyDeleter {
-  void operator()(redisReply* reply) const { freeReplyObject(reply); }
-};
-
-using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
-
-struct ContextDeleter {
-  void operator()(redisContext* context) const { redisFree(context); }
-};
-
-using ContextPtr = std::unique_ptr<redisContext, ContextDeleter>;
 
 struct Script {
   std::string_view name;
@@ -112,15 +82,6 @@ constexpr Script kScripts[kScriptCount] = {
     {"finish", kFinishScript},
 };
 
-timeval ToTimeval(Duration d) {
-  auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();
-  return timeval{static_cast<time_t>(us / 1'000'000), static_cast<suseconds_t>(us % 1'000'000)};
-}
-
-long long CeilMillis(Duration d) {
-  return std::max<long long>(1, std::chrono::ceil<milliseconds>(d).count());
-}
-
 // Escapes Redis glob metacharacters (* ? [ ] \) so that `text` matches only itself in SCAN
 // MATCH.
 std::string GlobEscape(std::string_view text) {
@@ -132,40 +93,6 @@ std::string GlobEscape(std::string_view text) {
     out += c;
   }
   return out;
-}
-
-std::string_view ReplyText(const redisReply* reply) {
-  if (reply == nullptr || reply->str == nullptr) {
-    return {};
-  }
-  return {reply->str, reply->len};
-}
-
-bool IsError(const redisReply* reply) {
-  return reply != nullptr && reply->type == REDIS_REPLY_ERROR;
-}
-
-bool IsNoScript(const redisReply* reply) {
-  return IsError(reply) && ReplyText(reply).starts_with("NOSCRIPT");
-}
-
-// Maps a Redis error reply to a Status. The reply text never holds a password (Redis does not
-// echo AUTH arguments), so it goes into the message and the detail as is; ACL refusals name
-// the command ("NOPERM ... 'evalsha' command"), which is what an operator needs to fix them.
-Status ErrorReplyStatus(std::string_view address, std::string_view what, std::string_view error) {
-  std::string message = fmt::format("redis at {} refused {}: {}", address, what, error);
-  auto has = [&](std::string_view s) { return error.find(s) != std::string_view::npos; };
-  if (has("NOPERM") || has("WRONGPASS") || has("can't run this command") || has("NOAUTH") ||
-      has("invalid password") || has("invalid username-password")) {
-    return Status::PermissionDenied(std::move(message), std::string(error));
-  }
-  if (error.starts_with("LOADING") || error.starts_with("BUSY") ||
-      error.starts_with("MASTERDOWN") || error.starts_with("READONLY") ||
-      error.starts_with("TRYAGAIN") || error.starts_with("CLUSTERDOWN") ||
-      error.starts_with("MOVED") || error.starts_with("ASK")) {
-    return Status::Unavailable(std::move(message), std::string(error));
-  }
-  return Status::Internal(std::move(message), std::string(error));
 }
 
 // Returns the Redis command called on `line` (1-based) of `body`, upper-cased, or "".
@@ -225,21 +152,6 @@ Status ScriptErrorStatus(std::string_view address, std::string_view what, std::s
       std::string(error));
 }
 
-Result<long long> ParseInteger(const redisReply* reply) {
-  if (reply != nullptr && reply->type == REDIS_REPLY_INTEGER) {
-    return reply->integer;
-  }
-  if (reply != nullptr && reply->type == REDIS_REPLY_STRING) {
-    long long value = 0;
-    std::string_view text = ReplyText(reply);
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (ec == std::errc() && end == text.data() + text.size()) {
-      return value;
-    }
-  }
-  return Status::Internal("unexpected reply from redis: expected an integer");
-}
-
 // {holder, token_prefix, fence, pttl_ms, ttl_ms} starting at element `first` of `reply`.
 Result<LeaseInfo> ParseLeaseInfo(std::string key, const redisReply* reply, std::size_t first) {
   if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY || reply->elements < first + 5) {
@@ -256,27 +168,6 @@ Result<LeaseInfo> ParseLeaseInfo(std::string key, const redisReply* reply, std::
   info.remaining = milliseconds(std::max<long long>(0, pttl));
   info.ttl = milliseconds(ttl.ok() ? *ttl : 0);
   return info;
-}
-
-SteadyTime NowBoot() {
-  return BootClock::now();
-}
-
-// CondVar waits on std::chrono::steady_clock; deadlines arrive on BootClock. Both run at the
-// same rate while the machine is awake, so convert the remaining time.
-std::chrono::steady_clock::time_point ToSteady(SteadyTime t) {
-  Duration left = t - NowBoot();
-  left = std::clamp<Duration>(left, Duration::zero(), std::chrono::hours(24));
-  return std::chrono::steady_clock::now() + left;
-}
-
-Duration Jitter(Duration up_to) {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  if (up_to <= Duration::zero()) {
-    return Duration::zero();
-  }
-  std::uniform_int_distribution<Duration::rep> dist(0, up_to.count());
-  return Duration(dist(rng));
 }
 
 // Warns once per server address and process that fencing tokens will not survive a restart.
@@ -309,10 +200,7 @@ Status HeldReply(std::string_view key, const redisReply* reply) {
     if (!holder) {
       return Status::Internal("unexpected reply from redis to the acquire script");
     }
-    std::string message =
-        fmt::format("{} is held by {} (fencing token {}, {} left)", key, holder->holder,
-                    holder->fencing_token, FormatDuration(holder->remaining));
-    return Status::HeldByAnother(std::move(message), std::move(holder));
+    return Status::HeldByAnother(*holder);
   }
   const std::string next(ReplyText(reply->element[6]));
   LH_ASSIGN_OR_RETURN(long long queued, ParseInteger(reply->element[7]));
@@ -322,11 +210,10 @@ Status HeldReply(std::string_view key, const redisReply* reply) {
   if (position >= 0) {
     queue += fmt::format(", this waiter is #{}", position + 1);
   }
-  std::string message =
-      holder ? fmt::format("{} is held by {} (fencing token {}, {} left); {}", key, holder->holder,
-                           holder->fencing_token, FormatDuration(holder->remaining), queue)
-             : fmt::format("{} is free but queued for: {}", key, queue);
-  return Status::HeldByAnother(std::move(message), std::move(holder));
+  if (holder) {
+    return Status::HeldByAnother(*holder, queue);
+  }
+  return Status::HeldByAnother(fmt::format("{} is free but queued for: {}", key, queue));
 }
 
 // How long a queue entry outlives the waiter's latest attempt: max(ttl, kFairEntryBase), plus
@@ -340,227 +227,6 @@ Duration FairEntryLifetime(const RedisOptions& options, Duration ttl) {
   }
   return lifetime;
 }
-
-}  // namespace
-
-// One hiredis context: blocking, with connect and per-read/write timeouts.
-class RedisConnection {
- public:
-  explicit RedisConnection(ContextPtr context) : context_(std::move(context)) {}
-
-  // Connects, then AUTH, SELECT and PING in one round trip.
-  static Result<std::unique_ptr<RedisConnection>> Connect(const RedisOptions& options) {
-    const timeval connect_tv = ToTimeval(options.connect_timeout);
-    ContextPtr context(options.unix_socket.empty()
-                           ? redisConnectWithTimeout(options.host.c_str(), options.port, connect_tv)
-                           : redisConnectUnixWithTimeout(options.unix_socket.c_str(), connect_tv));
-    if (context == nullptr) {
-      return Status::Unavailable(
-          fmt::format("cannot connect to redis at {}: out of memory", options.Address()));
-    }
-    if (context->err != 0) {
-      return Status::Unavailable(
-          fmt::format("cannot connect to redis at {}: {}", options.Address(), context->errstr),
-          context->errstr);
-    }
-    // A WAIT may legitimately take replica_timeout on top of the command's own time.
-    Duration io_timeout = options.command_timeout;
-    if (options.min_replicas > 0) {
-      io_timeout += options.replica_timeout;
-    }
-    if (redisSetTimeout(context.get(), ToTimeval(io_timeout)) != REDIS_OK) {
-      return Status::Unavailable(
-          fmt::format("cannot set timeouts on redis connection to {}", options.Address()));
-    }
-    auto connection = std::make_unique<RedisConnection>(std::move(context));
-    std::vector<Command> hello;
-    if (options.password) {
-      if (options.user) {
-        hello.push_back({"AUTH", *options.user, *options.password});
-      } else {
-        hello.push_back({"AUTH", *options.password});
-      }
-    }
-    if (options.db != 0) {
-      hello.push_back({"SELECT", std::to_string(options.db)});
-    }
-    hello.push_back({"PING"});
-    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
-                        connection->Pipeline(hello, options.Address()));
-    for (std::size_t i = 0; i < replies.size(); ++i) {
-      if (IsError(replies[i].get())) {
-        // Name the command, never its arguments (AUTH's are credentials).
-        return ErrorReplyStatus(options.Address(), hello[i][0], ReplyText(replies[i].get()));
-      }
-    }
-    return connection;
-  }
-
-  // Writes every command, then reads one reply per command: one round trip. Returns
-  // kUnavailable (and marks the connection broken) on an I/O error or timeout.
-  Result<std::vector<ReplyPtr>> Pipeline(std::span<const Command> commands,
-                                         std::string_view address) {
-    SigpipeGuard no_sigpipe;  // a reset connection must fail the call, not kill the process
-    std::vector<const char*> argv;
-    std::vector<std::size_t> argvlen;
-    for (const Command& command : commands) {
-      argv.clear();
-      argvlen.clear();
-      for (const std::string& arg : command) {
-        argv.push_back(arg.data());
-        argvlen.push_back(arg.size());
-      }
-      if (redisAppendCommandArgv(context_.get(), static_cast<int>(argv.size()), argv.data(),
-                                 argvlen.data()) != REDIS_OK) {
-        return Broken(address);
-      }
-    }
-    std::vector<ReplyPtr> replies;
-    replies.reserve(commands.size());
-    for (std::size_t i = 0; i < commands.size(); ++i) {
-      void* raw = nullptr;
-      if (redisGetReply(context_.get(), &raw) != REDIS_OK || raw == nullptr) {
-        return Broken(address);
-      }
-      replies.emplace_back(static_cast<redisReply*>(raw));
-    }
-    return replies;
-  }
-
-  [[nodiscard]] bool broken() const { return broken_; }
-
-  // For the subscriber, which drives the socket itself (poll + redisBufferRead).
-  [[nodiscard]] redisContext* context() const { return context_.get(); }
-
- private:
-  Status Broken(std::string_view address) {
-    broken_ = true;
-    const char* why = context_->errstr[0] != '\0' ? context_->errstr : "connection error";
-    return Status::Unavailable(fmt::format("redis at {}: {}", address, why), why);
-  }
-
-  ContextPtr context_;
-  bool broken_ = false;
-};
-
-// A bounded pool of RedisConnections with reconnect backoff.
-class RedisConnectionPool {
- public:
-  explicit RedisConnectionPool(RedisOptions options) : options_(std::move(options)), cv_(&mu_) {}
-
-  // A borrowed connection; goes back to the pool on destruction unless broken.
-  class Borrowed {
-   public:
-    Borrowed(RedisConnectionPool* pool, std::unique_ptr<RedisConnection> connection)
-        : pool_(pool), connection_(std::move(connection)) {}
-
-    Borrowed(const Borrowed&) = delete;
-    Borrowed& operator=(const Borrowed&) = delete;
-    Borrowed(Borrowed&& other) noexcept = default;
-    Borrowed& operator=(Borrowed&&) = delete;
-
-    ~Borrowed() {
-      if (connection_ != nullptr) {
-        pool_->GiveBack(std::move(connection_));
-      }
-    }
-
-    RedisConnection* operator->() const { return connection_.get(); }
-
-    RedisConnection& get() const { return *connection_; }
-
-   private:
-    RedisConnectionPool* pool_;
-    std::unique_ptr<RedisConnection> connection_;
-  };
-
-  // Returns an idle connection, or opens one (up to pool_size), or waits up to the command
-  // timeout for one to come back. Returns kUnavailable while a reconnect backoff runs.
-  Result<Borrowed> Borrow() LH_EXCLUDES(mu_) {
-    const auto give_up = std::chrono::steady_clock::now() + options_.command_timeout;
-    {
-      MutexLock lock(&mu_);
-      while (true) {
-        if (!idle_.empty()) {
-          std::unique_ptr<RedisConnection> connection = std::move(idle_.back());
-          idle_.pop_back();
-          return Borrowed(this, std::move(connection));
-        }
-        if (open_ < options_.pool_size) {
-          if (std::chrono::steady_clock::now() < retry_after_) {
-            return Status::Unavailable(
-                fmt::format("{} (reconnecting with backoff)", last_error_.message()),
-                std::string(last_error_.detail()));
-          }
-          ++open_;
-          break;
-        }
-        if (!cv_.WaitUntil(give_up, std::stop_token(), [&]() LH_REQUIRES(mu_) {
-              return !idle_.empty() || open_ < options_.pool_size;
-            })) {
-          return Status::Unavailable(fmt::format(
-              "all {} connections to redis at {} stayed busy for {}", options_.pool_size,
-              options_.Address(), FormatDuration(options_.command_timeout)));
-        }
-      }
-    }
-    Result<std::unique_ptr<RedisConnection>> connection = Connect();
-    if (!connection.ok()) {
-      MutexLock lock(&mu_);
-      --open_;
-      cv_.NotifyAll();
-      return connection.status();
-    }
-    return Borrowed(this, std::move(connection).value());
-  }
-
-  // Opens a connection outside the pool's count (the subscriber's), with the same backoff.
-  Result<std::unique_ptr<RedisConnection>> Connect() LH_EXCLUDES(mu_) {
-    Result<std::unique_ptr<RedisConnection>> connection = RedisConnection::Connect(options_);
-    MutexLock lock(&mu_);
-    if (connection.ok()) {
-      connects_.fetch_add(1, std::memory_order_relaxed);
-      backoff_ = Duration::zero();
-      retry_after_ = {};
-    } else if (connection.status().code() == StatusCode::kUnavailable) {
-      backoff_ = backoff_ == Duration::zero() ? kReconnectBackoffBase
-                                              : std::min(backoff_ * 2, kReconnectBackoffCap);
-      retry_after_ = std::chrono::steady_clock::now() + Jitter(backoff_);
-      last_error_ = connection.status();
-    }
-    return connection;
-  }
-
-  [[nodiscard]] const RedisOptions& options() const { return options_; }
-
-  std::atomic<std::uint64_t> round_trips_{0};
-  std::atomic<std::uint64_t> connects_{0};
-  std::atomic<std::uint64_t> script_loads_{0};
-  // SHA1 of each script, as SCRIPT LOAD returned it at open. Immutable after Open().
-  std::vector<std::string> shas_;
-
- private:
-  void GiveBack(std::unique_ptr<RedisConnection> connection) LH_EXCLUDES(mu_) {
-    MutexLock lock(&mu_);
-    if (connection->broken()) {
-      --open_;  // dropped: a stream with replies possibly in flight cannot be reused
-    } else {
-      idle_.push_back(std::move(connection));
-    }
-    cv_.NotifyAll();
-  }
-
-  const RedisOptions options_;
-  Mutex mu_;
-  CondVar cv_;
-  std::vector<std::unique_ptr<RedisConnection>> idle_ LH_GUARDED_BY(mu_);
-  int open_ LH_GUARDED_BY(mu_) = 0;
-  Duration backoff_ LH_GUARDED_BY(mu_) = Duration::zero();
-  std::chrono::steady_clock::time_point retry_after_ LH_GUARDED_BY(mu_);
-  Status last_error_ LH_GUARDED_BY(mu_);
-};
-
-namespace {
 
 // Loads every script on `connection` and returns their SHA1s.
 Result<std::vector<std::string>> LoadScripts(RedisConnectionPool& pool,
@@ -650,292 +316,65 @@ Result<ScriptReplies> RunScripts(RedisConnectionPool& pool, std::vector<Command>
   return out;
 }
 
-}  // namespace
-
-// The one subscriber connection of a backend: a std::jthread that owns a hiredis context in
-// subscribe mode, multiplexing every channel some waiter waits on. Waiters register a channel,
-// wait for the SUBSCRIBE to be confirmed, and then for a message on it. If the connection
-// breaks, every waiter is woken (a spurious wake-up: it retries and waits again) and the thread
-// reconnects with backoff and resubscribes.
-class RedisSubscriber {
- public:
-  explicit RedisSubscriber(std::shared_ptr<RedisConnectionPool> pool)
-      : pool_(std::move(pool)), cv_(&mu_), wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
-    thread_ = std::jthread([this](std::stop_token stop) { Run(stop); });
-  }
-
-  RedisSubscriber(const RedisSubscriber&) = delete;
-  RedisSubscriber& operator=(const RedisSubscriber&) = delete;
-  RedisSubscriber(RedisSubscriber&&) = delete;
-  RedisSubscriber& operator=(RedisSubscriber&&) = delete;
-
-  ~RedisSubscriber() {
-    thread_.request_stop();
-    Wake();
-    thread_.join();
-    if (wake_fd_ >= 0) {
-      close(wake_fd_);
-    }
-  }
-
-  // A registration of one waiter on one channel.
-  struct Watch {
-    std::string channel;
-    std::uint64_t generation = 0;
-    std::uint64_t seen = 0;
-  };
-
-  // Registers interest in `channel`. Returns at once; see AwaitSubscribed.
-  Watch Register(const std::string& channel) LH_EXCLUDES(mu_) {
-    Watch watch{.channel = channel};
-    {
-      MutexLock lock(&mu_);
-      Channel& state = channels_[channel];
-      if (state.generation == 0) {
-        state.generation = ++next_generation_;
-      }
-      ++state.waiters;
-      watch.generation = state.generation;
-      watch.seen = state.events;
-    }
-    Wake();
-    return watch;
-  }
-
-  // Blocks until the channel's SUBSCRIBE is confirmed (true), or `until` or `stop` (false).
-  bool AwaitSubscribed(const Watch& watch, SteadyTime until, std::stop_token stop)
-      LH_EXCLUDES(mu_) {
-    MutexLock lock(&mu_);
-    return cv_.WaitUntil(ToSteady(until), std::move(stop), [&]() LH_REQUIRES(mu_) {
-      auto it = channels_.find(watch.channel);
-      return it != channels_.end() && (it->second.confirmed || it->second.events != watch.seen);
-    });
-  }
-
-  // Blocks until a message (or a reconnect) on the channel since Register, `until` or `stop`.
-  // Returns true if woken by an event.
-  bool AwaitEvent(const Watch& watch, SteadyTime until, std::stop_token stop) LH_EXCLUDES(mu_) {
-    MutexLock lock(&mu_);
-    return cv_.WaitUntil(ToSteady(until), std::move(stop), [&]() LH_REQUIRES(mu_) {
-      auto it = channels_.find(watch.channel);
-      return it != channels_.end() && it->second.events != watch.seen;
-    });
-  }
-
-  void Unregister(const Watch& watch) LH_EXCLUDES(mu_) {
-    {
-      MutexLock lock(&mu_);
-      auto it = channels_.find(watch.channel);
-      if (it != channels_.end()) {
-        if (--it->second.waiters == 0) {
-          it->second.idle_since = std::chrono::steady_clock::now();
-        }
-      }
-    }
-    Wake();
-  }
-
- private:
-  struct Channel {
-    int waiters = 0;
-    // Identifies this registration of the channel, so that the reply to an earlier
-    // SUBSCRIBE (before an UNSUBSCRIBE) does not confirm a later one.
-    std::uint64_t generation = 0;
-    bool sent = false;
-    bool confirmed = false;
-    // Messages received plus reconnects: waiters wake when it changes.
-    std::uint64_t events = 0;
-    // When the last waiter left; the subscription lingers for kSubscriptionLinger after that.
-    std::chrono::steady_clock::time_point idle_since;
-  };
-
-  struct Sent {
-    bool subscribe;
-    std::string channel;
-    std::uint64_t generation;
-  };
-
-  void Wake() {
-    std::uint64_t one = 1;
-    if (wake_fd_ >= 0) {
-      (void)!write(wake_fd_, &one, sizeof(one));
-    }
-  }
-
-  void DrainWake() {
-    std::uint64_t value = 0;
-    (void)!read(wake_fd_, &value, sizeof(value));
-  }
-
-  // Wakes every waiter and forgets subscriptions: the connection is gone.
-  void Disconnected() LH_EXCLUDES(mu_) {
-    connection_.reset();
-    in_flight_.clear();
-    MutexLock lock(&mu_);
-    for (auto& [name, state] : channels_) {
-      state.sent = false;
-      state.confirmed = false;
-      ++state.events;
-    }
-    cv_.NotifyAll();
-  }
-
-  // Opens the subscriber's own connection (AUTH, SELECT, PING as for commands). Pub/sub
-  // channels are server-wide, so the database does not matter.
-  bool ConnectContext() {
-    Result<std::unique_ptr<RedisConnection>> connection = pool_->Connect();
-    if (!connection.ok()) {
-      return false;
-    }
-    connection_ = std::move(connection).value();
-    return true;
-  }
-
-  // Sends SUBSCRIBE/UNSUBSCRIBE for every channel whose wanted state changed.
-  bool SendChanges() LH_EXCLUDES(mu_) {
-    std::vector<Sent> to_send;
-    {
-      MutexLock lock(&mu_);
-      for (auto it = channels_.begin(); it != channels_.end();) {
-        Channel& state = it->second;
-        if (state.waiters > 0 && !state.sent) {
-          state.sent = true;
-          to_send.push_back({true, it->first, state.generation});
-          ++it;
-        } else if (state.waiters == 0 &&
-                   std::chrono::steady_clock::now() - state.idle_since >= kSubscriptionLinger) {
-          if (state.sent) {
-            to_send.push_back({false, it->first, state.generation});
-          }
-          it = channels_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    SigpipeGuard no_sigpipe;
-    for (const Sent& sent : to_send) {
-      const char* argv[] = {sent.subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", sent.channel.c_str()};
-      std::size_t argvlen[] = {std::strlen(argv[0]), sent.channel.size()};
-      if (redisAppendCommandArgv(connection_->context(), 2, argv, argvlen) != REDIS_OK) {
-        return false;
-      }
-      in_flight_.push_back(sent);
-    }
-    int done = 0;
-    while (done == 0) {
-      if (redisBufferWrite(connection_->context(), &done) != REDIS_OK) {
-        return false;
-      }
-    }
-    return true;
-  }
-
-  // Handles one pub/sub reply: ["subscribe"|"unsubscribe", channel, n] or
-  // ["message", channel, payload].
-  void Handle(const redisReply* reply) LH_EXCLUDES(mu_) {
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 3) {
-      return;
-    }
-    std::string_view kind = ReplyText(reply->element[0]);
-    std::string channel(ReplyText(reply->element[1]));
-    MutexLock lock(&mu_);
-    if (kind == "message") {
-      if (auto it = channels_.find(channel); it != channels_.end()) {
-        ++it->second.events;
-        cv_.NotifyAll();
-      }
-    } else if (kind == "subscribe" || kind == "unsubscribe") {
-      if (in_flight_.empty()) {
-        return;
-      }
-      Sent sent = std::move(in_flight_.front());
-      in_flight_.pop_front();
-      auto it = channels_.find(sent.channel);
-      if (sent.subscribe && it != channels_.end() && it->second.generation == sent.generation) {
-        it->second.confirmed = true;
-        cv_.NotifyAll();
-      }
-    }
-  }
-
-  void Run(std::stop_token stop) {
-    Duration backoff = kReconnectBackoffBase;
-    while (!stop.stop_requested()) {
-      if (connection_ == nullptr) {
-        if (!ConnectContext()) {
-          pollfd wake{wake_fd_, POLLIN, 0};
-          (void)poll(&wake, 1, static_cast<int>(CeilMillis(Jitter(backoff) + milliseconds(1))));
-          DrainWake();
-          backoff = std::min(backoff * 2, kReconnectBackoffCap);
-          continue;
-        }
-        backoff = kReconnectBackoffBase;
-      }
-      if (!SendChanges()) {
-        Disconnected();
-        continue;
-      }
-      pollfd fds[2] = {{connection_->context()->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-      int n = poll(fds, 2, kSubscriberPollMs);
-      if (n < 0) {
-        continue;  // EINTR
-      }
-      if ((fds[1].revents & POLLIN) != 0) {
-        DrainWake();
-      }
-      if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
-        if (redisBufferRead(connection_->context()) != REDIS_OK) {
-          Disconnected();
-          continue;
-        }
-        bool ok = true;
-        while (true) {
-          void* raw = nullptr;
-          if (redisGetReplyFromReader(connection_->context(), &raw) != REDIS_OK) {
-            ok = false;
-            break;
-          }
-          if (raw == nullptr) {
-            break;
-          }
-          ReplyPtr reply(static_cast<redisReply*>(raw));
-          Handle(reply.get());
-        }
-        if (!ok) {
-          Disconnected();
-        }
-      }
-    }
-  }
-
-  const std::shared_ptr<RedisConnectionPool> pool_;
-  Mutex mu_;
-  CondVar cv_;
-  std::map<std::string, Channel> channels_ LH_GUARDED_BY(mu_);
-  std::uint64_t next_generation_ LH_GUARDED_BY(mu_) = 0;
-  const int wake_fd_;
-  // Owned by the subscriber thread only.
-  std::unique_ptr<RedisConnection> connection_;
-  std::deque<Sent> in_flight_;
-  std::jthread thread_;
+// One page of a SCAN walk: the cursor to continue from ("0" when done) and the keys found.
+// SCAN may return a key on more than one page.
+struct ScanPage {
+  std::string cursor;
+  std::vector<std::string> keys;
 };
 
-RedisBackend::RedisBackend(RedisOptions options, std::shared_ptr<RedisConnectionPool> pool,
-                           bool persistence_off)
-    : options_(std::move(options)), pool_(std::move(pool)), persistence_off_(persistence_off) {}
+// Runs one SCAN ... MATCH `pattern` from `cursor` on `connection`: one round trip.
+Result<ScanPage> Scan(RedisConnectionPool& pool, RedisConnection& connection,
+                      const std::string& pattern, const std::string& cursor) {
+  const std::string address = pool.options().Address();
+  std::vector<Command> scan = {
+      {"SCAN", cursor, "MATCH", pattern, "COUNT", std::string(kScanCount)}};
+  pool.round_trips_.fetch_add(1, std::memory_order_relaxed);
+  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies, connection.Pipeline(scan, address));
+  const redisReply* reply = replies[0].get();
+  if (IsError(reply)) {
+    return ErrorReplyStatus(address, "SCAN", ReplyText(reply));
+  }
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+      reply->element[1]->type != REDIS_REPLY_ARRAY) {
+    return Status::Internal("unexpected reply from redis to SCAN");
+  }
+  ScanPage page{.cursor = std::string(ReplyText(reply->element[0]))};
+  for (std::size_t i = 0; i < reply->element[1]->elements; ++i) {
+    page.keys.emplace_back(ReplyText(reply->element[1]->element[i]));
+  }
+  return page;
+}
+
+// Returns the lease name inside "<head><hex name><tail>", or nullopt if `redis_key` is not of
+// that form (not one of ours).
+std::optional<std::string> LeaseNameOf(std::string_view redis_key, std::string_view head,
+                                       std::string_view tail) {
+  if (!redis_key.starts_with(head) || !redis_key.ends_with(tail)) {
+    return std::nullopt;
+  }
+  return HexDecode(redis_key.substr(head.size(), redis_key.size() - head.size() - tail.size()));
+}
+
+}  // namespace
+
+RedisBackend::RedisBackend(RedisOptions options, Clock& clock,
+                           std::shared_ptr<RedisConnectionPool> pool, bool persistence_off)
+    : options_(std::move(options)),
+      clock_(clock),
+      pool_(std::move(pool)),
+      persistence_off_(persistence_off) {}
 
 RedisBackend::~RedisBackend() = default;
 
 Result<std::shared_ptr<Backend>> OpenRedisBackend(const Url& url, Clock& clock) {
-  (void)clock;  // TODO(#16): joined by the store's rewrite
   LH_ASSIGN_OR_RETURN(RedisOptions options, RedisOptions::FromUrl(url));
-  LH_ASSIGN_OR_RETURN(std::shared_ptr<RedisBackend> backend, RedisBackend::Open(options));
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<RedisBackend> backend, RedisBackend::Open(options, clock));
   return std::shared_ptr<Backend>(std::move(backend));
 }
 
-Result<std::shared_ptr<RedisBackend>> RedisBackend::Open(RedisOptions options) {
-  auto pool = std::make_shared<RedisConnectionPool>(options);
+Result<std::shared_ptr<RedisBackend>> RedisBackend::Open(RedisOptions options, Clock& clock) {
+  auto pool = std::make_shared<RedisConnectionPool>(options, clock);
   bool persistence_off = false;
   {
     LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool->Borrow());
@@ -967,7 +406,7 @@ Result<std::shared_ptr<RedisBackend>> RedisBackend::Open(RedisOptions options) {
     WarnPersistenceOffOnce(fmt::format("{}/{}", options.Address(), options.db));
   }
   return std::shared_ptr<RedisBackend>(
-      new RedisBackend(std::move(options), std::move(pool), persistence_off));
+      new RedisBackend(std::move(options), clock, std::move(pool), persistence_off));
 }
 
 Capabilities RedisBackend::capabilities() const {
@@ -1193,34 +632,17 @@ Result<std::vector<std::pair<std::string, std::string>>> RedisBackend::ListRecor
   std::string cursor = "0";
   LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
   do {
-    std::vector<Command> scan = {
-        {"SCAN", cursor, "MATCH", pattern, "COUNT", std::string(kScanCount)}};
-    pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
-    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> scanned,
-                        connection->Pipeline(scan, options_.Address()));
-    const redisReply* page = scanned[0].get();
-    if (IsError(page)) {
-      return ErrorReplyStatus(options_.Address(), "SCAN", ReplyText(page));
-    }
-    if (page->type != REDIS_REPLY_ARRAY || page->elements != 2 ||
-        page->element[1]->type != REDIS_REPLY_ARRAY) {
-      return Status::Internal("unexpected reply from redis to SCAN");
-    }
-    cursor = std::string(ReplyText(page->element[0]));
+    LH_ASSIGN_OR_RETURN(ScanPage page, Scan(*pool_, connection.get(), pattern, cursor));
+    cursor = std::move(page.cursor);
     std::vector<std::string> keys;
     std::vector<Command> reads;
-    for (std::size_t i = 0; i < page->element[1]->elements; ++i) {
-      std::string_view redis_key = ReplyText(page->element[1]->element[i]);
-      if (!redis_key.starts_with(head) || !redis_key.ends_with(kTail)) {
-        continue;
-      }
-      std::optional<std::string> key =
-          HexDecode(redis_key.substr(head.size(), redis_key.size() - head.size() - kTail.size()));
+    for (std::string& redis_key : page.keys) {
+      std::optional<std::string> key = LeaseNameOf(redis_key, head, kTail);
       if (!key) {
         continue;  // not one of ours
       }
       keys.push_back(std::move(*key));
-      reads.push_back({"GET", std::string(redis_key)});
+      reads.push_back({"GET", std::move(redis_key)});
     }
     if (reads.empty()) {
       continue;
@@ -1300,41 +722,23 @@ Result<std::vector<LeaseInfo>> RedisBackend::List(std::string_view prefix) {
   std::vector<LeaseInfo> leases;
   std::string cursor = "0";
   do {
-    std::vector<Command> scan = {
-        {"SCAN", cursor, "MATCH", pattern, "COUNT", std::string(kScanCount)}};
-    std::vector<std::string> found;
+    ScanPage page;
     {
+      // The connection goes back to the pool before the page's grants are read (RunScripts
+      // borrows its own).
       LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
-      pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
-      LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
-                          connection->Pipeline(scan, options_.Address()));
-      const redisReply* reply = replies[0].get();
-      if (IsError(reply)) {
-        return ErrorReplyStatus(options_.Address(), "SCAN", ReplyText(reply));
-      }
-      if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
-          reply->element[1]->type != REDIS_REPLY_ARRAY) {
-        return Status::Internal("unexpected reply from redis to SCAN");
-      }
-      cursor = std::string(ReplyText(reply->element[0]));
-      for (std::size_t i = 0; i < reply->element[1]->elements; ++i) {
-        found.emplace_back(ReplyText(reply->element[1]->element[i]));
-      }
+      LH_ASSIGN_OR_RETURN(page, Scan(*pool_, connection.get(), pattern, cursor));
     }
+    cursor = std::move(page.cursor);
     std::vector<std::string> keys;
     std::vector<Command> reads;
-    for (const std::string& redis_key : found) {
-      std::string_view hex = redis_key;
-      if (!hex.starts_with(head) || !hex.ends_with("}")) {
-        continue;
-      }
-      hex = hex.substr(head.size(), hex.size() - head.size() - 1);
-      std::optional<std::string> key = HexDecode(hex);
+    for (std::string& redis_key : page.keys) {
+      std::optional<std::string> key = LeaseNameOf(redis_key, head, "}");
       if (!key) {
         continue;  // not one of ours
       }
       keys.push_back(std::move(*key));
-      reads.push_back({"EVALSHA", pool_->shas_[kInspect], "1", redis_key});
+      reads.push_back({"EVALSHA", pool_->shas_[kInspect], "1", std::move(redis_key)});
     }
     if (reads.empty()) {
       continue;
@@ -1462,13 +866,13 @@ Status RedisBackend::WaitForTurn(std::string_view key, std::string_view waiter_i
   {
     MutexLock lock(&subscriber_mu_);
     if (subscriber_ == nullptr) {
-      subscriber_ = std::make_shared<RedisSubscriber>(pool_);
+      subscriber_ = std::make_shared<RedisSubscriber>(pool_, clock_);
     }
     subscriber = subscriber_;
   }
   RedisSubscriber::Watch watch = subscriber->Register(ChannelName(options_.prefix, key));
   const bool subscribed = subscriber->AwaitSubscribed(
-      watch, std::min(deadline, NowBoot() + options_.command_timeout), stop);
+      watch, std::min(deadline, clock_.Now() + options_.command_timeout), stop);
 
   // Read the grant's remaining time (and the queue, with fair) only now, after SUBSCRIBE: a
   // release between the caller's TryAcquire and the subscription is seen here instead of being
@@ -1477,7 +881,7 @@ Status RedisBackend::WaitForTurn(std::string_view key, std::string_view waiter_i
   if (!stop.stop_requested()) {
     sleep = TimeToRecheck(key, waiter_id);
   }
-  const SteadyTime now = NowBoot();
+  const SteadyTime now = clock_.Now();
   if (sleep.ok() && !sleep->has_value()) {
     subscriber->Unregister(watch);
     return Status();  // already free
@@ -1492,7 +896,7 @@ Status RedisBackend::WaitForTurn(std::string_view key, std::string_view waiter_i
   if (stop.stop_requested()) {
     return Status::Cancelled("wait cancelled");
   }
-  if (NowBoot() >= deadline) {
+  if (clock_.Now() >= deadline) {
     return Status::DeadlineExceeded("wait ran out");
   }
   return Status();

@@ -1,6 +1,6 @@
 // File: backends/redis/redis_backend.h (internal)
 //
-// RedisBackend: the redis:// store (DESIGN.md section 4). Each grant is a hash at
+// RedisBackend: the redis:// store. Each grant is a hash at
 // "<prefix>:{<hex key>}" (fields token, holder, fence, ttl) with a PEXPIRE; each key's fencing
 // counter is a plain integer at "<prefix>:{<hex key>}:fence" that is never deleted; a release
 // publishes on "<prefix>:{<hex key>}:released". The lease name is hex-encoded inside the
@@ -25,11 +25,16 @@
 //   Result<Grant> grant = backend->TryAcquire(
 //       {.key = "job:x", .owner_token = token, .holder = "web-3:42", .ttl = 10s});
 //
+// Time: every deadline the backend receives and every time it computes (retry times, wake-ups)
+// is on the Clock it was opened with. The grants themselves expire on the server's clock
+// (PEXPIRE), outside the process, which is why the registry opens redis:// with Clock::Real()
+// only.
+//
 // Thread safety: thread-safe. hiredis contexts are not, so commands borrow a connection from
-// a small pool (RedisOptions::pool_size) and waiters share one subscriber connection, read by
-// one std::jthread owned by the backend and joined in its destructor. A broken connection is
-// dropped and a new one is opened on the next call, with capped exponential backoff between
-// failed connects.
+// a small pool (RedisOptions::pool_size, redis_connection.h) and waiters share one subscriber
+// connection (redis_subscriber.h), read by one std::jthread owned by the backend and joined in
+// its destructor. A broken connection is dropped and a new one is opened on the next call,
+// with capped exponential backoff between failed connects.
 
 #pragma once
 
@@ -55,14 +60,16 @@
 
 namespace leasehold::internal {
 
-// Defined in redis_backend.cc, the only file that includes hiredis.
+// redis_connection.h and redis_subscriber.h; kept out of this header so that hiredis stays
+// inside backends/redis.
 class RedisConnectionPool;
 class RedisSubscriber;
 
 // Opens the store named by `url` (scheme "redis" or "redis+unix") and checks it at once.
 // Returns kInvalidArgument for a bad URL; kUnavailable if the server cannot be reached within
 // connect_timeout; kPermissionDenied for wrong credentials or an ACL that forbids a command the
-// backend needs (the message names it). Messages never contain the password.
+// backend needs (the message names it). Messages never contain the password. `clock` must
+// outlive the backend.
 Result<std::shared_ptr<Backend>> OpenRedisBackend(const Url& url,
                                                  Clock& clock = Clock::Real());
 
@@ -80,7 +87,9 @@ class RedisBackend final : public Backend {
   };
 
   // Connects, authenticates, selects the database, loads the scripts and checks persistence.
-  static Result<std::shared_ptr<RedisBackend>> Open(RedisOptions options);
+  // Every time the backend reads comes from `clock`, which must outlive it.
+  static Result<std::shared_ptr<RedisBackend>> Open(RedisOptions options,
+                                                    Clock& clock = Clock::Real());
 
   ~RedisBackend() override;
 
@@ -163,15 +172,18 @@ class RedisBackend final : public Backend {
   static std::string QueueSeqKeyName(std::string_view prefix, std::string_view key);
 
  private:
-  RedisBackend(RedisOptions options, std::shared_ptr<RedisConnectionPool> pool,
+  RedisBackend(RedisOptions options, Clock& clock, std::shared_ptr<RedisConnectionPool> pool,
                bool persistence_off);
 
   // How long a waiter may sleep before re-checking `key`; nullopt if it should retry at once.
   Result<std::optional<Duration>> TimeToRecheck(std::string_view key, std::string_view waiter_id);
 
+  // Immutable after construction.
   const RedisOptions options_;
+  Clock& clock_;
   const std::shared_ptr<RedisConnectionPool> pool_;
   const bool persistence_off_;
+
   Mutex subscriber_mu_;
   // Started by the first WaitForChange, so that a handle used only for status and list costs
   // no thread; lives until the backend is destroyed.

@@ -1,10 +1,11 @@
 // File: backends/redis/redis_scripts.h (internal)
 //
 // The Lua scripts of the redis:// store, one per operation. Each runs atomically on the server
-// (no other command interleaves), so each mutation is one atomic store step as DESIGN.md
-// section 2 requires. They are loaded once with SCRIPT LOAD and run with EVALSHA; after a
-// NOSCRIPT reply (restart, SCRIPT FLUSH) the backend reloads them and runs the call again,
-// which is safe because NOSCRIPT means the script did not run.
+// (no other command interleaves), so each mutation is one atomic store step: a read-then-write
+// from the client could interleave with another client's and is never used. They are loaded
+// once with SCRIPT LOAD and run with EVALSHA; after a NOSCRIPT reply (restart, SCRIPT FLUSH) the
+// backend reloads them and runs the call again, which is safe because NOSCRIPT means the script
+// did not run.
 //
 // Layout, for a lease named K (hex-encoded as H) under prefix P:
 //   P:{H}         hash {token, holder, fence, ttl} with a PEXPIRE: the grant

@@ -5,7 +5,10 @@
 //   lock before the first read: the check for a live grant and the write that follows cannot
 //   interleave with another process's.
 // - Time is CLOCK_BOOTTIME in nanoseconds since boot, read after the write lock is held. A
-//   grant is live only if its boot_id is the current boot's and expires_ns > now.
+//   grant is live only if its boot_id is the current boot's and expires_ns > now. It is read
+//   through the backend's Clock (SqliteBackend::NowNs), which is Clock::Real(): the values are
+//   shared through the file with every other process on the host, so they must be on the one
+//   time base they all read, and the registry refuses any other clock for sqlite://.
 // - fencing_counters rows are never deleted, so fencing tokens keep increasing per key.
 // - records (a key's schedule-slot record) are judged on the wall clock, CLOCK_REALTIME, not
 //   CLOCK_BOOTTIME: a record must outlive a reboot, and it never decides who holds a lease.
@@ -26,7 +29,7 @@
 #include <limits>
 #include <string>
 #include <system_error>
-#include <thread>
+#include <stop_token>
 #include <utility>
 
 #include <fmt/format.h>
@@ -42,6 +45,9 @@ constexpr const char* kBootIdPath = "/proc/sys/kernel/random/boot_id";
 
 // The owner token's first characters that may be shown to others (LeaseInfo::token_prefix).
 constexpr std::size_t kTokenPrefixLength = 8;
+
+// How often a switch to WAL that found the file busy is tried again, until busy_timeout.
+constexpr Duration kWalRetryInterval = std::chrono::milliseconds(5);
 
 // ---------------------------------------------------------------------------------------------
 // Schema, version 1. Created in one transaction together with application_id and user_version,
@@ -218,13 +224,9 @@ constexpr std::array<const char*, kStatementCount> kStatementSql = {
     kPutRecordSql,      kSelectRecordSql,   kListRecordsSql,
 };
 
-// sqlite3_busy_timeout takes an int of milliseconds.
-constexpr Duration kMaxBusyTimeout = std::chrono::milliseconds(2'000'000'000);
-
-std::int64_t NowNs() {
-  return BootClock::now().time_since_epoch().count();
-}
-
+// The wall clock (CLOCK_REALTIME) in nanoseconds since the Unix epoch, for records only: a
+// different time base from the Clock's on purpose (a record must outlive a reboot, and it never
+// decides who holds a lease), so it is read from std::chrono::system_clock, never from the Clock.
 std::int64_t WallNowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -418,8 +420,8 @@ std::optional<std::string> PrefixUpperBound(std::string_view prefix) {
 // under its mutex only (hence SQLITE_OPEN_NOMUTEX).
 class SqliteConnection {
  public:
-  SqliteConnection(std::string path, Duration busy_timeout)
-      : path_(std::move(path)), busy_timeout_(busy_timeout) {}
+  SqliteConnection(std::string path, Duration busy_timeout, Clock& clock)
+      : path_(std::move(path)), busy_timeout_(busy_timeout), clock_(clock) {}
 
   SqliteConnection(const SqliteConnection&) = delete;
   SqliteConnection& operator=(const SqliteConnection&) = delete;
@@ -501,11 +503,11 @@ class SqliteConnection {
   Status Configure() {
     // Switching to WAL needs an exclusive lock, and SQLite does not run the busy handler for
     // it: when several processes open a fresh file at once, retry until busy_timeout.
-    const SteadyTime give_up = BootClock::now() + busy_timeout_;
+    const SteadyTime give_up = clock_.Now() + busy_timeout_;
     Result<std::string> switched = QueryText("PRAGMA journal_mode = WAL", "open");
     while (!switched.ok() && switched.status().code() == StatusCode::kUnavailable &&
-           BootClock::now() < give_up) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+           clock_.Now() < give_up) {
+      (void)clock_.SleepUntil(clock_.Now() + kWalRetryInterval, std::stop_token());
       switched = QueryText("PRAGMA journal_mode = WAL", "open");
     }
     LH_ASSIGN_OR_RETURN(std::string mode, std::move(switched));
@@ -719,6 +721,7 @@ class SqliteConnection {
   // Immutable after construction.
   const std::string path_;
   const Duration busy_timeout_;
+  Clock& clock_;
   // Set by Open and PrepareAll.
   sqlite3* db_ = nullptr;
   std::array<sqlite3_stmt*, kStatementCount> statements_{};
@@ -857,13 +860,6 @@ LeaseInfo LeaseInfoFromRow(const StatementRun& row, std::int64_t now_ns) {
   return info;
 }
 
-Status HeldByAnotherStatus(const LeaseInfo& info, std::int64_t remaining_ns) {
-  return Status::HeldByAnother(fmt::format("{} is held by {} (fencing token {}, {} left)", info.key,
-                                           info.holder.empty() ? "another owner" : info.holder,
-                                           info.fencing_token, HumanDuration(remaining_ns)),
-                               info);
-}
-
 Status CheckTtl(std::string_view key, Duration ttl) {
   if (ttl <= Duration::zero()) {
     return Status::InvalidArgument(
@@ -892,21 +888,20 @@ Result<std::string> DefaultSqlitePath() {
 }
 
 Result<std::shared_ptr<Backend>> OpenSqliteBackend(const Url& url, Clock& clock) {
-  (void)clock;  // TODO(#16): joined by the store's rewrite
   LH_ASSIGN_OR_RETURN(SqliteOptions options, SqliteOptions::FromUrl(url));
   LH_ASSIGN_OR_RETURN(std::shared_ptr<SqliteBackend> backend,
-                      SqliteBackend::Open(std::move(options)));
+                      SqliteBackend::Open(std::move(options), clock));
   return std::shared_ptr<Backend>(std::move(backend));
 }
 
-Result<std::shared_ptr<SqliteBackend>> SqliteBackend::Open(SqliteOptions options) {
+Result<std::shared_ptr<SqliteBackend>> SqliteBackend::Open(SqliteOptions options, Clock& clock) {
   if (options.path.empty()) {
     LH_ASSIGN_OR_RETURN(options.path, DefaultSqlitePath());
   }
-  if (options.busy_timeout < Duration::zero() || options.busy_timeout > kMaxBusyTimeout) {
+  if (options.busy_timeout < Duration::zero() || options.busy_timeout > kSqliteMaxBusyTimeout) {
     return Status::InvalidArgument(
         fmt::format("sqlite busy_timeout must be between 0 and {}, got {}",
-                    FormatDuration(kMaxBusyTimeout), FormatDuration(options.busy_timeout)));
+                    FormatDuration(kSqliteMaxBusyTimeout), FormatDuration(options.busy_timeout)));
   }
   std::string boot_id = options.boot_id_for_testing;
   if (boot_id.empty()) {
@@ -915,20 +910,26 @@ Result<std::shared_ptr<SqliteBackend>> SqliteBackend::Open(SqliteOptions options
 
   LH_RETURN_IF_ERROR(CreateParentDirectories(options.path));
   LH_RETURN_IF_ERROR(CreateOrCheckDatabaseFile(options.path));
-  auto connection = std::make_unique<SqliteConnection>(options.path, options.busy_timeout);
+  auto connection =
+      std::make_unique<SqliteConnection>(options.path, options.busy_timeout, clock);
   LH_RETURN_IF_ERROR(connection->Open());
   LH_RETURN_IF_ERROR(connection->CheckOrInitialize());
   LH_RETURN_IF_ERROR(connection->Configure());
   LH_RETURN_IF_ERROR(connection->PrepareAll());
-  return std::shared_ptr<SqliteBackend>(
-      new SqliteBackend(std::move(options.path), std::move(boot_id), std::move(connection)));
+  return std::shared_ptr<SqliteBackend>(new SqliteBackend(
+      std::move(options.path), std::move(boot_id), clock, std::move(connection)));
 }
 
-SqliteBackend::SqliteBackend(std::string path, std::string boot_id,
+SqliteBackend::SqliteBackend(std::string path, std::string boot_id, Clock& clock,
                              std::unique_ptr<SqliteConnection> connection)
-    : path_(std::move(path)), boot_id_(std::move(boot_id)), connection_(std::move(connection)) {}
+    : path_(std::move(path)),
+      boot_id_(std::move(boot_id)),
+      clock_(clock),
+      connection_(std::move(connection)) {}
 
 SqliteBackend::~SqliteBackend() = default;
+
+std::int64_t SqliteBackend::NowNs() const { return clock_.Now().time_since_epoch().count(); }
 
 Capabilities SqliteBackend::capabilities() const {
   return Capabilities{
@@ -954,7 +955,7 @@ Result<Grant> SqliteBackend::TryAcquire(const GrantRequest& request) {
     live.Bind(3, now_ns);
     LH_ASSIGN_OR_RETURN(bool held, live.Next());
     if (held) {
-      return HeldByAnotherStatus(LeaseInfoFromRow(live, now_ns), live.Int(5) - now_ns);
+      return Status::HeldByAnother(LeaseInfoFromRow(live, now_ns));
     }
   }
   std::int64_t fencing_token = 0;
@@ -1182,7 +1183,9 @@ Result<std::vector<std::pair<std::string, std::string>>> SqliteBackend::ListReco
 }
 
 Result<StoreTime> SqliteBackend::WallClock() {
-  // The database is on this host: its clock is this host's.
+  // The database is on this host: its clock is this host's. Wall time (system_clock), a
+  // different time base from the Clock's: StoreTime dates records and names slots, it never
+  // drives safety.
   return StoreTime{.time = std::chrono::system_clock::now(), .from_store = true};
 }
 

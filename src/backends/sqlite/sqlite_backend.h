@@ -5,7 +5,9 @@
 // so fencing tokens keep increasing across release, expiry, force-release and reboots.
 // Expiry is judged on CLOCK_BOOTTIME (BootClock), which every process on the host shares and
 // which never jumps backwards; each grant also records the kernel boot id, and a grant made
-// under another boot counts as expired.
+// under another boot counts as expired. The backend reads that time through the Clock it was
+// opened with, which must therefore be Clock::Real() (the registry refuses any other for
+// sqlite://): the times are shared with other processes through the file.
 //
 // Processes coordinate through SQLite's own file locking: WAL journal mode, every mutation in
 // one BEGIN IMMEDIATE transaction, and a busy timeout (kUnavailable when it runs out).
@@ -31,11 +33,11 @@
 #include <utility>
 #include <vector>
 
+#include "leasehold/clock.h"
 #include "leasehold/lease_info.h"
 #include "leasehold/status.h"
 
 #include "backends/backend.h"
-#include "leasehold/clock.h"
 #include "backends/sqlite/sqlite_options.h"
 #include "core/url.h"
 #include "util/mutex.h"
@@ -69,8 +71,12 @@ Result<std::string> DefaultSqlitePath();
 class SqliteBackend final : public Backend {
  public:
   // Opens or creates the database, as OpenSqliteBackend does; all checks happen here, so that a
-  // bad file is reported at once rather than on the first lease operation.
-  static Result<std::shared_ptr<SqliteBackend>> Open(SqliteOptions options);
+  // bad file is reported at once rather than on the first lease operation. Every time the
+  // backend reads comes from `clock`, which must outlive it.
+  // REQUIRES: `clock` is Clock::Real() (grants carry CLOCK_BOOTTIME times that other processes
+  // compare with theirs).
+  static Result<std::shared_ptr<SqliteBackend>> Open(SqliteOptions options,
+                                                     Clock& clock = Clock::Real());
 
   ~SqliteBackend() override;
 
@@ -113,8 +119,11 @@ class SqliteBackend final : public Backend {
   [[nodiscard]] const std::string& boot_id() const { return boot_id_; }
 
  private:
-  SqliteBackend(std::string path, std::string boot_id,
+  SqliteBackend(std::string path, std::string boot_id, Clock& clock,
                 std::unique_ptr<SqliteConnection> connection);
+
+  // The store's time: the clock's CLOCK_BOOTTIME reading in nanoseconds, as grants record it.
+  [[nodiscard]] std::int64_t NowNs() const;
 
   // Renews one grant inside an open transaction, at store time `now_ns`.
   Status RenewLocked(const RenewRequest& request, std::int64_t now_ns) LH_REQUIRES(mu_);
@@ -127,6 +136,7 @@ class SqliteBackend final : public Backend {
   // Immutable after construction.
   const std::string path_;
   const std::string boot_id_;
+  Clock& clock_;
 
   Mutex mu_;
   // Guarded by mu_.

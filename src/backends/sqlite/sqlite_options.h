@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <string>
+#include <string_view>
 
 #include "leasehold/clock.h"
 #include "leasehold/status.h"
@@ -29,6 +30,9 @@ namespace leasehold::internal {
 
 // The only query parameter a sqlite:// URL accepts.
 inline constexpr std::string_view kSqliteBusyTimeoutParam = "busy_timeout";
+
+// The longest busy_timeout: sqlite3_busy_timeout takes an int of milliseconds.
+inline constexpr Duration kSqliteMaxBusyTimeout = std::chrono::milliseconds(2'000'000'000);
 
 struct SqliteOptions {
   // The database file; created (0600, parent directories 0700) if missing. Relative paths are
