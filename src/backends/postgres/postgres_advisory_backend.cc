@@ -1,6 +1,6 @@
 // File: backends/postgres/postgres_advisory_backend.cc (internal)
 //
-// PostgresAdvisoryBackend: mode=advisory (see postgres_backend.h for the design).
+// PostgresAdvisoryBackend: mode=advisory (see postgres_advisory_backend.h for the design).
 //
 // Invariants:
 // - held_ has at most one grant per key, across all sessions: the guard against advisory locks'
@@ -20,21 +20,21 @@
 //   queued lock was granted meanwhile keeps the lock (and its place) and sleeps until the kept
 //   grant's end (Waiting::kept_until), then completes its grant. held_ never has kept grants.
 // - Records live in the `records` table, as in table mode: they need no session either.
+// - Local time (statement deadlines, grants' local expiry, waits) is read only from clock_.
+
+#include "backends/postgres/postgres_advisory_backend.h"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <set>
 #include <utility>
 
 #include <fmt/format.h>
 
-#include "backends/postgres/postgres_backend.h"
+#include "backends/common/time.h"
+#include "backends/postgres/postgres_common.h"
 #include "backends/postgres/postgres_sql.h"
-#include "backends/postgres/postgres_util.h"
-#include "core/duration.h"
 #include "core/logging.h"
 #include "util/hex.h"
 
@@ -104,19 +104,23 @@ std::string WaitStatement(std::int64_t lock_id) {
   return Fill(Fill(sql::kAdvisoryWait, "{timeout_ms}", kWaitBackstopMs), "{lock_id}", lock_id);
 }
 
-// (fence, holder, token prefix, ttl, remaining) from columns 1-5 of row 0: a refusal's holder.
-LeaseInfo RefusedBy(std::string_view key, const PgResult& r) {
-  LeaseInfo info;
-  info.key = std::string(key);
-  info.fencing_token = static_cast<FencingToken>(r.GetInt(0, 1));
-  info.holder = std::string(r.Get(0, 2));
-  info.token_prefix = std::string(r.Get(0, 3));
-  info.ttl = milliseconds(r.GetInt(0, 4));
-  info.remaining = milliseconds(r.GetInt(0, 5));
-  return info;
-}
-
 }  // namespace
+
+std::int64_t AdvisoryLockId(std::string_view schema, std::string_view key) {
+  std::uint64_t hash = 0xcbf29ce484222325ULL;
+  auto mix = [&hash](unsigned char c) {
+    hash ^= c;
+    hash *= 0x100000001b3ULL;
+  };
+  for (char c : schema) {
+    mix(static_cast<unsigned char>(c));
+  }
+  mix(0);
+  for (char c : key) {
+    mix(static_cast<unsigned char>(c));
+  }
+  return static_cast<std::int64_t>(hash);
+}
 
 // One server session. Its connection is used under mu; pid and the lost flag are set once.
 struct PostgresAdvisoryBackend::Session {
@@ -152,8 +156,8 @@ struct PostgresAdvisoryBackend::Waiting {
 
 namespace {
 
-// The session limits for a largest TTL `t` (see postgres_backend.h): idle_session_timeout (ms),
-// tcp_keepalives_idle (s), tcp_user_timeout (ms).
+// The session limits for a largest TTL `t` (see postgres_advisory_backend.h): idle_session_timeout
+// (ms), tcp_keepalives_idle (s), tcp_user_timeout (ms).
 struct Limits {
   std::string idle_ms;
   std::string keepalive_idle_s;
@@ -161,7 +165,7 @@ struct Limits {
 };
 
 Limits LimitsFor(Duration t) {
-  long long ms = PgCeilMillis(t);
+  long long ms = CeilMillis(t);
   return Limits{std::to_string(ms), std::to_string((ms + 999) / 1000),
                 std::to_string(ms + 1000)};
 }
@@ -169,20 +173,21 @@ Limits LimitsFor(Duration t) {
 }  // namespace
 
 Result<std::shared_ptr<PostgresAdvisoryBackend>> PostgresAdvisoryBackend::Open(
-    PostgresOptions options) {
-  std::shared_ptr<PostgresAdvisoryBackend> backend(new PostgresAdvisoryBackend(std::move(options)));
+    PostgresOptions options, Clock& clock) {
+  std::shared_ptr<PostgresAdvisoryBackend> backend(
+      new PostgresAdvisoryBackend(std::move(options), clock));
   LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, backend->NewSession());
   {
     MutexLock slock(&session->mu);
-    LH_RETURN_IF_ERROR(EnsureSchema(*session->conn, backend->options_));
+    LH_RETURN_IF_ERROR(EnsureSchema(*session->conn, backend->options_, backend->clock_));
   }
   MutexLock lock(&backend->mu_);
   backend->primary_ = std::move(session);
   return backend;
 }
 
-PostgresAdvisoryBackend::PostgresAdvisoryBackend(PostgresOptions options)
-    : options_(std::move(options)) {}
+PostgresAdvisoryBackend::PostgresAdvisoryBackend(PostgresOptions options, Clock& clock)
+    : options_(std::move(options)), clock_(clock) {}
 
 PostgresAdvisoryBackend::~PostgresAdvisoryBackend() {
   MutexLock lock(&mu_);
@@ -200,9 +205,9 @@ Capabilities PostgresAdvisoryBackend::capabilities() const {
 }
 
 Result<std::shared_ptr<PostgresAdvisoryBackend::Session>> PostgresAdvisoryBackend::NewSession() {
-  LH_ASSIGN_OR_RETURN(std::unique_ptr<PgConnection> conn, PgConnection::Connect(options_));
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<PgConnection> conn, PgConnection::Connect(options_, clock_));
   LH_ASSIGN_OR_RETURN(PgResult r, conn->Exec("pg_backend_pid", std::string(sql::kBackendPid), {},
-                                             PgDeadline(options_)));
+                                             PgDeadline(options_, clock_)));
   int pid = static_cast<int>(r.GetInt(0, 0));
   if (pid != conn->startup_pid() && !skip_pooler_check_for_testing) {
     return Status::InvalidArgument(fmt::format(
@@ -339,8 +344,8 @@ Result<Grant> PostgresAdvisoryBackend::TryAcquire(const GrantRequest& request) {
       info.token_prefix = local->token.substr(0, 8);
       info.fencing_token = local->fence;
       info.ttl = std::chrono::duration_cast<milliseconds>(local->ttl);
-      info.remaining = std::max(milliseconds(0), std::chrono::duration_cast<milliseconds>(
-                                                     local->expires - BootClock::now()));
+      info.remaining = std::max(
+          milliseconds(0), std::chrono::duration_cast<milliseconds>(local->expires - clock_.Now()));
       return PgHeld(request.key, std::move(info));
     }
     if (session->lost || session->conn->broken()) {
@@ -349,10 +354,9 @@ Result<Grant> PostgresAdvisoryBackend::TryAcquire(const GrantRequest& request) {
     Limits limits = LimitsFor(largest);
     Result<PgResult> r = session->conn->Exec(
         "acquire", statement,
-        {request.key, request.owner_token, request.holder,
-         std::to_string(PgCeilMillis(request.ttl)), std::to_string(lock_id), limits.idle_ms,
-         limits.keepalive_idle_s, limits.user_timeout_ms},
-        PgDeadline(options_));
+        {request.key, request.owner_token, request.holder, std::to_string(CeilMillis(request.ttl)),
+         std::to_string(lock_id), limits.idle_ms, limits.keepalive_idle_s, limits.user_timeout_ms},
+        PgDeadline(options_, clock_));
     if (!r.ok()) {
       if (session->conn->broken()) {
         // The session is gone, and with it any lock this statement may have taken. Its leases
@@ -364,7 +368,8 @@ Result<Grant> PostgresAdvisoryBackend::TryAcquire(const GrantRequest& request) {
         return r.status();
       }
       // The lock may have been taken before the statement failed, and it outlives the error.
-      (void)session->conn->Exec("unlock", UnlockStatement(lock_id), {}, PgDeadline(options_));
+      (void)session->conn->Exec("unlock", UnlockStatement(lock_id), {},
+                                PgDeadline(options_, clock_));
       return r.status();
     }
     if (r->rows() >= 1 && r->GetBool(0, 0)) {
@@ -376,7 +381,7 @@ Result<Grant> PostgresAdvisoryBackend::TryAcquire(const GrantRequest& request) {
       held->lock_id = lock_id;
       held->fence = static_cast<FencingToken>(r->GetInt(0, 1));
       held->ttl = request.ttl;
-      held->expires = BootClock::now() + request.ttl;
+      held->expires = clock_.Now() + request.ttl;
       MutexLock lock(&mu_);
       held_[request.key] = held;
       return Grant{.fencing_token = held->fence, .ttl = request.ttl};
@@ -384,7 +389,7 @@ Result<Grant> PostgresAdvisoryBackend::TryAcquire(const GrantRequest& request) {
     if (r->rows() == 0 || r->IsNull(0, 1)) {
       return PgHeld(request.key, std::nullopt);
     }
-    return PgHeld(request.key, RefusedBy(request.key, *r));
+    return PgHeld(request.key, PgRefusedBy(request.key, *r));
   }
 }
 
@@ -394,8 +399,8 @@ bool PostgresAdvisoryBackend::SessionAlive(const std::shared_ptr<Session>& sessi
     if (session->lost || session->conn == nullptr || session->conn->broken()) {
       return false;
     }
-    Result<PgResult> r = session->conn->Exec("ping", std::string(sql::kPing), {},
-                                             PgDeadline(options_));
+    Result<PgResult> r =
+        session->conn->Exec("ping", std::string(sql::kPing), {}, PgDeadline(options_, clock_));
     if (!r.ok() && session->conn->broken()) {
       SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
       return false;
@@ -419,7 +424,7 @@ Result<Grant> PostgresAdvisoryBackend::CompleteWaitedGrant(const GrantRequest& r
   if (!wait->got && wait->in_flight) {
     // The server may have granted the lock since the last look: check without blocking.
     Result<std::optional<PgResult>> done =
-        session->conn->Await("wait", BootClock::now(), std::stop_token());
+        session->conn->Await("wait", clock_.Now(), std::stop_token());
     if (done.ok() && done->has_value()) {
       wait->in_flight = false;
       wait->got = true;
@@ -442,12 +447,12 @@ Result<Grant> PostgresAdvisoryBackend::CompleteWaitedGrant(const GrantRequest& r
     }
   }
   Limits limits = LimitsFor(largest);
-  Result<PgResult> r = session->conn->Exec(
-      "acquire", PgStatement(sql::kAdvisoryGrantHeld, options_),
-      {request.key, request.owner_token, request.holder, std::to_string(PgCeilMillis(request.ttl)),
-       std::to_string(wait->lock_id), limits.idle_ms, limits.keepalive_idle_s,
-       limits.user_timeout_ms},
-      PgDeadline(options_));
+  Result<PgResult> r =
+      session->conn->Exec("acquire", PgStatement(sql::kAdvisoryGrantHeld, options_),
+                          {request.key, request.owner_token, request.holder,
+                           std::to_string(CeilMillis(request.ttl)), std::to_string(wait->lock_id),
+                           limits.idle_ms, limits.keepalive_idle_s, limits.user_timeout_ms},
+                          PgDeadline(options_, clock_));
   if (!r.ok()) {
     if (session->conn->broken()) {
       SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
@@ -459,9 +464,8 @@ Result<Grant> PostgresAdvisoryBackend::CompleteWaitedGrant(const GrantRequest& r
     // the kept grant ends (WaitForTurn). Its row may not be visible to the statement's
     // snapshot yet (a finish that committed while we waited for its row): re-check soon then.
     const bool known = r->rows() > 0;
-    wait->kept_until =
-        BootClock::now() + (known ? milliseconds(r->GetInt(0, 5)) : kKeptRecheck);
-    return known ? PgHeld(request.key, RefusedBy(request.key, *r))
+    wait->kept_until = clock_.Now() + (known ? milliseconds(r->GetInt(0, 5)) : kKeptRecheck);
+    return known ? PgHeld(request.key, PgRefusedBy(request.key, *r))
                  : PgHeld(request.key, std::nullopt);
   }
   auto held = std::make_shared<Held>();
@@ -472,7 +476,7 @@ Result<Grant> PostgresAdvisoryBackend::CompleteWaitedGrant(const GrantRequest& r
   held->lock_id = wait->lock_id;
   held->fence = static_cast<FencingToken>(r->GetInt(0, 1));
   held->ttl = request.ttl;
-  held->expires = BootClock::now() + request.ttl;
+  held->expires = clock_.Now() + request.ttl;
   MutexLock lock(&mu_);
   waits_.erase(request.waiter_id);
   held_[request.key] = held;
@@ -487,7 +491,7 @@ std::vector<Status> PostgresAdvisoryBackend::RenewMany(std::span<const RenewRequ
   std::vector<Status> results(requests.size());
   std::map<std::shared_ptr<Session>, std::vector<std::size_t>> by_session;
   std::vector<std::pair<std::string, std::string>> expired;
-  const SteadyTime now = BootClock::now();
+  const SteadyTime now = clock_.Now();
   {
     MutexLock lock(&mu_);
     for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -526,7 +530,7 @@ std::vector<Status> PostgresAdvisoryBackend::RenewMany(std::span<const RenewRequ
     for (std::size_t i : indexes) {
       keys.push_back(requests[i].key);
       tokens.push_back(requests[i].owner_token);
-      ttls.push_back(std::to_string(PgCeilMillis(requests[i].ttl)));
+      ttls.push_back(std::to_string(CeilMillis(requests[i].ttl)));
     }
     Result<PgResult> r = Status::Unavailable("session already lost");
     {
@@ -535,7 +539,7 @@ std::vector<Status> PostgresAdvisoryBackend::RenewMany(std::span<const RenewRequ
         r = session->conn->Exec(
             "renew", statement,
             {PgArrayLiteral(keys), PgArrayLiteral(tokens), PgArrayLiteral(ttls)},
-            PgDeadline(options_));
+            PgDeadline(options_, clock_));
       }
       if (!r.ok() && (session->lost || session->conn->broken())) {
         SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
@@ -577,7 +581,7 @@ std::vector<Status> PostgresAdvisoryBackend::RenewMany(std::span<const RenewRequ
       }
       continue;
     }
-    const SteadyTime replied = BootClock::now();
+    const SteadyTime replied = clock_.Now();
     MutexLock lock(&mu_);
     for (std::size_t i : indexes) {
       auto it = held_.find(requests[i].key);
@@ -645,10 +649,9 @@ Status PostgresAdvisoryBackend::Release(std::string_view key, std::string_view o
     MutexLock slock(&session->mu);
     const std::string idle_ms = IdleMsAfter(*held);
     if (!session->lost && session->conn != nullptr && !session->conn->broken()) {
-      r = session->conn->Exec(
-          "release", PgStatement(sql::kAdvisoryRelease, options_),
-          {std::to_string(held->lock_id), idle_ms},
-          PgDeadline(options_));
+      r = session->conn->Exec("release", PgStatement(sql::kAdvisoryRelease, options_),
+                              {std::to_string(held->lock_id), idle_ms},
+                              PgDeadline(options_, clock_));
       if (!r.ok() && session->conn->broken()) {
         SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
       }
@@ -688,13 +691,12 @@ Status PostgresAdvisoryBackend::Finish(const FinishRequest& request) {
       r = session->conn->Exec(
           "finish", PgFinishStatement(sql::kAdvisoryFinish, write_record, options_),
           {request.key, request.owner_token,
-           request.keep > Duration::zero() ? std::to_string(PgCeilMillis(request.keep))
+           request.keep > Duration::zero() ? std::to_string(CeilMillis(request.keep))
                                            : std::string("0"),
-           write_record ? std::optional<std::string>(HexEncode(*request.record))
-                        : std::nullopt,
-           std::to_string(write_record ? PgCeilMillis(request.record_ttl) : 0),
+           write_record ? std::optional<std::string>(HexEncode(*request.record)) : std::nullopt,
+           std::to_string(write_record ? CeilMillis(request.record_ttl) : 0),
            std::to_string(held->lock_id), idle_ms},
-          PgDeadline(options_));
+          PgDeadline(options_, clock_));
       if (!r.ok() && session->conn->broken()) {
         SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
       }
@@ -726,28 +728,22 @@ Status PostgresAdvisoryBackend::Finish(const FinishRequest& request) {
 }
 
 Result<std::optional<std::string>> PostgresAdvisoryBackend::ReadRecord(std::string_view key) {
-  LH_ASSIGN_OR_RETURN(PgResult r, RunOnPrimary("read record",
-                                               PgStatement(sql::kReadRecord, options_),
-                                               {std::string(key)}));
-  if (r.rows() == 0) {
-    return std::optional<std::string>();
+  Result<PgResult> r =
+      RunOnPrimary("read record", PgStatement(sql::kReadRecord, options_), {std::string(key)});
+  if (!r.ok()) {
+    return PgRecordsStatus(r.status(), options_);
   }
-  std::optional<std::string> value = HexDecode(r.Get(0, 0));
-  if (!value.has_value()) {
-    return Status::Internal(fmt::format("unexpected reply from postgres: the record of {} is "
-                                        "not hex",
-                                        key));
-  }
-  return value;
+  return PgRecord(key, *r);
 }
 
 Result<std::vector<std::pair<std::string, std::string>>> PostgresAdvisoryBackend::ListRecords(
     std::string_view prefix) {
-  // RunOnPrimary maps a missing records table (an old schema) as for ReadRecord.
-  LH_ASSIGN_OR_RETURN(PgResult r,
-                      RunOnPrimary("list records", PgStatement(sql::kListRecords, options_),
-                                   {std::string(prefix)}));
-  return PgRecords(r);
+  Result<PgResult> r =
+      RunOnPrimary("list records", PgStatement(sql::kListRecords, options_), {std::string(prefix)});
+  if (!r.ok()) {
+    return PgRecordsStatus(r.status(), options_);  // a missing records table: an old schema
+  }
+  return PgRecords(*r);
 }
 
 Result<StoreTime> PostgresAdvisoryBackend::WallClock() {
@@ -761,63 +757,35 @@ Result<PgResult> PostgresAdvisoryBackend::RunOnPrimary(std::string_view what,
   for (int attempt = 0;; ++attempt) {
     LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
     MutexLock slock(&session->mu);
-    Result<PgResult> r = session->conn->Exec(what, statement, params, PgDeadline(options_));
+    Result<PgResult> r = session->conn->Exec(what, statement, params, PgDeadline(options_, clock_));
     if (!r.ok() && session->conn->broken()) {
       SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
       if (attempt == 0) {
         continue;  // a fresh session: nothing of a lease depends on this read
       }
     }
-    if (!r.ok()) {
-      return PgRecordsStatus(r.status(), options_);
-    }
     return r;
   }
 }
 
 Result<std::optional<LeaseInfo>> PostgresAdvisoryBackend::Inspect(std::string_view key) {
-  for (int attempt = 0;; ++attempt) {
-    LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
-    MutexLock slock(&session->mu);
-    Result<PgResult> r = session->conn->Exec("inspect", PgStatement(sql::kAdvisoryInspect, options_),
-                                             {std::string(key)}, PgDeadline(options_));
-    if (!r.ok()) {
-      if (session->conn->broken()) {
-        SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
-        if (attempt == 0) {
-          continue;
-        }
-      }
-      return r.status();
-    }
-    if (r->rows() == 0) {
-      return std::optional<LeaseInfo>();
-    }
-    return std::optional<LeaseInfo>(PgLeaseInfo(*r, 0));
+  LH_ASSIGN_OR_RETURN(
+      PgResult r,
+      RunOnPrimary("inspect", PgStatement(sql::kAdvisoryInspect, options_), {std::string(key)}));
+  if (r.rows() == 0) {
+    return std::optional<LeaseInfo>();
   }
+  return std::optional<LeaseInfo>(PgLeaseInfo(r, 0));
 }
 
 Result<std::vector<LeaseInfo>> PostgresAdvisoryBackend::List(std::string_view prefix) {
-  for (int attempt = 0;; ++attempt) {
-    LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
-    MutexLock slock(&session->mu);
-    Result<PgResult> r = session->conn->Exec("list", PgStatement(sql::kAdvisoryList, options_),
-                                             {std::string(prefix)}, PgDeadline(options_));
-    if (!r.ok()) {
-      if (session->conn->broken()) {
-        SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
-        if (attempt == 0) {
-          continue;
-        }
-      }
-      return r.status();
-    }
-    std::vector<LeaseInfo> out;
-    for (int i = 0; i < r->rows(); ++i) {
-      out.push_back(PgLeaseInfo(*r, i));
-    }
-    return out;
+  LH_ASSIGN_OR_RETURN(PgResult r, RunOnPrimary("list", PgStatement(sql::kAdvisoryList, options_),
+                                               {std::string(prefix)}));
+  std::vector<LeaseInfo> out;
+  for (int i = 0; i < r.rows(); ++i) {
+    out.push_back(PgLeaseInfo(r, i));
   }
+  return out;
 }
 
 Result<bool> PostgresAdvisoryBackend::ForceRelease(std::string_view key) {
@@ -845,7 +813,7 @@ Result<bool> PostgresAdvisoryBackend::ForceRelease(std::string_view key) {
     Result<PgResult> r = session->conn->Exec(
         "force-release", PgStatement(sql::kAdvisoryForceRelease, options_),
         {std::string(key), std::to_string(lock_id)},
-        BootClock::now() + std::max<Duration>(options_.command_timeout, std::chrono::seconds(4)));
+        clock_.Now() + std::max<Duration>(options_.command_timeout, std::chrono::seconds(4)));
     if (!r.ok()) {
       if (session->conn->broken()) {
         SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
@@ -896,18 +864,15 @@ Status PostgresAdvisoryBackend::WaitForTurn(std::string_view key, std::string_vi
     MutexLock slock(&session->mu);
     kept_until = wait->got ? wait->kept_until : SteadyTime{};
   }
-  if (kept_until > BootClock::now()) {
+  if (kept_until > clock_.Now()) {
     // Ours is the lock, but a kept grant refused us: nothing will notify its end. Sleep until
     // then, without the session's mutex (AbandonWait may need it meanwhile).
     const SteadyTime until = std::min(deadline, kept_until);
-    std::mutex m;
-    std::unique_lock<std::mutex> l(m);
-    std::condition_variable_any().wait_for(l, stop, until - BootClock::now(),
-                                           [] { return false; });
+    (void)clock_.SleepUntil(until, stop);
     if (stop.stop_requested()) {
       return Status::Cancelled(fmt::format("cancelled while waiting for {}", key));
     }
-    if (BootClock::now() < kept_until) {
+    if (clock_.Now() < kept_until) {
       return Status::DeadlineExceeded(fmt::format("{} is kept by its last holder", key));
     }
     return Status();
@@ -969,7 +934,7 @@ void PostgresAdvisoryBackend::AbandonWait(std::string_view /*key*/, std::string_
     if (wait->in_flight) {
       session->conn->Cancel();
       Result<std::optional<PgResult>> done =
-          session->conn->Await("abandon wait", BootClock::now() + kAbandonGrace, {});
+          session->conn->Await("abandon wait", clock_.Now() + kAbandonGrace, {});
       if ((done.ok() && !done->has_value()) || session->conn->broken()) {
         session->lost = true;  // no answer: drop the session, which ends the wait for sure
         return;
@@ -978,9 +943,8 @@ void PostgresAdvisoryBackend::AbandonWait(std::string_view /*key*/, std::string_
       wait->got = done.ok();  // granted just before the cancel arrived
     }
     if (wait->got) {
-      Result<PgResult> r = session->conn->Exec(
-          "unlock", UnlockStatement(wait->lock_id), {},
-          PgDeadline(options_));
+      Result<PgResult> r = session->conn->Exec("unlock", UnlockStatement(wait->lock_id), {},
+                                               PgDeadline(options_, clock_));
       if (!r.ok()) {
         session->lost = true;  // closing the session is the unlock of last resort
         return;

@@ -83,7 +83,8 @@ long long PgResult::GetInt(int row, int col) const {
 
 bool PgResult::GetBool(int row, int col) const { return Get(row, col) == "t"; }
 
-Result<std::unique_ptr<PgConnection>> PgConnection::Connect(const PostgresOptions& options) {
+Result<std::unique_ptr<PgConnection>> PgConnection::Connect(const PostgresOptions& options,
+                                                            Clock& clock) {
   std::vector<const char*> keywords;
   std::vector<const char*> values;
   for (const auto& [k, v] : options.libpq_params) {
@@ -118,11 +119,12 @@ Result<std::unique_ptr<PgConnection>> PgConnection::Connect(const PostgresOption
     return Status::Unavailable(
         fmt::format("cannot use postgres at {}: non-blocking mode refused", options.display));
   }
-  return std::unique_ptr<PgConnection>(new PgConnection(conn, options));
+  return std::unique_ptr<PgConnection>(new PgConnection(conn, options, clock));
 }
 
-PgConnection::PgConnection(pg_conn* conn, const PostgresOptions& options)
+PgConnection::PgConnection(pg_conn* conn, const PostgresOptions& options, Clock& clock)
     : conn_(conn),
+      clock_(clock),
       cancel_(PQgetCancel(conn)),
       display_(options.display),
       password_(options.password),
@@ -251,7 +253,7 @@ Result<std::optional<PgResult>> PgConnection::Await(std::string_view what, Stead
         pending_result_ = PgResult(r);
       }
     }
-    SteadyTime now = BootClock::now();
+    SteadyTime now = clock_.Now();
     if (now >= deadline || stop.stop_requested()) {
       return std::optional<PgResult>();
     }
@@ -296,7 +298,7 @@ Result<std::vector<std::string>> PgConnection::ReadNotifications(std::string_vie
   };
   drain();
   while (payloads.empty() && !stop.stop_requested()) {
-    SteadyTime now = BootClock::now();
+    SteadyTime now = clock_.Now();
     if (now >= deadline) {
       break;
     }
@@ -348,7 +350,7 @@ Result<PgResult> PgConnection::Finish(std::string_view what, SteadyTime deadline
   }
   const bool stopped = stop.stop_requested();
   Cancel();
-  Result<std::optional<PgResult>> after = Await(what, BootClock::now() + kCancelGrace, {});
+  Result<std::optional<PgResult>> after = Await(what, clock_.Now() + kCancelGrace, {});
   if (after.ok() && !after->has_value()) {
     return MarkBroken(what, "no answer even after a cancel request");
   }

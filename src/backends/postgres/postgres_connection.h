@@ -7,9 +7,12 @@
 //
 // Example:
 //
-//   LH_ASSIGN_OR_RETURN(auto conn, PgConnection::Connect(options));
+//   LH_ASSIGN_OR_RETURN(auto conn, PgConnection::Connect(options, clock));
 //   LH_ASSIGN_OR_RETURN(PgResult r, conn->Exec("inspect", kSql, {key}, deadline));
 //   std::string_view holder = r.Get(0, 1);
+//
+// Every deadline is on the Clock given to Connect (the backend's: see backend.h), and it is the
+// only clock the connection reads; it must run at the real rate, since poll() waits in real time.
 //
 // Thread safety: not thread-safe (libpq connections are not); the backend serialises access.
 // Cancel() alone may be called from another thread while a statement runs.
@@ -74,8 +77,9 @@ class PgConnection {
   // Connects (bounded by libpq's connect_timeout) and reads the backend key the server, or a
   // pooler in front of it, sent at startup. Returns kUnavailable if the server cannot be
   // reached, kPermissionDenied for rejected credentials; messages carry options.display and
-  // never a password.
-  static Result<std::unique_ptr<PgConnection>> Connect(const PostgresOptions& options);
+  // never a password. Deadlines given to the connection are on `clock`, which must outlive it.
+  static Result<std::unique_ptr<PgConnection>> Connect(const PostgresOptions& options,
+                                                       Clock& clock);
 
   ~PgConnection();
   PgConnection(const PgConnection&) = delete;
@@ -126,7 +130,7 @@ class PgConnection {
   [[nodiscard]] int startup_pid() const { return startup_pid_; }
 
  private:
-  PgConnection(pg_conn* conn, const PostgresOptions& options);
+  PgConnection(pg_conn* conn, const PostgresOptions& options, Clock& clock);
 
   Status MarkBroken(std::string_view what, std::string reason);
   // Awaits the statement in flight until `deadline`; past it (or on `stop`) cancels it as Exec
@@ -135,6 +139,7 @@ class PgConnection {
   Status ResultStatus(std::string_view what, pg_result* result);
 
   pg_conn* const conn_;
+  Clock& clock_;
   pg_cancel* const cancel_;
   const std::string display_;
   const std::optional<std::string> password_;

@@ -11,7 +11,8 @@
 
 #include <fmt/format.h>
 
-#include "core/duration.h"
+#include "backends/common/host_port.h"
+#include "backends/common/url_params.h"
 
 namespace leasehold::internal {
 
@@ -22,8 +23,9 @@ constexpr std::string_view kSchemaParam = "schema";
 constexpr std::string_view kCreateSchemaParam = "create_schema";
 constexpr std::string_view kCommandTimeoutParam = "command_timeout";
 
-constexpr Duration kMaxTimeout = std::chrono::hours(1);
 constexpr std::size_t kMaxIdentifierBytes = 63;  // NAMEDATALEN - 1
+// libpq's own default, for host entries without a port (which then stay empty for libpq).
+constexpr int kDefaultPort = 5432;
 
 bool IsPlainIdentifier(std::string_view name) {
   if (name.empty() || name.size() > kMaxIdentifierBytes ||
@@ -39,49 +41,21 @@ bool IsPlainIdentifier(std::string_view name) {
   return true;
 }
 
-// Splits "h1:p1,[::1]:p2,h3" into libpq's comma-separated host and port lists.
-Status SplitAuthority(std::string_view authority, std::string* hosts, std::string* ports) {
-  bool any_port = false;
-  std::vector<std::string> host_list;
-  std::vector<std::string> port_list;
-  while (!authority.empty()) {
-    std::size_t comma = authority.find(',');
-    if (authority.front() == '[') {
-      comma = authority.find(',', authority.find(']'));
-    }
-    std::string_view one = authority.substr(0, comma);
-    authority = comma == std::string_view::npos ? std::string_view() : authority.substr(comma + 1);
-    std::string_view host = one;
-    std::string_view port;
-    if (!one.empty() && one.front() == '[') {
-      std::size_t close = one.find(']');
-      if (close == std::string_view::npos) {
-        return Status::InvalidArgument("postgres:// URL has an unclosed '[' in a host");
-      }
-      host = one.substr(1, close - 1);
-      if (close + 1 < one.size()) {
-        if (one[close + 1] != ':') {
-          return Status::InvalidArgument("postgres:// URL has junk after an IPv6 host");
-        }
-        port = one.substr(close + 2);
-      }
-    } else if (std::size_t colon = one.rfind(':'); colon != std::string_view::npos) {
-      host = one.substr(0, colon);
-      port = one.substr(colon + 1);
-    }
-    for (char c : port) {
-      if (std::isdigit(static_cast<unsigned char>(c)) == 0) {
-        return Status::InvalidArgument(
-            fmt::format("postgres:// URL has a bad port '{}'", port));
-      }
-    }
-    any_port = any_port || !port.empty();
-    host_list.emplace_back(host);
-    port_list.emplace_back(port);
+// Splits "h1:p1,[::1]:p2,h3" into libpq's comma-separated host and port lists: hosts without
+// brackets (libpq wants an IPv6 address bare in host=), and an empty port entry for a host that
+// named none (libpq's default), or no port list at all when none did. An empty authority
+// (a conninfo, or postgres:///db) leaves both empty: libpq's defaults (PGHOST, the socket).
+Status SplitAuthority(const Url& url, std::string* hosts, std::string* ports) {
+  if (url.authority.empty()) {
+    return Status();
   }
-  for (std::size_t i = 0; i < host_list.size(); ++i) {
-    *hosts += (i == 0 ? "" : ",") + host_list[i];
-    *ports += (i == 0 ? "" : ",") + port_list[i];
+  LH_ASSIGN_OR_RETURN(std::vector<HostPort> list,
+                      ParseHostPorts(url.scheme, url.authority, kDefaultPort));
+  bool any_port = false;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    *hosts += (i == 0 ? "" : ",") + list[i].host;
+    *ports += (i == 0 ? "" : ",") + (list[i].port_given ? std::to_string(list[i].port) : "");
+    any_port = any_port || list[i].port_given;
   }
   if (!any_port) {
     ports->clear();
@@ -142,7 +116,7 @@ Result<PostgresOptions> PostgresOptions::FromUrl(const Url& url) {
   options.display = url.Redacted();
   std::string hosts;
   std::string ports;
-  LH_RETURN_IF_ERROR(SplitAuthority(url.authority, &hosts, &ports));
+  LH_RETURN_IF_ERROR(SplitAuthority(url, &hosts, &ports));
   if (!hosts.empty()) {
     options.libpq_params.emplace_back("host", hosts);
   }
@@ -168,34 +142,19 @@ Result<PostgresOptions> PostgresOptions::FromUrl(const Url& url) {
       } else if (value == "table") {
         options.mode = PostgresMode::kTable;
       } else {
-        return Status::InvalidArgument(fmt::format(
-            "postgres:// URL parameter mode={} must be advisory or table", value));
+        return BadParam(url, name, "must be advisory or table");
       }
     } else if (name == kSchemaParam) {
       if (!IsPlainIdentifier(value)) {
-        return Status::InvalidArgument(fmt::format(
-            "postgres:// URL parameter schema={} must be a plain identifier: lower-case "
-            "letters, digits and '_', not starting with a digit, at most 63 bytes",
-            value));
+        return BadParam(url, name,
+                        "must be a plain identifier: lower-case letters, digits and '_', not "
+                        "starting with a digit, at most 63 bytes");
       }
       options.schema = value;
     } else if (name == kCreateSchemaParam) {
-      if (value != "true" && value != "false") {
-        return Status::InvalidArgument(fmt::format(
-            "postgres:// URL parameter create_schema={} must be true or false", value));
-      }
-      options.create_schema = value == "true";
+      LH_RETURN_IF_ERROR(ReadBoolParam(url, name, &options.create_schema));
     } else if (name == kCommandTimeoutParam) {
-      Result<Duration> d = ParseDuration(value);
-      if (!d.ok()) {
-        return d.status().WithContext("postgres:// URL parameter command_timeout");
-      }
-      if (*d <= Duration::zero() || *d > kMaxTimeout) {
-        return Status::InvalidArgument(fmt::format(
-            "postgres:// URL parameter command_timeout={} must be above 0 and at most 1h",
-            value));
-      }
-      options.command_timeout = *d;
+      LH_RETURN_IF_ERROR(ReadTimeoutParam(url, name, &options.command_timeout));
     } else {
       if (name == "password") {
         options.password = value;

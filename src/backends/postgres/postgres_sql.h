@@ -237,7 +237,7 @@ inline constexpr std::string_view kListen = R"sql(LISTEN {schema_ident})sql";
 
 // Try-acquire, advisory mode. $1 key, $2 owner token, $3 holder, $4 ttl in ms, $5 lock id,
 // $6 idle_session_timeout, $7 tcp_keepalives_idle, $8 tcp_user_timeout (the session limits of
-// postgres_backend.h, computed by the backend for the largest TTL on the session).
+// postgres_advisory_backend.h, computed by the backend for the largest TTL on the session).
 // - `limits` raises the session's TCP limits first, so that they hold before the lock does.
 // - `lock` then takes the session-level advisory lock if free (MATERIALIZED: evaluated once).
 // - `granted` bumps the key's fence and records the grant only if the lock was taken and the

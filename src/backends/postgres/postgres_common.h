@@ -1,9 +1,11 @@
-// File: backends/postgres/postgres_util.h (internal)
+// File: backends/postgres/postgres_common.h (internal)
 //
-// Helpers shared by the two postgres:// modes: SQL templating, array literals, rows to
-// LeaseInfo, records and the store's clock, and the schema check at open.
+// What the two postgres:// modes (postgres_table_backend.h, postgres_advisory_backend.h) share:
+// SQL templating, array literals, rows to LeaseInfo, records and the store's clock, statement
+// deadlines, and the schema check at open.
 //
-// Thread safety: pure functions, except EnsureSchema (uses the connection it is given).
+// Thread safety: pure functions, except EnsureSchema (uses the connection it is given) and
+// PgDeadline (reads the clock it is given; Clock is thread-safe).
 
 #pragma once
 
@@ -30,18 +32,21 @@ std::string PgStatement(std::string_view sql, const PostgresOptions& options);
 // Returns a PostgreSQL array literal of `items` for a text[] parameter: {"a","b\"c"}.
 std::string PgArrayLiteral(const std::vector<std::string>& items);
 
-// Milliseconds of `d`, rounded up, at least 1.
-long long PgCeilMillis(Duration d);
-
 // Reads (key, holder, token_prefix, fence, ttl_ms, remaining_ms) from `row` of `r`.
 LeaseInfo PgLeaseInfo(const PgResult& r, int row);
 
-// Builds the kHeldByAnother status for `key` from an optional holder.
+// Reads a refused grant statement's holder of `key` from row 0 of `r`: (fence, holder,
+// token_prefix, ttl_ms, remaining_ms) in columns 1-5 (column 0 is the "granted" flag).
+LeaseInfo PgRefusedBy(std::string_view key, const PgResult& r);
+
+// Builds the kHeldByAnother status for `key`: Status::HeldByAnother(*holder), or "<key> is held
+// by another session" when the statement could not see who holds it.
 Status PgHeld(std::string_view key, std::optional<LeaseInfo> holder);
 
 // Checks that the schema's table exists, creating what is missing when allowed. Returns
 // kPermissionDenied (or kInvalidArgument with create_schema=false) naming `leasehold schema`.
-Status EnsureSchema(PgConnection& conn, const PostgresOptions& options);
+// Its statements' deadlines are on `clock`.
+Status EnsureSchema(PgConnection& conn, const PostgresOptions& options, Clock& clock);
 
 // The DDL for `options`, as `leasehold schema` prints it.
 std::string SchemaSql(const PostgresOptions& options);
@@ -51,17 +56,22 @@ std::string SchemaSql(const PostgresOptions& options);
 std::string PgFinishStatement(std::string_view finish, bool with_record,
                               const PostgresOptions& options);
 
+// The record of `key` from kReadRecord's result (nullopt: none); kInternal if it is not hex.
+Result<std::optional<std::string>> PgRecord(std::string_view key, const PgResult& r);
+
 // (key, record) from kListRecords' result; kInternal if a value is not hex.
 Result<std::vector<std::pair<std::string, std::string>>> PgRecords(const PgResult& r);
 
-// The store's wall clock from kWallClock's result (microseconds since the epoch).
+// The store's wall clock from kWallClock's result (the server's clock_timestamp(), in
+// microseconds since the epoch). A different time base from the backend's Clock, on purpose:
+// wall time names schedule slots and dates records, and never drives lease safety.
 StoreTime PgStoreTime(const PgResult& r);
 
 // `status` of a statement on the records table, with a message naming `leasehold schema` if the
 // table does not exist (an old schema whose role could not create it at open).
 Status PgRecordsStatus(Status status, const PostgresOptions& options);
 
-// The deadline of one statement started now.
-SteadyTime PgDeadline(const PostgresOptions& options);
+// The deadline of one statement started now, on `clock` (the backend's: see backend.h).
+SteadyTime PgDeadline(const PostgresOptions& options, Clock& clock);
 
 }  // namespace leasehold::internal

@@ -1,0 +1,239 @@
+// File: backends/postgres/postgres_common.cc (internal)
+//
+// The helpers both postgres:// modes share (postgres_common.h).
+
+#include "backends/postgres/postgres_common.h"
+
+#include <chrono>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "backends/postgres/postgres_sql.h"
+#include "core/logging.h"
+#include "util/hex.h"
+
+namespace leasehold::internal {
+
+namespace sql = postgres_sql;
+
+namespace {
+
+using std::chrono::milliseconds;
+
+std::string QuoteLiteral(std::string_view text) {
+  std::string out = "'";
+  for (char c : text) {
+    out += c;
+    if (c == '\'') {
+      out += '\'';
+    }
+  }
+  return out + "'";
+}
+
+std::string ReplaceAll(std::string text, std::string_view from, std::string_view to) {
+  for (std::size_t at = text.find(from); at != std::string::npos;
+       at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
+  }
+  return text;
+}
+
+Status NotHex(std::string_view key) {
+  return Status::Internal(
+      fmt::format("unexpected reply from postgres: the record of {} is not hex", key));
+}
+
+}  // namespace
+
+std::string PgStatement(std::string_view text, const PostgresOptions& options) {
+  std::string out(text);
+  const std::string ident = "\"" + options.schema + "\"";
+  out = ReplaceAll(std::move(out), "{schema_ident}", ident);
+  out = ReplaceAll(std::move(out), "{schema}", ident);
+  out = ReplaceAll(std::move(out), "{channel}", QuoteLiteral(options.schema));
+  return out;
+}
+
+std::string PgFinishStatement(std::string_view finish, bool with_record,
+                              const PostgresOptions& options) {
+  return PgStatement(ReplaceAll(std::string(finish), "{recorded}",
+                                with_record ? sql::kFinishRecorded : sql::kFinishNoRecord),
+                     options);
+}
+
+std::string PgArrayLiteral(const std::vector<std::string>& items) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    out += i == 0 ? "\"" : ",\"";
+    for (char c : items[i]) {
+      if (c == '"' || c == '\\') {
+        out += '\\';
+      }
+      out += c;
+    }
+    out += '"';
+  }
+  return out + "}";
+}
+
+SteadyTime PgDeadline(const PostgresOptions& options, Clock& clock) {
+  return clock.Now() + options.command_timeout;
+}
+
+LeaseInfo PgLeaseInfo(const PgResult& r, int row) {
+  LeaseInfo info;
+  info.key = std::string(r.Get(row, 0));
+  info.holder = std::string(r.Get(row, 1));
+  info.token_prefix = std::string(r.Get(row, 2));
+  info.fencing_token = static_cast<FencingToken>(r.GetInt(row, 3));
+  info.ttl = milliseconds(r.GetInt(row, 4));
+  info.remaining = milliseconds(r.GetInt(row, 5));
+  return info;
+}
+
+LeaseInfo PgRefusedBy(std::string_view key, const PgResult& r) {
+  LeaseInfo info;
+  info.key = std::string(key);
+  info.fencing_token = static_cast<FencingToken>(r.GetInt(0, 1));
+  info.holder = std::string(r.Get(0, 2));
+  info.token_prefix = std::string(r.Get(0, 3));
+  info.ttl = milliseconds(r.GetInt(0, 4));
+  info.remaining = milliseconds(r.GetInt(0, 5));
+  return info;
+}
+
+Status PgHeld(std::string_view key, std::optional<LeaseInfo> holder) {
+  if (!holder) {
+    return Status::HeldByAnother(fmt::format("{} is held by another session", key));
+  }
+  return Status::HeldByAnother(*holder);
+}
+
+std::string SchemaSql(const PostgresOptions& options) {
+  return fmt::format(
+      "-- leasehold schema for {}\n"
+      "-- One row per lease key in `leases`; `fence` (the fencing counter) only ever grows.\n"
+      "-- One row per key in `records`: the record a lease may leave when it ends (schedule\n"
+      "-- slots). The role that leasehold connects as needs SELECT, INSERT, UPDATE on both\n"
+      "-- tables and USAGE on the schema.\n{}\n{}\n{}\n",
+      options.display, PgStatement(sql::kCreateSchema, options),
+      PgStatement(sql::kCreateTable, options), PgStatement(sql::kCreateRecordsTable, options));
+}
+
+Result<std::optional<std::string>> PgRecord(std::string_view key, const PgResult& r) {
+  if (r.rows() == 0) {
+    return std::optional<std::string>();
+  }
+  std::optional<std::string> value = HexDecode(r.Get(0, 0));
+  if (!value.has_value()) {
+    return NotHex(key);
+  }
+  return value;
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> PgRecords(const PgResult& r) {
+  std::vector<std::pair<std::string, std::string>> records;
+  records.reserve(static_cast<std::size_t>(r.rows()));
+  for (int i = 0; i < r.rows(); ++i) {
+    std::optional<std::string> value = HexDecode(r.Get(i, 1));
+    if (!value.has_value()) {
+      return NotHex(r.Get(i, 0));
+    }
+    records.emplace_back(std::string(r.Get(i, 0)), std::move(*value));
+  }
+  return records;
+}
+
+StoreTime PgStoreTime(const PgResult& r) {
+  return StoreTime{.time = SystemTime(std::chrono::duration_cast<SystemTime::duration>(
+                       std::chrono::microseconds(r.GetInt(0, 0)))),
+                   .from_store = true};
+}
+
+Status PgRecordsStatus(Status status, const PostgresOptions& options) {
+  if (status.detail() != kSqlStateUndefinedTable) {
+    return status;
+  }
+  return Status::PermissionDenied(
+      fmt::format("table {}.records does not exist in the database of {} (a schema from before "
+                  "records, and this role could not create the table): have someone with the "
+                  "CREATE privilege run the SQL printed by `leasehold schema --store URL` ({})",
+                  options.schema, options.display, status.message()),
+      std::string(status.detail()));
+}
+
+Status EnsureSchema(PgConnection& conn, const PostgresOptions& options, Clock& clock) {
+  const std::string table = "\"" + options.schema + "\".leases";
+  const std::string records = "\"" + options.schema + "\".records";
+
+  struct State {
+    bool schema = false;
+    bool leases = false;
+    bool records = false;
+  };
+
+  auto state = [&]() -> Result<State> {
+    LH_ASSIGN_OR_RETURN(PgResult r, conn.Exec("schema check", std::string(sql::kSchemaState),
+                                              {"\"" + options.schema + "\"", table, records},
+                                              PgDeadline(options, clock)));
+    return State{r.GetBool(0, 0), r.GetBool(0, 1), r.GetBool(0, 2)};
+  };
+  LH_ASSIGN_OR_RETURN(State exists, state());
+  if (exists.leases && exists.records) {
+    return Status();
+  }
+  if (exists.leases) {
+    // A schema from before records: leases work as before, so a role that may not add the table
+    // still opens, and only what needs records (schedule slots) fails, naming the fix.
+    auto cannot = [&](std::string_view why) {
+      Log(LogLevel::kWarning,
+          fmt::format("postgres at {}: table {}.records is missing and {}: leases work, but "
+                      "ending one with a record (schedule slots, --once-per) fails until someone "
+                      "with the CREATE privilege runs the SQL printed by `leasehold schema`",
+                      options.display, options.schema, why));
+      return Status();
+    };
+    if (!options.create_schema) {
+      return cannot("create_schema=false forbids creating it");
+    }
+    Result<PgResult> created =
+        conn.Exec("create table", PgStatement(sql::kCreateRecordsTable, options), {},
+                  PgDeadline(options, clock));
+    if (created.ok()) {
+      Log(LogLevel::kInfo, fmt::format("postgres at {}: created {}", options.display, records));
+      return Status();
+    }
+    LH_ASSIGN_OR_RETURN(exists, state());  // someone else may have created it meanwhile
+    return exists.records
+               ? Status()
+               : cannot(fmt::format("cannot be created ({})", created.status().message()));
+  }
+  auto missing = [&](std::string_view why) {
+    return fmt::format(
+        "table {}.leases does not exist in the database of {} and {}: have someone with the "
+        "CREATE privilege run the SQL printed by `leasehold schema --store URL`, or grant it",
+        options.schema, options.display, why);
+  };
+  if (!options.create_schema) {
+    return Status::InvalidArgument(missing("create_schema=false forbids creating it"));
+  }
+  std::string ddl = exists.schema ? "" : PgStatement(sql::kCreateSchema, options);
+  ddl += PgStatement(sql::kCreateTable, options);
+  ddl += PgStatement(sql::kCreateRecordsTable, options);
+  Result<PgResult> created = conn.Exec("create table", ddl, {}, PgDeadline(options, clock));
+  if (created.ok()) {
+    Log(LogLevel::kInfo, fmt::format("postgres at {}: created {}", options.display, table));
+    return Status();
+  }
+  if (created.status().code() == StatusCode::kPermissionDenied) {
+    return Status::PermissionDenied(
+        missing(fmt::format("this role may not create it ({})", created.status().message())));
+  }
+  // Another process may have created it at the same moment (unique violation on the catalog).
+  LH_ASSIGN_OR_RETURN(exists, state());
+  return exists.leases && exists.records ? Status() : created.status();
+}
+
+}  // namespace leasehold::internal

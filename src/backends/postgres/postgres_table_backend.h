@@ -1,0 +1,99 @@
+// File: backends/postgres/postgres_table_backend.h (internal)
+//
+// PostgresTableBackend: the postgres:// store in mode=table (postgres_backend.h). A grant is the
+// key's row in "<schema>.leases" (postgres_sql.h) with an owner token and an expiry computed by
+// the server's clock, so client clocks never matter. Acquire, renew (all of a handle's leases at
+// once) and release are one statement each, sent without prepared statements through a pooler,
+// so PgBouncer in transaction pooling carries them. Release NOTIFYs the key on the schema's
+// channel; waiters share one LISTEN connection (a std::jthread owned by the backend, started by
+// the first wait) and also wake at the holder's expiry. Through a pooler, which cannot carry
+// LISTEN, waiters poll with backoff instead (native_wait is false).
+//
+// Time: grants expire on the server's clock; the local deadlines (statements, waits, the
+// LISTEN connection's reconnect pace) are on the Clock the backend was opened with (backend.h).
+//
+// Example:
+//
+//   LH_ASSIGN_OR_RETURN(PostgresOptions options, PostgresOptions::FromUrl(url));
+//   LH_ASSIGN_OR_RETURN(auto backend, PostgresTableBackend::Open(std::move(options), clock));
+//
+// Thread safety: thread-safe. A pooled connection is used by one thread at a time; the listener
+// pointer is guarded by its own mutex, never held across a round trip.
+
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "leasehold/clock.h"
+#include "leasehold/lease_info.h"
+#include "leasehold/status.h"
+
+#include "backends/backend.h"
+#include "backends/postgres/postgres_connection.h"
+#include "backends/postgres/postgres_options.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
+
+namespace leasehold::internal {
+
+class PostgresTableBackend final : public Backend {
+ public:
+  // Connects, tells whether a pooler is in between, and checks (or creates) the schema. Every
+  // local deadline is on `clock`, which must outlive the backend.
+  static Result<std::shared_ptr<PostgresTableBackend>> Open(PostgresOptions options, Clock& clock);
+  ~PostgresTableBackend() override;
+
+  [[nodiscard]] std::string_view scheme() const override { return "postgres"; }
+
+  // native_wait: LISTEN/NOTIFY, unless a pooler is in between.
+  [[nodiscard]] Capabilities capabilities() const override;
+
+  Result<Grant> TryAcquire(const GrantRequest& request) override;
+  Status Renew(const RenewRequest& request) override;
+  // One UPDATE for all requests. If it fails, every request gets that error.
+  std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
+  Status Release(std::string_view key, std::string_view owner_token) override;
+  // One statement (kTableFinish): the grant's row and the key's row in `records` change together
+  // or not at all. keep and record_ttl are rounded up to whole milliseconds.
+  Status Finish(const FinishRequest& request) override;
+  Result<std::optional<std::string>> ReadRecord(std::string_view key) override;
+  // One SELECT (kListRecords); expiry on the server's clock.
+  Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
+      std::string_view prefix) override;
+  // clock_timestamp(), one round trip.
+  Result<StoreTime> WallClock() override;
+  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
+  Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
+  Result<bool> ForceRelease(std::string_view key) override;
+  // Blocks until a NOTIFY for `key`, the holder's expiry (plus jitter), `deadline` or `stop`;
+  // polls every 100 ms while the LISTEN connection is down. kUnimplemented through a pooler.
+  Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
+
+  // True if a pooler was detected at open.
+  [[nodiscard]] bool pooled() const { return pooled_; }
+
+ private:
+  class Listener;
+  struct Pool;
+
+  PostgresTableBackend(PostgresOptions options, Clock& clock, std::unique_ptr<Pool> pool,
+                       bool pooled);
+
+  Result<PgResult> Run(std::string_view what, const std::string& sql, const PgParams& params);
+
+  const PostgresOptions options_;
+  Clock& clock_;
+  const std::unique_ptr<Pool> pool_;
+  const bool pooled_;
+  Mutex listener_mu_;
+  std::shared_ptr<Listener> listener_ LH_GUARDED_BY(listener_mu_);
+};
+
+}  // namespace leasehold::internal
