@@ -251,11 +251,7 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
 
   const std::string etcd_key = KeyName(options_.prefix, request.key);
   pb::TxnRequest txn;
-  pb::Compare* cmp = txn.add_compare();
-  cmp->set_result(pb::Compare::EQUAL);
-  cmp->set_target(pb::Compare::CREATE);
-  cmp->set_key(etcd_key);
-  cmp->set_create_revision(0);
+  CompareCreateRevision(&txn, etcd_key, 0);
   pb::PutRequest* put = txn.add_success()->mutable_request_put();
   put->set_key(etcd_key);
   put->set_value(EncodeValue({request.owner_token, lease.ttl_seconds * 1000, request.holder}));
@@ -411,11 +407,7 @@ Status EtcdBackend::Release(std::string_view key, std::string_view owner_token) 
   std::future<grpc::Status> revoked = impl.client.StartRevoke(held->lease_id);
 
   pb::TxnRequest txn;
-  pb::Compare* cmp = txn.add_compare();
-  cmp->set_result(pb::Compare::EQUAL);
-  cmp->set_target(pb::Compare::CREATE);
-  cmp->set_key(etcd_key);
-  cmp->set_create_revision(held->create_revision);
+  CompareCreateRevision(&txn, etcd_key, held->create_revision);
   pb::DeleteRangeRequest* del = txn.add_success()->mutable_request_delete_range();
   del->set_key(etcd_key);
   pb::TxnResponse txn_resp;
@@ -510,11 +502,7 @@ Status EtcdBackend::Finish(const FinishRequest& request) {
   const std::string etcd_key = KeyName(options_.prefix, request.key);
   const std::string record_key = RecordKey(options_.prefix, request.key);
   pb::TxnRequest txn;
-  pb::Compare* cmp = txn.add_compare();
-  cmp->set_result(pb::Compare::EQUAL);
-  cmp->set_target(pb::Compare::CREATE);
-  cmp->set_key(etcd_key);
-  cmp->set_create_revision(held->create_revision);
+  CompareCreateRevision(&txn, etcd_key, held->create_revision);
   if (keep_lease) {
     pb::PutRequest* put = txn.add_success()->mutable_request_put();
     put->set_key(etcd_key);
@@ -698,11 +686,7 @@ Result<bool> EtcdBackend::ForceRelease(std::string_view key) {
     // The lease expired between the Range and the revoke: fall through to delete what is left.
   }
   pb::TxnRequest txn;
-  pb::Compare* cmp = txn.add_compare();
-  cmp->set_result(pb::Compare::EQUAL);
-  cmp->set_target(pb::Compare::CREATE);
-  cmp->set_key(etcd_key);
-  cmp->set_create_revision(kv.create_revision());
+  CompareCreateRevision(&txn, etcd_key, kv.create_revision());
   txn.add_success()->mutable_request_delete_range()->set_key(etcd_key);
   pb::TxnResponse txn_resp;
   LH_RETURN_IF_ERROR(impl.client.Txn("Txn (force release)", txn, &txn_resp));

@@ -52,6 +52,14 @@ std::string PrefixEnd(std::string prefix) {
   return std::string(1, '\0');  // every key
 }
 
+void CompareCreateRevision(pb::TxnRequest* txn, const std::string& key, int64_t revision) {
+  pb::Compare* cmp = txn->add_compare();
+  cmp->set_result(pb::Compare::EQUAL);
+  cmp->set_target(pb::Compare::CREATE);
+  cmp->set_key(key);
+  cmp->set_create_revision(revision);
+}
+
 bool IsUnreachable(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;

@@ -83,6 +83,10 @@ std::chrono::system_clock::time_point GrpcDeadline(Duration from_now);
 // The end of the range of every key that starts with `prefix` (RangeRequest.range_end).
 std::string PrefixEnd(std::string prefix);
 
+// Adds to `txn` the compare "create_revision(key) == revision": the key is that very grant
+// (a create revision is unique to one creation of a key), or, for 0, does not exist.
+void CompareCreateRevision(etcdserverpb::TxnRequest* txn, const std::string& key, int64_t revision);
+
 // UNAVAILABLE or DEADLINE_EXCEEDED: the member did not answer; try the next one.
 bool IsUnreachable(const grpc::Status& s);
 

@@ -66,11 +66,7 @@ Result<QueueEntry> EtcdWaitQueue::Enqueue(std::string_view key, std::string_view
   fresh.ttl_seconds = grant_resp.ttl();
   fresh.refreshed = now;
   pb::TxnRequest txn;
-  pb::Compare* cmp = txn.add_compare();
-  cmp->set_result(pb::Compare::EQUAL);
-  cmp->set_target(pb::Compare::CREATE);
-  cmp->set_key(fresh.queue_key);
-  cmp->set_create_revision(0);
+  CompareCreateRevision(&txn, fresh.queue_key, 0);
   pb::PutRequest* put = txn.add_success()->mutable_request_put();
   put->set_key(fresh.queue_key);
   put->set_lease(fresh.lease_id);
