@@ -1,9 +1,9 @@
 // File: backends/etcd/etcd_backend.h (internal)
 //
-// EtcdBackend: the etcd:// store (DESIGN.md section 4), speaking etcd's v3 gRPC API (the subset
-// in proto/rpc.proto) through gRPC C++. Each grant is the key "<prefix>/<lease name>" put with
-// an etcd lease; its value holds the owner token, the granted TTL and the holder's identity
-// ("v1\n<token>\n<ttl ms>\n<holder>").
+// EtcdBackend: the etcd:// store, speaking etcd's v3 gRPC API (the subset in proto/rpc.proto)
+// through gRPC C++ (docs/impl.md, "The etcd store", has the design notes). Each grant is the key
+// "<prefix>/<lease name>" put with an etcd lease; its value holds the owner token, the granted
+// TTL and the holder's identity ("v1\n<token>\n<ttl ms>\n<holder>").
 //
 //   try-acquire   LeaseGrant(ceil(ttl) s), then one Txn: if create_revision(key) == 0, Put the
 //                 key with the lease, else Range it (the holder). Fencing token = the key's
@@ -48,9 +48,21 @@
 // when it answers UNAVAILABLE or not before the deadline (options.command_timeout, on every
 // call). An ambiguous Txn retried on another member recognizes its own grant by the token.
 //
+// Time: every deadline and time the backend reads or compares (WaitForChange deadlines, the
+// keep-alive round's deadline, spare leases' and queue entries' refresh times, the Authenticate
+// backoff) is on the Clock it was opened with. It must run at the real rate (the registry opens
+// etcd:// only on Clock::Real()): etcd's leases expire on the server's clock. gRPC deadlines are
+// relative timeouts given to gRPC on the system clock, the only one gRPC takes.
+//
+// Files: etcd_client.h (channels, failover, auth, call helpers), etcd_keepalive.h (the
+// keep-alive stream), etcd_spare_leases.h, etcd_wait_queue.h (fair=true); this class holds the
+// Backend methods. Only the .cc files include gRPC: this header stays free of it (the registry
+// includes it).
+//
 // Thread safety: thread-safe. gRPC stubs are; the keep-alive stream has one reader thread
 // (std::jthread, owned by the stream and joined by the backend) and writes serialized under a
-// mutex; the held-lease table and the auth token have their own mutexes.
+// mutex; the held-lease table, the spare leases, the queue entries and the auth token have
+// their own mutexes.
 
 #pragma once
 
@@ -79,8 +91,7 @@ namespace leasehold::internal {
 // the prefix, after Authenticate when a user is given). Returns kInvalidArgument for a bad URL;
 // kUnavailable if no endpoint answers within command_timeout; kPermissionDenied for wrong
 // credentials or a user without access to the prefix. Messages never contain the password.
-Result<std::shared_ptr<Backend>> OpenEtcdBackend(const Url& url,
-                                                 Clock& clock = Clock::Real());
+Result<std::shared_ptr<Backend>> OpenEtcdBackend(const Url& url, Clock& clock = Clock::Real());
 
 class EtcdBackend final : public Backend {
  public:
@@ -107,7 +118,10 @@ class EtcdBackend final : public Backend {
     std::uint64_t spare_used = 0;
   };
 
-  static Result<std::shared_ptr<EtcdBackend>> Open(EtcdOptions options);
+  // Connects (see OpenEtcdBackend). Every time the backend reads is on `clock`.
+  // REQUIRES: `clock` outlives the backend and runs at the real rate.
+  static Result<std::shared_ptr<EtcdBackend>> Open(EtcdOptions options,
+                                                   Clock& clock = Clock::Real());
 
   ~EtcdBackend() override;
 
@@ -173,13 +187,14 @@ class EtcdBackend final : public Backend {
   // The etcd key of lease `key` under `prefix`: "<prefix>/<key>".
   static std::string KeyName(std::string_view prefix, std::string_view key);
 
-  // Everything that touches gRPC lives in etcd_backend.cc.
+ private:
+  // The parts that touch gRPC (etcd_backend.cc).
   class Impl;
 
- private:
-  EtcdBackend(EtcdOptions options, std::unique_ptr<Impl> impl);
+  EtcdBackend(EtcdOptions options, Clock& clock, std::unique_ptr<Impl> impl);
 
   const EtcdOptions options_;
+  Clock& clock_;
   const std::unique_ptr<Impl> impl_;
 };
 

@@ -6,6 +6,9 @@
 //   etcd://[user:password@]host:port[,host:port...][?param=value&...]
 //   etcds://[user:password@]host:port[,host:port...]?ca=/ca.pem[&cert=/c.pem&key=/k.pem]
 //
+// A host without a port gets 2379; an IPv6 address goes in brackets ("[::1]:2379"), as in
+// every store URL (backends/common/host_port.h).
+//
 // Parameters: prefix (key namespace), command_timeout (deadline of every call, e.g. 2s),
 // spare_lease and fair (true/false), ca/cert/key (etcds:// only: PEM files). Unknown parameters are
 // errors.
