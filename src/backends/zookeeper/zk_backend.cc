@@ -441,11 +441,8 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
       } else {
         (void)DeleteOrDoom(session, my_path);
       }
-      std::string message = fmt::format(
-          "{} is held by {} (fencing token {}), kept after its holder for {} ms more",
-          request.key, kept->info.holder, kept->info.fencing_token,
-          duration_cast<milliseconds>(kept->remaining).count());
-      return Status::HeldByAnother(std::move(message), std::move(kept->info));
+      // The time left (kept->info.remaining) is the kept grant's, on the leader's clock.
+      return Status::HeldByAnother(kept->info, "kept after its holder (hold_at_least)");
     }
     // Not lowest: report the holder (the lowest child).
     std::string holder_data;
@@ -465,12 +462,8 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
     if (rc != ZOK) {
       return ZkErrorStatus(rc, fmt::format("reading the holder of {}", request.key), options_);
     }
-    LeaseInfo holder =
-        ParseNodeData(request.key, holder_data, static_cast<FencingToken>(holder_stat.czxid));
-    // The message first: argument evaluation order is unspecified.
-    std::string message = fmt::format("{} is held by {} (fencing token {})", request.key,
-                                      holder.holder, holder.fencing_token);
-    return Status::HeldByAnother(std::move(message), std::move(holder));
+    return Status::HeldByAnother(
+        ParseNodeData(request.key, holder_data, static_cast<FencingToken>(holder_stat.czxid)));
   }
   if (!waiting) {
     (void)DeleteOrDoom(session, my_path);
