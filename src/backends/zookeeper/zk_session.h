@@ -24,9 +24,12 @@
 // callbacks on its own completion thread, and they only record results and signal condition
 // variables (never blocking, never taking a backend lock). A ZkRequests or ZkPending is not
 // thread-safe; confine it to one thread. Lock order: a backend's lock before a ZkSession's mu_
-// (ZkSession::Expired() is called with ZkBackend::mu_ held), and a waker's mu before neither
-// (the watch callback lets it go before it takes the session's). No lock is held across a
-// zoo_* call: zookeeper_close joins the completion thread, whose callbacks take these locks.
+// (ZkSession::Expired() is called with ZkBackend::mu_ held); a waker's and a reply's lock are
+// taken alone (the watch callback lets the waker's go before it takes the session's). No lock
+// is held across a request, and the session's, a reply's or a waker's never across
+// zookeeper_close (~ZkSession), which joins the completion thread whose callbacks take them.
+// The callbacks take no backend lock, so a backend may drop a session's last reference under
+// its own.
 
 #pragma once
 
