@@ -1,6 +1,9 @@
 // File: backends/zookeeper/zk_backend.h (internal)
 //
-// ZkBackend: the zk:// store (DESIGN.md section 4), on ZooKeeper's C client (zookeeper_mt).
+// ZkBackend: the zk:// store, on ZooKeeper's C client (zookeeper_mt). docs/impl.md ("The
+// ZooKeeper store") gives the design in short; this comment is the full account. The C client
+// glue is zk_session.h (the only header that includes zookeeper.h), the node names and data
+// zk_layout.h.
 //
 // Layout: every key is a container node <chroot>/leasehold/<escaped key> (ZOO_CONTAINER, so an
 // empty one is removed by the server), and every grant or queued waiter is an ephemeral
@@ -65,11 +68,20 @@
 //   LH_ASSIGN_OR_RETURN(Url url, ParseUrl("zk://127.0.0.1:2181,127.0.0.1:2182/jobs"));
 //   LH_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, OpenZkBackend(url));
 //
+// Time: every SteadyTime here (a WaitForChange or WaitForTurn deadline, a grant's local
+// deadline, a request's bound, the reaper's next round) is on the Clock the backend was opened
+// with, and only that clock is read. Its condition-variable waits run in real time (ToSteady),
+// so the clock must run at the real rate: the registry opens zk:// with Clock::Real() only,
+// since a session's expiry is timed by the server. The expiry of kept grants and records is
+// judged on the ZooKeeper leader's wall clock (LeaderNow), a different time base.
+//
 // Thread safety: thread-safe. The C client runs its own IO and completion threads per session;
-// watcher and completion callbacks only record results and signal condition variables. Every
-// request is sent asynchronously and waited for with a bound (command_timeout). The backend's
-// own state is guarded by mu_, never held across a request; the reaper is one std::jthread
-// joined in the destructor.
+// watcher and completion callbacks only record results and signal condition variables, and take
+// no lock of the backend's. Every request is sent asynchronously and waited for with a bound
+// (command_timeout). Lock order: connect_mu_ (held across opening a session, so two callers do
+// not both connect), then mu_ (the backend's own state, never held across a request), then a
+// session's own lock (ZkSession::Expired). The reaper is one std::jthread joined in the
+// destructor.
 
 #pragma once
 
@@ -97,18 +109,18 @@
 
 namespace leasehold::internal {
 
-// Defined in zk_backend.cc, the only file that includes zookeeper.h.
+// zk_session.h: zookeeper.h stays out of this header.
 class ZkSession;
 
 // Opens the store named by `url` (scheme "zk") and checks it at once (one session, the chroot
 // created if missing). Returns kInvalidArgument for a bad URL; kUnavailable if no server answers
 // within connect_timeout; kPermissionDenied if the server refuses the credentials or the ACLs.
-Result<std::shared_ptr<Backend>> OpenZkBackend(const Url& url,
-                                                 Clock& clock = Clock::Real());
+Result<std::shared_ptr<Backend>> OpenZkBackend(const Url& url, Clock& clock = Clock::Real());
 
 class ZkBackend final : public Backend {
  public:
-  static Result<std::shared_ptr<ZkBackend>> Open(ZkOptions options);
+  // As OpenZkBackend, from parsed options. `clock` must outlive the backend.
+  static Result<std::shared_ptr<ZkBackend>> Open(ZkOptions options, Clock& clock = Clock::Real());
 
   // Stops the reaper and closes every session (the server deletes their ephemeral nodes).
   ~ZkBackend() override;
@@ -209,12 +221,14 @@ class ZkBackend final : public Backend {
     Duration remaining{};
   };
 
-  explicit ZkBackend(ZkOptions options);
+  ZkBackend(ZkOptions options, Clock& clock);
 
   // Returns the live session for leases of `ttl`, opening (or replacing an expired) one.
-  Result<std::shared_ptr<ZkSession>> LeaseSession(Duration ttl);
-  Result<std::shared_ptr<ZkSession>> ServiceSession();
-  Result<std::shared_ptr<ZkSession>> Connect(Duration timeout);
+  Result<std::shared_ptr<ZkSession>> LeaseSession(Duration ttl) LH_EXCLUDES(mu_, connect_mu_);
+  Result<std::shared_ptr<ZkSession>> ServiceSession() LH_EXCLUDES(mu_, connect_mu_);
+  // Opens a session asking for `timeout` (ZkSession::Open with this backend's options and clock).
+  Result<std::shared_ptr<ZkSession>> Connect(Duration timeout) LH_REQUIRES(connect_mu_)
+      LH_EXCLUDES(mu_);
 
   // Creates the chroot (persistent), <chroot>/leasehold and `dir` (containers) as needed.
   Status EnsureParents(ZkSession& session, const std::string& dir);
@@ -234,18 +248,25 @@ class ZkBackend final : public Backend {
                                        const std::string& dir);
 
   // Deletes `path` now (bounded); on a transient failure hands it to the reaper.
-  Status DeleteOrDoom(const std::shared_ptr<ZkSession>& session, const std::string& path);
+  Status DeleteOrDoom(const std::shared_ptr<ZkSession>& session, const std::string& path)
+      LH_EXCLUDES(mu_);
 
+  // Hands a node to the reaper.
   void Doom(Doomed doomed) LH_EXCLUDES(mu_);
 
-  void ReaperLoop(std::stop_token stop);
+  // The reaper thread: deletes the nodes of grants past their local deadline and the doomed
+  // ones, retrying transient failures.
+  void ReaperLoop(std::stop_token stop) LH_EXCLUDES(mu_);
 
+  // Waits until the child before `my_name` of `dir` (the lowest child if `my_name` is empty), or
+  // a live kept grant, changes; `deadline` is on clock_.
   Status Wait(const std::shared_ptr<ZkSession>& session, const std::string& dir,
-              std::string_view my_name, SteadyTime deadline, std::stop_token stop);
+              std::string_view my_name, SteadyTime deadline, std::stop_token stop) LH_EXCLUDES(mu_);
 
   // Immutable after construction.
   const ZkOptions options_;
-  const std::string base_;  // <chroot>/leasehold
+  Clock& clock_;                  // every SteadyTime of this backend is on it
+  const std::string base_;        // <chroot>/leasehold
   const std::string clock_path_;  // <chroot>/leasehold-clock
 
   // Serialises session creation (a connect can take up to connect_timeout).

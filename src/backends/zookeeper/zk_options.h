@@ -5,10 +5,12 @@
 //
 //   zk://[user:password@]host:port[,host:port...][/chroot][?param=value&...]
 //
-// Parameters: connect_timeout, command_timeout (durations, e.g. 500ms). Unknown parameters are
-// errors. With user:password the handle authenticates with the `digest` scheme and creates
-// every node readable and writable by its creator only (ZOO_CREATOR_ALL_ACL); without, nodes
-// are open (ZOO_OPEN_ACL_UNSAFE).
+// Hosts are read by the one rule of every store (backends/common/host_port.h): an IPv6 address
+// goes in brackets ("[::1]:2181"), a missing port is 2181. Parameters: connect_timeout,
+// command_timeout (durations in (0, 1h], e.g. 500ms). Unknown parameters are errors. With
+// user:password the handle authenticates with the `digest` scheme and creates every node
+// readable and writable by its creator only (ZOO_CREATOR_ALL_ACL); without, nodes are open
+// (ZOO_OPEN_ACL_UNSAFE).
 //
 // Example:
 //
@@ -34,7 +36,7 @@ inline constexpr int kZkDefaultPort = 2181;
 
 struct ZkOptions {
   // The ZooKeeper connection string without chroot: "host:port[,host:port...]", ports filled
-  // in (default 2181). Default: 127.0.0.1:2181.
+  // in (default 2181), IPv6 hosts in brackets as the C client expects. Default: 127.0.0.1:2181.
   std::string hosts = "127.0.0.1:2181";
 
   // Node every path lives under, e.g. "/jobs" (no trailing '/'); created as a persistent node
