@@ -3,10 +3,11 @@
 // Store: a handle to the external system that keeps leases, opened from a URL. A Store owns
 // one heartbeat that renews every lease taken from it, batched per round trip.
 //
-// URLs (DESIGN.md section 4):
+// URLs (the README has a section per server store with its URL and parameters):
 //   sqlite:///path/to/file.db   the embedded single-host store (the default; see DefaultUrl())
 //   memory://[name]             in-process, for unit tests and examples; handles opened with
 //                               the same name in one process share leases
+// and, where compiled in (CompiledSchemes()), redis://, postgres://, etcd:// and zk://.
 //
 // Example:
 //
@@ -54,6 +55,15 @@ class Store {
   // Returns the URL used when none is given: $LEASEHOLD_STORE if set, else
   // sqlite://$XDG_STATE_HOME/leasehold/leases.db (or ~/.local/state/leasehold/leases.db).
   static Result<std::string> DefaultUrl();
+
+  // Returns the URL schemes compiled into the linked library, e.g. {"memory", "sqlite",
+  // "redis"}: the stores Open accepts.
+  static std::vector<std::string> CompiledSchemes();
+
+  // Returns the SQL a DBA applies to create the schema of the store named by `url`, without
+  // connecting (`leasehold schema`). Returns kInvalidArgument for a malformed URL or an unknown
+  // scheme, kUnimplemented for a store that needs no schema or is not compiled in.
+  static Result<std::string> SchemaSql(std::string_view url);
 
   // For tests: a Store over a given backend (see tests/testing/).
   static std::unique_ptr<Store> OpenWithBackendForTesting(
@@ -131,7 +141,8 @@ class Store {
   std::shared_ptr<internal::StoreCore> core_;
 };
 
-// Checks a key against DESIGN.md's rules (1..512 bytes, valid UTF-8, no NUL).
+// Checks that `key` is a valid lease key: 1..512 bytes of valid UTF-8 without a NUL byte.
+// Returns kInvalidArgument saying which rule it breaks.
 Status ValidateKey(std::string_view key);
 
 }  // namespace leasehold

@@ -42,19 +42,6 @@ struct ResolvedOptions {
   std::string holder;
 };
 
-Duration DefaultDrift(Duration ttl) { return ttl / 100 + std::chrono::milliseconds(2); }
-
-const std::string& DefaultHolder() {
-  static const std::string holder = [] {
-    char host[256] = {};
-    if (gethostname(host, sizeof(host) - 1) != 0) {
-      std::snprintf(host, sizeof(host), "unknown-host");
-    }
-    return fmt::format("{}:{}", host, getpid());
-  }();
-  return holder;
-}
-
 // Checks the options against a TTL (the requested one, and later the granted one).
 Status CheckTimes(Duration ttl, const std::optional<Duration>& renew,
                   const std::optional<Duration>& drift_opt) {
@@ -62,7 +49,7 @@ Status CheckTimes(Duration ttl, const std::optional<Duration>& renew,
     return Status::InvalidArgument(
         fmt::format("ttl must be positive, got {}", FormatDuration(ttl)));
   }
-  Duration drift = drift_opt.value_or(DefaultDrift(ttl));
+  Duration drift = drift_opt.value_or(LeaseOptions::DefaultDrift(ttl));
   if (drift < Duration::zero()) {
     return Status::InvalidArgument("drift must not be negative");
   }
@@ -94,7 +81,7 @@ Result<ResolvedOptions> Resolve(std::string_view key, const LeaseOptions& option
     return Status::InvalidArgument("holder identity is longer than 256 bytes");
   }
   return ResolvedOptions{options.ttl, options.renew_interval, options.drift,
-                         options.holder.empty() ? DefaultHolder() : options.holder};
+                         options.holder.empty() ? LeaseOptions::DefaultHolder() : options.holder};
 }
 
 // Returns true if `s` is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
@@ -141,6 +128,21 @@ bool IsUtf8(std::string_view s) {
 
 }  // namespace
 
+Duration LeaseOptions::DefaultDrift(Duration ttl) {
+  return ttl / 100 + std::chrono::milliseconds(2);
+}
+
+const std::string& LeaseOptions::DefaultHolder() {
+  static const std::string holder = [] {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) != 0) {
+      std::snprintf(host, sizeof(host), "unknown-host");
+    }
+    return fmt::format("{}:{}", host, getpid());
+  }();
+  return holder;
+}
+
 Status ValidateKey(std::string_view key) {
   if (key.empty()) {
     return Status::InvalidArgument("key must not be empty");
@@ -181,6 +183,13 @@ Result<std::string> Store::DefaultUrl() {
     return std::string(env);
   }
   return internal::DefaultStoreUrl();
+}
+
+std::vector<std::string> Store::CompiledSchemes() { return internal::CompiledSchemes(); }
+
+Result<std::string> Store::SchemaSql(std::string_view url) {
+  LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
+  return internal::StoreSchemaSql(parsed);
 }
 
 Result<std::unique_ptr<Store>> Store::Open(std::string_view url, StoreOptions options) {
@@ -250,7 +259,7 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
       .fencing_token = grant.fencing_token,
       .ttl = ttl,
       .renew_interval = resolved.renew_interval.value_or(ttl / 3),
-      .drift = resolved.drift.value_or(DefaultDrift(ttl)),
+      .drift = resolved.drift.value_or(LeaseOptions::DefaultDrift(ttl)),
       .t_send = t_send,
       .t_granted = t_send + latency,
       .backend_name = std::string(backend.scheme()),
