@@ -38,8 +38,6 @@
 
 namespace leasehold {
 
-class Election;
-
 namespace internal {
 class Backend;
 struct StoreCore;
@@ -115,6 +113,22 @@ class Store {
   // deleted, false if the key was free. The library never calls this itself.
   Result<bool> ForceRelease(std::string_view key);
 
+  // Blocks until the store reports that the grant of `key` may have changed (released or
+  // expired; a store never reports "acquired"), `deadline` passes or `cancel` is requested.
+  // Spurious wake-ups are allowed: read the key again (Inspect) after every return. `deadline`
+  // is on clock(). Returns OK when woken, kDeadlineExceeded, kCancelled; kUnimplemented if the
+  // store has no change notification (notifies_changes() is false): poll Inspect instead;
+  // kInvalidArgument for a bad key; kUnavailable.
+  Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token cancel = {});
+
+  // Returns true if the store notifies changes of a key (WaitForChange, and the waits of
+  // Acquire), false if waiting means polling.
+  [[nodiscard]] bool notifies_changes() const;
+
+  // Returns the clock every deadline and time of this handle is on (StoreOptions::clock, or
+  // Clock::Real()): safe_until, WaitForChange's deadline, the waits of Acquire.
+  [[nodiscard]] Clock& clock() const;
+
   // Returns the backend's scheme, e.g. "sqlite".
   [[nodiscard]] std::string_view backend_name() const;
 
@@ -126,9 +140,6 @@ class Store {
   [[nodiscard]] const std::shared_ptr<Metrics>& metrics() const;
 
  private:
-  // Election::Observe waits on the store's change notification (Backend::WaitForChange).
-  friend class Election;
-
   explicit Store(std::shared_ptr<internal::StoreCore> core);
 
   // TryAcquire as one attempt of a waiting Acquire (waiter_id non-empty) or alone (empty).

@@ -10,6 +10,7 @@
 #include "backends/registry.h"
 #include "core/backoff.h"
 #include "core/duration.h"
+#include "core/key_waiter.h"
 #include "core/lease_core.h"
 #include "core/logging.h"
 #include "core/owner_token.h"
@@ -219,6 +220,15 @@ const std::string& Store::display_url() const { return core_->display_url; }
 
 const std::shared_ptr<Metrics>& Store::metrics() const { return core_->metrics; }
 
+Clock& Store::clock() const { return core_->clock; }
+
+bool Store::notifies_changes() const { return core_->backend->capabilities().native_wait; }
+
+Status Store::WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token cancel) {
+  LH_RETURN_IF_ERROR(ValidateKey(key));
+  return core_->backend->WaitForChange(key, deadline, std::move(cancel));
+}
+
 Result<Lease> Store::TryAcquire(std::string_view key, const LeaseOptions& options) {
   return TryAcquireAs(key, options, std::string());
 }
@@ -308,7 +318,6 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
   const SteadyTime start = clock.Now();
   const SteadyTime deadline =
       options.wait >= SteadyTime::max() - start ? SteadyTime::max() : start + options.wait;
-  const bool native_wait = core_->backend->capabilities().native_wait;
   // One id for every attempt of this call, so that a fair store keeps our place in its queue;
   // if we give up, we leave the queue rather than block it until our entry expires.
   LH_ASSIGN_OR_RETURN(const std::string waiter_id, internal::NewOwnerToken());
@@ -323,7 +332,13 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
       }
     }
   } leave{*core_->backend, key, waiter_id};
-  Backoff poll(kPollBase, kPollCap);
+  // Waits in this call's place in the store's queue (Backend::WaitForTurn).
+  internal::KeyWaiter waiter(
+      clock,
+      [&backend = *core_->backend, key, &waiter_id](SteadyTime until, std::stop_token stop) {
+        return backend.WaitForTurn(key, waiter_id, until, std::move(stop));
+      },
+      core_->backend->capabilities().native_wait, kPollBase, kPollCap);
   Backoff on_error(kErrorBackoffBase, kErrorBackoffCap);
   internal::LeaseMetrics* const metrics = core_->lease_metrics;
   // Records the call's wait once, whichever way it ends.
@@ -365,15 +380,13 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
     last = attempt.status();
     waited = waited || last.code() == StatusCode::kHeldByAnother;
     SteadyTime now = clock.Now();
-    SteadyTime wake;
     if (last.code() == StatusCode::kHeldByAnother) {
       on_error.Reset();
       if (now >= deadline) {
         break;
       }
-      if (native_wait) {
-        Status w = core_->backend->WaitForTurn(
-            key, waiter_id, std::min(deadline, now + kNotificationSafetyNet), cancel);
+      if (waiter.notifies()) {
+        Status w = waiter.AwaitStore(std::min(deadline, now + kNotificationSafetyNet), cancel);
         if (w.ok()) {
           notified_at = clock.Now();
           notified = true;
@@ -382,12 +395,11 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
           continue;  // woken, timed out or cancelled: the loop head decides
         }
       }
-      Duration sleep = poll.Next();
       // The holder's grant ends by itself at its remaining TTL: never sleep past that.
-      if (const LeaseInfo* holder = last.holder(); holder != nullptr) {
-        sleep = std::min<Duration>(sleep, holder->remaining + std::chrono::milliseconds(1));
-      }
-      wake = now + sleep;
+      const LeaseInfo* holder = last.holder();
+      waiter.SleepPoll(holder != nullptr ? std::optional<Duration>(holder->remaining)
+                                         : std::nullopt,
+                       now, deadline, cancel);
     } else if (last.code() == StatusCode::kUnavailable) {
       if (now >= deadline) {
         break;
@@ -395,11 +407,10 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
       internal::Log(internal::LogLevel::kInfo,
                     fmt::format("waiting for {}: store unavailable, retrying: {}", key,
                                 last.ToString()));
-      wake = now + on_error.Next();
+      clock.SleepUntil(std::min(now + on_error.Next(), deadline), cancel);
     } else {
       return last;
     }
-    clock.SleepUntil(std::min(wake, deadline), cancel);
   }
   if (last.code() == StatusCode::kHeldByAnother) {
     record_wait.outcome = internal::WaitOutcome::kDeadlineExceeded;
