@@ -30,6 +30,7 @@
 #include <sys/timerfd.h>
 
 #include "leasehold/clock.h"
+#include "leasehold/duration.h"
 #include "leasehold/election.h"
 #include "leasehold/lease.h"
 #include "leasehold/options.h"
@@ -39,7 +40,6 @@
 
 #include "child_env.h"
 #include "cli_log.h"
-#include "core/duration.h"
 #include "duration_flag.h"
 #include "exit_codes.h"
 #include "interrupt_watcher.h"
@@ -51,7 +51,6 @@ namespace leasehold::cli {
 
 namespace {
 
-using internal::FormatDuration;
 using std::chrono::seconds;
 
 // Upper bound of the default --kill-grace: a longer grace only delays the SIGTERM of a lost
@@ -155,7 +154,7 @@ Result<RunSettings> ParseSettings(const RunFlags& flags) {
   // ttl - drift - renew_interval left; the SIGTERM point must lie beyond that, or a lease whose
   // renewals all succeed would still stop its command. drift is the library's default.
   const Duration renew = s.renew_interval.value_or(s.ttl / 3);
-  const Duration drift = s.ttl / 100 + std::chrono::milliseconds(2);
+  const Duration drift = LeaseOptions::DefaultDrift(s.ttl);
   if (renew + s.kill_grace >= s.ttl - drift) {
     return Status::InvalidArgument(fmt::format(
         "--kill-grace {} plus the renew interval {} must be less than --ttl {} minus the drift "
@@ -587,17 +586,6 @@ bool WaitForInterrupt(int signal_fd, Duration limit) {
   }
 }
 
-const std::string& DefaultCandidateId() {
-  static const std::string id = [] {
-    char host[256] = {};
-    if (::gethostname(host, sizeof(host) - 1) != 0) {
-      std::snprintf(host, sizeof(host), "unknown-host");
-    }
-    return fmt::format("{}:{}", host, ::getpid());
-  }();
-  return id;
-}
-
 // Takes the lease (or claims the slot) with `attempt`: once, then, if the key is held and
 // --wait allows, again waiting up to --wait (cancelled by SIGINT/SIGTERM/SIGHUP), announcing
 // the wait. Sets `waited` if it waited.
@@ -777,7 +765,7 @@ int ElectCommand(const ElectFlags& flags) {
   if (!settings.ok()) {
     return ReportFailure(settings.error());
   }
-  const std::string id = run.holder.empty() ? DefaultCandidateId() : run.holder;
+  const std::string id = run.holder.empty() ? LeaseOptions::DefaultHolder() : run.holder;
   auto sup = BlockSignals();
   if (!sup.ok()) {
     return ReportFailure(sup.error());

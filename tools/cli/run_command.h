@@ -1,6 +1,7 @@
 // File: tools/cli/run_command.h
 //
-// `leasehold run KEY -- COMMAND...`: runs COMMAND while holding KEY (DESIGN.md section 5).
+// `leasehold run KEY -- COMMAND...`: runs COMMAND while holding KEY (README, "The command
+// line"; docs/leasehold.1).
 //
 //   1. Blocks SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGCONT (and SIGPIPE) before the store opens,
 //      so that every library thread inherits the mask and the signals arrive on one signalfd.
