@@ -29,7 +29,7 @@ class Metrics;
 // A wait that never runs out (LeaseOptions::wait). Cancellation still ends it.
 inline constexpr Duration kWaitForever = Duration::max();
 
-// The three states of a held lease (docs/impl.md).
+// The three states of a held lease (docs/impl.md, "safe_until", gives the rules).
 enum class LeaseState {
   // Renewals succeed; the holder may act until safe_until().
   kHeld,
