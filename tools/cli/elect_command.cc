@@ -76,28 +76,18 @@ int ElectCommand(const ElectFlags& flags) {
     return ReportFailure(settings.error());
   }
   const std::string id = run.holder.empty() ? LeaseOptions::DefaultHolder() : run.holder;
-  auto sup = BlockSignals();
-  if (!sup.ok()) {
-    return ReportFailure(sup.error());
+  // /metrics is served across every term, until elect exits.
+  Result<SupervisedSetup> setup = StartSupervision(run);
+  if (!setup.ok()) {
+    return ReportFailure(setup.error());
   }
-  auto watcher = std::make_unique<InterruptWatcher>((*sup)->signal_fd.get());
-  auto store = OpenStoreFromFlag(run.store_url);
-  if (!store.ok()) {
-    return ReportFailure(store.error());
-  }
-  // Serves /metrics across every term, until elect exits.
-  auto metrics_server = MetricsServer::Start(run.observability.metrics_addr, (*store)->metrics());
-  if (!metrics_server.ok()) {
-    return ReportFailure(metrics_server.error());
-  }
-  if (*metrics_server != nullptr) {
-    Info(fmt::format("serving metrics at http://{}/metrics (port {})",
-                     run.observability.metrics_addr, (*metrics_server)->port()));
-  }
+  Supervision& sup = *setup->sup;
+  std::unique_ptr<InterruptWatcher>& watcher = setup->watcher;
+  Store& store = *setup->store;
   const Duration wait = settings->wait.value_or(kWaitForever);
   Election election(
-      **store, flags.name, id,
-      {.lease = SupervisedLeaseOptions(*settings, **sup),
+      store, flags.name, id,
+      {.lease = SupervisedLeaseOptions(*settings, sup),
        .on_event = [&](ElectionEvent event, const LeaderInfo& leader, const Status&) {
          // Runs on this thread for kNotElected; the supervisor reports a loss itself.
          if (event == ElectionEvent::kNotElected) {
@@ -112,7 +102,7 @@ int ElectCommand(const ElectFlags& flags) {
   Duration pause = Duration::zero();  // between short terms (--again)
   for (;;) {
     if (watcher == nullptr) {
-      watcher = std::make_unique<InterruptWatcher>((*sup)->signal_fd.get());
+      watcher = std::make_unique<InterruptWatcher>(sup.signal_fd.get());
     }
     Result<Leadership> leadership = Status::Cancelled("interrupted");
     if (watcher->signal() == 0) {
@@ -151,7 +141,7 @@ int ElectCommand(const ElectFlags& flags) {
     const SteadyTime term_start = Clock::Real().Now();
     ChildOutcome outcome = RunUnderLease(
         lease, [&leadership](int) { return leadership->Resign(); }, run.command, std::move(env),
-        TreeSettingsFor(*settings, run), **sup, "leadership of " + flags.name);
+        TreeSettingsFor(*settings, run), sup, "leadership of " + flags.name);
     exit_code = outcome.exit_code;
     if (!flags.again || outcome.interrupted) {
       return exit_code;
@@ -168,7 +158,7 @@ int ElectCommand(const ElectFlags& flags) {
                                                     FormatDuration(term) + ")"
                                               : std::string(),
                      exit_code));
-    if (pause > Duration::zero() && WaitForInterrupt((*sup)->signal_fd.get(), pause)) {
+    if (pause > Duration::zero() && WaitForInterrupt(sup.signal_fd.get(), pause)) {
       Error(fmt::format("interrupted while pausing between terms of {}", flags.name));
       return exit_code;
     }

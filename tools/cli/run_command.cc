@@ -101,37 +101,27 @@ int RunCommand(const RunFlags& flags) {
   if (!settings.ok()) {
     return ReportFailure(settings.error());
   }
-  auto sup = BlockSignals();
-  if (!sup.ok()) {
-    return ReportFailure(sup.error());
+  // /metrics is served from before the wait until the command has ended and the lease is
+  // released.
+  Result<SupervisedSetup> setup = StartSupervision(flags);
+  if (!setup.ok()) {
+    return ReportFailure(setup.error());
   }
-
-  auto watcher = std::make_unique<InterruptWatcher>((*sup)->signal_fd.get());
-  auto store = OpenStoreFromFlag(flags.store_url);
-  if (!store.ok()) {
-    return ReportFailure(store.error());
-  }
-  // Serves /metrics from before the wait until the command has ended and the lease is released.
-  auto metrics_server = MetricsServer::Start(flags.observability.metrics_addr, (*store)->metrics());
-  if (!metrics_server.ok()) {
-    return ReportFailure(metrics_server.error());
-  }
-  if (*metrics_server != nullptr) {
-    Info(fmt::format("serving metrics at http://{}/metrics (port {})",
-                     flags.observability.metrics_addr, (*metrics_server)->port()));
-  }
+  Supervision& sup = *setup->sup;
+  std::unique_ptr<InterruptWatcher>& watcher = setup->watcher;
+  Store& store = *setup->store;
   if (watcher->signal() != 0) {
     Error(fmt::format("interrupted before acquiring {}", flags.key));
     return kExitInterrupted;
   }
 
-  LeaseOptions options = SupervisedLeaseOptions(*settings, **sup);
+  LeaseOptions options = SupervisedLeaseOptions(*settings, sup);
   options.holder = flags.holder;
   bool waited = false;
   if (settings->slot.has_value()) {
     Result<SlotClaim> claim = TakeOrWait<SlotClaim>(
         [&](const LeaseOptions& o, std::stop_token cancel) {
-          return (*store)->ClaimSlot(flags.key, *settings->slot, o, std::move(cancel));
+          return store.ClaimSlot(flags.key, *settings->slot, o, std::move(cancel));
         },
         flags.key, settings->wait, options, *watcher, waited);
     watcher->Stop();
@@ -143,7 +133,7 @@ int RunCommand(const RunFlags& flags) {
       return kExitInterrupted;  // a claim taken meanwhile is released unrecorded
     }
     if (!claim.ok()) {
-      return ReportNotTaken(**store, flags.key, claim.error(), waited, /*quiet_when_held=*/true);
+      return ReportNotTaken(store, flags.key, claim.error(), waited, /*quiet_when_held=*/true);
     }
     const std::string slot = FormatSlotTime(claim->slot_start());
     const char* clock = claim->named_by_store_clock() ? "the store's clock" : "this host's clock";
@@ -178,14 +168,14 @@ int RunCommand(const RunFlags& flags) {
                                        .retry_failed = retry_failed,
                                        .hold_at_least = hold});
                },
-               flags.command, std::move(env), TreeSettingsFor(*settings, flags), **sup,
+               flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup,
                "lease " + flags.key)
         .exit_code;
   }
   Result<Lease> lease = TakeOrWait<Lease>(
       [&](const LeaseOptions& o, std::stop_token cancel) {
-        return o.wait == Duration::zero() ? (*store)->TryAcquire(flags.key, o)
-                                          : (*store)->Acquire(flags.key, o, std::move(cancel));
+        return o.wait == Duration::zero() ? store.TryAcquire(flags.key, o)
+                                          : store.Acquire(flags.key, o, std::move(cancel));
       },
       flags.key, settings->wait, options, *watcher, waited);
   watcher->Stop();
@@ -200,7 +190,7 @@ int RunCommand(const RunFlags& flags) {
     return kExitInterrupted;
   }
   if (!lease.ok()) {
-    return ReportNotTaken(**store, flags.key, lease.error(), waited, /*quiet_when_held=*/false);
+    return ReportNotTaken(store, flags.key, lease.error(), waited, /*quiet_when_held=*/false);
   }
 
   // The acquisition was logged by the library ("acquired key=... fencing_token=... token=...").
@@ -214,7 +204,7 @@ int RunCommand(const RunFlags& flags) {
   return RunUnderLease(
              *lease,
              [&lease, hold](int) { return lease->Release({.hold_at_least = hold}); },
-             flags.command, std::move(env), TreeSettingsFor(*settings, flags), **sup,
+             flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup,
              "lease " + flags.key)
       .exit_code;
 }

@@ -38,6 +38,7 @@
 #include "duration_flag.h"
 #include "exit_codes.h"
 #include "interrupt_watcher.h"
+#include "observability.h"
 #include "store_flag.h"
 #include "unique_fd.h"
 
@@ -416,6 +417,21 @@ Result<std::unique_ptr<Supervision>> BlockSignals() {
     return Status::Internal(fmt::format("signalfd/eventfd/timerfd: {}", std::strerror(errno)));
   }
   return sup;
+}
+
+Result<SupervisedSetup> StartSupervision(const RunFlags& flags) {
+  SupervisedSetup setup;
+  LH_ASSIGN_OR_RETURN(setup.sup, BlockSignals());
+  setup.watcher = std::make_unique<InterruptWatcher>(setup.sup->signal_fd.get());
+  LH_ASSIGN_OR_RETURN(setup.store, OpenStoreFromFlag(flags.store_url));
+  LH_ASSIGN_OR_RETURN(setup.metrics_server,
+                      MetricsServer::Start(flags.observability.metrics_addr,
+                                           setup.store->metrics()));
+  if (setup.metrics_server != nullptr) {
+    Info(fmt::format("serving metrics at http://{}/metrics (port {})",
+                     flags.observability.metrics_addr, setup.metrics_server->port()));
+  }
+  return setup;
 }
 
 // Lease options whose callbacks wake the supervisor loop.

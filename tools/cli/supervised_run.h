@@ -23,7 +23,10 @@
 #include "leasehold/options.h"
 #include "leasehold/schedule.h"
 #include "leasehold/status.h"
+#include "leasehold/store.h"
 
+#include "interrupt_watcher.h"
+#include "observability.h"
 #include "run_command.h"
 #include "supervisor.h"
 #include "unique_fd.h"
@@ -71,6 +74,23 @@ struct Supervision {
 // the mask and every supervised signal lands on the signalfd. SIGPIPE is blocked too, so that a
 // closed stderr or store socket gives EPIPE instead of killing us and orphaning the command.
 Result<std::unique_ptr<Supervision>> BlockSignals();
+
+// What a supervised command sets up before it takes its lease (StartSupervision). The members
+// go in reverse order: the metrics server first, the signal descriptors last.
+struct SupervisedSetup {
+  std::unique_ptr<Supervision> sup;
+  // Ends a wait for the lease at SIGINT/SIGTERM/SIGHUP; the caller resets it after the wait.
+  std::unique_ptr<InterruptWatcher> watcher;
+  std::unique_ptr<Store> store;
+  // Serves /metrics (--metrics-addr) until the command has ended and the lease is released;
+  // null without the flag.
+  std::unique_ptr<MetricsServer> metrics_server;
+};
+
+// In this order: blocks the supervised signals (BlockSignals), starts watching for interrupts,
+// opens the store of --store and starts the metrics server of --metrics-addr (announcing it).
+// Returns the first error.
+Result<SupervisedSetup> StartSupervision(const RunFlags& flags);
 
 // Lease options whose callbacks wake the supervisor loop.
 LeaseOptions SupervisedLeaseOptions(const RunSettings& settings, const Supervision& sup);
