@@ -108,9 +108,7 @@ int ElectCommand(const ElectFlags& flags) {
     if (watcher->signal() == 0) {
       leadership = election.Campaign(wait, watcher->token());
     }
-    watcher->Stop();
-    const int interrupted_by = watcher->signal();
-    watcher.reset();
+    const int interrupted_by = EndWait(watcher);
     if (interrupted_by != 0) {
       if (leadership.ok()) {
         (void)leadership->Resign();

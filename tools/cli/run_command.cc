@@ -124,9 +124,7 @@ int RunCommand(const RunFlags& flags) {
           return store.ClaimSlot(flags.key, *settings->slot, o, std::move(cancel));
         },
         flags.key, settings->wait, options, *watcher, waited);
-    watcher->Stop();
-    const int interrupted_by = watcher->signal();
-    watcher.reset();
+    const int interrupted_by = EndWait(watcher);
     if (interrupted_by != 0) {
       Error(fmt::format("interrupted by {} while waiting for {}", SignalName(interrupted_by),
                         flags.key));
@@ -178,9 +176,7 @@ int RunCommand(const RunFlags& flags) {
                                           : store.Acquire(flags.key, o, std::move(cancel));
       },
       flags.key, settings->wait, options, *watcher, waited);
-  watcher->Stop();
-  const int interrupted_by = watcher->signal();
-  watcher.reset();
+  const int interrupted_by = EndWait(watcher);
   if (interrupted_by != 0) {
     if (lease.ok()) {
       (void)lease->Release();

@@ -434,6 +434,13 @@ Result<SupervisedSetup> StartSupervision(const RunFlags& flags) {
   return setup;
 }
 
+int EndWait(std::unique_ptr<InterruptWatcher>& watcher) {
+  watcher->Stop();
+  const int interrupted_by = watcher->signal();
+  watcher.reset();
+  return interrupted_by;
+}
+
 // Lease options whose callbacks wake the supervisor loop.
 LeaseOptions SupervisedLeaseOptions(const RunSettings& settings, const Supervision& sup) {
   const int wake_fd = sup.event_fd.get();

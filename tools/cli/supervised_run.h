@@ -92,6 +92,10 @@ struct SupervisedSetup {
 // Returns the first error.
 Result<SupervisedSetup> StartSupervision(const RunFlags& flags);
 
+// Ends a wait for the lease: stops and destroys `watcher` and returns the signal that
+// interrupted the wait (SIGINT, SIGTERM, SIGHUP), or 0 if none did.
+int EndWait(std::unique_ptr<InterruptWatcher>& watcher);
+
 // Lease options whose callbacks wake the supervisor loop.
 LeaseOptions SupervisedLeaseOptions(const RunSettings& settings, const Supervision& sup);
 
