@@ -162,12 +162,14 @@ class Election {
 
   // Blocks until `stop` is requested, calling `on_change` with the current leader (or nullopt)
   // first and then at every change of leader, in order of term, on the calling thread. Uses the
-  // store's notification where it has one (memory://, redis://) and polling with capped backoff
-  // (1 ms to 50 ms) otherwise (sqlite://). Changes are reported in order and never twice, but
-  // two changes that happen between two reads of the store (one poll, or one notification
-  // round trip) are reported as one: the term then jumps by more than one, which is how a
-  // watcher knows it missed a leader. Transient store errors are retried; returns OK when
-  // stopped, or a non-retryable error (kInvalidArgument, kPermissionDenied...).
+  // store's notification where it has one (Store::notifies_changes(): memory://, redis://,
+  // etcd://, zk://, postgres://) and polling with capped backoff (1 ms to 50 ms) otherwise
+  // (sqlite://, and postgres:// mode=table behind a transaction pooler such as PgBouncer).
+  // Changes are reported in order and never twice, but two changes that happen between two
+  // reads of the store (one poll, or one notification round trip) are reported as one: the
+  // term then jumps by more than one, which is how a watcher knows it missed a leader.
+  // Transient store errors are retried; returns OK when stopped, or a non-retryable error
+  // (kInvalidArgument, kPermissionDenied...).
   Status Observe(const std::function<void(const std::optional<LeaderInfo>&)>& on_change,
                  std::stop_token stop) const;
 
@@ -177,7 +179,8 @@ class Election {
   // again like OK, any other error ends the loop with that error. Returns OK when stopped;
   // a non-retryable store error otherwise. A candidate that steps down (returns OK) campaigns
   // again at once and, on a store without a fair queue, often wins again before a rival that
-  // polls: for rotation, keep leading until lost, or use a fair store (redis://?fair=true).
+  // polls: for rotation, keep leading until lost, or use a fair store (zk://, postgres://
+  // mode=advisory, redis:// or etcd:// with fair=true).
   Status CampaignLoop(const std::function<Status(Leadership& leadership)>& lead,
                       std::stop_token stop);
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "leasehold/clock.h"
+#include "leasehold/duration.h"
 #include "leasehold/election.h"
 #include "leasehold/fencing.h"
 #include "leasehold/lease.h"

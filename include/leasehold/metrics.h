@@ -1,10 +1,11 @@
 // File: leasehold/metrics.h
 //
-// Metrics: the counters, histograms and gauges that Store handles keep (DESIGN.md section 6),
-// and their Prometheus text exposition (format 0.0.4). Every Store records into a registry
-// reachable through Store::metrics(); pass one registry as StoreOptions::metrics to share it
-// between handles. Nothing is process-global. Labels are the backend (the URL scheme) and an
-// outcome or reason, never the key (that would make the number of series unbounded).
+// Metrics: the counters, histograms and gauges that Store handles keep (the README's "Metrics"
+// section lists them), and their Prometheus text exposition (format 0.0.4). Every Store records
+// into a registry reachable through Store::metrics(); pass one registry as
+// StoreOptions::metrics to share it between handles. Nothing is process-global. Labels are the
+// backend (the URL scheme) and an outcome or reason, never the key (that would make the number
+// of series unbounded).
 //
 // Example:
 //

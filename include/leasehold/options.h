@@ -29,7 +29,7 @@ class Metrics;
 // A wait that never runs out (LeaseOptions::wait). Cancellation still ends it.
 inline constexpr Duration kWaitForever = Duration::max();
 
-// The three states of a held lease (DESIGN.md section 3).
+// The three states of a held lease (docs/impl.md, "safe_until", gives the rules).
 enum class LeaseState {
   // Renewals succeed; the holder may act until safe_until().
   kHeld,
@@ -53,7 +53,7 @@ struct LeaseOptions {
 
   // Allowance for clock-rate differences between this host and the store, subtracted from
   // every safe_until: safe_until = t_send + ttl - drift. REQUIRES: 0 <= drift < ttl.
-  // Default: ttl / 100 + 2 ms.
+  // Default: DefaultDrift(ttl), i.e. ttl / 100 + 2 ms.
   std::optional<Duration> drift;
 
   // How long Store::Acquire waits for the key to become free. Ignored by TryAcquire.
@@ -61,7 +61,7 @@ struct LeaseOptions {
   Duration wait = kWaitForever;
 
   // The identity other processes see for this holder (status, list, kHeldByAnother).
-  // Default: "<hostname>:<pid>".
+  // Default: DefaultHolder(), i.e. "<hostname>:<pid>".
   std::string holder;
 
   // Called exactly once when the lease becomes lost, with the reason. Runs on the heartbeat
@@ -78,6 +78,15 @@ struct LeaseOptions {
   // Lease::safe_until()). Same threading rules as on_lost. For a supervisor that keeps a
   // deadline of its own in step with the lease (the CLI's process-tree keeper). Default: none.
   std::function<void(SteadyTime)> on_renewed;
+
+  // Returns the drift used when `drift` is unset for a grant of `ttl`: ttl / 100 + 2 ms (the
+  // granted TTL, which may differ from the one asked for). For a program that schedules
+  // against safe_until and must know it in advance (the CLI's --kill-grace check).
+  static Duration DefaultDrift(Duration ttl);
+
+  // Returns the holder used when `holder` is empty: "<hostname>:<pid>", read once per process
+  // ("unknown-host" if the host name cannot be read).
+  static const std::string& DefaultHolder();
 };
 
 struct StoreOptions {

@@ -3,10 +3,11 @@
 // Store: a handle to the external system that keeps leases, opened from a URL. A Store owns
 // one heartbeat that renews every lease taken from it, batched per round trip.
 //
-// URLs (DESIGN.md section 4):
+// URLs (the README has a section per server store with its URL and parameters):
 //   sqlite:///path/to/file.db   the embedded single-host store (the default; see DefaultUrl())
 //   memory://[name]             in-process, for unit tests and examples; handles opened with
 //                               the same name in one process share leases
+// and, where compiled in (CompiledSchemes()), redis://, postgres://, etcd:// and zk://.
 //
 // Example:
 //
@@ -37,8 +38,6 @@
 
 namespace leasehold {
 
-class Election;
-
 namespace internal {
 class Backend;
 struct StoreCore;
@@ -54,6 +53,15 @@ class Store {
   // Returns the URL used when none is given: $LEASEHOLD_STORE if set, else
   // sqlite://$XDG_STATE_HOME/leasehold/leases.db (or ~/.local/state/leasehold/leases.db).
   static Result<std::string> DefaultUrl();
+
+  // Returns the URL schemes compiled into the linked library, e.g. {"memory", "sqlite",
+  // "redis"}: the stores Open accepts.
+  static std::vector<std::string> CompiledSchemes();
+
+  // Returns the SQL a DBA applies to create the schema of the store named by `url`, without
+  // connecting (`leasehold schema`). Returns kInvalidArgument for a malformed URL or an unknown
+  // scheme, kUnimplemented for a store that needs no schema or is not compiled in.
+  static Result<std::string> SchemaSql(std::string_view url);
 
   // For tests: a Store over a given backend (see tests/testing/).
   static std::unique_ptr<Store> OpenWithBackendForTesting(
@@ -105,6 +113,22 @@ class Store {
   // deleted, false if the key was free. The library never calls this itself.
   Result<bool> ForceRelease(std::string_view key);
 
+  // Blocks until the store reports that the grant of `key` may have changed (released or
+  // expired; a store never reports "acquired"), `deadline` passes or `cancel` is requested.
+  // Spurious wake-ups are allowed: read the key again (Inspect) after every return. `deadline`
+  // is on clock(). Returns OK when woken, kDeadlineExceeded, kCancelled; kUnimplemented if the
+  // store has no change notification (notifies_changes() is false): poll Inspect instead;
+  // kInvalidArgument for a bad key; kUnavailable.
+  Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token cancel = {});
+
+  // Returns true if the store notifies changes of a key (WaitForChange, and the waits of
+  // Acquire), false if waiting means polling.
+  [[nodiscard]] bool notifies_changes() const;
+
+  // Returns the clock every deadline and time of this handle is on (StoreOptions::clock, or
+  // Clock::Real()): safe_until, WaitForChange's deadline, the waits of Acquire.
+  [[nodiscard]] Clock& clock() const;
+
   // Returns the backend's scheme, e.g. "sqlite".
   [[nodiscard]] std::string_view backend_name() const;
 
@@ -116,9 +140,6 @@ class Store {
   [[nodiscard]] const std::shared_ptr<Metrics>& metrics() const;
 
  private:
-  // Election::Observe waits on the store's change notification (Backend::WaitForChange).
-  friend class Election;
-
   explicit Store(std::shared_ptr<internal::StoreCore> core);
 
   // TryAcquire as one attempt of a waiting Acquire (waiter_id non-empty) or alone (empty).
@@ -131,7 +152,8 @@ class Store {
   std::shared_ptr<internal::StoreCore> core_;
 };
 
-// Checks a key against DESIGN.md's rules (1..512 bytes, valid UTF-8, no NUL).
+// Checks that `key` is a valid lease key: 1..512 bytes of valid UTF-8 without a NUL byte.
+// Returns kInvalidArgument saying which rule it breaks.
 Status ValidateKey(std::string_view key);
 
 }  // namespace leasehold

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-namespace leasehold::internal {
+namespace leasehold {
 
 namespace {
 
@@ -128,4 +128,4 @@ std::string FormatDuration(Duration d) {
   return fmt::format("{}h{}m{}s", s / 3600, (s / 60) % 60, s % 60);
 }
 
-}  // namespace leasehold::internal
+}  // namespace leasehold

@@ -1,7 +1,7 @@
 // File: core/lease_core.h (internal)
 //
 // LeaseCore: the state of one grant as the holder sees it, shared by the Lease handle and the
-// heartbeat. It implements DESIGN.md section 3:
+// heartbeat. It implements the lease's safety rule (docs/impl.md, "safe_until"):
 //
 //   safe_until = t_send + ttl - drift
 //

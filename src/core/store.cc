@@ -10,6 +10,7 @@
 #include "backends/registry.h"
 #include "core/backoff.h"
 #include "core/duration.h"
+#include "core/key_waiter.h"
 #include "core/lease_core.h"
 #include "core/logging.h"
 #include "core/owner_token.h"
@@ -42,19 +43,6 @@ struct ResolvedOptions {
   std::string holder;
 };
 
-Duration DefaultDrift(Duration ttl) { return ttl / 100 + std::chrono::milliseconds(2); }
-
-const std::string& DefaultHolder() {
-  static const std::string holder = [] {
-    char host[256] = {};
-    if (gethostname(host, sizeof(host) - 1) != 0) {
-      std::snprintf(host, sizeof(host), "unknown-host");
-    }
-    return fmt::format("{}:{}", host, getpid());
-  }();
-  return holder;
-}
-
 // Checks the options against a TTL (the requested one, and later the granted one).
 Status CheckTimes(Duration ttl, const std::optional<Duration>& renew,
                   const std::optional<Duration>& drift_opt) {
@@ -62,7 +50,7 @@ Status CheckTimes(Duration ttl, const std::optional<Duration>& renew,
     return Status::InvalidArgument(
         fmt::format("ttl must be positive, got {}", FormatDuration(ttl)));
   }
-  Duration drift = drift_opt.value_or(DefaultDrift(ttl));
+  Duration drift = drift_opt.value_or(LeaseOptions::DefaultDrift(ttl));
   if (drift < Duration::zero()) {
     return Status::InvalidArgument("drift must not be negative");
   }
@@ -94,7 +82,7 @@ Result<ResolvedOptions> Resolve(std::string_view key, const LeaseOptions& option
     return Status::InvalidArgument("holder identity is longer than 256 bytes");
   }
   return ResolvedOptions{options.ttl, options.renew_interval, options.drift,
-                         options.holder.empty() ? DefaultHolder() : options.holder};
+                         options.holder.empty() ? LeaseOptions::DefaultHolder() : options.holder};
 }
 
 // Returns true if `s` is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
@@ -141,6 +129,21 @@ bool IsUtf8(std::string_view s) {
 
 }  // namespace
 
+Duration LeaseOptions::DefaultDrift(Duration ttl) {
+  return ttl / 100 + std::chrono::milliseconds(2);
+}
+
+const std::string& LeaseOptions::DefaultHolder() {
+  static const std::string holder = [] {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) != 0) {
+      std::snprintf(host, sizeof(host), "unknown-host");
+    }
+    return fmt::format("{}:{}", host, getpid());
+  }();
+  return holder;
+}
+
 Status ValidateKey(std::string_view key) {
   if (key.empty()) {
     return Status::InvalidArgument("key must not be empty");
@@ -183,6 +186,13 @@ Result<std::string> Store::DefaultUrl() {
   return internal::DefaultStoreUrl();
 }
 
+std::vector<std::string> Store::CompiledSchemes() { return internal::CompiledSchemes(); }
+
+Result<std::string> Store::SchemaSql(std::string_view url) {
+  LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
+  return internal::StoreSchemaSql(parsed);
+}
+
 Result<std::unique_ptr<Store>> Store::Open(std::string_view url, StoreOptions options) {
   Clock& clock = options.clock != nullptr ? *options.clock : Clock::Real();
   LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
@@ -209,6 +219,15 @@ std::string_view Store::backend_name() const { return core_->backend->scheme(); 
 const std::string& Store::display_url() const { return core_->display_url; }
 
 const std::shared_ptr<Metrics>& Store::metrics() const { return core_->metrics; }
+
+Clock& Store::clock() const { return core_->clock; }
+
+bool Store::notifies_changes() const { return core_->backend->capabilities().native_wait; }
+
+Status Store::WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token cancel) {
+  LH_RETURN_IF_ERROR(ValidateKey(key));
+  return core_->backend->WaitForChange(key, deadline, std::move(cancel));
+}
 
 Result<Lease> Store::TryAcquire(std::string_view key, const LeaseOptions& options) {
   return TryAcquireAs(key, options, std::string());
@@ -250,7 +269,7 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
       .fencing_token = grant.fencing_token,
       .ttl = ttl,
       .renew_interval = resolved.renew_interval.value_or(ttl / 3),
-      .drift = resolved.drift.value_or(DefaultDrift(ttl)),
+      .drift = resolved.drift.value_or(LeaseOptions::DefaultDrift(ttl)),
       .t_send = t_send,
       .t_granted = t_send + latency,
       .backend_name = std::string(backend.scheme()),
@@ -299,7 +318,6 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
   const SteadyTime start = clock.Now();
   const SteadyTime deadline =
       options.wait >= SteadyTime::max() - start ? SteadyTime::max() : start + options.wait;
-  const bool native_wait = core_->backend->capabilities().native_wait;
   // One id for every attempt of this call, so that a fair store keeps our place in its queue;
   // if we give up, we leave the queue rather than block it until our entry expires.
   LH_ASSIGN_OR_RETURN(const std::string waiter_id, internal::NewOwnerToken());
@@ -314,7 +332,13 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
       }
     }
   } leave{*core_->backend, key, waiter_id};
-  Backoff poll(kPollBase, kPollCap);
+  // Waits in this call's place in the store's queue (Backend::WaitForTurn).
+  internal::KeyWaiter waiter(
+      clock,
+      [&backend = *core_->backend, key, &waiter_id](SteadyTime until, std::stop_token stop) {
+        return backend.WaitForTurn(key, waiter_id, until, std::move(stop));
+      },
+      core_->backend->capabilities().native_wait, kPollBase, kPollCap);
   Backoff on_error(kErrorBackoffBase, kErrorBackoffCap);
   internal::LeaseMetrics* const metrics = core_->lease_metrics;
   // Records the call's wait once, whichever way it ends.
@@ -356,15 +380,13 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
     last = attempt.status();
     waited = waited || last.code() == StatusCode::kHeldByAnother;
     SteadyTime now = clock.Now();
-    SteadyTime wake;
     if (last.code() == StatusCode::kHeldByAnother) {
       on_error.Reset();
       if (now >= deadline) {
         break;
       }
-      if (native_wait) {
-        Status w = core_->backend->WaitForTurn(
-            key, waiter_id, std::min(deadline, now + kNotificationSafetyNet), cancel);
+      if (waiter.notifies()) {
+        Status w = waiter.AwaitStore(std::min(deadline, now + kNotificationSafetyNet), cancel);
         if (w.ok()) {
           notified_at = clock.Now();
           notified = true;
@@ -373,12 +395,11 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
           continue;  // woken, timed out or cancelled: the loop head decides
         }
       }
-      Duration sleep = poll.Next();
       // The holder's grant ends by itself at its remaining TTL: never sleep past that.
-      if (const LeaseInfo* holder = last.holder(); holder != nullptr) {
-        sleep = std::min<Duration>(sleep, holder->remaining + std::chrono::milliseconds(1));
-      }
-      wake = now + sleep;
+      const LeaseInfo* holder = last.holder();
+      waiter.SleepPoll(holder != nullptr ? std::optional<Duration>(holder->remaining)
+                                         : std::nullopt,
+                       now, deadline, cancel);
     } else if (last.code() == StatusCode::kUnavailable) {
       if (now >= deadline) {
         break;
@@ -386,11 +407,10 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
       internal::Log(internal::LogLevel::kInfo,
                     fmt::format("waiting for {}: store unavailable, retrying: {}", key,
                                 last.ToString()));
-      wake = now + on_error.Next();
+      clock.SleepUntil(std::min(now + on_error.Next(), deadline), cancel);
     } else {
       return last;
     }
-    clock.SleepUntil(std::min(wake, deadline), cancel);
   }
   if (last.code() == StatusCode::kHeldByAnother) {
     record_wait.outcome = internal::WaitOutcome::kDeadlineExceeded;

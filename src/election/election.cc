@@ -10,8 +10,8 @@
 #include "leasehold/store.h"
 
 #include "core/backoff.h"
+#include "core/key_waiter.h"
 #include "core/logging.h"
-#include "core/store_core.h"
 
 namespace leasehold {
 
@@ -140,11 +140,15 @@ Result<std::optional<LeaderInfo>> Election::Leader() const {
 Status Election::Observe(const std::function<void(const std::optional<LeaderInfo>&)>& on_change,
                          std::stop_token stop) const {
   LH_RETURN_IF_ERROR(Validate());
-  const std::shared_ptr<internal::StoreCore>& core = store_.core_;
-  Clock& clock = core->clock;
-  internal::Backend& backend = *core->backend;
-  bool native_wait = backend.capabilities().native_wait;
-  Backoff poll(kPollBase, kPollCap);
+  Clock& clock = store_.clock();
+  // Held, it waits on the store's notification (Store::WaitForChange); free, or on a store
+  // without notification, it polls.
+  internal::KeyWaiter waiter(
+      clock,
+      [this](SteadyTime until, std::stop_token s) {
+        return store_.WaitForChange(key_, until, std::move(s));
+      },
+      store_.notifies_changes(), kPollBase, kPollCap);
   Backoff on_error(kErrorBackoffBase, kErrorBackoffCap);
   bool reported = false;
   // The term last reported, 0 for "no leader" (fencing tokens start at 1), and the highest
@@ -152,7 +156,7 @@ Status Election::Observe(const std::function<void(const std::optional<LeaderInfo
   FencingToken last_term = 0;
   FencingToken highest_term = 0;
   while (!stop.stop_requested()) {
-    Result<std::optional<LeaseInfo>> info = backend.Inspect(key_);
+    Result<std::optional<LeaseInfo>> info = store_.Inspect(key_);
     if (!info.ok()) {
       if (info.error().code() != StatusCode::kUnavailable) {
         return info.status();
@@ -176,27 +180,23 @@ Status Election::Observe(const std::function<void(const std::optional<LeaderInfo
       reported = true;
       last_term = term;
       highest_term = std::max(highest_term, term);
-      poll.Reset();
+      waiter.ResetPoll();
     }
     const SteadyTime now = clock.Now();
-    if (info->has_value() && native_wait) {
+    if (info->has_value() && waiter.notifies()) {
       // Held: sleep until the holder releases or its grant expires (the store wakes us).
-      Status w = backend.WaitForChange(key_, now + kNotificationSafetyNet, stop);
+      Status w = waiter.AwaitStore(now + kNotificationSafetyNet, stop);
       if (w.ok() || w.code() == StatusCode::kDeadlineExceeded ||
           w.code() == StatusCode::kCancelled) {
         continue;
       }
-      if (w.code() == StatusCode::kUnimplemented) {
-        native_wait = false;
-      }
-      // Any other failure of the wait: fall back to one poll interval, never a busy loop.
+      // kUnimplemented turned the notification off; any other failure of the wait: fall back
+      // to one poll interval, never a busy loop.
     }
     // Free (the store cannot tell us when someone takes it), or a store without notification.
-    Duration sleep = poll.Next();
-    if (info->has_value()) {
-      sleep = std::min<Duration>(sleep, (*info)->remaining + std::chrono::milliseconds(1));
-    }
-    clock.SleepUntil(now + sleep, stop);
+    waiter.SleepPoll(info->has_value() ? std::optional<Duration>((*info)->remaining)
+                                       : std::nullopt,
+                     now, SteadyTime::max(), stop);
   }
   return Status();
 }

@@ -9,7 +9,8 @@
 //    even while the renewer is stuck in a store call that never returns; it also marks a lease
 //    at risk once its renewal is overdue (two renew intervals without a confirmation).
 // The watchdog is why a lease's lost signal fires at safe_until "even if no reply ever
-// arrives" (DESIGN.md section 3): a single thread blocked in I/O could not promise that.
+// arrives" (the safety rule of docs/impl.md, "safe_until"): a single thread blocked in I/O
+// could not promise that.
 //
 // Thread safety: thread-safe. The destructor stops and joins both threads; it must not run on
 // either of them (leases hold no reference to the heartbeat, so it cannot).

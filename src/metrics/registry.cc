@@ -1,7 +1,9 @@
 #include "metrics/registry.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
+#include <string_view>
 
 #include "leasehold/version.h"
 
@@ -13,10 +15,98 @@ namespace {
 
 constexpr double kNanosPerSecond = 1e9;
 
-MetricFamily Family(std::string name, MetricType type, std::string help) {
-  return MetricFamily{
-      .name = std::move(name), .help = std::move(help), .type = type, .points = {}};
+// The families of a snapshot, in the order of the exposition. kFamilies has one row per
+// enumerator, in the same order (checked below), so a family is found by name, not position.
+enum class FamilyId : std::size_t {
+  kAcquired,
+  kConflicts,
+  kLost,
+  kReleased,
+  kRenewFailures,
+  kAcquireLatency,
+  kHeartbeatLatency,
+  kWait,
+  kHandoff,
+  kLeasesHeld,
+  kSafeRemaining,
+  kBuildInfo,
+  kCount,
+};
+
+struct FamilySpec {
+  FamilyId id;
+  std::string_view name;
+  MetricType type;
+  std::string_view help;
+};
+
+constexpr FamilySpec kFamilies[] = {
+    {FamilyId::kAcquired, "leasehold_lease_acquired_total", MetricType::kCounter,
+     "Leases acquired (try-acquire attempts that got the key)."},
+    {FamilyId::kConflicts, "leasehold_acquire_conflicts_total", MetricType::kCounter,
+     "Try-acquire attempts that found the key held by another owner."},
+    {FamilyId::kLost, "leasehold_lease_lost_total", MetricType::kCounter,
+     "Leases lost, by reason: expired (no renewal confirmed before safe_until), "
+     "store_said_no, stolen (taken over), session_lost."},
+    {FamilyId::kReleased, "leasehold_lease_released_total", MetricType::kCounter,
+     "Leases released by their holder, by outcome: ok, lost (lost or taken "
+     "over before the release), error (the store did not answer)."},
+    {FamilyId::kRenewFailures, "leasehold_renew_failures_total", MetricType::kCounter,
+     "Lease renewals that failed, by outcome: unavailable (retried until "
+     "safe_until), lost (the store said the grant is not ours), error."},
+    {FamilyId::kAcquireLatency, "leasehold_acquire_latency_seconds", MetricType::kHistogram,
+     "Round trip of one try-acquire to the store, by outcome."},
+    {FamilyId::kHeartbeatLatency, "leasehold_heartbeat_latency_seconds", MetricType::kHistogram,
+     "Round trip of one heartbeat renew round (all due leases of a store "
+     "handle in one call)."},
+    {FamilyId::kWait, "leasehold_wait_seconds", MetricType::kHistogram,
+     "Time spent in Store::Acquire, from the call to its result, by outcome."},
+    {FamilyId::kHandoff, "leasehold_handoff_seconds", MetricType::kHistogram,
+     "For an acquire that waited: time from the store's notification that the "
+     "key changed (release or expiry) to the new grant. Only for stores that "
+     "notify waiters."},
+    {FamilyId::kLeasesHeld, "leasehold_leases_held", MetricType::kGauge,
+     "Leases currently held (or at risk) by the store handles recording here."},
+    {FamilyId::kSafeRemaining, "leasehold_lease_safe_remaining_seconds", MetricType::kGauge,
+     "Smallest safe_until - now among held leases: how long the most endangered "
+     "holder may still act without another confirmed renewal."},
+    {FamilyId::kBuildInfo, "leasehold_build_info", MetricType::kGauge,
+     "Always 1; the labels say what the library was built from: version, git "
+     "commit and the stores compiled in."},
+};
+static_assert(std::size(kFamilies) == static_cast<std::size_t>(FamilyId::kCount));
+
+constexpr bool FamiliesInEnumOrder() {
+  for (std::size_t i = 0; i < std::size(kFamilies); ++i) {
+    if (static_cast<std::size_t>(kFamilies[i].id) != i) {
+      return false;
+    }
+  }
+  return true;
 }
+static_assert(FamiliesInEnumOrder(), "kFamilies must list the families in FamilyId order");
+
+// The families of a snapshot, empty, indexed by FamilyId.
+class Families {
+ public:
+  explicit Families(std::vector<MetricFamily>& out) : out_(out) {
+    out_.reserve(std::size(kFamilies));
+    for (const FamilySpec& spec : kFamilies) {
+      out_.push_back(MetricFamily{.name = std::string(spec.name),
+                                  .help = std::string(spec.help),
+                                  .type = spec.type,
+                                  .points = {}});
+    }
+  }
+
+  // Adds `point` to family `id`.
+  void Add(FamilyId id, MetricPoint point) {
+    out_[static_cast<std::size_t>(id)].points.push_back(std::move(point));
+  }
+
+ private:
+  std::vector<MetricFamily>& out_;
+};
 
 MetricPoint CounterPoint(std::vector<MetricLabel> labels, const Counter& counter) {
   MetricPoint p;
@@ -131,82 +221,50 @@ MetricsSnapshot MetricsRegistry::Snapshot() {
   }
 
   MetricsSnapshot snap;
-  auto& f = snap.families;
-  f.push_back(Family("leasehold_lease_acquired_total", MetricType::kCounter,
-                     "Leases acquired (try-acquire attempts that got the key)."));
-  f.push_back(Family("leasehold_acquire_conflicts_total", MetricType::kCounter,
-                     "Try-acquire attempts that found the key held by another owner."));
-  f.push_back(Family("leasehold_lease_lost_total", MetricType::kCounter,
-                     "Leases lost, by reason: expired (no renewal confirmed before safe_until), "
-                     "store_said_no, stolen (taken over), session_lost."));
-  f.push_back(Family("leasehold_lease_released_total", MetricType::kCounter,
-                     "Leases released by their holder, by outcome: ok, lost (lost or taken "
-                     "over before the release), error (the store did not answer)."));
-  f.push_back(Family("leasehold_renew_failures_total", MetricType::kCounter,
-                     "Lease renewals that failed, by outcome: unavailable (retried until "
-                     "safe_until), lost (the store said the grant is not ours), error."));
-  f.push_back(Family("leasehold_acquire_latency_seconds", MetricType::kHistogram,
-                     "Round trip of one try-acquire to the store, by outcome."));
-  f.push_back(Family("leasehold_heartbeat_latency_seconds", MetricType::kHistogram,
-                     "Round trip of one heartbeat renew round (all due leases of a store "
-                     "handle in one call)."));
-  f.push_back(Family("leasehold_wait_seconds", MetricType::kHistogram,
-                     "Time spent in Store::Acquire, from the call to its result, by outcome."));
-  f.push_back(Family("leasehold_handoff_seconds", MetricType::kHistogram,
-                     "For an acquire that waited: time from the store's notification that the "
-                     "key changed (release or expiry) to the new grant. Only for stores that "
-                     "notify waiters."));
-  f.push_back(Family("leasehold_leases_held", MetricType::kGauge,
-                     "Leases currently held (or at risk) by the store handles recording here."));
-  f.push_back(Family("leasehold_lease_safe_remaining_seconds", MetricType::kGauge,
-                     "Smallest safe_until - now among held leases: how long the most endangered "
-                     "holder may still act without another confirmed renewal."));
-  f.push_back(Family("leasehold_build_info", MetricType::kGauge,
-                     "Always 1; the labels say what the library was built from: version, git "
-                     "commit and the stores compiled in."));
+  Families f(snap.families);
   MetricPoint build;
   build.labels = {{"version", Version()}, {"commit", Commit()}, {"stores", CompiledStores()}};
   build.value = 1;
-  f.back().points.push_back(std::move(build));
+  f.Add(FamilyId::kBuildInfo, std::move(build));
   for (std::size_t si = 0; si < series.size(); ++si) {
     const LeaseMetrics& s = *series[si];
     const MetricLabel backend{"backend", s.backend};
-    f[0].points.push_back(CounterPoint({backend}, s.acquired));
-    f[1].points.push_back(CounterPoint({backend}, s.conflicts));
+    f.Add(FamilyId::kAcquired, CounterPoint({backend}, s.acquired));
+    f.Add(FamilyId::kConflicts, CounterPoint({backend}, s.conflicts));
     for (std::size_t i = 0; i < std::size(kLostCauses); ++i) {
-      f[2].points.push_back(CounterPoint(
+      f.Add(FamilyId::kLost, CounterPoint(
           {backend, {"reason", std::string(LostCauseName(kLostCauses[i]))}}, s.lost[i]));
     }
     for (std::size_t i = 0; i < std::size(kReleaseOutcomeNames); ++i) {
-      f[3].points.push_back(CounterPoint(
+      f.Add(FamilyId::kReleased, CounterPoint(
           {backend, {"outcome", std::string(kReleaseOutcomeNames[i])}}, s.released[i]));
     }
     for (std::size_t i = 0; i < std::size(kRenewFailureNames); ++i) {
-      f[4].points.push_back(CounterPoint(
+      f.Add(FamilyId::kRenewFailures, CounterPoint(
           {backend, {"outcome", std::string(kRenewFailureNames[i])}}, s.renew_failures[i]));
     }
     for (std::size_t i = 0; i < std::size(kAcquireOutcomeNames); ++i) {
-      f[5].points.push_back(HistogramPoint(
+      f.Add(FamilyId::kAcquireLatency, HistogramPoint(
           {backend, {"outcome", std::string(kAcquireOutcomeNames[i])}}, s.acquire_latency[i]));
     }
-    f[6].points.push_back(HistogramPoint({backend}, s.heartbeat_latency));
+    f.Add(FamilyId::kHeartbeatLatency, HistogramPoint({backend}, s.heartbeat_latency));
     for (std::size_t i = 0; i < std::size(kWaitOutcomeNames); ++i) {
-      f[7].points.push_back(
+      f.Add(FamilyId::kWait,
           HistogramPoint({backend, {"outcome", std::string(kWaitOutcomeNames[i])}}, s.wait[i]));
     }
     if (s.handoff_observable) {
-      f[8].points.push_back(HistogramPoint({backend}, s.handoff));
+      f.Add(FamilyId::kHandoff, HistogramPoint({backend}, s.handoff));
     }
     MetricPoint held;
     held.labels = {backend};
     held.value = static_cast<double>(gauges[si].held);
-    f[9].points.push_back(std::move(held));
+    f.Add(FamilyId::kLeasesHeld, std::move(held));
     if (gauges[si].min_safe_remaining.has_value()) {
       MetricPoint margin;
       margin.labels = {backend};
       margin.value =
           static_cast<double>(gauges[si].min_safe_remaining->count()) / kNanosPerSecond;
-      f[10].points.push_back(std::move(margin));
+      f.Add(FamilyId::kSafeRemaining, std::move(margin));
     }
   }
   return snap;

@@ -10,14 +10,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "leasehold/duration.h"
 #include "leasehold/lease_info.h"
 #include "leasehold/schedule.h"
 #include "leasehold/store.h"
 
-#include "backends/registry.h"
 #include "cli_log.h"
-#include "core/duration.h"
-#include "core/url.h"
 #include "exit_codes.h"
 #include "store_flag.h"
 
@@ -55,7 +53,7 @@ std::string DescribeRun(const SlotRun& run) {
   return fmt::format("{} {} by {} (fencing token {}, exit {}, {})", FormatSlotTime(run.slot_start),
                      run.succeeded ? "done" : (run.final ? "failed" : "failed (retry allowed)"),
                      run.holder, run.fencing_token, run.exit_code,
-                     internal::FormatDuration(took));
+                     FormatDuration(took));
 }
 
 void PrintLine(const std::string& text) {
@@ -112,8 +110,8 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     PrintLine(fmt::format("holder:        {}", l.holder));
     PrintLine(fmt::format("fencing token: {}", l.fencing_token));
     PrintLine(fmt::format("token prefix:  {}", l.token_prefix));
-    PrintLine(fmt::format("remaining:     {}", internal::FormatDuration(l.remaining)));
-    PrintLine(fmt::format("ttl:           {}", internal::FormatDuration(l.ttl)));
+    PrintLine(fmt::format("remaining:     {}", FormatDuration(l.remaining)));
+    PrintLine(fmt::format("ttl:           {}", FormatDuration(l.ttl)));
   }
   for (std::size_t i = 0; runs.ok() && i < runs->size(); ++i) {
     PrintLine(fmt::format("{}{}", i == 0 ? "slot runs:     " : "               ",
@@ -174,8 +172,8 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
                         holder_width, "FENCING_TOKEN", "REMAINING", "TTL", "TOKEN"));
   for (const LeaseInfo& l : *leases) {
     PrintLine(fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", l.key, key_width, l.holder,
-                          holder_width, l.fencing_token, internal::FormatDuration(l.remaining),
-                          internal::FormatDuration(l.ttl), l.token_prefix));
+                          holder_width, l.fencing_token, FormatDuration(l.remaining),
+                          FormatDuration(l.ttl), l.token_prefix));
   }
   // Then the last recorded schedule-slot run of every key that has one (run --once-per).
   std::size_t slot_key_width = 3;
@@ -229,11 +227,7 @@ int SchemaCommand(const std::string& store_url) {
   if (!url.ok()) {
     return ReportFailure(url.error());
   }
-  Result<internal::Url> parsed = internal::ParseUrl(*url);
-  if (!parsed.ok()) {
-    return ReportFailure(parsed.error());
-  }
-  Result<std::string> sql = internal::StoreSchemaSql(*parsed);
+  Result<std::string> sql = Store::SchemaSql(*url);
   if (!sql.ok()) {
     return ReportFailure(sql.error());
   }

@@ -14,7 +14,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/logging.h"
 #include "leasehold/logging.h"
 
 namespace leasehold::cli {
@@ -103,7 +102,7 @@ void WriteOwnLine(LogLevel level, std::string_view line) {
 void SetQuiet(bool q) {
   quiet.store(q);
   if (q) {
-    internal::SetLogLevel(internal::LogLevel::kWarning);
+    SetLogLevel(LogLevel::kWarning);
   }
 }
 

@@ -4,9 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "leasehold/duration.h"
 #include "leasehold/options.h"
-
-#include "core/duration.h"
 
 namespace leasehold::cli {
 
@@ -17,7 +16,7 @@ Result<Duration> ParseWithZero(std::string_view flag, std::string_view text) {
   if (text == "0") {
     return Duration::zero();
   }
-  Result<Duration> d = internal::ParseDuration(text);
+  Result<Duration> d = ParseDuration(text);
   if (!d.ok()) {
     return Status::InvalidArgument(fmt::format("{}: {}", flag, d.error().message()));
   }

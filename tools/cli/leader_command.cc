@@ -15,11 +15,11 @@
 #include <nlohmann/json.hpp>
 #include <sys/signalfd.h>
 
+#include "leasehold/duration.h"
 #include "leasehold/election.h"
 #include "leasehold/store.h"
 
 #include "cli_log.h"
-#include "core/duration.h"
 #include "exit_codes.h"
 #include "interrupt_watcher.h"
 #include "store_flag.h"
@@ -46,7 +46,7 @@ void PrintLeader(const std::string& name, const std::optional<LeaderInfo>& leade
     line = j.dump();
   } else if (leader.has_value()) {
     line = fmt::format("{}: leader {} (term {}, {} left)", name, leader->id, leader->term,
-                       internal::FormatDuration(leader->remaining));
+                       FormatDuration(leader->remaining));
   } else {
     line = fmt::format("{}: no leader", name);
   }

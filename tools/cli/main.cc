@@ -19,6 +19,7 @@
 
 #include "admin_commands.h"
 #include "cli_log.h"
+#include "elect_command.h"
 #include "exit_codes.h"
 #include "leader_command.h"
 #include "run_command.h"
@@ -31,6 +32,64 @@ constexpr const char* kStoreHelp =
     "Store URL, e.g. sqlite:///var/lib/app/leases.db. Default: $LEASEHOLD_STORE, else "
     "sqlite://$XDG_STATE_HOME/leasehold/leases.db (~/.local/state/leasehold/leases.db)";
 
+// A flag whose text is kept only if it was given (RunFlags' std::optional<std::string>).
+struct OptionalFlag {
+  std::string text;
+  CLI::Option* option = nullptr;
+
+  // Adds the flag to `app`.
+  void Add(CLI::App& app, const std::string& name, const std::string& help,
+           const std::string& type_name) {
+    option = app.add_option(name, text, help)->type_name(type_name);
+  }
+
+  // Sets `out` to the flag's text if it was given.
+  void CopyTo(std::optional<std::string>& out) const {
+    if (option != nullptr && option->count() > 0) {
+      out = text;
+    }
+  }
+};
+
+// The lease flags `run` and `elect` share (AddLeaseFlags), as given.
+struct LeaseFlags {
+  std::string ttl = "10s";
+  OptionalFlag renew_every;
+  OptionalFlag wait;
+  OptionalFlag kill_grace;
+
+  // Copies them into `run`, with --store.
+  void CopyTo(const std::string& store_url, RunFlags& run) const {
+    run.store_url = store_url;
+    run.ttl = ttl;
+    renew_every.CopyTo(run.renew_every);
+    wait.CopyTo(run.wait);
+    kill_grace.CopyTo(run.kill_grace);
+  }
+};
+
+// How the shared lease flags read in one subcommand.
+struct LeaseFlagHelp {
+  const char* ttl;
+  const char* wait;
+  const char* kill_grace;
+};
+
+// --once-per and the flags that shape it, and --hold-at-least (run only).
+struct SlotFlags {
+  OptionalFlag once_per;
+  OptionalFlag slot_offset;
+  OptionalFlag slot_tolerance;
+  OptionalFlag hold_at_least;
+
+  void CopyTo(RunFlags& run) const {
+    once_per.CopyTo(run.once_per);
+    slot_offset.CopyTo(run.slot_offset);
+    slot_tolerance.CopyTo(run.slot_tolerance);
+    hold_at_least.CopyTo(run.hold_at_least);
+  }
+};
+
 struct Flags {
   std::string store_url;
   bool quiet = false;
@@ -39,8 +98,22 @@ struct Flags {
   std::string key;
   std::string prefix;
   RunFlags run;
+  LeaseFlags run_lease;
+  SlotFlags run_slot;
   ElectFlags elect;
+  LeaseFlags elect_lease;
   bool watch = false;
+};
+
+// The subcommands, to see which one was parsed.
+struct Subcommands {
+  CLI::App* run = nullptr;
+  CLI::App* elect = nullptr;
+  CLI::App* leader = nullptr;
+  CLI::App* status = nullptr;
+  CLI::App* list = nullptr;
+  CLI::App* release = nullptr;
+  CLI::App* schema = nullptr;
 };
 
 // --store and --quiet are accepted before and after the subcommand name.
@@ -65,19 +138,20 @@ void AddTreeOptions(CLI::App& app, RunFlags& run) {
                "SIGKILL) before the lease is released");
 }
 
+// --ttl, --renew-every, --wait and --kill-grace, for run and elect.
+void AddLeaseFlags(CLI::App& app, LeaseFlags& flags, const LeaseFlagHelp& help) {
+  app.add_option("--ttl", flags.ttl, help.ttl)->type_name("DURATION");
+  flags.renew_every.Add(app, "--renew-every",
+                        "How often to renew; must be less than --ttl. Default: ttl/3", "DURATION");
+  flags.wait.Add(app, "--wait", help.wait, "DURATION|forever");
+  flags.kill_grace.Add(app, "--kill-grace", help.kill_grace, "DURATION");
+}
+
 std::string Footer() {
   return std::string("\n") + std::string(kExitCodeHelp);
 }
 
-int Main(int argc, char** argv) {
-  CLI::App app("leasehold: distributed leases with fencing tokens", "leasehold");
-  app.set_version_flag("--version", fmt::format("leasehold {} (commit {}; stores: {})", Version(),
-                                                Commit(), CompiledStores()));
-  app.require_subcommand(1);
-  app.footer(Footer());
-  Flags flags;
-  AddCommonOptions(app, flags);
-
+CLI::App* AddRunCommand(CLI::App& app, Flags& flags) {
   CLI::App* run = app.add_subcommand(
       "run",
       "Run COMMAND while holding KEY. The command sees LEASEHOLD_KEY and "
@@ -90,78 +164,63 @@ int Main(int argc, char** argv) {
       "--wait-children). SIGINT/SIGTERM/SIGHUP sent to leasehold go to the command's process "
       "group. Usage: leasehold run [OPTIONS] KEY -- COMMAND [ARGS...]");
   AddCommonOptions(*run, flags);
-  std::string ttl = "10s";
-  std::string renew_every;
-  std::string wait;
-  std::string kill_grace;
-  run->add_option("--ttl", ttl, "How long the store keeps the lease without renewal. Default: 10s")
-      ->type_name("DURATION");
-  CLI::Option* renew_opt =
-      run->add_option("--renew-every", renew_every,
-                      "How often to renew; must be less than --ttl. Default: ttl/3")
-          ->type_name("DURATION");
-  CLI::Option* wait_opt =
-      run->add_option("--wait", wait,
-                      "Wait up to DURATION (or 'forever') for the key to become free. "
-                      "Default: none, try once and exit 75 if it is held")
-          ->type_name("DURATION|forever");
-  CLI::Option* grace_opt =
-      run->add_option("--kill-grace", kill_grace,
-                      "Time between SIGTERM and SIGKILL when the lease is lost or at risk. "
-                      "Default: min(ttl/4, 5s)")
-          ->type_name("DURATION");
+  AddLeaseFlags(*run, flags.run_lease,
+                {.ttl = "How long the store keeps the lease without renewal. Default: 10s",
+                 .wait = "Wait up to DURATION (or 'forever') for the key to become free. "
+                         "Default: none, try once and exit 75 if it is held",
+                 .kill_grace = "Time between SIGTERM and SIGKILL when the lease is lost or at "
+                               "risk. Default: min(ttl/4, 5s)"});
   run->add_option("--holder", flags.run.holder,
                   "Identity shown to others (status, list). Default: <hostname>:<pid>")
       ->type_name("ID");
   AddTreeOptions(*run, flags.run);
-  std::string once_per;
-  std::string slot_offset;
-  std::string slot_tolerance;
-  std::string hold_at_least;
-  CLI::Option* once_per_opt =
-      run->add_option("--once-per", once_per,
-                      "Run at most once successfully per PERIOD-long slot of a time grid (15m, "
-                      "1h, 1d), across every host that runs this same line: the first host to "
-                      "claim the slot runs COMMAND, the others exit 80 (slot done) or 75 (it is "
-                      "running; see --wait). The slot is named by the store's clock where it has "
-                      "one. Exit 0 records the slot as done; a failure leaves it open for a retry "
-                      "(see --retry-failed). With --quiet, hosts that find the slot done or "
-                      "running print nothing")
-          ->type_name("PERIOD");
-  CLI::Option* slot_offset_opt =
-      run->add_option("--slot-offset", slot_offset,
-                      "Where the --once-per grid starts: slots begin at epoch + offset + k * "
-                      "PERIOD (e.g. --once-per 1d --slot-offset 2h: daily at 02:00). Default: 0")
-          ->type_name("DURATION");
+  flags.run_slot.once_per.Add(
+      *run, "--once-per",
+      "Run at most once successfully per PERIOD-long slot of a time grid (15m, "
+      "1h, 1d), across every host that runs this same line: the first host to "
+      "claim the slot runs COMMAND, the others exit 80 (slot done) or 75 (it is "
+      "running; see --wait). The slot is named by the store's clock where it has "
+      "one. Exit 0 records the slot as done; a failure leaves it open for a retry "
+      "(see --retry-failed). With --quiet, hosts that find the slot done or "
+      "running print nothing",
+      "PERIOD");
+  flags.run_slot.slot_offset.Add(
+      *run, "--slot-offset",
+      "Where the --once-per grid starts: slots begin at epoch + offset + k * "
+      "PERIOD (e.g. --once-per 1d --slot-offset 2h: daily at 02:00). Default: 0",
+      "DURATION");
   run->add_option("--slot-zone", flags.run.slot_zone,
                   "Lay the --once-per grid on local time in this IANA time zone "
                   "(Europe/Berlin), so daily slots start at local midnight across "
                   "daylight-saving changes. Default: UTC")
       ->type_name("ZONE");
-  CLI::Option* slot_tolerance_opt =
-      run->add_option("--slot-tolerance", slot_tolerance,
-                      "A host that starts up to this long before a slot boundary counts itself "
-                      "into the coming slot (its clock or timer runs a little early). Must be "
-                      "less than half the period. Default: min(PERIOD/4, 5m)")
-          ->type_name("DURATION");
+  flags.run_slot.slot_tolerance.Add(
+      *run, "--slot-tolerance",
+      "A host that starts up to this long before a slot boundary counts itself "
+      "into the coming slot (its clock or timer runs a little early). Must be "
+      "less than half the period. Default: min(PERIOD/4, 5m)",
+      "DURATION");
   run->add_option("--retry-failed", flags.run.retry_failed,
                   "yes: a failed run (non-zero exit) leaves its --once-per slot open for "
                   "another host or a retry; no: a failure closes the slot too. Default: yes")
       ->type_name("yes|no");
-  CLI::Option* hold_opt =
-      run->add_option("--hold-at-least", hold_at_least,
-                      "Keep the lease in the store until at least DURATION after it was taken, "
-                      "even after COMMAND ends and leasehold exits (no heartbeat, no process): "
-                      "others are refused until then (ShedLock's lockAtLeastFor). Default: "
-                      "release at once")
-          ->type_name("DURATION");
+  flags.run_slot.hold_at_least.Add(
+      *run, "--hold-at-least",
+      "Keep the lease in the store until at least DURATION after it was taken, "
+      "even after COMMAND ends and leasehold exits (no heartbeat, no process): "
+      "others are refused until then (ShedLock's lockAtLeastFor). Default: "
+      "release at once",
+      "DURATION");
   AddObservabilityOptions(*run, flags.run.observability);
   run->add_option("KEY", flags.run.key, "The lease's name, 1..512 bytes of UTF-8")->required();
-  // Not required() here: what follows `--` is taken verbatim before CLI11 parses (Main below);
+  // Not required() here: what follows `--` is taken verbatim before CLI11 parses (SplitCommand);
   // RunCommand reports a missing COMMAND.
   run->add_option("COMMAND", flags.run.command, "The command to run, after --, with its arguments");
   run->footer(Footer());
+  return run;
+}
 
+CLI::App* AddElectCommand(CLI::App& app, Flags& flags) {
   CLI::App* elect = app.add_subcommand(
       "elect",
       "Campaign in election NAME and run COMMAND while leader, supervised as by `run` (same "
@@ -173,28 +232,12 @@ int Main(int argc, char** argv) {
       "after the command ends or leadership is lost, until SIGINT/SIGTERM/SIGHUP. The lease key "
       "is election:NAME. Usage: leasehold elect [OPTIONS] NAME -- COMMAND [ARGS...]");
   AddCommonOptions(*elect, flags);
-  std::string elect_ttl = "10s";
-  elect
-      ->add_option("--ttl", elect_ttl,
-                   "How long the store keeps leadership without renewal. Default: 10s")
-      ->type_name("DURATION");
-  CLI::Option* elect_renew_opt =
-      elect
-          ->add_option("--renew-every", renew_every,
-                       "How often to renew; must be less than --ttl. Default: ttl/3")
-          ->type_name("DURATION");
-  CLI::Option* elect_wait_opt =
-      elect
-          ->add_option("--wait", wait,
-                       "Campaign for at most DURATION (0: try once, exit 75 if another leads). "
-                       "Default: forever")
-          ->type_name("DURATION|forever");
-  CLI::Option* elect_grace_opt =
-      elect
-          ->add_option("--kill-grace", kill_grace,
-                       "Time between SIGTERM and SIGKILL when leadership is lost or at risk. "
-                       "Default: min(ttl/4, 5s)")
-          ->type_name("DURATION");
+  AddLeaseFlags(*elect, flags.elect_lease,
+                {.ttl = "How long the store keeps leadership without renewal. Default: 10s",
+                 .wait = "Campaign for at most DURATION (0: try once, exit 75 if another "
+                         "leads). Default: forever",
+                 .kill_grace = "Time between SIGTERM and SIGKILL when leadership is lost or at "
+                               "risk. Default: min(ttl/4, 5s)"});
   elect
       ->add_option("--id", flags.elect.run.holder,
                    "This candidate's id, shown as the leader's id. Default: <hostname>:<pid>")
@@ -204,11 +247,14 @@ int Main(int argc, char** argv) {
   AddTreeOptions(*elect, flags.elect.run);
   AddObservabilityOptions(*elect, flags.elect.run.observability);
   elect->add_option("NAME", flags.elect.name, "The election's name")->required();
-  elect
-      ->add_option("COMMAND", flags.elect.run.command,
-                   "The command to run while leader, after --, with its arguments");
+  elect->add_option("COMMAND", flags.elect.run.command,
+                    "The command to run while leader, after --, with its arguments");
   elect->footer(Footer());
+  return elect;
+}
 
+// leader, status, list, release and schema: the read-only and operator subcommands.
+void AddAdminCommands(CLI::App& app, Flags& flags, Subcommands& sub) {
   CLI::App* leader = app.add_subcommand(
       "leader",
       "Print the leader of election NAME and its term ('NAME: no leader' if none); with "
@@ -253,11 +299,20 @@ int Main(int argc, char** argv) {
       "first use when its role may), for a DBA to apply. Does not connect.");
   AddCommonOptions(*schema, flags);
   schema->footer(Footer());
+  sub.leader = leader;
+  sub.status = status;
+  sub.list = list;
+  sub.release = release;
+  sub.schema = schema;
+}
 
+// Returns the arguments after the first `--` (the command), or nullopt if there is none, and
+// sets `cli_argc` to the number of arguments before it.
+std::optional<std::vector<std::string>> SplitCommand(int argc, char** argv, int& cli_argc) {
   // Everything after the first `--` is the command, byte for byte: CLI11 rewrites some
   // arguments it parses (a lone "[x]" becomes "x", which broke `sh -c '[ -n "$X" ]'`).
   std::optional<std::vector<std::string>> command;
-  int cli_argc = argc;
+  cli_argc = argc;
   for (int i = 1; i < argc; ++i) {
     if (std::string_view(argv[i]) == "--") {
       command.emplace(argv + i + 1, argv + argc);
@@ -265,6 +320,12 @@ int Main(int argc, char** argv) {
       break;
     }
   }
+  return command;
+}
+
+// Parses the flags; returns the exit code if parsing ended the command (help, version, a
+// usage error), else nullopt.
+std::optional<int> Parse(CLI::App& app, int cli_argc, char** argv) {
   try {
     app.parse(cli_argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -277,63 +338,30 @@ int Main(int argc, char** argv) {
     Error(fmt::format("{} (see 'leasehold --help')", e.what()));
     return kExitUsage;
   }
+  return std::nullopt;
+}
 
-  SetQuiet(flags.quiet);
-  if (command.has_value()) {
-    flags.run.command.insert(flags.run.command.end(), command->begin(), command->end());
-    flags.elect.run.command.insert(flags.elect.run.command.end(), command->begin(),
-                                   command->end());
-  }
-  if (run->parsed()) {
-    flags.run.store_url = flags.store_url;
-    flags.run.ttl = ttl;
-    if (renew_opt->count() > 0) {
-      flags.run.renew_every = renew_every;
-    }
-    if (wait_opt->count() > 0) {
-      flags.run.wait = wait;
-    }
-    if (grace_opt->count() > 0) {
-      flags.run.kill_grace = kill_grace;
-    }
-    if (once_per_opt->count() > 0) {
-      flags.run.once_per = once_per;
-    }
-    if (slot_offset_opt->count() > 0) {
-      flags.run.slot_offset = slot_offset;
-    }
-    if (slot_tolerance_opt->count() > 0) {
-      flags.run.slot_tolerance = slot_tolerance;
-    }
-    if (hold_opt->count() > 0) {
-      flags.run.hold_at_least = hold_at_least;
-    }
+// Runs the parsed subcommand; returns the exit code.
+int Dispatch(const Subcommands& sub, Flags& flags) {
+  if (sub.run->parsed()) {
+    flags.run_lease.CopyTo(flags.store_url, flags.run);
+    flags.run_slot.CopyTo(flags.run);
     return RunCommand(flags.run);
   }
-  if (elect->parsed()) {
-    flags.elect.run.store_url = flags.store_url;
-    flags.elect.run.ttl = elect_ttl;
-    if (elect_renew_opt->count() > 0) {
-      flags.elect.run.renew_every = renew_every;
-    }
-    if (elect_wait_opt->count() > 0) {
-      flags.elect.run.wait = wait;
-    }
-    if (elect_grace_opt->count() > 0) {
-      flags.elect.run.kill_grace = kill_grace;
-    }
+  if (sub.elect->parsed()) {
+    flags.elect_lease.CopyTo(flags.store_url, flags.elect.run);
     return ElectCommand(flags.elect);
   }
-  if (leader->parsed()) {
+  if (sub.leader->parsed()) {
     return LeaderCommand(flags.store_url, flags.elect.name, flags.watch, flags.json);
   }
-  if (status->parsed()) {
+  if (sub.status->parsed()) {
     return StatusCommand(flags.store_url, flags.key, flags.json);
   }
-  if (list->parsed()) {
+  if (sub.list->parsed()) {
     return ListCommand(flags.store_url, flags.prefix, flags.json);
   }
-  if (release->parsed()) {
+  if (sub.release->parsed()) {
     if (!flags.force) {
       Error(fmt::format(
           "release: refusing without --force: only the holder releases a lease (its `leasehold "
@@ -344,11 +372,37 @@ int Main(int argc, char** argv) {
     }
     return ReleaseCommand(flags.store_url, flags.key);
   }
-  if (schema->parsed()) {
+  if (sub.schema->parsed()) {
     return SchemaCommand(flags.store_url);
   }
   Error("no subcommand (see 'leasehold --help')");
   return kExitUsage;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app("leasehold: distributed leases with fencing tokens", "leasehold");
+  app.set_version_flag("--version", fmt::format("leasehold {} (commit {}; stores: {})", Version(),
+                                                Commit(), CompiledStores()));
+  app.require_subcommand(1);
+  app.footer(Footer());
+  Flags flags;
+  AddCommonOptions(app, flags);
+  Subcommands sub;
+  sub.run = AddRunCommand(app, flags);
+  sub.elect = AddElectCommand(app, flags);
+  AddAdminCommands(app, flags, sub);
+
+  int cli_argc = argc;
+  std::optional<std::vector<std::string>> command = SplitCommand(argc, argv, cli_argc);
+  if (std::optional<int> ended = Parse(app, cli_argc, argv); ended.has_value()) {
+    return *ended;
+  }
+  SetQuiet(flags.quiet);
+  if (command.has_value()) {
+    flags.run.command.insert(flags.run.command.end(), command->begin(), command->end());
+    flags.elect.run.command.insert(flags.elect.run.command.end(), command->begin(), command->end());
+  }
+  return Dispatch(sub, flags);
 }
 
 }  // namespace

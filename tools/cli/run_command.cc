@@ -2,36 +2,18 @@
 
 #include "run_command.h"
 
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <chrono>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <stop_token>
 #include <string>
-#include <string_view>
-#include <thread>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
-#include <sys/eventfd.h>
-#include <sys/signalfd.h>
-#include <sys/timerfd.h>
 
-#include "leasehold/clock.h"
-#include "leasehold/election.h"
+#include "leasehold/duration.h"
 #include "leasehold/lease.h"
+#include "leasehold/lease_info.h"
 #include "leasehold/options.h"
 #include "leasehold/schedule.h"
 #include "leasehold/status.h"
@@ -39,147 +21,15 @@
 
 #include "child_env.h"
 #include "cli_log.h"
-#include "core/duration.h"
-#include "duration_flag.h"
 #include "exit_codes.h"
 #include "interrupt_watcher.h"
+#include "observability.h"
 #include "store_flag.h"
-#include "supervisor.h"
-#include "unique_fd.h"
+#include "supervised_run.h"
 
 namespace leasehold::cli {
 
 namespace {
-
-using internal::FormatDuration;
-using std::chrono::seconds;
-
-// Upper bound of the default --kill-grace: a longer grace only delays the SIGTERM of a lost
-// lease's command, it never buys safety.
-constexpr Duration kMaxDefaultKillGrace = seconds(5);
-
-// The signals `run` supervises. SIGCONT is here only to wake the loop on resume: blocking it
-// does not stop the kernel from continuing the process.
-constexpr int kSupervisedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGCONT};
-
-struct RunSettings {
-  Duration ttl{};
-  Containment contain = Containment::kAuto;
-  std::optional<Duration> renew_interval;
-  // nullopt: try once.
-  std::optional<Duration> wait;
-  Duration kill_grace{};
-  // --once-per and its shape; nullopt: an ordinary run.
-  std::optional<SlotGrid> slot;
-  bool retry_failed = true;
-  // --hold-at-least; zero: release at once.
-  Duration hold_at_least{};
-};
-
-// Reads a duration flag that may be 0.
-Result<Duration> ParseNonNegativeDurationFlag(std::string_view flag, std::string_view text) {
-  LH_ASSIGN_OR_RETURN(Duration d, ParseWaitFlag(flag, text));
-  if (d == kWaitForever) {
-    return Status::InvalidArgument(fmt::format("{}: want a duration, got '{}'", flag, text));
-  }
-  return d;
-}
-
-// Reads --once-per and the --slot-* flags into a checked grid.
-Result<std::optional<SlotGrid>> ParseSlotFlags(const RunFlags& flags) {
-  const bool shaped = flags.slot_offset.has_value() || !flags.slot_zone.empty() ||
-                      flags.slot_tolerance.has_value() || flags.retry_failed != "yes";
-  if (!flags.once_per.has_value()) {
-    if (shaped) {
-      return Status::InvalidArgument(
-          "--slot-offset, --slot-zone, --slot-tolerance and --retry-failed need --once-per");
-    }
-    return std::optional<SlotGrid>();
-  }
-  SlotGrid grid;
-  LH_ASSIGN_OR_RETURN(grid.period, ParsePositiveDurationFlag("--once-per", *flags.once_per));
-  if (flags.slot_offset.has_value()) {
-    LH_ASSIGN_OR_RETURN(grid.offset,
-                        ParseNonNegativeDurationFlag("--slot-offset", *flags.slot_offset));
-  }
-  if (flags.slot_tolerance.has_value()) {
-    LH_ASSIGN_OR_RETURN(grid.tolerance,
-                        ParseNonNegativeDurationFlag("--slot-tolerance", *flags.slot_tolerance));
-  }
-  grid.zone = flags.slot_zone;
-  if (Status valid = ValidateSlotGrid(grid); !valid.ok()) {
-    return Status(valid.code(), fmt::format("--once-per {}: {}", *flags.once_per,
-                                            valid.message()));
-  }
-  return std::optional<SlotGrid>(std::move(grid));
-}
-
-// Reads and cross-checks the duration flags, naming the flag in every error.
-Result<RunSettings> ParseSettings(const RunFlags& flags) {
-  RunSettings s;
-  LH_ASSIGN_OR_RETURN(s.ttl, ParsePositiveDurationFlag("--ttl", flags.ttl));
-  if (flags.renew_every.has_value()) {
-    LH_ASSIGN_OR_RETURN(s.renew_interval,
-                        ParsePositiveDurationFlag("--renew-every", *flags.renew_every));
-    if (*s.renew_interval >= s.ttl) {
-      return Status::InvalidArgument(fmt::format(
-          "--renew-every {} must be less than --ttl {}: the lease would expire between renewals",
-          *flags.renew_every, flags.ttl));
-    }
-  }
-  LH_ASSIGN_OR_RETURN(s.contain, ParseContainment(flags.contain));
-  if (flags.wait.has_value()) {
-    LH_ASSIGN_OR_RETURN(s.wait, ParseWaitFlag("--wait", *flags.wait));
-  }
-  LH_ASSIGN_OR_RETURN(s.slot, ParseSlotFlags(flags));
-  if (flags.retry_failed != "yes" && flags.retry_failed != "no") {
-    return Status::InvalidArgument(
-        fmt::format("--retry-failed: want yes or no, got '{}'", flags.retry_failed));
-  }
-  s.retry_failed = flags.retry_failed == "yes";
-  if (flags.hold_at_least.has_value()) {
-    LH_ASSIGN_OR_RETURN(s.hold_at_least,
-                        ParsePositiveDurationFlag("--hold-at-least", *flags.hold_at_least));
-    if (s.hold_at_least > kMaxHoldAtLeast) {
-      return Status::InvalidArgument(fmt::format("--hold-at-least {}: at most {}",
-                                                 *flags.hold_at_least,
-                                                 FormatDuration(kMaxHoldAtLeast)));
-    }
-  }
-  if (flags.kill_grace.has_value()) {
-    LH_ASSIGN_OR_RETURN(s.kill_grace, ParsePositiveDurationFlag("--kill-grace", *flags.kill_grace));
-  } else {
-    s.kill_grace = std::min<Duration>(s.ttl / 4, kMaxDefaultKillGrace);
-  }
-  // A healthy lease is renewed every renew_interval and then has at least
-  // ttl - drift - renew_interval left; the SIGTERM point must lie beyond that, or a lease whose
-  // renewals all succeed would still stop its command. drift is the library's default.
-  const Duration renew = s.renew_interval.value_or(s.ttl / 3);
-  const Duration drift = s.ttl / 100 + std::chrono::milliseconds(2);
-  if (renew + s.kill_grace >= s.ttl - drift) {
-    return Status::InvalidArgument(fmt::format(
-        "--kill-grace {} plus the renew interval {} must be less than --ttl {} minus the drift "
-        "allowance {}: lower --kill-grace or --renew-every",
-        FormatDuration(s.kill_grace), FormatDuration(renew), FormatDuration(s.ttl),
-        FormatDuration(drift)));
-  }
-  return s;
-}
-
-// How the command's tree is run and stopped (the flags RunUnderLease needs besides the lease).
-struct TreeSettings {
-  Duration kill_grace{};
-  Containment contain = Containment::kAuto;
-  bool term_on_risk = false;   // --on-risk=term
-  bool wait_children = false;  // --wait-children
-};
-
-TreeSettings TreeSettingsFor(const RunSettings& settings, const RunFlags& flags) {
-  return TreeSettings{.kill_grace = settings.kill_grace,
-                      .contain = settings.contain,
-                      .term_on_risk = TermOnRisk(flags.observability),
-                      .wait_children = flags.wait_children};
-}
 
 // Describes who holds `key` after a failed acquire, asking the store when the status does not say.
 std::string HeldMessage(Store& store, const std::string& key, const Status& status, bool waited) {
@@ -198,404 +48,6 @@ std::string HeldMessage(Store& store, const std::string& key, const Status& stat
     return fmt::format("{}: held by {}", what, DescribeHolder(*holder));
   }
   return fmt::format("{}: {}", what, Describe(status));
-}
-
-// Applies the lease's kill schedule to the command's process tree (supervisor.h) until every
-// process of the tree is gone, and stops or waits for the leftovers of a command that exited.
-class LeaseGuard {
- public:
-  // The descriptors the loop polls; named, as three ints are easily swapped.
-  struct Fds {
-    int signal_fd;  // the supervised signals
-    int event_fd;   // written by the lease callbacks
-    int timer_fd;   // CLOCK_BOOTTIME, the next kill-schedule instant
-  };
-
-  LeaseGuard(const Lease& lease, Supervisor& tree, const TreeSettings& settings, Fds fds)
-      : lease_(lease),
-        tree_(tree),
-        kill_grace_(settings.kill_grace),
-        term_on_risk_(settings.term_on_risk),
-        wait_children_(settings.wait_children),
-        signal_fd_(fds.signal_fd),
-        event_fd_(fds.event_fd),
-        timer_fd_(fds.timer_fd) {}
-
-  // Runs until every process of the tree is gone.
-  void Run() {
-    Clock& clock = Clock::Real();
-    for (;;) {
-      tree_.Update();
-      if (tree_.done()) {
-        break;
-      }
-      const SteadyTime now = clock.Now();
-      std::optional<SteadyTime> next = Step(now);
-      if (std::optional<SteadyTime> left = StepLeftovers(now); left.has_value()) {
-        next = next.has_value() ? std::min(*next, *left) : *left;
-      }
-      ArmTimer(next, now);
-      pollfd fds[4] = {{signal_fd_, POLLIN, 0},
-                       {event_fd_, POLLIN, 0},
-                       {timer_fd_, POLLIN, 0},
-                       {tree_.report_fd(), POLLIN, 0}};
-      if (::poll(fds, 4, -1) < 0 && errno != EINTR) {
-        Error(fmt::format("poll failed: {}; stopping the command", std::strerror(errno)));
-        tree_.KillTree();
-        stopped_for_lease_ = true;
-        continue;
-      }
-      Drain(event_fd_);
-      Drain(timer_fd_);
-      HandleSignals();
-    }
-    if (const int sig = tree_.deadline_signal();
-        (sig == SIGKILL && !kill_sent_) || (sig == SIGTERM && !term_sent_)) {
-      // leasehold did not act at that instant (stopped, or starved): the keeper did, alone.
-      Info(
-          fmt::format("leasehold's keeper applied the kill schedule of {} by itself while "
-                      "leasehold did not run: {} to the command's tree{}",
-                      lease_.key(), SignalName(sig),
-                      sig == SIGTERM ? " at safe_until - kill-grace (SIGKILL at safe_until for "
-                                       "anything left)"
-                                     : " at safe_until"));
-      stopped_for_lease_ = true;
-    }
-  }
-
-  // True if the lease was lost while the tree ran.
-  [[nodiscard]] bool lost() const { return lost_; }
-
-  // True if we signalled the tree because of the lease (lost or at risk past the grace).
-  [[nodiscard]] bool stopped_for_lease() const { return stopped_for_lease_; }
-
-  // True if SIGINT, SIGTERM or SIGHUP reached us while the tree ran (`elect --again` then
-  // stops campaigning).
-  [[nodiscard]] bool interrupted() const { return interrupted_; }
-
- private:
-  // Applies the kill schedule at `now`; returns the next instant at which it must run again.
-  std::optional<SteadyTime> Step(SteadyTime now) {
-    // valid() marks the lease lost if it finds safe_until passed (e.g. after SIGSTOP), even if
-    // the heartbeat has not run yet.
-    (void)lease_.valid();
-    const LeaseState state = lease_.state();
-    const SteadyTime safe_until = lease_.safe_until();
-    if (state != last_state_) {
-      if (state == LeaseState::kAtRisk) {
-        Info(
-            fmt::format("renewals of {} are failing (at risk): SIGTERM to the command's tree {}, "
-                        "SIGKILL in {} unless a renewal succeeds",
-                        lease_.key(),
-                        term_on_risk_ ? std::string("now (--on-risk=term)")
-                                      : "in " + FormatDuration(safe_until - kill_grace_ - now),
-                        FormatDuration(safe_until - now)));
-      } else if (state == LeaseState::kHeld) {
-        Info(fmt::format("renewals of {} succeed again", lease_.key()));
-      }
-      last_state_ = state;
-    }
-    if (state == LeaseState::kLost && !lost_) {
-      // The library has logged the loss with its reason; RunCommand reports it again at exit.
-      lost_ = true;
-      lost_at_ = now;
-    }
-    // Without a loss: SIGTERM at safe_until - grace, SIGKILL at safe_until. safe_until moves
-    // forward with every successful renew, so a healthy lease never gets there.
-    // After a loss: SIGTERM at once, SIGKILL after the grace, and never later than safe_until.
-    const bool term_now = term_on_risk_ && state == LeaseState::kAtRisk;
-    const SteadyTime term_at = lost_ ? lost_at_ : term_now ? now : safe_until - kill_grace_;
-    const SteadyTime kill_at = lost_ ? std::min(safe_until, lost_at_ + kill_grace_) : safe_until;
-    if (!kill_sent_ && now >= kill_at) {
-      SignalTree(SIGKILL, now >= safe_until ? "safe_until has passed" : "grace period over");
-      kill_sent_ = true;
-      term_sent_ = true;
-    } else if (!term_sent_ && now >= term_at) {
-      SignalTree(SIGTERM, lost_      ? std::string("the lease is lost")
-                          : term_now ? fmt::format("the lease is at risk (--on-risk=term); "
-                                                   "SIGKILL in {}",
-                                                   FormatDuration(kill_at - now))
-                                     : fmt::format("the lease cannot be confirmed; SIGKILL in {}",
-                                                   FormatDuration(kill_at - now)));
-      term_sent_ = true;
-    }
-    // The keeper's dead man's switch follows the same schedule, a little behind on SIGTERM so
-    // that it never doubles ours; SIGKILL exactly at kill_at, which no renewal can save.
-    const Duration backstop = std::min<Duration>(kill_grace_ / 4, std::chrono::milliseconds(100));
-    tree_.SetDeadline(term_sent_ ? SteadyTime{} : term_at + backstop, kill_at);
-    if (kill_sent_) {
-      return std::nullopt;
-    }
-    return term_sent_ ? kill_at : term_at;
-  }
-
-  // Once the command's own process has exited: stops the rest of the tree (SIGTERM, grace,
-  // SIGKILL) or, with --wait-children, lets it finish. Returns when to look again.
-  std::optional<SteadyTime> StepLeftovers(SteadyTime now) {
-    if (!tree_.command_exited()) {
-      return std::nullopt;
-    }
-    if (!leftovers_seen_) {
-      leftovers_seen_ = true;
-      const int left = tree_.CountLeft();
-      if (left == 0) {
-        return std::nullopt;  // the keeper is exiting: done() follows
-      }
-      if (wait_children_) {
-        Info(
-            fmt::format("the command {}; waiting for the {} leftover process{} of its tree "
-                        "(--wait-children), still holding {}",
-                        tree_.DescribeExit(), left, left == 1 ? "" : "es", lease_.key()));
-        return std::nullopt;
-      }
-      Info(
-          fmt::format("the command {}; stopping the {} leftover process{} of its tree before "
-                      "releasing {}: SIGTERM now, SIGKILL in {}",
-                      tree_.DescribeExit(), left, left == 1 ? "" : "es", lease_.key(),
-                      FormatDuration(kill_grace_)));
-      tree_.SignalTree(SIGTERM);
-      leftover_kill_at_ = now + kill_grace_;
-    }
-    if (wait_children_ || leftover_kill_at_ == SteadyTime{} || leftover_killed_) {
-      return std::nullopt;
-    }
-    if (now >= leftover_kill_at_) {
-      Info(fmt::format("sending SIGKILL to what is left of the command's tree ({} process{})",
-                       tree_.CountLeft(), tree_.CountLeft() == 1 ? "" : "es"));
-      tree_.KillTree();
-      leftover_killed_ = true;
-      return std::nullopt;
-    }
-    return leftover_kill_at_;
-  }
-
-  void SignalTree(int sig, const std::string& why) {
-    Info(fmt::format("sending {} to the command's tree (keeper pid {}): {}", SignalName(sig),
-                     tree_.keeper_pid(), why));
-    if (sig == SIGKILL) {
-      tree_.KillTree();
-    } else {
-      tree_.SignalTree(sig);
-    }
-    stopped_for_lease_ = true;
-  }
-
-  void ArmTimer(std::optional<SteadyTime> deadline, SteadyTime now) {
-    itimerspec spec{};
-    if (deadline.has_value()) {
-      // Relative, on CLOCK_BOOTTIME like Clock::Real(): it keeps counting through suspend.
-      auto left = std::max<Duration>(*deadline - now, std::chrono::nanoseconds(1));
-      spec.it_value.tv_sec = static_cast<time_t>(left.count() / 1'000'000'000);
-      spec.it_value.tv_nsec = static_cast<long>(left.count() % 1'000'000'000);
-    }
-    ::timerfd_settime(timer_fd_, 0, &spec, nullptr);
-  }
-
-  // SIGINT/SIGTERM/SIGHUP, from a process or the terminal, go to the command's process group
-  // as a shell's job control would: the command is not in leasehold's (foreground) group, so
-  // nothing reaches it twice. Once the command itself has exited, they go to the whole tree.
-  void HandleSignals() {
-    signalfd_siginfo info{};
-    while (ReadSignal(signal_fd_, info)) {
-      const int sig = static_cast<int>(info.ssi_signo);
-      if (IsInterrupt(sig) && tree_.command_exited()) {
-        // Only leftovers are running (--wait-children, or their grace): the whole tree, or a
-        // setsid daemon would keep us waiting after the user asked to stop.
-        interrupted_ = true;
-        Info(fmt::format("forwarding {} to the leftovers of the command's tree", SignalName(sig)));
-        tree_.SignalTree(sig);
-      } else if (IsInterrupt(sig)) {
-        interrupted_ = true;
-        Info(fmt::format("forwarding {} to the command's process group", SignalName(sig)));
-        tree_.SignalGroup(sig);
-      }
-      // SIGCHLD and SIGCONT only wake the loop.
-    }
-  }
-
-  const Lease& lease_;
-  Supervisor& tree_;
-  const Duration kill_grace_;
-  const bool term_on_risk_;
-  const bool wait_children_;
-  const int signal_fd_;
-  const int event_fd_;
-  const int timer_fd_;
-
-  LeaseState last_state_ = LeaseState::kHeld;
-  bool lost_ = false;
-  SteadyTime lost_at_{};
-  bool term_sent_ = false;
-  bool kill_sent_ = false;
-  bool stopped_for_lease_ = false;
-  bool interrupted_ = false;
-  bool leftovers_seen_ = false;
-  SteadyTime leftover_kill_at_{};
-  bool leftover_killed_ = false;
-};
-
-// The signal mask and descriptors of a supervised command, made before the store opens.
-struct Supervision {
-  sigset_t saved_mask{};
-  UniqueFd signal_fd;
-  UniqueFd event_fd;  // written by the lease callbacks; outlives the lease
-  UniqueFd timer_fd;
-};
-
-// Blocks the supervised signals before any library thread exists, so that all of them inherit
-// the mask and every supervised signal lands on the signalfd. SIGPIPE is blocked too, so that a
-// closed stderr or store socket gives EPIPE instead of killing us and orphaning the command.
-Result<std::unique_ptr<Supervision>> BlockSignals() {
-  auto sup = std::make_unique<Supervision>();
-  sigset_t supervised;
-  sigemptyset(&supervised);
-  for (int sig : kSupervisedSignals) {
-    sigaddset(&supervised, sig);
-  }
-  sigset_t blocked = supervised;
-  sigaddset(&blocked, SIGPIPE);
-  if (int err = ::pthread_sigmask(SIG_BLOCK, &blocked, &sup->saved_mask); err != 0) {
-    return Status::Internal(fmt::format("pthread_sigmask: {}", std::strerror(err)));
-  }
-  sup->signal_fd = UniqueFd(::signalfd(-1, &supervised, SFD_CLOEXEC | SFD_NONBLOCK));
-  sup->event_fd = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  sup->timer_fd = UniqueFd(::timerfd_create(CLOCK_BOOTTIME, TFD_CLOEXEC | TFD_NONBLOCK));
-  if (!sup->signal_fd.valid() || !sup->event_fd.valid() || !sup->timer_fd.valid()) {
-    return Status::Internal(fmt::format("signalfd/eventfd/timerfd: {}", std::strerror(errno)));
-  }
-  return sup;
-}
-
-// Lease options whose callbacks wake the supervisor loop.
-LeaseOptions SupervisedLeaseOptions(const RunSettings& settings, const Supervision& sup) {
-  const int wake_fd = sup.event_fd.get();
-  return LeaseOptions{
-      .ttl = settings.ttl,
-      .renew_interval = settings.renew_interval,
-      .drift = std::nullopt,  // the library's default; ParseSettings assumes it
-      .wait = kWaitForever,   // used only by Acquire, set by the caller
-      .holder = {},
-      .on_lost = [wake_fd](const Status&) { Poke(wake_fd); },
-      .on_state_change = [wake_fd](LeaseState, const Status&) { Poke(wake_fd); },
-      // A new safe_until goes to the keeper's dead man's switch at once.
-      .on_renewed = [wake_fd](SteadyTime) { Poke(wake_fd); },
-  };
-}
-
-struct ChildOutcome {
-  int exit_code = 0;
-  // SIGINT/SIGTERM/SIGHUP reached us while the command ran.
-  bool interrupted = false;
-};
-
-// The test-only negative control of the chaos harness (supervisor.h): the old behaviour.
-bool UnsafeDirectChildOnly() {
-  const char* v = std::getenv("LEASEHOLD_TEST_UNSAFE_DIRECT_CHILD_ONLY");
-  return v != nullptr && std::string_view(v) == "1";
-}
-
-// Runs `command` with `env` as a supervised process tree while `lease` is held, until every
-// process of the tree is gone, then calls `release` (Lease::Release, SlotClaim::Finish or
-// Leadership::Resign) with the exit code the run ends with (the command's, 79, 126, 127...).
-// `what` names the lease in messages ("lease job", "leadership of svc"). Returns the command's
-// code, 79 if the lease was lost, 126/127 if the command could not run.
-ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status(int)>& release,
-                           const std::vector<std::string>& command, std::vector<std::string> env,
-                           const TreeSettings& settings, Supervision& sup,
-                           const std::string& what) {
-  Result<std::unique_ptr<Supervisor>> started =
-      Supervisor::Start({.argv = command,
-                         .env = std::move(env),
-                         .child_mask = sup.saved_mask,
-                         .contain = settings.contain,
-                         .unsafe_direct_child_only = UnsafeDirectChildOnly()});
-  if (!started.ok()) {
-    Status released = release(ExitCodeFor(started.error()));
-    Error(fmt::format("cannot run '{}': {}{}", command.front(), Describe(started.error()),
-                      released.ok() ? "" : "; release failed: " + Describe(released)));
-    return {ExitCodeFor(started.error()), false};
-  }
-  Supervisor& tree = **started;
-  if (int err = tree.exec_errno(); err != 0) {
-    const int code = err == ENOENT ? kExitCommandNotFound : kExitCannotExecute;
-    Status released = release(code);
-    Error(fmt::format("cannot run '{}': {}{}", command.front(), std::strerror(err),
-                      released.ok() ? "" : "; release failed: " + Describe(released)));
-    return {code, false};
-  }
-  Info(fmt::format("containment: {}", tree.mode_note()));
-  if (tree.weak()) {
-    Info(
-        fmt::format("warning: only the process group contains the command's tree here (no "
-                    "writable cgroup v2, no PID namespace): a process of it that outlives "
-                    "leasehold's keeper (pid {}) escapes; see --contain in --help",
-                    tree.keeper_pid()));
-  }
-  Info(fmt::format("started the command (keeper pid {})", tree.keeper_pid()));
-
-  LeaseGuard guard(lease, tree, settings,
-                   {.signal_fd = sup.signal_fd.get(),
-                    .event_fd = sup.event_fd.get(),
-                    .timer_fd = sup.timer_fd.get()});
-  guard.Run();
-
-  const int child_code = tree.ShellExitCode();
-  if (guard.lost() || guard.stopped_for_lease() || lease.state() == LeaseState::kLost) {
-    Status reason = lease.lost_reason();
-    // Release now rather than in the destructor: it deletes the grant if the lease was only at
-    // risk, and the destructor's best-effort release would log a lost lease as a failure.
-    (void)release(kExitLeaseLost);
-    Error(fmt::format("{} lost{}; the command was stopped: it {}", what,
-                      reason.ok() ? std::string() : ": " + Describe(reason), tree.DescribeExit()));
-    return {kExitLeaseLost, guard.interrupted()};
-  }
-  Info(fmt::format("the command {}; its whole tree is gone", tree.DescribeExit()));
-  if (Status released = release(child_code); !released.ok()) {
-    Error(fmt::format("release of {} failed: {}", what, Describe(released)));
-    if (released.code() == StatusCode::kLost) {
-      return {kExitLeaseLost, guard.interrupted()};
-    }
-  }
-  // A successful release was logged by the library ("released key=... fencing_token=...").
-  return {child_code, guard.interrupted()};
-}
-
-// --again's pause after a term that ended at once.
-constexpr Duration kShortTerm = seconds(1);
-constexpr Duration kFirstPause = std::chrono::milliseconds(500);
-constexpr Duration kMaxPause = seconds(30);
-
-// Waits up to `limit` on the supervised signals; true if SIGINT/SIGTERM/SIGHUP came.
-bool WaitForInterrupt(int signal_fd, Duration limit) {
-  const SteadyTime end = Clock::Real().Now() + limit;
-  for (;;) {
-    const Duration left = end - Clock::Real().Now();
-    if (left <= Duration::zero()) {
-      return false;
-    }
-    pollfd p{signal_fd, POLLIN, 0};
-    const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-    if (::poll(&p, 1, static_cast<int>(ms)) < 0 && errno != EINTR) {
-      return false;
-    }
-    signalfd_siginfo info{};
-    while (ReadSignal(signal_fd, info)) {
-      if (IsInterrupt(static_cast<int>(info.ssi_signo))) {
-        return true;
-      }
-    }
-  }
-}
-
-const std::string& DefaultCandidateId() {
-  static const std::string id = [] {
-    char host[256] = {};
-    if (::gethostname(host, sizeof(host) - 1) != 0) {
-      std::snprintf(host, sizeof(host), "unknown-host");
-    }
-    return fmt::format("{}:{}", host, ::getpid());
-  }();
-  return id;
 }
 
 // Takes the lease (or claims the slot) with `attempt`: once, then, if the key is held and
@@ -649,49 +101,37 @@ int RunCommand(const RunFlags& flags) {
   if (!settings.ok()) {
     return ReportFailure(settings.error());
   }
-  auto sup = BlockSignals();
-  if (!sup.ok()) {
-    return ReportFailure(sup.error());
+  // /metrics is served from before the wait until the command has ended and the lease is
+  // released.
+  Result<SupervisedSetup> setup = StartSupervision(flags);
+  if (!setup.ok()) {
+    return ReportFailure(setup.error());
   }
-
-  auto watcher = std::make_unique<InterruptWatcher>((*sup)->signal_fd.get());
-  auto store = OpenStoreFromFlag(flags.store_url);
-  if (!store.ok()) {
-    return ReportFailure(store.error());
-  }
-  // Serves /metrics from before the wait until the command has ended and the lease is released.
-  auto metrics_server = MetricsServer::Start(flags.observability.metrics_addr, (*store)->metrics());
-  if (!metrics_server.ok()) {
-    return ReportFailure(metrics_server.error());
-  }
-  if (*metrics_server != nullptr) {
-    Info(fmt::format("serving metrics at http://{}/metrics (port {})",
-                     flags.observability.metrics_addr, (*metrics_server)->port()));
-  }
+  Supervision& sup = *setup->sup;
+  std::unique_ptr<InterruptWatcher>& watcher = setup->watcher;
+  Store& store = *setup->store;
   if (watcher->signal() != 0) {
     Error(fmt::format("interrupted before acquiring {}", flags.key));
     return kExitInterrupted;
   }
 
-  LeaseOptions options = SupervisedLeaseOptions(*settings, **sup);
+  LeaseOptions options = SupervisedLeaseOptions(*settings, sup);
   options.holder = flags.holder;
   bool waited = false;
   if (settings->slot.has_value()) {
     Result<SlotClaim> claim = TakeOrWait<SlotClaim>(
         [&](const LeaseOptions& o, std::stop_token cancel) {
-          return (*store)->ClaimSlot(flags.key, *settings->slot, o, std::move(cancel));
+          return store.ClaimSlot(flags.key, *settings->slot, o, std::move(cancel));
         },
         flags.key, settings->wait, options, *watcher, waited);
-    watcher->Stop();
-    const int interrupted_by = watcher->signal();
-    watcher.reset();
+    const int interrupted_by = EndWait(watcher);
     if (interrupted_by != 0) {
       Error(fmt::format("interrupted by {} while waiting for {}", SignalName(interrupted_by),
                         flags.key));
       return kExitInterrupted;  // a claim taken meanwhile is released unrecorded
     }
     if (!claim.ok()) {
-      return ReportNotTaken(**store, flags.key, claim.error(), waited, /*quiet_when_held=*/true);
+      return ReportNotTaken(store, flags.key, claim.error(), waited, /*quiet_when_held=*/true);
     }
     const std::string slot = FormatSlotTime(claim->slot_start());
     const char* clock = claim->named_by_store_clock() ? "the store's clock" : "this host's clock";
@@ -726,19 +166,17 @@ int RunCommand(const RunFlags& flags) {
                                        .retry_failed = retry_failed,
                                        .hold_at_least = hold});
                },
-               flags.command, std::move(env), TreeSettingsFor(*settings, flags), **sup,
+               flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup,
                "lease " + flags.key)
         .exit_code;
   }
   Result<Lease> lease = TakeOrWait<Lease>(
       [&](const LeaseOptions& o, std::stop_token cancel) {
-        return o.wait == Duration::zero() ? (*store)->TryAcquire(flags.key, o)
-                                          : (*store)->Acquire(flags.key, o, std::move(cancel));
+        return o.wait == Duration::zero() ? store.TryAcquire(flags.key, o)
+                                          : store.Acquire(flags.key, o, std::move(cancel));
       },
       flags.key, settings->wait, options, *watcher, waited);
-  watcher->Stop();
-  const int interrupted_by = watcher->signal();
-  watcher.reset();
+  const int interrupted_by = EndWait(watcher);
   if (interrupted_by != 0) {
     if (lease.ok()) {
       (void)lease->Release();
@@ -748,7 +186,7 @@ int RunCommand(const RunFlags& flags) {
     return kExitInterrupted;
   }
   if (!lease.ok()) {
-    return ReportNotTaken(**store, flags.key, lease.error(), waited, /*quiet_when_held=*/false);
+    return ReportNotTaken(store, flags.key, lease.error(), waited, /*quiet_when_held=*/false);
   }
 
   // The acquisition was logged by the library ("acquired key=... fencing_token=... token=...").
@@ -762,119 +200,9 @@ int RunCommand(const RunFlags& flags) {
   return RunUnderLease(
              *lease,
              [&lease, hold](int) { return lease->Release({.hold_at_least = hold}); },
-             flags.command, std::move(env), TreeSettingsFor(*settings, flags), **sup,
+             flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup,
              "lease " + flags.key)
       .exit_code;
-}
-
-int ElectCommand(const ElectFlags& flags) {
-  const RunFlags& run = flags.run;
-  SetLogFormat(run.observability.log_format == "json" ? LogFormat::kJson : LogFormat::kText);
-  if (run.command.empty()) {
-    return ReportFailure(Status::InvalidArgument("elect: missing COMMAND after NAME --"));
-  }
-  Result<RunSettings> settings = ParseSettings(run);
-  if (!settings.ok()) {
-    return ReportFailure(settings.error());
-  }
-  const std::string id = run.holder.empty() ? DefaultCandidateId() : run.holder;
-  auto sup = BlockSignals();
-  if (!sup.ok()) {
-    return ReportFailure(sup.error());
-  }
-  auto watcher = std::make_unique<InterruptWatcher>((*sup)->signal_fd.get());
-  auto store = OpenStoreFromFlag(run.store_url);
-  if (!store.ok()) {
-    return ReportFailure(store.error());
-  }
-  // Serves /metrics across every term, until elect exits.
-  auto metrics_server = MetricsServer::Start(run.observability.metrics_addr, (*store)->metrics());
-  if (!metrics_server.ok()) {
-    return ReportFailure(metrics_server.error());
-  }
-  if (*metrics_server != nullptr) {
-    Info(fmt::format("serving metrics at http://{}/metrics (port {})",
-                     run.observability.metrics_addr, (*metrics_server)->port()));
-  }
-  const Duration wait = settings->wait.value_or(kWaitForever);
-  Election election(
-      **store, flags.name, id,
-      {.lease = SupervisedLeaseOptions(*settings, **sup),
-       .on_event = [&](ElectionEvent event, const LeaderInfo& leader, const Status&) {
-         // Runs on this thread for kNotElected; the supervisor reports a loss itself.
-         if (event == ElectionEvent::kNotElected) {
-           Info(fmt::format("not elected: {} is led by {} (term {}); {}", flags.name,
-                            leader.id.empty() ? std::string("another") : leader.id, leader.term,
-                            wait == Duration::zero() ? std::string("giving up")
-                            : wait == kWaitForever   ? std::string("waiting")
-                                                     : "waiting up to " + FormatDuration(wait)));
-         }
-       }});
-  int exit_code = 0;
-  Duration pause = Duration::zero();  // between short terms (--again)
-  for (;;) {
-    if (watcher == nullptr) {
-      watcher = std::make_unique<InterruptWatcher>((*sup)->signal_fd.get());
-    }
-    Result<Leadership> leadership = Status::Cancelled("interrupted");
-    if (watcher->signal() == 0) {
-      leadership = election.Campaign(wait, watcher->token());
-    }
-    watcher->Stop();
-    const int interrupted_by = watcher->signal();
-    watcher.reset();
-    if (interrupted_by != 0) {
-      if (leadership.ok()) {
-        (void)leadership->Resign();
-      }
-      Error(fmt::format("interrupted by {} while campaigning in {}", SignalName(interrupted_by),
-                        flags.name));
-      return kExitInterrupted;
-    }
-    if (!leadership.ok()) {
-      const StatusCode code = leadership.error().code();
-      if (code == StatusCode::kHeldByAnother || code == StatusCode::kDeadlineExceeded) {
-        Error(fmt::format("not elected in {}: {}", flags.name, Describe(leadership.error())));
-        return kExitHeldByAnother;
-      }
-      return ReportFailure(leadership.error());
-    }
-    const Lease& lease = leadership->lease();
-    Info(fmt::format("elected leader of {} as {} (term {}, ttl {}, renew every {})", flags.name, id,
-                     leadership->term(), FormatDuration(lease.ttl()),
-                     FormatDuration(lease.renew_interval())));
-    std::vector<std::string> env = BuildChildEnvironment(
-        {"LEASEHOLD_KEY", "LEASEHOLD_FENCING_TOKEN", "LEASEHOLD_ELECTION", "LEASEHOLD_TERM",
-         "LEASEHOLD_LEADER_ID"},
-        {"LEASEHOLD_KEY=" + lease.key(),
-         fmt::format("LEASEHOLD_FENCING_TOKEN={}", leadership->term()),
-         "LEASEHOLD_ELECTION=" + flags.name, fmt::format("LEASEHOLD_TERM={}", leadership->term()),
-         "LEASEHOLD_LEADER_ID=" + id});
-    const SteadyTime term_start = Clock::Real().Now();
-    ChildOutcome outcome = RunUnderLease(
-        lease, [&leadership](int) { return leadership->Resign(); }, run.command, std::move(env),
-        TreeSettingsFor(*settings, run), **sup, "leadership of " + flags.name);
-    exit_code = outcome.exit_code;
-    if (!flags.again || outcome.interrupted) {
-      return exit_code;
-    }
-    // A command that ends at once must not turn --again into a loop that hammers the store:
-    // after a term shorter than kShortTerm, wait 0.5 s, then twice as long each time, up to 30 s.
-    const Duration term = Clock::Real().Now() - term_start;
-    pause = term < kShortTerm ? std::min<Duration>(pause * 2 + kFirstPause, kMaxPause)
-                              : Duration::zero();
-    Info(fmt::format("campaigning again in {}{} (--again; the command ended: exit {})",
-                     flags.name,
-                     pause > Duration::zero() ? " after " + FormatDuration(pause) +
-                                                    " (its term lasted only " +
-                                                    FormatDuration(term) + ")"
-                                              : std::string(),
-                     exit_code));
-    if (pause > Duration::zero() && WaitForInterrupt((*sup)->signal_fd.get(), pause)) {
-      Error(fmt::format("interrupted while pausing between terms of {}", flags.name));
-      return exit_code;
-    }
-  }
 }
 
 }  // namespace leasehold::cli

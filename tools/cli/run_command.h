@@ -1,6 +1,7 @@
 // File: tools/cli/run_command.h
 //
-// `leasehold run KEY -- COMMAND...`: runs COMMAND while holding KEY (DESIGN.md section 5).
+// `leasehold run KEY -- COMMAND...`: runs COMMAND while holding KEY (README, "The command
+// line"; docs/leasehold.1).
 //
 //   1. Blocks SIGINT, SIGTERM, SIGHUP, SIGCHLD and SIGCONT (and SIGPIPE) before the store opens,
 //      so that every library thread inherits the mask and the signals arrive on one signalfd.
@@ -81,22 +82,5 @@ struct RunFlags {
 
 // Runs the command; returns the process exit code (exit_codes.h).
 int RunCommand(const RunFlags& flags);
-
-// `leasehold elect NAME [--id ID] [--again] -- COMMAND...`: campaigns in election NAME
-// (leasehold/election.h) and runs COMMAND while leader, supervised exactly as `run` supervises
-// it. The child sees LEASEHOLD_ELECTION, LEASEHOLD_TERM, LEASEHOLD_LEADER_ID, and LEASEHOLD_KEY /
-// LEASEHOLD_FENCING_TOKEN (the term again) as under `run`. Waits for leadership for as long as
-// it takes unless --wait says otherwise. With --again it campaigns again after the command ends
-// or leadership is lost, until SIGINT/SIGTERM/SIGHUP.
-struct ElectFlags {
-  std::string name;
-  bool again = false;
-  // store_url, command, ttl, renew_every, wait, kill_grace, contain, wait_children as for run;
-  // holder is --id (default "<hostname>:<pid>"); key is unused.
-  RunFlags run;
-};
-
-// Returns the process exit code: as RunCommand's, the last command's when --again stops.
-int ElectCommand(const ElectFlags& flags);
 
 }  // namespace leasehold::cli

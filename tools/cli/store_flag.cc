@@ -4,8 +4,9 @@
 
 #include <fmt/format.h>
 
+#include "leasehold/duration.h"
+
 #include "cli_log.h"
-#include "core/duration.h"
 #include "exit_codes.h"
 
 namespace leasehold::cli {
@@ -37,7 +38,7 @@ int ReportFailure(const Status& status) {
 std::string DescribeHolder(const LeaseInfo& info) {
   return fmt::format("{} (fencing token {}, expires in {})",
                      info.holder.empty() ? std::string("an unnamed holder") : info.holder,
-                     info.fencing_token, internal::FormatDuration(info.remaining));
+                     info.fencing_token, FormatDuration(info.remaining));
 }
 
 }  // namespace leasehold::cli

@@ -1,7 +1,7 @@
 // File: tools/cli/supervisor.h
 //
 // Supervisor: runs the command of `leasehold run` / `elect` as a process TREE that leasehold
-// controls as a whole (DESIGN.md section 5: the tree is what the lease guards).
+// controls as a whole (the README's "The process tree is what the lease guards").
 //
 //   1. A keeper process, forked by leasehold, starts the command and is the parent of the whole
 //      tree: it is a child subreaper (PR_SET_CHILD_SUBREAPER), so every orphan of the tree
