@@ -59,8 +59,12 @@ Status RefuseUnknownParams(const Url& url, std::span<const std::string_view> kno
       hint));
 }
 
-Status ReadDurationParam(const Url& url, std::string_view name, Duration min, Duration max,
-                         Duration* out) {
+namespace {
+
+// Reads the duration `name` if present into *out, if `in_range(d)`; else BadParam(`what`).
+template <typename InRange>
+Status ReadCheckedDuration(const Url& url, std::string_view name, InRange in_range,
+                           std::string_view what, Duration* out) {
   const std::string* value = Find(url, name);
   if (value == nullptr) {
     return Status();
@@ -69,32 +73,29 @@ Status ReadDurationParam(const Url& url, std::string_view name, Duration min, Du
   if (!d.ok()) {
     return d.status().WithContext(fmt::format("{}:// URL parameter {}", url.scheme, name));
   }
-  if (*d < min || *d > max) {
-    return BadParam(url, name,
-                    min == Duration::zero()
-                        ? fmt::format("must be at most {}", FormatDuration(max))
-                        : fmt::format("must be in [{}, {}]", FormatDuration(min),
-                                      FormatDuration(max)));
+  if (!in_range(*d)) {
+    return BadParam(url, name, what);
   }
   *out = *d;
   return Status();
 }
 
+}  // namespace
+
+Status ReadDurationParam(const Url& url, std::string_view name, Duration min, Duration max,
+                         Duration* out) {
+  return ReadCheckedDuration(
+      url, name, [&](Duration d) { return d >= min && d <= max; },
+      min == Duration::zero()
+          ? fmt::format("must be at most {}", FormatDuration(max))
+          : fmt::format("must be in [{}, {}]", FormatDuration(min), FormatDuration(max)),
+      out);
+}
+
 Status ReadTimeoutParam(const Url& url, std::string_view name, Duration* out, Duration max) {
-  const std::string* value = Find(url, name);
-  if (value == nullptr) {
-    return Status();
-  }
-  Result<Duration> d = ParseDuration(*value);
-  if (!d.ok()) {
-    return d.status().WithContext(fmt::format("{}:// URL parameter {}", url.scheme, name));
-  }
-  if (*d <= Duration::zero() || *d > max) {
-    return BadParam(url, name,
-                    fmt::format("must be above 0 and at most {}", FormatDuration(max)));
-  }
-  *out = *d;
-  return Status();
+  return ReadCheckedDuration(
+      url, name, [&](Duration d) { return d > Duration::zero() && d <= max; },
+      fmt::format("must be above 0 and at most {}", FormatDuration(max)), out);
 }
 
 Status ReadIntParam(const Url& url, std::string_view name, int min, int max, int* out) {

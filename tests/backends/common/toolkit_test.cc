@@ -1,0 +1,155 @@
+// The backend toolkit every store reads its URL and paces its reconnects with
+// (src/backends/common/): one rule and one message format for all of them.
+
+#include <string>
+#include <string_view>
+
+#include <gtest/gtest.h>
+
+#include "backends/common/host_port.h"
+#include "backends/common/time.h"
+#include "backends/common/url_params.h"
+#include "core/url.h"
+#include "leasehold/testing/fake_clock.h"
+
+namespace leasehold::internal {
+namespace {
+
+using namespace std::chrono_literals;
+
+Url MustParse(std::string_view text) {
+  Result<Url> url = ParseUrl(text);
+  EXPECT_TRUE(url.ok()) << url.status().ToString();
+  return url.ok() ? *url : Url{};
+}
+
+TEST(UrlParamsTest, UnknownParametersAreRefusedByNameWithTheKnownOnesListed) {
+  constexpr std::string_view kKnown[] = {"command_timeout", "fair"};
+  EXPECT_TRUE(RefuseUnknownParams(MustParse("x://h?fair=true"), kKnown).ok());
+  Status s = RefuseUnknownParams(MustParse("x://h?comand_timeout=1s&fiar=1"), kKnown, "see docs");
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "unknown x:// URL parameters comand_timeout, fiar (known: command_timeout, fair; "
+            "see docs)");
+}
+
+TEST(UrlParamsTest, AbsentParametersLeaveTheDefault) {
+  Url url = MustParse("x://h");
+  Duration timeout = 7s;
+  int n = 3;
+  bool flag = true;
+  std::string text = "default";
+  EXPECT_TRUE(ReadTimeoutParam(url, "t", &timeout).ok());
+  EXPECT_TRUE(ReadIntParam(url, "n", 0, 9, &n).ok());
+  EXPECT_TRUE(ReadBoolParam(url, "b", &flag).ok());
+  EXPECT_TRUE(ReadStringParam(url, "s", &text).ok());
+  EXPECT_EQ(timeout, 7s);
+  EXPECT_EQ(n, 3);
+  EXPECT_TRUE(flag);
+  EXPECT_EQ(text, "default");
+}
+
+TEST(UrlParamsTest, ValuesAreReadAndBadOnesGetOneFormat) {
+  Url url = MustParse("x://h?t=250ms&n=4&b=false&s=jobs&z=0s&big=2h&neg=-1&word=yes&e=");
+  Duration timeout{};
+  ASSERT_TRUE(ReadTimeoutParam(url, "t", &timeout).ok());
+  EXPECT_EQ(timeout, 250ms);
+  int n = 0;
+  ASSERT_TRUE(ReadIntParam(url, "n", 0, 9, &n).ok());
+  EXPECT_EQ(n, 4);
+  bool flag = true;
+  ASSERT_TRUE(ReadBoolParam(url, "b", &flag).ok());
+  EXPECT_FALSE(flag);
+  std::string text;
+  ASSERT_TRUE(ReadStringParam(url, "s", &text).ok());
+  EXPECT_EQ(text, "jobs");
+
+  EXPECT_EQ(ReadTimeoutParam(url, "z", &timeout).message(),
+            "x:// URL parameter z=0s must be above 0 and at most 1h0m0s");
+  EXPECT_EQ(ReadTimeoutParam(url, "big", &timeout).message(),
+            "x:// URL parameter big=2h must be above 0 and at most 1h0m0s");
+  Duration zero_ok = 1s;
+  EXPECT_TRUE(ReadDurationParam(url, "z", Duration::zero(), 1h, &zero_ok).ok());
+  EXPECT_EQ(zero_ok, Duration::zero());
+  EXPECT_EQ(ReadIntParam(url, "neg", 0, 9, &n).message(),
+            "x:// URL parameter neg=-1 is not a whole number in [0, 9]");
+  EXPECT_EQ(ReadBoolParam(url, "word", &flag).message(),
+            "x:// URL parameter word=yes must be true or false");
+  EXPECT_EQ(ReadStringParam(url, "e", &text).message(), "x:// URL parameter e= must not be empty");
+  EXPECT_TRUE(ReadStringParam(url, "e", &text, /*allow_empty=*/true).ok());
+  EXPECT_EQ(ReadTimeoutParam(url, "word", &timeout).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(timeout, 250ms) << "a refused value leaves the output alone";
+}
+
+TEST(HostPortTest, OneRuleForHostsPortsAndIpv6) {
+  auto hosts = ParseHostPorts("x", "db1:7000,[::1]:7001,[fe80::2],db4", 2379);
+  ASSERT_TRUE(hosts.ok()) << hosts.status().ToString();
+  ASSERT_EQ(hosts->size(), 4u);
+  EXPECT_EQ((*hosts)[0].ToString(), "db1:7000");
+  EXPECT_EQ((*hosts)[1].host, "::1") << "no brackets in the host";
+  EXPECT_EQ((*hosts)[1].ToString(), "[::1]:7001");
+  EXPECT_EQ((*hosts)[2].ToString(), "[fe80::2]:2379");
+  EXPECT_FALSE((*hosts)[2].port_given);
+  EXPECT_EQ((*hosts)[3].ToString(), "db4:2379");
+
+  auto fallback = ParseHostPorts("x", "", 6379, "127.0.0.1");
+  ASSERT_TRUE(fallback.ok());
+  EXPECT_EQ((*fallback)[0].ToString(), "127.0.0.1:6379");
+  EXPECT_FALSE(ParseHostPorts("x", "", 6379).ok()) << "no host and no default";
+
+  for (std::string_view bad : {"[::1", "[::1]x", "::1:2379", ":2379", "h:", "h:0", "h:65536",
+                               "h:12ab", "a,,b"}) {
+    auto parsed = ParseHostPorts("x", bad, 2379);
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(parsed.status().message().starts_with("x:// URL")) << parsed.status().message();
+  }
+}
+
+TEST(TimeTest, CeilMillisNeverRoundsATtlDown) {
+  EXPECT_EQ(CeilMillis(1ns), 1);
+  EXPECT_EQ(CeilMillis(Duration::zero()), 1);
+  EXPECT_EQ(CeilMillis(1000us), 1);
+  EXPECT_EQ(CeilMillis(1001us), 2);
+  EXPECT_EQ(CeilMillis(10s), 10'000);
+}
+
+TEST(TimeTest, JitterStaysInRange) {
+  EXPECT_EQ(Jitter(-1s), Duration::zero());
+  for (int i = 0; i < 1000; ++i) {
+    Duration d = Jitter(5ms);
+    ASSERT_GE(d, Duration::zero());
+    ASSERT_LE(d, 5ms);
+  }
+}
+
+TEST(TimeTest, ReconnectBackoffWaitsOnItsClockAndStartsOverAfterASuccess) {
+  testing::FakeClock clock;
+  ReconnectBackoff backoff(clock, 100ms, 1s);
+  EXPECT_TRUE(backoff.Ready());
+  Duration ceiling = 100ms;
+  for (int i = 0; i < 8; ++i) {
+    Duration wait = backoff.Failed();
+    ASSERT_GE(wait, Duration::zero());
+    ASSERT_LE(wait, ceiling) << "attempt " << i;
+    EXPECT_EQ(backoff.retry_at(), clock.Now() + wait);
+    clock.Advance(wait + 1ns);
+    EXPECT_TRUE(backoff.Ready());
+    ceiling = std::min<Duration>(ceiling * 2, 1s);
+  }
+  backoff.Succeeded();
+  EXPECT_TRUE(backoff.Ready());
+  EXPECT_LE(backoff.Failed(), 100ms) << "a success starts again from base";
+}
+
+TEST(TimeTest, ToSteadyCountsTheTimeLeftOnTheGivenClock) {
+  testing::FakeClock clock;  // far from the real clock: only the difference to it may count
+  auto before = std::chrono::steady_clock::now();
+  auto at = ToSteady(clock.Now() + 2s, clock);
+  EXPECT_GE(at - before, 2s);
+  EXPECT_LT(at - before, 3s);
+  auto past = ToSteady(clock.Now() - 1h, clock);
+  EXPECT_LE(past, std::chrono::steady_clock::now()) << "a passed deadline is now";
+}
+
+}  // namespace
+}  // namespace leasehold::internal
