@@ -99,9 +99,11 @@ class [[nodiscard]] Status {
 
   static Status HeldByAnother(std::string message, std::optional<LeaseInfo> holder = {});
   // kHeldByAnother with the message every store uses: "job:x is held by web-3:4242 (fencing
-  // token 7, 2.5s left)" (the time left only when the store reports it), then "; " and `detail`
-  // if not empty (e.g. the state of a fair queue).
-  static Status HeldByAnother(const LeaseInfo& holder, std::string_view detail = {});
+  // token 7, 2.5s left)", then "; " and `detail` if not empty (e.g. the state of a fair queue).
+  // The time left is left out when holder.remaining is zero, and said as "at most 10s left" if
+  // `remaining_is_upper_bound` (a store that knows only the grant's TTL, not its age).
+  static Status HeldByAnother(const LeaseInfo& holder, std::string_view detail = {},
+                              bool remaining_is_upper_bound = false);
 
   // A kLost status. Backends say kStolen or kSessionLost when they know; the core says kExpired.
   static Status Lost(std::string message, LostCause cause = LostCause::kStoreSaidNo);

@@ -59,8 +59,9 @@ class Store {
   static std::vector<std::string> CompiledSchemes();
 
   // Returns the SQL a DBA applies to create the schema of the store named by `url`, without
-  // connecting (`leasehold schema`). Returns kInvalidArgument for a malformed URL or an unknown
-  // scheme, kUnimplemented for a store that needs no schema or is not compiled in.
+  // connecting (`leasehold schema`). Returns kInvalidArgument for a malformed URL or bad
+  // parameters, kUnimplemented for a store that needs no schema, is not compiled in or is
+  // unknown.
   static Result<std::string> SchemaSql(std::string_view url);
 
   // For tests: a Store over a given backend (see tests/testing/).

@@ -10,9 +10,9 @@
 #if LEASEHOLD_WITH_REDIS
 #include "backends/redis/redis_backend.h"
 #endif
+#include "backends/postgres/postgres_conninfo.h"  // no libpq: compiled in every build
 #if LEASEHOLD_WITH_POSTGRES
 #include "backends/postgres/postgres_backend.h"
-#include "backends/postgres/postgres_conninfo.h"
 #endif
 #if LEASEHOLD_WITH_ETCD
 #include "backends/etcd/etcd_backend.h"
@@ -72,7 +72,8 @@ const StoreRow kStores[] = {
     {.product = "PostgreSQL", .schemes = {"postgres", "postgresql"}, .open = OpenPostgresBackend,
      .schema_sql = PostgresSchemaSql, .parse_schemeless = ParsePostgresConninfo},
 #else
-    {.product = "PostgreSQL", .schemes = {"postgres", "postgresql"}},
+    {.product = "PostgreSQL", .schemes = {"postgres", "postgresql"},
+     .parse_schemeless = ParsePostgresConninfo},  // so that a conninfo says "compiled without"
 #endif
 #if LEASEHOLD_WITH_ETCD
     {.product = "etcd", .schemes = {"etcd", "etcds"}, .open = OpenEtcdBackend},

@@ -85,12 +85,14 @@ Status Status::HeldByAnother(std::string message, std::optional<LeaseInfo> holde
   return s;
 }
 
-Status Status::HeldByAnother(const LeaseInfo& holder, std::string_view detail) {
+Status Status::HeldByAnother(const LeaseInfo& holder, std::string_view detail,
+                             bool remaining_is_upper_bound) {
   std::string message = fmt::format(
       "{} is held by {} (fencing token {}{})", holder.key,
       holder.holder.empty() ? "another owner" : holder.holder, holder.fencing_token,
       holder.remaining > std::chrono::milliseconds::zero()
-          ? fmt::format(", {} left", internal::FormatDuration(holder.remaining))
+          ? fmt::format(", {}{} left", remaining_is_upper_bound ? "at most " : "",
+                        internal::FormatDuration(holder.remaining))
           : std::string());
   if (!detail.empty()) {
     fmt::format_to(std::back_inserter(message), "; {}", detail);

@@ -12,7 +12,8 @@ std::string HostPort::HostForUrl() const {
 
 std::string HostPort::ToString() const { return fmt::format("{}:{}", HostForUrl(), port); }
 
-Result<HostPort> ParseHostPort(std::string_view scheme, std::string_view entry, int default_port) {
+Result<HostPort> ParseHostPort(std::string_view scheme, std::string_view entry, int default_port,
+                               bool allow_empty_host) {
   HostPort out;
   out.port = default_port;
   std::string_view port_text;
@@ -45,11 +46,11 @@ Result<HostPort> ParseHostPort(std::string_view scheme, std::string_view entry, 
   } else {
     out.host = std::string(entry);
   }
-  if (out.host.empty()) {
+  if (out.host.empty() && !allow_empty_host) {
     return Status::InvalidArgument(
         fmt::format("{}:// URL has an empty host in '{}' (write host:port)", scheme, entry));
   }
-  if (has_port) {
+  if (has_port && !port_text.empty()) {
     if (!ParseWholeNumber(port_text, 1, 65535, &out.port)) {
       return Status::InvalidArgument(
           fmt::format("{}:// URL has a bad port '{}' (1-65535)", scheme, port_text));
@@ -60,7 +61,8 @@ Result<HostPort> ParseHostPort(std::string_view scheme, std::string_view entry, 
 }
 
 Result<std::vector<HostPort>> ParseHostPorts(std::string_view scheme, std::string_view authority,
-                                             int default_port, std::string_view default_host) {
+                                             int default_port, std::string_view default_host,
+                                             bool allow_empty_host) {
   std::vector<HostPort> hosts;
   if (authority.empty()) {
     if (default_host.empty()) {
@@ -71,8 +73,11 @@ Result<std::vector<HostPort>> ParseHostPorts(std::string_view scheme, std::strin
   }
   while (true) {
     std::size_t comma = authority.find(',');
-    LH_ASSIGN_OR_RETURN(HostPort one,
-                        ParseHostPort(scheme, authority.substr(0, comma), default_port));
+    LH_ASSIGN_OR_RETURN(HostPort one, ParseHostPort(scheme, authority.substr(0, comma),
+                                                    default_port, allow_empty_host));
+    if (one.host.empty()) {
+      one.host = std::string(default_host);
+    }
     hosts.push_back(std::move(one));
     if (comma == std::string_view::npos) {
       break;

@@ -1,9 +1,10 @@
 // File: backends/common/host_port.h (internal)
 //
 // The host list of a store URL's authority, "h1:p1,[::1]:p2,h3", read by one rule for every
-// store: an IPv6 address is written in brackets ("[::1]:2379", "[fe80::1]"), a missing port is the
-// store's default, a port is a whole number in [1, 65535], and an empty host is an error. The
-// brackets are not part of HostPort::host; HostPort::ToString() puts them back.
+// store: an IPv6 address is written in brackets ("[::1]:2379", "[fe80::1]"), a missing or empty
+// port ("db1", "db1:") is the store's default, a port is a whole number in [1, 65535], and an
+// empty host is an error unless the store allows it (libpq's default host; Redis' 127.0.0.1).
+// The brackets are not part of HostPort::host; HostPort::ToString() puts them back.
 //
 // Example:
 //
@@ -37,12 +38,16 @@ struct HostPort {
 };
 
 // Reads one "host[:port]" entry. Returns kInvalidArgument, naming `scheme`, for an unclosed '[',
-// junk after "]", an empty host or a bad port.
-Result<HostPort> ParseHostPort(std::string_view scheme, std::string_view entry, int default_port);
+// junk after "]", several ':' outside brackets, a bad port, or an empty host unless
+// `allow_empty_host` (then HostPort::host is empty).
+Result<HostPort> ParseHostPort(std::string_view scheme, std::string_view entry, int default_port,
+                               bool allow_empty_host = false);
 
 // Reads a comma-separated list of entries (at least one). An empty `authority` gives
-// {default_host:default_port} if default_host is not empty, and an error otherwise.
+// {default_host:default_port} if default_host is not empty, and an error otherwise. With
+// `allow_empty_host`, an entry's empty host (":6380") becomes default_host (which may be empty).
 Result<std::vector<HostPort>> ParseHostPorts(std::string_view scheme, std::string_view authority,
-                                             int default_port, std::string_view default_host = {});
+                                             int default_port, std::string_view default_host = {},
+                                             bool allow_empty_host = false);
 
 }  // namespace leasehold::internal

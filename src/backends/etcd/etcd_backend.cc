@@ -336,7 +336,8 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
     holder.ttl = std::chrono::milliseconds(value->ttl_ms);
     holder.remaining = holder.ttl;
   }
-  return Status::HeldByAnother(holder);
+  // The grant's TTL bounds its time left; its age is not known here.
+  return Status::HeldByAnother(holder, {}, /*remaining_is_upper_bound=*/true);
 }
 
 Status EtcdBackend::Renew(const RenewRequest& request) {

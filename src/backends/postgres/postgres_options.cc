@@ -50,7 +50,8 @@ Status SplitAuthority(const Url& url, std::string* hosts, std::string* ports) {
     return Status();
   }
   LH_ASSIGN_OR_RETURN(std::vector<HostPort> list,
-                      ParseHostPorts(url.scheme, url.authority, kDefaultPort));
+                      ParseHostPorts(url.scheme, url.authority, kDefaultPort, /*default_host=*/{},
+                                     /*allow_empty_host=*/true));  // libpq's default host
   bool any_port = false;
   for (std::size_t i = 0; i < list.size(); ++i) {
     *hosts += (i == 0 ? "" : ",") + list[i].host;

@@ -84,7 +84,8 @@ Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
     LH_RETURN_IF_ERROR(ReadIntParam(url, kDbParam, 0, kMaxDb, &options.db));
   } else {
     LH_ASSIGN_OR_RETURN(std::vector<HostPort> hosts,
-                        ParseHostPorts(url.scheme, url.authority, kRedisDefaultPort, kDefaultHost));
+                        ParseHostPorts(url.scheme, url.authority, kRedisDefaultPort, kDefaultHost,
+                                       /*allow_empty_host=*/true));
     if (hosts.size() > 1) {
       return Status::InvalidArgument(
           "redis:// URL names several hosts; Redis Cluster and Sentinel are not supported yet");

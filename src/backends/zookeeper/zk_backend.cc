@@ -462,8 +462,10 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
     if (rc != ZOK) {
       return ZkErrorStatus(rc, fmt::format("reading the holder of {}", request.key), options_);
     }
+    // The holder's session timeout bounds its time left; its age is not known here.
     return Status::HeldByAnother(
-        ParseNodeData(request.key, holder_data, static_cast<FencingToken>(holder_stat.czxid)));
+        ParseNodeData(request.key, holder_data, static_cast<FencingToken>(holder_stat.czxid)), {},
+        /*remaining_is_upper_bound=*/true);
   }
   if (!waiting) {
     (void)DeleteOrDoom(session, my_path);
