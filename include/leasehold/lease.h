@@ -17,7 +17,8 @@
 // Lost is terminal: a lost Lease never becomes valid again; acquire anew.
 //
 // Thread safety: thread-safe. valid(), state() and the accessors may be called from any
-// thread while another thread calls Release().
+// thread while another thread calls Release(); Write() from any number of threads at once, but
+// not during a Release() or a move of the same Lease.
 
 #pragma once
 
@@ -28,6 +29,7 @@
 #include <string>
 
 #include "leasehold/clock.h"
+#include "leasehold/fenced_write.h"
 #include "leasehold/lease_info.h"
 #include "leasehold/options.h"
 #include "leasehold/status.h"
@@ -74,6 +76,12 @@ class Lease {
   // Returns the fencing token of this grant: higher than any earlier grant of the same key.
   [[nodiscard]] FencingToken fencing_token() const;
 
+  // Returns where the store keeps this grant, for tools and for data placed beside it: the
+  // Redis hash ("<prefix>:{<hex key>}", whose "{...}" is the key's cluster hash tag), the etcd
+  // key ("<prefix>/<key>"), the ZooKeeper node of this grant, the SQL row's key (the lease key).
+  // Empty for an empty Lease.
+  [[nodiscard]] const std::string& store_key() const;
+
   // Returns the first 8 hex digits of the owner token, for logs. The full token never leaves
   // the library.
   [[nodiscard]] std::string token_prefix() const;
@@ -105,6 +113,20 @@ class Lease {
   // over (nothing of anyone else's is deleted); kUnavailable if the store did not answer, in
   // which case the grant simply expires at its TTL.
   Status Release();
+
+  // Applies `write` to data in this lease's store, all ops or none, only if the store still
+  // holds this grant live, checked in the same atomic step (leasehold/fenced_write.h). The store
+  // decides, not this process: a lease this process already counts as lost is still sent, and
+  // is refused if the grant is gone or someone else's.
+  // Returns what each op did; kLost ("fenced out: ...", naming the grant that replaced it where
+  // the store knows it) if the grant is gone, expired or someone else's, or the lease was
+  // released: nothing is written; kInvalidArgument for an empty write, more than
+  // kMaxFencedOps ops or kMaxFencedWriteBytes bytes, a key the store refuses (one of its own,
+  // a malformed ZooKeeper path) or a statement the database refuses: nothing is written;
+  // kUnimplemented for an op kind the store does not have (Store::SupportsFencedOp);
+  // kUnavailable if the store did not answer, in which case the write was applied whole or not
+  // at all, and this process cannot tell which.
+  Result<FencedWriteResult> Write(const FencedWrite& write) const;
 
   // As Release(), ending the grant as `options` says. The lease is released locally either way:
   // it is no longer valid and the heartbeat stops renewing it.

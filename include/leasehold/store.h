@@ -126,6 +126,15 @@ class Store {
   // Acquire), false if waiting means polling.
   [[nodiscard]] bool notifies_changes() const;
 
+  // Returns true if Lease::Write of this store takes ops of `kind` (leasehold/fenced_write.h).
+  [[nodiscard]] bool SupportsFencedOp(FencedOp::Kind kind) const;
+
+  // Returns false if this store's fencing counters restart from zero when the store restarts
+  // (redis:// with persistence off, as Open found it; memory://): a storage layer outside the
+  // store that compares tokens (leasehold/fencing.h) may then see a new grant with a token it
+  // has already seen. Lease::Write is not affected (it checks the grant, not the number).
+  [[nodiscard]] bool fencing_survives_restart() const;
+
   // Returns the clock every deadline and time of this handle is on (StoreOptions::clock, or
   // Clock::Real()): safe_until, WaitForChange's deadline, the waits of Acquire.
   [[nodiscard]] Clock& clock() const;

@@ -57,6 +57,15 @@ Result<std::vector<std::pair<std::string, std::string>>> Backend::ListRecords(
   return Status::Unimplemented(fmt::format("the {} store cannot list records", scheme()));
 }
 
+Status FencedOut(std::string_view key, FencingToken token, std::string_view why) {
+  return Status::Lost(fmt::format("fenced out: lease {} (fencing token {}) {}", key, token, why));
+}
+
+Result<std::vector<std::int64_t>> Backend::FencedWrite(const FencedWriteRequest& /*request*/) {
+  return Status::Unimplemented(
+      fmt::format("the {} store cannot write data under a lease", scheme()));
+}
+
 Result<StoreTime> Backend::WallClock() {
   return StoreTime{.time = std::chrono::system_clock::now(), .from_store = false};
 }

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "leasehold/clock.h"
+#include "leasehold/fenced_write.h"
 #include "leasehold/lease_info.h"
 #include "leasehold/status.h"
 
@@ -51,7 +52,12 @@ struct Capabilities {
   // Waiters are queued in the store and granted the key first come, first served: a TryAcquire
   // without a waiter_id, or from a waiter behind the head of the queue, does not barge ahead.
   bool fair_queue = false;
+  // The op kinds Backend::FencedWrite takes: bit (1 << FencedOp::Kind) per kind.
+  unsigned fenced_ops = 0;
 };
+
+// The Capabilities::fenced_ops bit of `kind`.
+constexpr unsigned FencedOpBit(FencedOp::Kind kind) { return 1U << static_cast<unsigned>(kind); }
 
 struct GrantRequest {
   std::string key;
@@ -71,6 +77,9 @@ struct Grant {
   // the core computes safe_until from it. A store may round it up (etcd: whole seconds,
   // >= 2 s) or report less than asked (etcd's spare lease: its TTL less its age).
   Duration ttl{};
+  // Where the store keeps this grant (Lease::store_key): the Redis hash, the etcd key, the
+  // ZooKeeper node of this grant. Empty: the lease key itself (the SQL stores, memory://).
+  std::string store_key;
 };
 
 struct RenewRequest {
@@ -108,6 +117,23 @@ struct FinishRequest {
   // REQUIRES: 0 < record_ttl <= kMaxFinishDuration when record is set.
   Duration record_ttl{};
 };
+
+// A write to data in the store, applied only while the grant is the caller's (Lease::Write).
+struct FencedWriteRequest {
+  std::string key;
+  std::string owner_token;
+  FencingToken fencing_token = 0;
+  // Grant::store_key as the grant returned it (the lease key if the backend returned none).
+  std::string store_key;
+  // Checked by the core: 1..kMaxFencedOps ops of kinds in Capabilities::fenced_ops, at most
+  // kMaxFencedWriteBytes in all.
+  std::vector<FencedOp> ops;
+};
+
+// The message of a FencedWrite refused because the grant is not the caller's:
+// kLost "fenced out: lease <key> (fencing token <token>) <why>", e.g. why = "is now held by
+// web-2:7 under fencing token 9".
+Status FencedOut(std::string_view key, FencingToken token, std::string_view why);
 
 // The wall-clock time a store reported, with the local wall clock's bracket of the call.
 struct StoreTime {
@@ -170,6 +196,14 @@ class Backend {
   // expired ones left out. The default returns kUnimplemented.
   virtual Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
       std::string_view prefix);
+
+  // Applies request.ops to data in the store, in order, all or none, in one atomic step that
+  // first checks that the grant of request.key is live and request.owner_token's (or, where the
+  // store identifies grants otherwise, that request.store_key is still the grant with
+  // request.fencing_token). Returns one count per op (FencedWriteResult::affected); kLost
+  // (FencedOut, naming the live grant where the store can) if the check fails; kInvalidArgument for a key or statement the store refuses. Nothing is written on any
+  // error. The default returns kUnimplemented.
+  virtual Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request);
 
   // Returns the store's wall clock, read in one round trip, where the store has one (Redis
   // TIME, PostgreSQL clock_timestamp(), the ZooKeeper leader's transaction time); the default

@@ -48,6 +48,10 @@ class ForwardingBackend : public Backend {
     return inner_->ListRecords(prefix);
   }
 
+  Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override {
+    return inner_->FencedWrite(request);
+  }
+
   Result<StoreTime> WallClock() override { return inner_->WallClock(); }
 
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {

@@ -51,6 +51,75 @@ std::string Lease::token_prefix() const {
 
 FencingToken Lease::fencing_token() const { return core_ ? core_->fencing_token() : 0; }
 
+const std::string& Lease::store_key() const { return core_ ? core_->store_key() : kEmpty; }
+
+const char* FencedOpKindName(FencedOp::Kind kind) {
+  switch (kind) {
+    case FencedOp::Kind::kPut:
+      return "put";
+    case FencedOp::Kind::kDelete:
+      return "delete";
+    case FencedOp::Kind::kHashSet:
+      return "hash-set";
+    case FencedOp::Kind::kSql:
+      return "sql";
+  }
+  return "unknown";
+}
+
+Result<FencedWriteResult> Lease::Write(const FencedWrite& write) const {
+  if (!core_) {
+    return Status::InvalidArgument("an empty Lease cannot write");
+  }
+  const std::shared_ptr<internal::StoreCore>& store = store_;
+  if (!store) {
+    return internal::FencedOut(core_->key(), core_->fencing_token(),
+                               "was released: a released lease writes nothing");
+  }
+  const std::vector<FencedOp>& ops = write.ops();
+  if (ops.empty()) {
+    return Status::InvalidArgument("a fenced write needs at least one op");
+  }
+  if (ops.size() > kMaxFencedOps) {
+    return Status::InvalidArgument(fmt::format("a fenced write has at most {} ops, got {}",
+                                               kMaxFencedOps, ops.size()));
+  }
+  const unsigned supported = store->backend->capabilities().fenced_ops;
+  std::size_t bytes = 0;
+  for (const FencedOp& op : ops) {
+    if ((supported & internal::FencedOpBit(op.kind)) == 0) {
+      return Status::Unimplemented(fmt::format("the {} store has no fenced {} op",
+                                               store->backend->scheme(),
+                                               FencedOpKindName(op.kind)));
+    }
+    if (op.key.empty()) {
+      return Status::InvalidArgument(fmt::format(
+          "a fenced {} op needs a {}", FencedOpKindName(op.kind),
+          op.kind == FencedOp::Kind::kSql ? "statement" : "key"));
+    }
+    bytes += op.key.size() + op.field.size() + op.value.size();
+    for (const std::string& p : op.params) {
+      bytes += p.size();
+    }
+  }
+  if (bytes > kMaxFencedWriteBytes) {
+    return Status::InvalidArgument(fmt::format("a fenced write carries at most {} bytes, got {}",
+                                               kMaxFencedWriteBytes, bytes));
+  }
+  LH_ASSIGN_OR_RETURN(std::vector<std::int64_t> affected,
+                      store->backend->FencedWrite({.key = core_->key(),
+                                                   .owner_token = core_->owner_token(),
+                                                   .fencing_token = core_->fencing_token(),
+                                                   .store_key = core_->store_key(),
+                                                   .ops = ops}));
+  if (affected.size() != ops.size()) {
+    return Status::Internal(fmt::format("the {} store answered a fenced write of {} ops with {} "
+                                        "counts",
+                                        store->backend->scheme(), ops.size(), affected.size()));
+  }
+  return FencedWriteResult{.affected = std::move(affected)};
+}
+
 bool Lease::valid() const { return core_ && core_->Valid(); }
 
 LeaseState Lease::state() const { return core_ ? core_->state() : LeaseState::kLost; }

@@ -36,6 +36,7 @@ struct LeaseParams {
   std::string owner_token;
   std::string holder;         // LeaseOptions::holder, or the default "<hostname>:<pid>"
   FencingToken fencing_token = 0;
+  std::string store_key;      // Grant::store_key, or the key where the store returned none
   Duration ttl{};             // as granted by the store
   Duration renew_interval{};  // validated: 0 < renew_interval < ttl - drift
   Duration drift{};           // validated: 0 <= drift < ttl
@@ -67,6 +68,7 @@ class LeaseCore {
   const std::string& holder() const { return params_.holder; }
 
   FencingToken fencing_token() const { return params_.fencing_token; }
+  const std::string& store_key() const { return params_.store_key; }
 
   Duration ttl() const { return params_.ttl; }
 

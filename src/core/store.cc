@@ -222,6 +222,14 @@ const std::shared_ptr<Metrics>& Store::metrics() const { return core_->metrics; 
 
 Clock& Store::clock() const { return core_->clock; }
 
+bool Store::SupportsFencedOp(FencedOp::Kind kind) const {
+  return (core_->backend->capabilities().fenced_ops & internal::FencedOpBit(kind)) != 0;
+}
+
+bool Store::fencing_survives_restart() const {
+  return core_->backend->capabilities().fencing_survives_restart;
+}
+
 bool Store::notifies_changes() const { return core_->backend->capabilities().native_wait; }
 
 Status Store::WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token cancel) {
@@ -267,6 +275,7 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
       .owner_token = token,
       .holder = resolved.holder,
       .fencing_token = grant.fencing_token,
+      .store_key = grant.store_key.empty() ? std::string(key) : grant.store_key,
       .ttl = ttl,
       .renew_interval = resolved.renew_interval.value_or(ttl / 3),
       .drift = resolved.drift.value_or(LeaseOptions::DefaultDrift(ttl)),

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/memory/memory_backend.h"
 #include "testing/server_process.h"
 #if LEASEHOLD_WITH_REDIS
 #include "testing/redis_server.h"
@@ -97,8 +98,15 @@ std::vector<StoreFixture> MakeFixtures() {
   fixtures.push_back({.name = "memory",
                       .in_bench = false,
                       .start = no_server,
-                      .new_store_url = [](const std::string&) {
-                        return fmt::format("memory://fixture-{}", Fresh());
+                      .new_store_url =
+                          [](const std::string&) {
+                            return fmt::format("memory://fixture-{}", Fresh());
+                          },
+                      .read_data = [](const std::string& url, const std::string& data_key)
+                          -> Result<std::optional<std::string>> {
+                        const std::string_view scheme = "memory://";
+                        return internal::ReadMemoryDataForTesting(
+                            std::string_view(url).substr(scheme.size()), data_key);
                       }});
 #if LEASEHOLD_WITH_SQLITE
   fixtures.push_back({.name = "sqlite", .start = no_server, .new_store_url = [](const std::string& dir) {

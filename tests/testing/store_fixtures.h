@@ -59,7 +59,19 @@ struct StoreFixture {
   // null for stores without a server.
   std::function<std::optional<double>()> server_requests;
   std::string server_requests_what;
+  // Reads data a fenced write (Lease::Write) left in the store named by `url`, with the store's
+  // own client, not through leasehold: for a key-value store the value at `data_key` (a Redis or
+  // etcd key, a ZooKeeper node path in the URL's chroot); for a SQL store the column v of the row
+  // k = data_key in the table kFencedDataTable. Returns nullopt if there is none.
+  std::function<Result<std::optional<std::string>>(const std::string& url,
+                                                   const std::string& data_key)>
+      read_data;
 };
+
+// The table (k text primary key, v text) the conformance suite writes into on SQL stores, made
+// by the fixture where the server is shared (PostgreSQL: in its default schema), else by the
+// suite's CREATE TABLE IF NOT EXISTS.
+inline constexpr const char* kFencedDataTable = "leasehold_conformance_data";
 
 // Every store compiled into this build, memory:// first.
 const std::vector<StoreFixture>& AllStoreFixtures();

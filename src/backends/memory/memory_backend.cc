@@ -90,6 +90,38 @@ class MemoryTable {
     return Status();
   }
 
+  Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request)
+      LH_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    const SteadyTime now = clock_.Now();
+    auto it = grants_.find(request.key);
+    if (it == grants_.end() || it->second.token != request.owner_token ||
+        it->second.expires <= now) {
+      const bool other = it != grants_.end() && it->second.token != request.owner_token &&
+                         it->second.expires > now;
+      return FencedOut(request.key, request.fencing_token,
+                       other ? fmt::format("is now held by {} under fencing token {}",
+                                           it->second.holder, it->second.fencing)
+                             : std::string("is no longer held: expired or released"));
+    }
+    std::vector<std::int64_t> affected;
+    for (const FencedOp& op : request.ops) {
+      if (op.kind == FencedOp::Kind::kPut) {
+        data_[op.key] = op.value;
+        affected.push_back(1);
+      } else {
+        affected.push_back(static_cast<std::int64_t>(data_.erase(op.key)));
+      }
+    }
+    return affected;
+  }
+
+  std::optional<std::string> ReadData(std::string_view key) LH_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    auto it = data_.find(key);
+    return it == data_.end() ? std::nullopt : std::optional<std::string>(it->second);
+  }
+
   Result<std::optional<std::string>> ReadRecord(std::string_view key) LH_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     auto it = records_.find(key);
@@ -236,6 +268,8 @@ class MemoryTable {
   std::map<std::string, FencingToken, std::less<>> fences_ LH_GUARDED_BY(mu_);
   std::set<std::string, std::less<>> forced_ LH_GUARDED_BY(mu_);
   std::map<std::string, Record, std::less<>> records_ LH_GUARDED_BY(mu_);
+  // Data written by fenced writes (Put, Delete).
+  std::map<std::string, std::string, std::less<>> data_ LH_GUARDED_BY(mu_);
   std::multimap<std::string, std::stop_source> waiters_ LH_GUARDED_BY(mu_);
 };
 
@@ -246,7 +280,10 @@ class MemoryBackend final : public Backend {
   std::string_view scheme() const override { return "memory"; }
 
   Capabilities capabilities() const override {
-    return {.multi_process = false, .native_wait = true, .fencing_survives_restart = false};
+    return {.multi_process = false,
+            .native_wait = true,
+            .fencing_survives_restart = false,
+            .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete)};
   }
 
   Result<Grant> TryAcquire(const GrantRequest& request) override {
@@ -263,6 +300,10 @@ class MemoryBackend final : public Backend {
 
   Result<std::optional<std::string>> ReadRecord(std::string_view key) override {
     return table_->ReadRecord(key);
+  }
+
+  Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override {
+    return table_->FencedWrite(request);
   }
 
   Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
@@ -288,7 +329,30 @@ class MemoryBackend final : public Backend {
   const std::shared_ptr<MemoryTable> table_;
 };
 
+// The named tables, kept while a handle has them open.
+struct TableRegistry {
+  std::mutex mu;
+  std::map<std::string, std::weak_ptr<MemoryTable>> tables;
+};
+TableRegistry& Tables() {
+  static auto* registry = new TableRegistry();
+  return *registry;
+}
+
 }  // namespace
+
+std::optional<std::string> ReadMemoryDataForTesting(std::string_view name, std::string_view key) {
+  TableRegistry& registry = Tables();
+  std::shared_ptr<MemoryTable> table;
+  {
+    std::lock_guard<std::mutex> lock(registry.mu);
+    auto it = registry.tables.find(std::string(name));
+    if (it != registry.tables.end()) {
+      table = it->second.lock();
+    }
+  }
+  return table ? table->ReadData(key) : std::nullopt;
+}
 
 Result<std::shared_ptr<Backend>> OpenMemoryBackend(const Url& url, Clock& clock) {
   if (!url.query.empty() || !url.path.empty() || url.user) {
@@ -298,13 +362,12 @@ Result<std::shared_ptr<Backend>> OpenMemoryBackend(const Url& url, Clock& clock)
     return std::shared_ptr<Backend>(
         std::make_shared<MemoryBackend>(std::make_shared<MemoryTable>(clock)));
   }
-  static std::mutex registry_mu;
-  static auto* registry = new std::map<std::string, std::weak_ptr<MemoryTable>>();
-  std::lock_guard<std::mutex> lock(registry_mu);
-  std::shared_ptr<MemoryTable> table = (*registry)[url.authority].lock();
+  TableRegistry& registry = Tables();
+  std::lock_guard<std::mutex> lock(registry.mu);
+  std::shared_ptr<MemoryTable> table = registry.tables[url.authority].lock();
   if (!table) {
     table = std::make_shared<MemoryTable>(clock);
-    (*registry)[url.authority] = table;
+    registry.tables[url.authority] = table;
   } else if (table->clock() != &clock) {
     // The table's grants expire on its first opener's clock: a handle on another clock would
     // compare its deadlines with that one.

@@ -26,6 +26,7 @@
 #include "backends/registry.h"
 #include "core/url.h"
 #include "leasehold/election.h"
+#include "leasehold/fenced_write.h"
 #include "leasehold/store.h"
 #include "leasehold/testing/fake_clock.h"
 #include "testing/spawned_process.h"
@@ -954,6 +955,181 @@ TEST_P(ConformanceTest, ALostLeaseRecordsNoRun) {
   auto runs = a->SlotRuns("job");
   ASSERT_TRUE(runs.ok());
   EXPECT_TRUE(runs->empty()) << "a run that may have overlapped another is not recorded";
+}
+
+// Fenced writes (Lease::Write): data in the lease's own store, written only while the grant is
+// the writer's, checked by the store in the same step. Key-value stores take Put/Delete; SQL
+// stores take statements, here on the fixture's data table (testing::kFencedDataTable).
+class FencedData {
+ public:
+  FencedData(const testing::StoreFixture& fixture, std::string url, const std::string& scratch)
+      : fixture_(fixture),
+        url_(std::move(url)),
+        prefix_("/lh-fenced-" + std::filesystem::path(scratch).filename().string() + "-") {}
+
+  // A data key of this test: unique on a shared server, a valid ZooKeeper path in the chroot.
+  std::string Key(const std::string& name) const { return prefix_ + name; }
+
+  FencedWrite Put(const Store& store, const std::string& key, const std::string& value) const {
+    if (store.SupportsFencedOp(FencedOp::Kind::kPut)) {
+      return FencedWrite().Put(key, value);
+    }
+    return FencedWrite()
+        .Sql(fmt::format("CREATE TABLE IF NOT EXISTS {} (k TEXT PRIMARY KEY, v TEXT NOT NULL)",
+                         testing::kFencedDataTable))
+        .Sql(fmt::format("INSERT INTO {} (k, v) VALUES ($1, $2) "
+                         "ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+                         testing::kFencedDataTable),
+             {key, value});
+  }
+
+  FencedWrite Delete(const Store& store, const std::string& key) const {
+    if (store.SupportsFencedOp(FencedOp::Kind::kDelete)) {
+      return FencedWrite().Delete(key);
+    }
+    return FencedWrite().Sql(
+        fmt::format("DELETE FROM {} WHERE k = $1", testing::kFencedDataTable), {key});
+  }
+
+  std::optional<std::string> Read(const std::string& key) const {
+    auto value = fixture_.read_data(url_, key);
+    EXPECT_TRUE(value.ok()) << value.status().ToString();
+    return value.ok() ? *value : std::nullopt;
+  }
+
+ private:
+  const testing::StoreFixture& fixture_;
+  const std::string url_;
+  const std::string prefix_;
+};
+
+TEST_P(ConformanceTest, AFencedWriteCommitsForTheHolderAnyNumberOfTimes) {
+  auto handle = OpenHandle();
+  FencedData data(GetParam(), url_, scratch_);
+  ASSERT_TRUE(handle->SupportsFencedOp(FencedOp::Kind::kPut) ||
+              handle->SupportsFencedOp(FencedOp::Kind::kSql))
+      << "every store writes data under a lease";
+  auto lease = handle->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_FALSE(lease->store_key().empty());
+  const std::string key = data.Key("a");
+  auto first = lease->Write(data.Put(*handle, key, "one"));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->affected.back(), 1);
+  EXPECT_EQ(data.Read(key), "one");
+  // The same grant, the same (equal) token: accepted every time.
+  auto second = lease->Write(data.Put(*handle, key, "two"));
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(data.Read(key), "two");
+  auto deleted = lease->Write(data.Delete(*handle, key));
+  ASSERT_TRUE(deleted.ok()) << deleted.status().ToString();
+  EXPECT_EQ(deleted->affected, std::vector<std::int64_t>{1});
+  EXPECT_EQ(data.Read(key), std::nullopt);
+  auto again = lease->Write(data.Delete(*handle, key));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->affected, std::vector<std::int64_t>{0}) << "deleting a missing key is a no-op";
+  EXPECT_TRUE(lease->valid()) << "writing does not disturb the lease";
+}
+
+TEST_P(ConformanceTest, AStaleHolderIsFencedOutByTheStoreAndNewerHoldersWrite) {
+  auto a = OpenHandle();
+  auto b = OpenHandle();
+  FencedData data(GetParam(), url_, scratch_);
+  const std::string key = data.Key("register");
+  const std::string other = data.Key("other");
+  auto stale = a->TryAcquire("job", {.ttl = 10s, .holder = "holder-a"});
+  ASSERT_TRUE(stale.ok()) << stale.status().ToString();
+  ASSERT_TRUE(stale->Write(data.Put(*a, key, "a")).ok());
+  // A is taken for dead (an operator's force-release stands in for a pause past its TTL), and B
+  // takes the key with a higher token.
+  ASSERT_TRUE(b->ForceRelease("job").ok());
+  auto newer = b->TryAcquire("job", {.ttl = 10s, .holder = "holder-b"});
+  ASSERT_TRUE(newer.ok()) << newer.status().ToString();
+  ASSERT_GT(newer->fencing_token(), stale->fencing_token());
+  auto b_wrote = newer->Write(data.Put(*b, key, "b"));
+  ASSERT_TRUE(b_wrote.ok()) << b_wrote.status().ToString();
+  // A, unaware, writes with its lower token: the store refuses all of it.
+  FencedWrite both = data.Put(*a, key, "a-stale");
+  const FencedWrite other_put = data.Put(*a, other, "a-stale");
+  for (const FencedOp& op : other_put.ops()) {
+    if (op.kind == FencedOp::Kind::kPut) {
+      both.Put(op.key, op.value);
+    } else {
+      both.Sql(op.key, op.params);
+    }
+  }
+  auto refused = stale->Write(both);
+  ASSERT_EQ(refused.status().code(), StatusCode::kLost) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("fenced out"), std::string_view::npos)
+      << refused.status().message();
+  EXPECT_EQ(data.Read(key), "b") << "the stale write changed nothing";
+  EXPECT_EQ(data.Read(other), std::nullopt) << "no op of a refused write is applied";
+  // B writes again (equal token), then hands over to C (higher token), which writes.
+  ASSERT_TRUE(newer->Write(data.Put(*b, key, "b2")).ok());
+  ASSERT_TRUE(newer->Release().ok());
+  auto after_release = newer->Write(data.Put(*b, key, "b-released"));
+  EXPECT_EQ(after_release.status().code(), StatusCode::kLost) << after_release.status().ToString();
+  auto c = a->TryAcquire("job", {.ttl = 10s, .holder = "holder-c"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_GT(c->fencing_token(), newer->fencing_token());
+  ASSERT_TRUE(c->Write(data.Put(*a, key, "c")).ok());
+  EXPECT_EQ(data.Read(key), "c");
+  EXPECT_EQ(stale->Write(data.Put(*a, key, "a-again")).status().code(), StatusCode::kLost);
+  EXPECT_EQ(data.Read(key), "c");
+}
+
+TEST_P(ConformanceTest, AFencedWriteOfAnExpiredGrantIsRefusedEvenWithNoNewHolder) {
+  auto handle = OpenHandle();
+  FencedData data(GetParam(), url_, scratch_);
+  auto grant = Grant("job", Token('e'), 1s);
+  ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+  AwaitExpiry("job", *grant, 300ms);
+  const FencedWrite put = data.Put(*handle, data.Key("late"), "late");
+  auto late = backend_->FencedWrite({.key = "job",
+                                     .owner_token = Token('e'),
+                                     .fencing_token = grant->fencing_token,
+                                     .store_key = grant->store_key.empty() ? "job" : grant->store_key,
+                                     .ops = put.ops()});
+  EXPECT_EQ(late.status().code(), StatusCode::kLost) << late.status().ToString();
+  EXPECT_EQ(data.Read(data.Key("late")), std::nullopt);
+}
+
+TEST_P(ConformanceTest, BadFencedWritesAreRefusedAndLeaveTheLeaseHeld) {
+  auto handle = OpenHandle();
+  FencedData data(GetParam(), url_, scratch_);
+  auto lease = handle->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->Write(FencedWrite()).status().code(), StatusCode::kInvalidArgument);
+  FencedWrite many;
+  for (std::size_t i = 0; i <= kMaxFencedOps; ++i) {
+    many.Delete(data.Key("k"));
+  }
+  EXPECT_EQ(lease->Write(many).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(lease->Write(FencedWrite().Put(data.Key("big"), std::string(kMaxFencedWriteBytes, 'x')))
+                .status()
+                .code(),
+            handle->SupportsFencedOp(FencedOp::Kind::kPut) ? StatusCode::kInvalidArgument
+                                                           : StatusCode::kUnimplemented);
+  // The op kind the store does not have.
+  const bool sql = handle->SupportsFencedOp(FencedOp::Kind::kSql);
+  auto wrong_kind = lease->Write(sql ? FencedWrite().Put(data.Key("x"), "v")
+                                     : FencedWrite().Sql("SELECT 1"));
+  EXPECT_EQ(wrong_kind.status().code(), StatusCode::kUnimplemented) << wrong_kind.status().ToString();
+  if (sql) {
+    // A statement the database refuses rolls back the whole write, statements before it too.
+    FencedWrite broken = data.Put(*handle, data.Key("first"), "v");
+    broken.Sql("INSERT INTO no_such_table_here VALUES (1)");
+    auto refused = lease->Write(broken);
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
+    EXPECT_EQ(data.Read(data.Key("first")), std::nullopt);
+  } else if (lease->store_key() != lease->key()) {
+    // Where grants live among the data keys, the lease's own keys are not data.
+    auto own = lease->Write(FencedWrite().Delete(lease->store_key()));
+    EXPECT_EQ(own.status().code(), StatusCode::kInvalidArgument) << own.status().ToString();
+  }
+  EXPECT_TRUE(lease->valid());
+  EXPECT_EQ(handle->TryAcquire("job", {.ttl = 10s}).status().code(), StatusCode::kHeldByAnother);
+  EXPECT_TRUE(lease->Write(data.Put(*handle, data.Key("after"), "ok")).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, ConformanceTest, ::testing::ValuesIn(testing::AllStoreFixtures()),
