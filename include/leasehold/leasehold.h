@@ -15,6 +15,7 @@
 #include "leasehold/clock.h"
 #include "leasehold/duration.h"
 #include "leasehold/election.h"
+#include "leasehold/fenced_write.h"
 #include "leasehold/fencing.h"
 #include "leasehold/lease.h"
 #include "leasehold/lease_info.h"
