@@ -128,6 +128,10 @@ struct FencedWriteRequest {
   // Checked by the core: 1..kMaxFencedOps ops of kinds in Capabilities::fenced_ops, at most
   // kMaxFencedWriteBytes in all.
   std::vector<FencedOp> ops;
+  // The chaos harness's negative control only (tests/chaos): apply the ops without the check, so
+  // that the harness can show it catches the stale writes a missing guard lets through. Never
+  // set by the library.
+  bool skip_guard_for_testing = false;
 };
 
 // The message of a FencedWrite refused because the grant is not the caller's:
