@@ -832,7 +832,7 @@ Result<std::vector<std::int64_t>> ZkBackend::FencedWrite(const FencedWriteReques
       // store says.
       Result<std::shared_ptr<ZkSession>> service = ServiceSession();
       return FencedOut(request.key, request.fencing_token,
-                       service.ok() ? FencedOutWhy(**service, request.key)
+                       service.ok() ? FencedOutWhy(**service, request.key, request.fencing_token)
                                     : std::string("is no longer held: released, expired or lost"));
     }
     // Past the local deadline the holder has given the grant up (its safe_until is behind it)
@@ -884,7 +884,8 @@ Result<std::vector<std::int64_t>> ZkBackend::FencedWrite(const FencedWriteReques
     const int op_rc = *failed;
     if (plan.op_of[at] < 0) {
       if (op_rc == ZNONODE || op_rc == ZBADVERSION) {
-        return FencedOut(request.key, request.fencing_token, FencedOutWhy(*session, request.key));
+        return FencedOut(request.key, request.fencing_token,
+                         FencedOutWhy(*session, request.key, request.fencing_token));
       }
       return ZkErrorStatus(op_rc, fmt::format("checking the grant of {}", request.key), options_);
     }
@@ -934,7 +935,7 @@ Status ZkBackend::FencedOpStatus(const FencedOp& op, int rc, std::string_view ke
           kind, op.key, ParentOf(op.key)));
     case ZNOCHILDRENFOREPHEMERALS:
       return Status::InvalidArgument(fmt::format(
-          "zk:// cannot {} {}: its parent {} is an ephemeral node, which has no children; "
+          "zk:// cannot {} {}: its parent {} is an ephemeral node, which cannot have children; "
           "nothing was written",
           kind, op.key, ParentOf(op.key)));
     case ZNOTEMPTY:
@@ -949,9 +950,11 @@ Status ZkBackend::FencedOpStatus(const FencedOp& op, int rc, std::string_view ke
   }
 }
 
-std::string ZkBackend::FencedOutWhy(ZkSession& session, std::string_view key) {
+std::string ZkBackend::FencedOutWhy(ZkSession& session, std::string_view key, FencingToken token) {
   Result<std::optional<LeaseInfo>> holder = ReadHolder(session, key);
-  if (holder.ok() && holder->has_value()) {
+  // Our own token: the node is still there, on its way out (the reaper forgets a grant before it
+  // deletes the node), or kept after us (Finish).
+  if (holder.ok() && holder->has_value() && (*holder)->fencing_token != token) {
     const LeaseInfo& info = **holder;
     return fmt::format("is now held by {} under fencing token {}",
                        info.holder.empty() ? std::string("another holder") : info.holder,

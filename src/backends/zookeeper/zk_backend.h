@@ -278,9 +278,9 @@ class ZkBackend final : public Backend {
   // an ephemeral parent, a path ZooKeeper refused, or ZkErrorStatus).
   Status FencedOpStatus(const FencedOp& op, int rc, std::string_view key) const;
 
-  // FencedOut's `why` after a refused check: the key's holder now (ReadHolder), or "is no
-  // longer held" if it has none or cannot be read.
-  std::string FencedOutWhy(ZkSession& session, std::string_view key);
+  // FencedOut's `why` for a refused write of the grant with `token`: the key's holder now
+  // (ReadHolder), or "is no longer held" if it has none, cannot be read, or is that grant.
+  std::string FencedOutWhy(ZkSession& session, std::string_view key, FencingToken token);
 
   // The leader's wall clock: the mtime of a setData on the clock node (created if missing).
   Result<SystemTime> LeaderNow(ZkSession& session);
