@@ -3,13 +3,17 @@
 // What the SQL stores (sqlite://, postgres://) check in a fenced write's statement (FencedOp
 // kSql) before they run it inside their own transaction: its leading keyword, so that a
 // statement that would end or split that transaction (COMMIT, ROLLBACK, SAVEPOINT...) is refused
-// rather than sent. This is a guard against mistakes, not a parser: each store also relies on
-// its own refusal (SQLite's authorizer, PostgreSQL's one-statement extended protocol).
+// rather than sent. It looks at the first words only, so each store makes sure there is no
+// second statement to hide one in: SQLite checks sqlite3_prepare's tail (and its authorizer sees
+// every action), PostgreSQL's extended protocol takes one statement per message; and inside a
+// transaction block PostgreSQL itself refuses a COMMIT from a DO block or a procedure (2D000).
 //
 // Example:
 //
-//   if (std::string_view word = TransactionControlKeyword(LeadingSqlKeywords(sql)); !word.empty())
+//   if (std::string_view word = TransactionControlKeyword(LeadingSqlKeywords(sql));
+//       !word.empty()) {
 //     return Status::InvalidArgument(...);
+//   }
 //
 // Thread safety: pure functions.
 
