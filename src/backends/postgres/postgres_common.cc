@@ -284,7 +284,7 @@ Status PgFencedStatementStatus(const Status& status, bool connection_ok) {
   if (status.code() != StatusCode::kInternal) {
     return status;
   }
-  for (std::string_view cls : {"0A", "21", "22", "23", "25", "27", "42", "44", "P0"}) {
+  for (std::string_view cls : {"0A", "21", "22", "23", "25", "27", "2D", "42", "44", "P0"}) {
     if (sqlstate.starts_with(cls)) {
       return Status(StatusCode::kInvalidArgument, std::string(status.message()),
                     std::string(sqlstate));

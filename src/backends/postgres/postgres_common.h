@@ -105,7 +105,7 @@ PgFencedOutcome PgFencedWrite(PgConnection& conn, const FencedWriteRequest& requ
                               SteadyTime deadline, Clock& clock, const PostgresOptions& options,
                               const std::function<Status()>& refused);
 
-// Maps the error of a fenced write's statement: SQLSTATE classes 0A, 21, 22, 23, 25, 27, 42, 44
+// Maps the error of a fenced write's statement: SQLSTATE classes 0A, 21, 22, 23, 25, 27, 2D, 42, 44
 // and P0 (what the statement asks is refused: syntax, a missing table, a constraint, a type, a
 // RAISE...), and 08P01 on a connection that is still fine (parameters that do not match the
 // statement's), are the caller's, kInvalidArgument with the server's message; 28 and 42501 stay
