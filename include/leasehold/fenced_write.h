@@ -31,7 +31,9 @@
 // Tokens: this check is stricter than the token rule of leasehold/fencing.h ("accept a token >=
 // the highest seen"). The current grant writes any number of times (its token is equal every
 // time); a grant that was superseded (a lower token than the key's newest) is refused; and so is
-// a grant that merely expired, even if nobody took the key since. It compares the owner token or
+// a grant that merely expired, even if nobody took the key since (on etcd:// only once the
+// server has revoked the expired etcd lease, which its leader does within about 500 ms, later
+// across a leader change; no other grant can exist before that). It compares the owner token or
 // the grant's own identity, never only the number, so a store that lost its fencing counter in a
 // restart (Redis without persistence, Store::fencing_survives_restart()) still refuses every old
 // holder: a restart ends every grant of such a store.
@@ -117,7 +119,8 @@ class FencedWrite {
 };
 
 // What a committed FencedWrite did: one count per op, in order. kSql: the rows the statement
-// changed (0 for a statement that changes none, such as CREATE TABLE); kDelete: the keys
+// changed as the database reports them (0 for a statement that changes none, such as CREATE
+// TABLE; on PostgreSQL, a SELECT whose WITH clause modifies rows reports the rows it selected); kDelete: the keys
 // deleted (0 or 1); kPut and kHashSet: 1.
 struct FencedWriteResult {
   std::vector<std::int64_t> affected;

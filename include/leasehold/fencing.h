@@ -439,7 +439,10 @@ class FencedDirectory {
 //
 // The compare fails as soon as the grant is gone (revision 0) or re-created by a newer holder
 // (a higher revision): no stale write can commit. It is stricter than the ">=" rule above: only
-// the current grant's token passes, as many times as it likes. This is etcd's own
+// the current grant's token passes, as many times as it likes. One exception: a grant released
+// with ReleaseOptions::hold_at_least stays the same key (same create revision) until its keep
+// ends, so this compare still passes for the released holder meanwhile (Lease::Write refuses a
+// released lease locally); stop writing when you release. This is etcd's own
 // Mutex.IsOwner() compare, and the one Lease::Write sends itself (leasehold/fenced_write.h): for
 // data in the lease's own etcd cluster, Lease::Write is the simpler way. EtcdFenceGuard is for
 // Txns your own etcd client sends (another language, etcd's JSON gateway, a Txn that also reads).

@@ -116,8 +116,10 @@ class Lease {
 
   // Applies `write` to data in this lease's store, all ops or none, only if the store still
   // holds this grant live, checked in the same atomic step (leasehold/fenced_write.h). The store
-  // decides, not this process: a lease this process already counts as lost is still sent, and
-  // is refused if the grant is gone or someone else's.
+  // decides, not this process's lease state: a lease this process already counts as lost is
+  // still sent, and is refused if the grant is gone or someone else's. (A backend that knows
+  // locally that the grant is over, because its session ended or its TTL ran out unrenewed, may
+  // refuse without sending: zk://, postgres:// advisory mode.)
   // Returns what each op did; kLost ("fenced out: ...", naming the grant that replaced it where
   // the store knows it) if the grant is gone, expired or someone else's, or the lease was
   // released: nothing is written; kInvalidArgument for an empty write, more than

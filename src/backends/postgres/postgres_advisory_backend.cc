@@ -860,12 +860,20 @@ Result<std::vector<std::int64_t>> PostgresAdvisoryBackend::FencedWrite(
     const FencedWriteRequest& request) {
   LH_RETURN_IF_ERROR(PgCheckFencedOps(request.ops));
   std::shared_ptr<Held> held = FindHeld(request.key, request.owner_token);
+  // The heartbeat (RenewMany) writes expires under mu_: read the grant's fields under it too.
+  FencingToken held_fence = 0;
+  SteadyTime held_expires{};
+  if (held != nullptr) {
+    MutexLock lock(&mu_);
+    held_fence = held->fence;
+    held_expires = held->expires;
+  }
   std::shared_ptr<Session> session;
   if (!request.skip_guard_for_testing) {
-    if (held == nullptr || held->fence != request.fencing_token) {
+    if (held == nullptr || held_fence != request.fencing_token) {
       return FencedRefusal(request, nullptr);
     }
-    if (clock_.Now() >= held->expires) {
+    if (clock_.Now() >= held_expires) {
       // Not renewed within its ttl: its holder's safe_until has passed, and the next heartbeat
       // unlocks it (RenewMany). The lock may still be on the session; the grant is over.
       return FencedOut(request.key, request.fencing_token,

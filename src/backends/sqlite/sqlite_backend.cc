@@ -939,10 +939,23 @@ struct FencedAuthorizer {
           why = fmt::format("table {} is leasehold's own: a fenced write may not change it", a);
         }
         break;
+      case SQLITE_CREATE_TEMP_TABLE:
+      case SQLITE_CREATE_TEMP_VIEW:
+      case SQLITE_CREATE_TEMP_TRIGGER:
+        // leasehold's own statements name its tables without a schema, and SQLite looks in
+        // "temp" first: a temp "grants" would hide the real one from this connection.
+        why = "TEMP tables, views and triggers are not allowed in a fenced write (they could "
+              "shadow leasehold's own tables on the connection it shares)";
+        break;
+      case SQLITE_CREATE_TRIGGER:
+        // A trigger's body is authorized only when a statement fires it: one fired later by
+        // leasehold's own statements or another connection would run outside these checks.
+        why = "CREATE TRIGGER is not allowed in a fenced write (its body would run later, "
+              "outside the fenced write's checks)";
+        break;
       case SQLITE_ALTER_TABLE:  // a: the database, b: the table
       case SQLITE_CREATE_INDEX:
       case SQLITE_DROP_INDEX:
-      case SQLITE_CREATE_TRIGGER:
       case SQLITE_DROP_TRIGGER:
         if (IsLeaseTable(action == SQLITE_ALTER_TABLE ? a : db_name, b)) {
           why = fmt::format("table {} is leasehold's own: a fenced write may not change it", b);

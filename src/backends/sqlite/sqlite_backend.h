@@ -126,7 +126,8 @@ class SqliteBackend final : public Backend {
   // statement SQLite refuses (syntax, constraint, type...), for more than one statement in an
   // op, for parameters that do not match the statement's, and for statements that would end
   // the transaction (BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT, RELEASE, ATTACH, DETACH, VACUUM),
-  // change leasehold's own tables (grants, fencing_counters, records) or run a PRAGMA;
+  // change leasehold's own tables (grants, fencing_counters, records), create a TEMP table,
+  // view or trigger (it could shadow them) or any trigger, or run a PRAGMA;
   // kUnavailable when the file stays locked (busy_timeout) or fails as elsewhere. The write
   // holds the file's write lock while it runs: other writers of the file (every lease
   // operation of every process on it) wait for it.
