@@ -60,9 +60,13 @@ namespace {
 
 using std::chrono::milliseconds;
 
-std::int64_t NowNs() { return BootClock::now().time_since_epoch().count(); }
+std::int64_t NowNs() {
+  return BootClock::now().time_since_epoch().count();
+}
 
-std::int64_t Ns(SteadyTime t) { return t.time_since_epoch().count(); }
+std::int64_t Ns(SteadyTime t) {
+  return t.time_since_epoch().count();
+}
 
 // Appends whole lines to the event log; thread-safe (one write(2) per line, O_APPEND).
 class EventLog {
@@ -142,9 +146,13 @@ class Client {
 class LibraryHolding : public Holding {
  public:
   explicit LibraryHolding(Lease lease) : lease_(std::move(lease)) {}
+
   bool Valid() override { return lease_.valid(); }
+
   FencingToken Token() override { return lease_.fencing_token(); }
+
   SteadyTime SafeUntil() override { return lease_.safe_until(); }
+
   std::string Release() override {
     Status s = lease_.Release();
     if (s.ok()) {
@@ -176,8 +184,8 @@ class LibraryClient : public Client {
                                    std::string_view::npos
                                ? "expired"
                                : "store";
-        log_.Event("lost", "key=" + key + " reason=" + kind + " msg=" +
-                               Sanitize(reason.ToString()));
+        log_.Event("lost",
+                   "key=" + key + " reason=" + kind + " msg=" + Sanitize(reason.ToString()));
       } else {
         log_.Event("state", "key=" + key + " state=" +
                                 std::string(state == LeaseState::kAtRisk ? "at_risk" : "held"));
@@ -225,7 +233,9 @@ class UnsafeHolding : public Holding {
     std::lock_guard<std::mutex> lock(mu_);
     return !lost_ && BootClock::now() < safe_until_;
   }
+
   FencingToken Token() override { return token_; }
+
   SteadyTime SafeUntil() override {
     std::lock_guard<std::mutex> lock(mu_);
     return safe_until_;
@@ -250,8 +260,8 @@ class UnsafeHolding : public Holding {
 
  private:
   SteadyTime Bound(SteadyTime t_send, SteadyTime t_reply) const {
-    Duration drift = config_.unsafe_nodrift ? Duration::zero()
-                                            : Duration(config_.ttl) / 100 + milliseconds(2);
+    Duration drift =
+        config_.unsafe_nodrift ? Duration::zero() : Duration(config_.ttl) / 100 + milliseconds(2);
     return (config_.unsafe_reply ? t_reply : t_send) + config_.ttl - drift;
   }
 
@@ -336,7 +346,9 @@ class UnsafeClient : public Client {
 
 std::atomic<bool> g_pause_requested{false};
 
-extern "C" void OnPauseRequest(int /*signo*/) { g_pause_requested.store(true); }
+extern "C" void OnPauseRequest(int /*signo*/) {
+  g_pause_requested.store(true);
+}
 
 bool ParseFlag(const char* arg, Config* c) {
   std::string a(arg);
@@ -400,8 +412,8 @@ int Run(const Config& config) {
     return 1;
   }
   EventLog log(fd, config.id);
-  log.Event("start", "pid=" + std::to_string(getpid()) + " mode=" +
-                         (config.unsafe ? "unsafe" : "safe") +
+  log.Event("start", "pid=" + std::to_string(getpid()) +
+                         " mode=" + (config.unsafe ? "unsafe" : "safe") +
                          " ttl_ms=" + std::to_string(config.ttl.count()));
   const SteadyTime deadline = BootClock::now() + config.duration;
 
@@ -416,8 +428,9 @@ int Run(const Config& config) {
     }
     return result;
   };
-  Result<std::unique_ptr<FencedRegister>> reg = retry(
-      [&] { return FencedRegister::Open(config.register_path, /*fenced=*/!config.unsafe_nofence); });
+  Result<std::unique_ptr<FencedRegister>> reg = retry([&] {
+    return FencedRegister::Open(config.register_path, /*fenced=*/!config.unsafe_nofence);
+  });
   if (!reg.ok()) {
     log.Event("fatal", "what=register msg=" + Sanitize(reg.status().ToString()));
     return 1;
@@ -464,8 +477,8 @@ int Run(const Config& config) {
             last = s;
           } else if (s > last) {
             last = s;
-            log.Event("renew-ok", "key=" + current_key + " token=" +
-                                      std::to_string(current->Token()) +
+            log.Event("renew-ok", "key=" + current_key +
+                                      " token=" + std::to_string(current->Token()) +
                                       " safe_until=" + std::to_string(s));
           }
         }
@@ -508,9 +521,8 @@ int Run(const Config& config) {
         log.Event("invalid", "key=" + key + " token=" + tok);
         break;
       }
-      log.Event("valid-check",
-                "key=" + key + " token=" + tok + " safe_until=" +
-                    std::to_string(Ns(holding->SafeUntil())));
+      log.Event("valid-check", "key=" + key + " token=" + tok +
+                                   " safe_until=" + std::to_string(Ns(holding->SafeUntil())));
       if (g_pause_requested.exchange(false)) {
         log.Event("pause-self", "key=" + key + " token=" + tok);
         ::raise(SIGSTOP);
@@ -566,7 +578,9 @@ int main(int argc, char** argv) {
                  "[--ignore-sigpipe=1]\n");
     return 2;
   }
+
   struct sigaction sa {};
+
   sa.sa_handler = leasehold::chaos::OnPauseRequest;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
