@@ -6,20 +6,27 @@
 //      Its heartbeat is paused with it, so the lease expires.
 //   3. Client B acquires the lease (a higher fencing token) and writes.
 //   4. A resumes and writes, still believing it holds the lease.
-//   5. The storage layer rejects A's write: its token is lower than one it has already seen.
+//   5. Every storage layer rejects A's write.
 //
-// Two storage layers enforce the rule (leasehold/fencing.h): a local directory
-// (FencedDirectory) and a SQLite table with a lock_version column (BuildFencedUpsert). With a
-// third argument, a PostgreSQL table does the same (PostgresLedger: SqlDialect::kPostgres and
-// PQexecParams; built when the project has libpq, LEASEHOLD_WITH_POSTGRES).
+// The storage layers:
+//   - the lease's own store (Lease::Write, leasehold/fenced_write.h): data kept beside the
+//     lease, written only while the store still holds the writer's grant, checked by the store
+//     in the same atomic step. A key-value store gets a Put of "kleppmann:report" (a node
+//     "/kleppmann-report" on zk://); a SQL store an upsert into the table kleppmann_report.
+//   - a local directory (FencedDirectory) and a SQLite table with a lock_version column
+//     (BuildFencedUpsert), the token rule of leasehold/fencing.h for storage outside the store.
+//   - with a third argument, a PostgreSQL table with a lock_version column (PostgresLedger:
+//     SqlDialect::kPostgres and PQexecParams; built when the project has libpq,
+//     LEASEHOLD_WITH_POSTGRES).
 //
 //   kleppmann_fencing STORE_URL SCRATCH_DIR [LEDGER_URL]
 //
-// STORE_URL must be shared by two processes (sqlite://, redis://, postgres://...; not memory://).
-// LEDGER_URL (postgres://... or postgresql://..., a plain libpq URL: no leasehold parameters)
-// names the database of the PostgreSQL ledger, table `kleppmann_ledger` (created if missing; the
-// example's row is reset at start). Exits 0 if A's stale write was rejected by every storage
-// layer and B's writes stand.
+// STORE_URL must be shared by two processes (sqlite://, redis://, postgres://, etcd://, zk://;
+// not memory://). LEDGER_URL (postgres://... or postgresql://..., a plain libpq URL: no leasehold
+// parameters) names the database of the PostgreSQL ledger, table `kleppmann_ledger` (created if
+// missing; the example's row is reset at start). Prints each write's fencing token and each
+// layer's answer ("accepted", or "rejected" with the reason). Exits 0 if A's stale write was
+// rejected by every storage layer and B's writes were accepted.
 
 #include <signal.h>
 #include <sqlite3.h>
@@ -130,7 +137,8 @@ class PostgresLedger {
       std::fprintf(stderr, "postgres ledger: %s", PQerrorMessage(conn_));
       std::exit(70);
     }
-    PQsetNoticeProcessor(conn_, [](void*, const char*) {}, nullptr);  // "already exists"
+    PQsetNoticeProcessor(
+        conn_, [](void*, const char*) {}, nullptr);  // "already exists"
     Exec(
         "CREATE TABLE IF NOT EXISTS kleppmann_ledger (id text PRIMARY KEY, value text NOT NULL, "
         "lock_version bigint NOT NULL DEFAULT 0)");
@@ -207,24 +215,50 @@ class PostgresLedger {
 std::string g_ledger_url;
 
 struct Outcome {
+  bool store_ok = false;
   bool dir_ok = false;
   bool sql_ok = false;
   bool pg_ok = false;
+
+  [[nodiscard]] bool any() const { return store_ok || dir_ok || sql_ok || pg_ok; }
 };
 
+std::string Answer(const Status& s) {
+  return s.ok() ? "accepted" : "rejected (" + s.ToString() + ")";
+}
+
+// The write of `value` to data in the lease's own store, in the op kind the store takes.
+leasehold::FencedWrite StoreWrite(const leasehold::Store& store, const std::string& value) {
+  if (store.SupportsFencedOp(leasehold::FencedOp::Kind::kPut)) {
+    const std::string key = store.backend_name() == "zk" ? "/kleppmann-report" : "kleppmann:report";
+    return leasehold::FencedWrite().Put(key, value);
+  }
+  return leasehold::FencedWrite()
+      .Sql("CREATE TABLE IF NOT EXISTS kleppmann_report (id TEXT PRIMARY KEY, value TEXT NOT NULL)")
+      .Sql(
+          "INSERT INTO kleppmann_report (id, value) VALUES ('report', $1) "
+          "ON CONFLICT (id) DO UPDATE SET value = excluded.value",
+          {value});
+}
+
 // Writes one value to every storage layer and prints what each said.
-Outcome WriteBoth(const char* who, const std::string& dir, FencingToken token) {
+Outcome WriteAll(const char* who, const leasehold::Store& store, const leasehold::Lease& lease,
+                 const std::string& dir) {
+  const FencingToken token = lease.fencing_token();
   const std::string value = std::string("written by ") + who;
+  Status in_store = lease.Write(StoreWrite(store, value)).status();
   Status d = leasehold::FencedDirectory(dir).Write("report", value, token);
   Status s = SqliteLedger(dir + "/ledger.db").Write("report", value, token);
-  std::printf("%s writes with fencing token %llu:\n  directory: %s\n  sqlite:    %s\n", who,
-              static_cast<unsigned long long>(token), d.ok() ? "accepted" : d.ToString().c_str(),
-              s.ok() ? "accepted" : s.ToString().c_str());
-  Outcome out{d.ok(), s.ok(), false};
+  std::printf(
+      "%s writes with fencing token %llu:\n  store (%s): %s\n  directory: %s\n"
+      "  sqlite:    %s\n",
+      who, static_cast<unsigned long long>(token), std::string(store.backend_name()).c_str(),
+      Answer(in_store).c_str(), Answer(d).c_str(), Answer(s).c_str());
+  Outcome out{in_store.ok(), d.ok(), s.ok(), false};
 #ifdef LEASEHOLD_EXAMPLE_WITH_POSTGRES
   if (!g_ledger_url.empty()) {
     Status p = PostgresLedger(g_ledger_url).Write("report", value, token);
-    std::printf("  postgres:  %s\n", p.ok() ? "accepted" : p.ToString().c_str());
+    std::printf("  postgres:  %s\n", Answer(p).c_str());
     out.pg_ok = p.ok();
   }
 #endif
@@ -280,8 +314,8 @@ int ClientA(const std::string& url, const std::string& dir, int to_parent, int f
   // Resumed. A naive client writes now. (A careful one would check lease->valid() again and
   // find it false; but the pause could just as well strike after that check, so only the
   // storage layer can make the write safe.)
-  Outcome a = WriteBoth("client A (stale)", dir, token);
-  return a.dir_ok || a.sql_ok || a.pg_ok ? 1 : 0;
+  Outcome a = WriteAll("client A (stale)", **store, *lease, dir);
+  return a.any() ? 1 : 0;
 }
 
 }  // namespace
@@ -365,8 +399,8 @@ int main(int argc, char** argv) {
                 static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                            std::chrono::steady_clock::now() - t0)
                                            .count()));
-    Outcome b = WriteBoth("client B", dir, lease->fencing_token());
-    if (!b.dir_ok || !b.sql_ok || (!g_ledger_url.empty() && !b.pg_ok)) {
+    Outcome b = WriteAll("client B", **store, *lease, dir);
+    if (!b.store_ok || !b.dir_ok || !b.sql_ok || (!g_ledger_url.empty() && !b.pg_ok)) {
       rc = 1;
     }
 
@@ -377,7 +411,7 @@ int main(int argc, char** argv) {
     const int a_rc = reap_a();
     if (a_rc != 0) {
       std::printf("FAIL: client A's stale write was %s\n",
-                  a_rc == 1 ? "accepted" : "not attempted");
+                  a_rc == 1 ? "accepted by a storage layer" : "not attempted");
       rc = 1;
     }
     (void)lease->Release();

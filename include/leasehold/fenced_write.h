@@ -8,9 +8,10 @@
 //
 // Per store (the README's "Fencing" table has the whole picture):
 //   redis://     one Lua script: the grant hash still holds this lease's owner token, then the
-//                ops (Put: SET, Delete: DEL, HashSet: HSET). Data keys must not start with the
-//                store's prefix; to keep them in the lease's cluster slot, name them with the
-//                lease's hash tag (the "{...}" part of Lease::store_key()).
+//                ops (Put: SET, Delete: DEL, HashSet: HSET), every op checked before the first
+//                write (an HSET target must be a hash or absent). Data keys must not start
+//                with "<prefix>:" (the store's own keys); to keep them in the lease's cluster
+//                slot, name them with the lease's hash tag (the "{...}" of Lease::store_key()).
 //   etcd://      one Txn: If CreateRevision(Lease::store_key()) == fencing_token, Then the ops
 //                (Put, Delete) on keys outside the store's prefix.
 //   zk://        one multi: a version check of this grant's node (Lease::store_key()), then the

@@ -106,18 +106,39 @@ Result<FencedWriteResult> Lease::Write(const FencedWrite& write) const {
     return Status::InvalidArgument(fmt::format("a fenced write carries at most {} bytes, got {}",
                                                kMaxFencedWriteBytes, bytes));
   }
-  LH_ASSIGN_OR_RETURN(std::vector<std::int64_t> affected,
-                      store->backend->FencedWrite({.key = core_->key(),
-                                                   .owner_token = core_->owner_token(),
-                                                   .fencing_token = core_->fencing_token(),
-                                                   .store_key = core_->store_key(),
-                                                   .ops = ops}));
-  if (affected.size() != ops.size()) {
-    return Status::Internal(fmt::format("the {} store answered a fenced write of {} ops with {} "
-                                        "counts",
-                                        store->backend->scheme(), ops.size(), affected.size()));
+  Result<std::vector<std::int64_t>> affected =
+      store->backend->FencedWrite({.key = core_->key(),
+                                   .owner_token = core_->owner_token(),
+                                   .fencing_token = core_->fencing_token(),
+                                   .store_key = core_->store_key(),
+                                   .ops = ops});
+  if (affected.ok() && affected->size() != ops.size()) {
+    affected = Status::Internal(fmt::format(
+        "the {} store answered a fenced write of {} ops with {} counts",
+        store->backend->scheme(), ops.size(), affected->size()));
   }
-  return FencedWriteResult{.affected = std::move(affected)};
+  if (store->lease_metrics != nullptr) {
+    store->lease_metrics->RecordFencedWrite(
+        affected.ok()                                         ? internal::FencedWriteOutcome::kAccepted
+        : affected.status().code() == StatusCode::kLost       ? internal::FencedWriteOutcome::kFencedOut
+                                                              : internal::FencedWriteOutcome::kError);
+  }
+  if (!affected.ok()) {
+    if (affected.status().code() == StatusCode::kLost &&
+        internal::LogEnabled(internal::LogLevel::kWarning)) {
+      const std::string fencing = std::to_string(core_->fencing_token());
+      const std::string prefix = internal::TokenPrefix(core_->owner_token());
+      const std::string result = affected.status().ToString();
+      internal::LogEvent(internal::LogLevel::kWarning, "fenced_out",
+                         {{"key", core_->key()},
+                          {"fencing_token", fencing, true},
+                          {"token", prefix},
+                          {"backend", store->backend->scheme()},
+                          {"store_reply", result}});
+    }
+    return affected.status();
+  }
+  return FencedWriteResult{.affected = std::move(affected).value()};
 }
 
 bool Lease::valid() const { return core_ && core_->Valid(); }

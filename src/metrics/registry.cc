@@ -23,6 +23,7 @@ enum class FamilyId : std::size_t {
   kLost,
   kReleased,
   kRenewFailures,
+  kFencedWrites,
   kAcquireLatency,
   kHeartbeatLatency,
   kWait,
@@ -54,6 +55,10 @@ constexpr FamilySpec kFamilies[] = {
     {FamilyId::kRenewFailures, "leasehold_renew_failures_total", MetricType::kCounter,
      "Lease renewals that failed, by outcome: unavailable (retried until "
      "safe_until), lost (the store said the grant is not ours), error."},
+    {FamilyId::kFencedWrites, "leasehold_fenced_writes_total", MetricType::kCounter,
+     "Fenced writes to data in the store (Lease::Write), by outcome: accepted, "
+     "fenced_out (the store no longer held the writer's grant: nothing written), "
+     "error (the store refused the input or did not answer)."},
     {FamilyId::kAcquireLatency, "leasehold_acquire_latency_seconds", MetricType::kHistogram,
      "Round trip of one try-acquire to the store, by outcome."},
     {FamilyId::kHeartbeatLatency, "leasehold_heartbeat_latency_seconds", MetricType::kHistogram,
@@ -242,6 +247,10 @@ MetricsSnapshot MetricsRegistry::Snapshot() {
     for (std::size_t i = 0; i < std::size(kRenewFailureNames); ++i) {
       f.Add(FamilyId::kRenewFailures, CounterPoint(
           {backend, {"outcome", std::string(kRenewFailureNames[i])}}, s.renew_failures[i]));
+    }
+    for (std::size_t i = 0; i < std::size(kFencedWriteOutcomeNames); ++i) {
+      f.Add(FamilyId::kFencedWrites, CounterPoint(
+          {backend, {"outcome", std::string(kFencedWriteOutcomeNames[i])}}, s.fenced_writes[i]));
     }
     for (std::size_t i = 0; i < std::size(kAcquireOutcomeNames); ++i) {
       f.Add(FamilyId::kAcquireLatency, HistogramPoint(

@@ -80,6 +80,8 @@ inline constexpr std::string_view kWaitOutcomeNames[] = {"acquired", "deadline_e
                                                          "cancelled", "error"};
 enum class ReleaseOutcome : std::uint8_t { kOk, kLost, kError };
 inline constexpr std::string_view kReleaseOutcomeNames[] = {"ok", "lost", "error"};
+enum class FencedWriteOutcome : std::uint8_t { kAccepted, kFencedOut, kError };
+inline constexpr std::string_view kFencedWriteOutcomeNames[] = {"accepted", "fenced_out", "error"};
 enum class RenewFailure : std::uint8_t { kUnavailable, kLost, kError };
 inline constexpr std::string_view kRenewFailureNames[] = {"unavailable", "lost", "error"};
 inline constexpr LostCause kLostCauses[] = {LostCause::kExpired, LostCause::kStoreSaidNo,
@@ -108,6 +110,10 @@ struct LeaseMetrics {
     released[static_cast<std::size_t>(outcome)].Add();
   }
 
+  void RecordFencedWrite(FencedWriteOutcome outcome) {
+    fenced_writes[static_cast<std::size_t>(outcome)].Add();
+  }
+
   void RecordRenewFailure(RenewFailure failure) {
     renew_failures[static_cast<std::size_t>(failure)].Add();
   }
@@ -123,6 +129,7 @@ struct LeaseMetrics {
   std::array<Counter, std::size(kLostCauses)> lost;
   std::array<Counter, std::size(kReleaseOutcomeNames)> released;
   std::array<Counter, std::size(kRenewFailureNames)> renew_failures;
+  std::array<Counter, std::size(kFencedWriteOutcomeNames)> fenced_writes;
   std::array<Histogram, std::size(kAcquireOutcomeNames)> acquire_latency;
   Histogram heartbeat_latency;
   std::array<Histogram, std::size(kWaitOutcomeNames)> wait;

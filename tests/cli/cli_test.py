@@ -424,7 +424,8 @@ class CliTest(CliHarness, unittest.TestCase):
         self.assertEqual(env["LEASEHOLD_KEY"], "job:env")
         self.assertGreater(int(env["LEASEHOLD_FENCING_TOKEN"]), 0)
         self.assertEqual(sorted(k for k in env if k.startswith("LEASEHOLD_")),
-                         ["LEASEHOLD_FENCING_TOKEN", "LEASEHOLD_KEY"])
+                         ["LEASEHOLD_FENCING_TOKEN", "LEASEHOLD_KEY", "LEASEHOLD_STORE_KEY"])
+        self.assertEqual(env["LEASEHOLD_STORE_KEY"], "job:env", "the SQL stores keep the key as is")
 
     def test_exit_code_of_child_is_passed_through(self):
         self.assertEqual(self.cli("run", "job", "--", "sh", "-c", "exit 42").returncode, 42)

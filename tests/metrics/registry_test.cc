@@ -96,7 +96,8 @@ TEST(MetricsRegistryTest, EveryFamilyIsListedEvenWithoutSeries) {
   for (const char* name :
        {"leasehold_lease_acquired_total", "leasehold_lease_lost_total",
         "leasehold_lease_released_total", "leasehold_acquire_conflicts_total",
-        "leasehold_renew_failures_total", "leasehold_acquire_latency_seconds",
+        "leasehold_renew_failures_total", "leasehold_fenced_writes_total",
+        "leasehold_acquire_latency_seconds",
         "leasehold_heartbeat_latency_seconds", "leasehold_wait_seconds",
         "leasehold_handoff_seconds", "leasehold_leases_held",
         "leasehold_lease_safe_remaining_seconds"}) {

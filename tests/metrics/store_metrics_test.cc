@@ -76,6 +76,19 @@ TEST_F(StoreMetricsTest, AcquireConflictAndReleaseAreCounted) {
   EXPECT_EQ(Value("leasehold_leases_held", {}), 0);
 }
 
+TEST_F(StoreMetricsTest, FencedWritesAreCountedByOutcome) {
+  auto lease = store_->TryAcquire("job:w", {.ttl = kTtl});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  ASSERT_TRUE(lease->Write(FencedWrite().Put("data", "1")).ok());
+  EXPECT_EQ(lease->Write(FencedWrite()).status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store_->ForceRelease("job:w").ok());
+  EXPECT_EQ(lease->Write(FencedWrite().Put("data", "2")).status().code(), StatusCode::kLost);
+  EXPECT_EQ(Value("leasehold_fenced_writes_total", {{"outcome", "accepted"}}), 1);
+  EXPECT_EQ(Value("leasehold_fenced_writes_total", {{"outcome", "fenced_out"}}), 1);
+  // Input refused before any store call is not a store outcome: not counted.
+  EXPECT_EQ(Value("leasehold_fenced_writes_total", {{"outcome", "error"}}), 0);
+}
+
 TEST_F(StoreMetricsTest, SafeRemainingIsTheSmallestMarginAtScrapeTime) {
   auto a = store_->TryAcquire("a", {.ttl = kTtl});
   ASSERT_TRUE(a.ok());

@@ -85,6 +85,7 @@ class ManPageTest(unittest.TestCase):
     def test_environment_and_files_are_documented(self):
         sections = man_plain()
         for var in ("LEASEHOLD_STORE", "LEASEHOLD_KEY", "LEASEHOLD_FENCING_TOKEN",
+                    "LEASEHOLD_STORE_KEY",
                     "LEASEHOLD_TERM", "XDG_STATE_HOME"):
             self.assertIn(var, sections["ENVIRONMENT"])
         self.assertIn("leasehold/leases.db", sections["FILES"])

@@ -143,7 +143,33 @@ std::vector<StoreFixture> MakeFixtures() {
                                     fair ? "&fair=true" : "");
                },
            .server_requests = requests,
-           .server_requests_what = "Redis total_reads_processed (socket reads holding commands)"});
+           .server_requests_what = "Redis total_reads_processed (socket reads holding commands)",
+           .read_data = [redis](const std::string&,
+                                const std::string& data_key) -> Result<std::optional<std::string>> {
+             RedisServer* server = redis()->Get();
+             if (server == nullptr) {
+               return redis()->status();
+             }
+             // GET through redis-cli (db 0, the fixture's URLs' database); the value is framed
+             // as 'v' + value + '.', so that a missing key ('n'), an empty value and trailing
+             // newlines (which the output loses) read back exactly.
+             Result<std::string> read =
+                 server->Cli({"EVAL",
+                              "local v = redis.call('GET', KEYS[1]) "
+                              "if v then return 'v' .. v .. '.' end return 'n'",
+                              "1", data_key});
+             if (!read.ok()) {
+               return read.status();
+             }
+             const std::string& out = *read;
+             if (out == "n") {
+               return std::optional<std::string>();
+             }
+             if (out.size() < 2 || out.front() != 'v' || out.back() != '.') {
+               return Status::Internal(fmt::format("unexpected GET output: {}", out));
+             }
+             return std::optional<std::string>(out.substr(1, out.size() - 2));
+           }});
     }
   }
 #endif

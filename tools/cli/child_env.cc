@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <cstring>
+#include <iterator>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -29,6 +30,20 @@ std::vector<std::string> BuildChildEnvironment(const std::vector<std::string>& d
   }
   env.insert(env.end(), add.begin(), add.end());
   return env;
+}
+
+std::vector<std::string> LeaseChildEnvironment(const Lease& lease, FencingToken token,
+                                               std::vector<std::string> extra) {
+  std::vector<std::string> add = {"LEASEHOLD_KEY=" + lease.key(),
+                                  fmt::format("LEASEHOLD_FENCING_TOKEN={}", token),
+                                  "LEASEHOLD_STORE_KEY=" + lease.store_key()};
+  add.insert(add.end(), std::make_move_iterator(extra.begin()),
+             std::make_move_iterator(extra.end()));
+  std::vector<std::string> drop;
+  for (const std::string& entry : add) {
+    drop.push_back(entry.substr(0, entry.find('=')));
+  }
+  return BuildChildEnvironment(drop, add);
 }
 
 std::string SignalName(int sig) {

@@ -3,7 +3,6 @@
 #include "elect_command.h"
 
 #include <poll.h>
-#include <sys/signalfd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <sys/signalfd.h>
 
 #include "leasehold/clock.h"
 #include "leasehold/duration.h"
@@ -129,12 +129,9 @@ int ElectCommand(const ElectFlags& flags) {
     Info(fmt::format("elected leader of {} as {} (term {}, ttl {}, renew every {})", flags.name, id,
                      leadership->term(), FormatDuration(lease.ttl()),
                      FormatDuration(lease.renew_interval())));
-    std::vector<std::string> env = BuildChildEnvironment(
-        {"LEASEHOLD_KEY", "LEASEHOLD_FENCING_TOKEN", "LEASEHOLD_ELECTION", "LEASEHOLD_TERM",
-         "LEASEHOLD_LEADER_ID"},
-        {"LEASEHOLD_KEY=" + lease.key(),
-         fmt::format("LEASEHOLD_FENCING_TOKEN={}", leadership->term()),
-         "LEASEHOLD_ELECTION=" + flags.name, fmt::format("LEASEHOLD_TERM={}", leadership->term()),
+    std::vector<std::string> env = LeaseChildEnvironment(
+        lease, leadership->term(),
+        {"LEASEHOLD_ELECTION=" + flags.name, fmt::format("LEASEHOLD_TERM={}", leadership->term()),
          "LEASEHOLD_LEADER_ID=" + id});
     const SteadyTime term_start = Clock::Real().Now();
     ChildOutcome outcome = RunUnderLease(
@@ -149,12 +146,11 @@ int ElectCommand(const ElectFlags& flags) {
     const Duration term = Clock::Real().Now() - term_start;
     pause = term < kShortTerm ? std::min<Duration>(pause * 2 + kFirstPause, kMaxPause)
                               : Duration::zero();
-    Info(fmt::format("campaigning again in {}{} (--again; the command ended: exit {})",
-                     flags.name,
-                     pause > Duration::zero() ? " after " + FormatDuration(pause) +
-                                                    " (its term lasted only " +
-                                                    FormatDuration(term) + ")"
-                                              : std::string(),
+    Info(fmt::format("campaigning again in {}{} (--again; the command ended: exit {})", flags.name,
+                     pause > Duration::zero()
+                         ? " after " + FormatDuration(pause) + " (its term lasted only " +
+                               FormatDuration(term) + ")"
+                         : std::string(),
                      exit_code));
     if (pause > Duration::zero() && WaitForInterrupt(sup.signal_fd.get(), pause)) {
       Error(fmt::format("interrupted while pausing between terms of {}", flags.name));

@@ -154,8 +154,8 @@ std::string Footer() {
 CLI::App* AddRunCommand(CLI::App& app, Flags& flags) {
   CLI::App* run = app.add_subcommand(
       "run",
-      "Run COMMAND while holding KEY. The command sees LEASEHOLD_KEY and "
-      "LEASEHOLD_FENCING_TOKEN. If the lease is lost, or renewal cannot be confirmed in time, "
+      "Run COMMAND while holding KEY. The command sees LEASEHOLD_KEY, "
+      "LEASEHOLD_FENCING_TOKEN and LEASEHOLD_STORE_KEY (where the store keeps the grant). If the lease is lost, or renewal cannot be confirmed in time, "
       "the command gets SIGTERM at safe_until - kill-grace and SIGKILL at safe_until, so it is "
       "gone before anyone else can take the lease. The whole process tree is guarded: every "
       "process the command starts (background jobs, pipelines, setsid daemons) gets the same "
@@ -228,7 +228,7 @@ CLI::App* AddElectCommand(CLI::App& app, Flags& flags) {
       "leadership for as long as it "
       "takes unless --wait says otherwise. The command sees LEASEHOLD_ELECTION, LEASEHOLD_TERM "
       "(the leader's term: strictly increasing, use it as a fencing token), LEASEHOLD_LEADER_ID, "
-      "and LEASEHOLD_KEY/LEASEHOLD_FENCING_TOKEN as under `run`. With --again, campaigns again "
+      "and LEASEHOLD_KEY/LEASEHOLD_FENCING_TOKEN/LEASEHOLD_STORE_KEY as under `run`. With --again, campaigns again "
       "after the command ends or leadership is lost, until SIGINT/SIGTERM/SIGHUP. The lease key "
       "is election:NAME. Usage: leasehold elect [OPTIONS] NAME -- COMMAND [ARGS...]");
   AddCommonOptions(*elect, flags);

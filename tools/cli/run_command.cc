@@ -148,14 +148,11 @@ int RunCommand(const RunFlags& flags) {
           done.exit_code, FormatSlotTime(done.ended), clock));
       return kExitSlotDone;
     }
-    Info(fmt::format("{}: claimed slot {} (named by {}; fencing token {})", flags.key, slot,
-                     clock, claim->lease().fencing_token()));
+    Info(fmt::format("{}: claimed slot {} (named by {}; fencing token {})", flags.key, slot, clock,
+                     claim->lease().fencing_token()));
     Lease& lease = claim->lease();
-    std::vector<std::string> env = BuildChildEnvironment(
-        {"LEASEHOLD_KEY", "LEASEHOLD_FENCING_TOKEN", "LEASEHOLD_SLOT"},
-        {"LEASEHOLD_KEY=" + lease.key(),
-         fmt::format("LEASEHOLD_FENCING_TOKEN={}", lease.fencing_token()),
-         "LEASEHOLD_SLOT=" + slot});
+    std::vector<std::string> env =
+        LeaseChildEnvironment(lease, lease.fencing_token(), {"LEASEHOLD_SLOT=" + slot});
     const bool retry_failed = settings->retry_failed;
     const Duration hold = settings->hold_at_least;
     return RunUnderLease(
@@ -192,14 +189,10 @@ int RunCommand(const RunFlags& flags) {
   // The acquisition was logged by the library ("acquired key=... fencing_token=... token=...").
 
   // Everything the child needs is allocated here, before fork().
-  std::vector<std::string> env =
-      BuildChildEnvironment({"LEASEHOLD_KEY", "LEASEHOLD_FENCING_TOKEN"},
-                            {"LEASEHOLD_KEY=" + lease->key(),
-                             fmt::format("LEASEHOLD_FENCING_TOKEN={}", lease->fencing_token())});
+  std::vector<std::string> env = LeaseChildEnvironment(*lease, lease->fencing_token());
   const Duration hold = settings->hold_at_least;
   return RunUnderLease(
-             *lease,
-             [&lease, hold](int) { return lease->Release({.hold_at_least = hold}); },
+             *lease, [&lease, hold](int) { return lease->Release({.hold_at_least = hold}); },
              flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup,
              "lease " + flags.key)
       .exit_code;

@@ -10,7 +10,8 @@
 //      subreaper, in its own session, contains the tree (--contain: a cgroup v2 leaf, a PID
 //      namespace, or the process group only) and kills it by itself when leasehold dies
 //      (kill -9 included) or does not run at safe_until (its dead man's switch). COMMAND sees
-//      LEASEHOLD_KEY and LEASEHOLD_FENCING_TOKEN in its environment (never the owner token).
+//      LEASEHOLD_KEY, LEASEHOLD_FENCING_TOKEN and LEASEHOLD_STORE_KEY (Lease::store_key) in its
+//      environment (never the owner token).
 //   4. Supervises with poll() over the signalfd, an eventfd written by the lease's callbacks
 //      (state changes, losses and every renewal), a CLOCK_BOOTTIME timerfd and the keeper's
 //      report socket:

@@ -71,15 +71,21 @@ enum ScriptId {
   kAbandonWait,
   kQueueState,
   kFinish,
+  kFencedWrite,
   kScriptCount
 };
 
 constexpr Script kScripts[kScriptCount] = {
-    {"acquire", kAcquireScript},          {"renew", kRenewScript},
-    {"release", kReleaseScript},          {"force-release", kForceReleaseScript},
-    {"inspect", kInspectScript},          {"fair acquire", kFairAcquireScript},
-    {"abandon-wait", kAbandonWaitScript}, {"queue-state", kQueueStateScript},
+    {"acquire", kAcquireScript},
+    {"renew", kRenewScript},
+    {"release", kReleaseScript},
+    {"force-release", kForceReleaseScript},
+    {"inspect", kInspectScript},
+    {"fair acquire", kFairAcquireScript},
+    {"abandon-wait", kAbandonWaitScript},
+    {"queue-state", kQueueStateScript},
     {"finish", kFinishScript},
+    {"fenced-write", kFencedWriteScript},
 };
 
 // Escapes Redis glob metacharacters (* ? [ ] \) so that `text` matches only itself in SCAN
@@ -413,7 +419,10 @@ Capabilities RedisBackend::capabilities() const {
   return Capabilities{.multi_process = true,
                       .native_wait = true,
                       .fencing_survives_restart = !persistence_off_,
-                      .fair_queue = options_.fair};
+                      .fair_queue = options_.fair,
+                      .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) |
+                                    FencedOpBit(FencedOp::Kind::kDelete) |
+                                    FencedOpBit(FencedOp::Kind::kHashSet)};
 }
 
 std::string RedisBackend::LeaseKeyName(std::string_view prefix, std::string_view key) {
@@ -485,7 +494,9 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
         "acquiring {}: only {} of {} replicas confirmed the grant within {}; undone", request.key,
         out.replicas, options_.min_replicas, FormatDuration(options_.replica_timeout)));
   }
-  return Grant{.fencing_token = static_cast<FencingToken>(fence), .ttl = milliseconds(ttl_ms)};
+  return Grant{.fencing_token = static_cast<FencingToken>(fence),
+               .ttl = milliseconds(ttl_ms),
+               .store_key = lease_key};
 }
 
 Status RedisBackend::Renew(const RenewRequest& request) {
@@ -596,6 +607,108 @@ Status RedisBackend::Finish(const FinishRequest& request) {
         FormatDuration(options_.replica_timeout)));
   }
   return Status();
+}
+
+Result<std::vector<std::int64_t>> RedisBackend::FencedWrite(const FencedWriteRequest& request) {
+  // The grant hash is named from the lease key, as every other operation names it, rather than
+  // taken from request.store_key: a fenced write can only ever be checked against this key's
+  // grant. (Both are the same for a grant this backend made.)
+  const std::string lease_key = LeaseKeyName(options_.prefix, request.key);
+  const std::string own = options_.prefix + ":";
+  Command call = {"EVALSHA", pool_->shas_[kFencedWrite], std::to_string(1 + request.ops.size()),
+                  lease_key};
+  for (const FencedOp& op : request.ops) {
+    if (op.key.starts_with(own)) {
+      return Status::InvalidArgument(fmt::format(
+          "fenced {} of {}: keys under '{}' are leasehold's own (grants, fencing counters, "
+          "records, queues), not data; nothing was written",
+          FencedOpKindName(op.kind), op.key, own));
+    }
+    if (op.kind != FencedOp::Kind::kPut && op.kind != FencedOp::Kind::kDelete &&
+        op.kind != FencedOp::Kind::kHashSet) {
+      return Status::Unimplemented(
+          fmt::format("the redis store has no fenced {} op", FencedOpKindName(op.kind)));
+    }
+    call.push_back(op.key);
+  }
+  call.push_back(request.owner_token);
+  call.push_back(request.skip_guard_for_testing ? "0" : "1");
+  for (const FencedOp& op : request.ops) {
+    call.push_back(op.kind == FencedOp::Kind::kPut      ? "put"
+                   : op.kind == FencedOp::Kind::kDelete ? "del"
+                                                        : "hset");
+    call.push_back(op.kind == FencedOp::Kind::kHashSet ? op.field : std::string());
+    call.push_back(op.kind == FencedOp::Kind::kDelete ? std::string() : op.value);
+  }
+  std::vector<Command> calls;
+  calls.push_back(std::move(call));
+  // With min_replicas the write waits for replicas, as a finish does (same round trip).
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(calls), true));
+  const redisReply* reply = out.replies[0].get();
+  if (IsError(reply)) {
+    return ScriptErrorStatus(options_.Address(), fmt::format("the fenced write of {}", request.key),
+                             kFencedWriteScript, ReplyText(reply));
+  }
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 1) {
+    return Status::Internal("unexpected reply from redis to the fenced-write script");
+  }
+  LH_ASSIGN_OR_RETURN(long long outcome, ParseInteger(reply->element[0]));
+  if (outcome == 0) {
+    const std::string_view state =
+        reply->elements >= 2 ? ReplyText(reply->element[1]) : std::string_view();
+    if (state == "none") {
+      return FencedOut(request.key, request.fencing_token,
+                       "is no longer held: expired or released");
+    }
+    if (state == "kept") {
+      return FencedOut(request.key, request.fencing_token,
+                       "was released: its grant is kept until it expires, but writes nothing");
+    }
+    if (state != "other" || reply->elements < 4) {
+      return Status::Internal("unexpected reply from redis to the fenced-write script");
+    }
+    LH_ASSIGN_OR_RETURN(long long fence, ParseInteger(reply->element[3]));
+    return FencedOut(request.key, request.fencing_token,
+                     fmt::format("is now held by {} under fencing token {}",
+                                 ReplyText(reply->element[2]), fence));
+  }
+  if (outcome < 0) {
+    if (reply->elements < 3) {
+      return Status::Internal("unexpected reply from redis to the fenced-write script");
+    }
+    LH_ASSIGN_OR_RETURN(long long index, ParseInteger(reply->element[1]));
+    if (index < 1 || static_cast<std::size_t>(index) > request.ops.size()) {
+      return Status::Internal("unexpected reply from redis to the fenced-write script");
+    }
+    const FencedOp& op = request.ops[static_cast<std::size_t>(index - 1)];
+    if (outcome == -1) {
+      return Status::InvalidArgument(fmt::format(
+          "fenced write of {}: op {} sets field '{}' of {}, which holds a {}, not a hash; nothing "
+          "was written",
+          request.key, index, op.field, op.key, ReplyText(reply->element[2])));
+    }
+    return Status::PermissionDenied(fmt::format(
+        "redis at {} refused the fenced write of {}: the ACL user may not run {} on {} (op {}); "
+        "nothing was written",
+        options_.Address(), request.key, ReplyText(reply->element[2]), op.key, index));
+  }
+  if (reply->elements != 1 + request.ops.size()) {
+    return Status::Internal("unexpected reply from redis to the fenced-write script");
+  }
+  std::vector<std::int64_t> affected;
+  affected.reserve(request.ops.size());
+  for (std::size_t i = 0; i < request.ops.size(); ++i) {
+    LH_ASSIGN_OR_RETURN(long long n, ParseInteger(reply->element[i + 1]));
+    affected.push_back(n);
+  }
+  if (options_.min_replicas > 0 && out.replicas < options_.min_replicas) {
+    return Status::Unavailable(fmt::format(
+        "the fenced write of {} was applied, but only {} of {} replicas confirmed it within {}: "
+        "a failover now could lose it",
+        request.key, out.replicas, options_.min_replicas,
+        FormatDuration(options_.replica_timeout)));
+  }
+  return affected;
 }
 
 Result<std::optional<std::string>> RedisBackend::ReadRecord(std::string_view key) {

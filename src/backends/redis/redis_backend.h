@@ -14,9 +14,16 @@
 // PEXPIRE, beside the grant and under the same hash tag, so that the finish script can end the
 // grant and replace the record in one atomic step (in a cluster too); no grant's end touches it.
 //
+// Fenced writes (Lease::Write): one script checks that the grant hash still holds the caller's
+// owner token and applies the ops (SET, DEL, HSET) to the caller's data keys, all or none. Data
+// keys are any names outside "<prefix>:"; the grant hash's name is Grant::store_key
+// (Lease::store_key()), so a caller that wants its data in the lease's cluster slot names the
+// data keys with its "{<hex key>}" hash tag.
+//
 // Fencing tokens survive a restart only if the server persists its data (AOF or RDB): with
 // persistence off the counters restart from zero. Open() checks with CONFIG GET where the ACL
-// allows it and warns once per server and process.
+// allows it and warns once per server and process. Fenced writes are not affected: they compare
+// the owner token, which never repeats, so a restart ends every grant's right to write.
 //
 // Example:
 //
@@ -100,6 +107,7 @@ class RedisBackend final : public Backend {
 
   // Returns kHeldByAnother with the holder's LeaseInfo (remaining from PTTL). With
   // min_replicas, a grant that too few replicas confirm is undone and kUnavailable returned.
+  // Grant::store_key is the grant hash (LeaseKeyName).
   Result<Grant> TryAcquire(const GrantRequest& request) override;
 
   Status Renew(const RenewRequest& request) override;
@@ -124,6 +132,14 @@ class RedisBackend final : public Backend {
   // command_timeout. A record that expires during the walk is left out.
   Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
       std::string_view prefix) override;
+
+  // One script (redis_scripts.h, kFencedWriteScript): compare the grant hash's owner token,
+  // check every op could succeed (an HSET target's type, the ACL), then SET, DEL or HSET each
+  // data key. Returns kInvalidArgument, before sending, for a data key under "<prefix>:" (the
+  // store's own keys), and for an HSET onto a key that holds something other than a hash;
+  // kPermissionDenied if the ACL forbids an op's command or key. With min_replicas it WAITs as
+  // Finish does, and reports kUnavailable (the write applied on the master) if too few confirm.
+  Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override;
 
   // The server's TIME, one round trip.
   Result<StoreTime> WallClock() override;

@@ -20,7 +20,12 @@
 //   P:{H}:queue:seq     integer, INCR'd per arrival: the arrival numbers
 // The three queue keys get a PEXPIREAT at their latest entry's deadline, so a queue that every
 // waiter abandons by dying leaves nothing behind.
-// Every key a script touches is passed in KEYS (cluster-safe; all share the {H} slot).
+// Data keys, written only by the fenced-write script (Lease::Write), are the caller's own names
+// and never start with "P:": the backend refuses those before sending, since they are the keys
+// above (and their like for other leases).
+// Every key a script touches is passed in KEYS (cluster-safe). The keys above share the {H}
+// slot; a fenced write's data keys share it only if the caller names them with the same {H}
+// hash tag (the "{...}" part of Lease::store_key()).
 //
 // Thread safety: constants only.
 
@@ -193,6 +198,77 @@ return 1
 //  13   Wake the waiters either way: after a delete the head of a fair queue (or the quickest
 //       waiter) takes the key, as after a release; after a keep they re-read the now shorter
 //       remaining time instead of sleeping to the old expiry.
+
+// A fenced write (Backend::FencedWrite): ops on data keys, applied only while the grant is the
+// caller's. KEYS[1] = grant hash, KEYS[1 + i] = the data key of op i (i = 1..#KEYS - 1).
+// ARGV[1] = owner token, ARGV[2] = '1' to check the grant ('0' skips the check: the chaos
+// harness's negative control only); for op i, ARGV[3i] = 'put', 'del' or 'hset',
+// ARGV[3i + 1] = the hash field ('' unless hset), ARGV[3i + 2] = the value ('' for del).
+// Returns {1, count_1, ..., count_n} when applied (del: keys deleted; put, hset: 1);
+// {0, 'none'} when there is no live grant; {0, 'other' or 'kept', holder, fencing_token} when
+// the live grant is someone else's, or the caller's own kept past its release (kFinishScript);
+// {-1, i, type} when op i is an hset onto a key holding a `type` other than a hash; {-2, i,
+// command} when the ACL user may not run op i's command on its key. Nothing is written unless
+// the reply starts with 1.
+inline constexpr std::string_view kFencedWriteScript = R"lua(
+if ARGV[2] == '1' then
+  local token = redis.call('HGET', KEYS[1], 'token')
+  if not token then
+    return {0, 'none'}
+  end
+  if token ~= ARGV[1] then
+    local h = redis.call('HMGET', KEYS[1], 'holder', 'fence')
+    return {0, token == ARGV[1] .. ':kept' and 'kept' or 'other', h[1], h[2]}
+  end
+end
+local calls, types = {}, {}
+for i = 1, #KEYS - 1 do
+  local key, kind = KEYS[i + 1], ARGV[3 * i]
+  if kind == 'put' then
+    calls[i] = {'SET', key, ARGV[3 * i + 2]}
+    types[key] = 'string'
+  elseif kind == 'del' then
+    calls[i] = {'DEL', key}
+    types[key] = 'none'
+  else
+    local t = types[key] or redis.call('TYPE', key)['ok']
+    if t ~= 'hash' and t ~= 'none' then
+      return {-1, i, t}
+    end
+    calls[i] = {'HSET', key, ARGV[3 * i + 1], ARGV[3 * i + 2]}
+    types[key] = 'hash'
+  end
+  if redis.acl_check_cmd and not redis.acl_check_cmd(unpack(calls[i])) then
+    return {-2, i, calls[i][1]}
+  end
+end
+local out = {1}
+for i = 1, #calls do
+  local n = redis.call(unpack(calls[i]))
+  out[i + 1] = calls[i][1] == 'DEL' and n or 1
+end
+return out
+)lua";
+// Line by line:
+//   1-11 The guard: the grant hash still holds the caller's owner token. It compares the owner
+//       token, not the fencing token: with persistence off a restarted server counts fencing
+//       tokens from 1 again, so a later holder's number may equal or undercut an old one's, but
+//       an owner token (32 random hex digits) never repeats. HGET of an absent or expired grant
+//       is false (the server checks expiry): no live grant, nobody to name. A token that is the
+//       caller's plus ':kept' is the caller's own grant after a finish with keep (kFinishScript
+//       9-11): released, no longer the caller's to write with. Otherwise answer with the holder
+//       and its fencing token, for the "is now held by" message.
+//  12-32 Check everything that could fail before the first write: Redis does not undo the
+//       earlier writes of a script whose later command errors. SET and DEL succeed on any key;
+//       HSET fails (WRONGTYPE) on a key holding anything but a hash, so each HSET target's type
+//       is read with TYPE, or taken from the earlier ops of this write on the same key (a put
+//       makes it a string, a del makes it absent, an hset a hash). The ACL's command and key
+//       rules are checked inside scripts per command, so each op's call is checked first with
+//       redis.acl_check_cmd (Redis 7.0 and later; older servers, which lack it, check only at
+//       the call). The server-state refusals (OOM, a read-only replica, min-replicas-to-write)
+//       come at the first write or never: once a script has written, Redis runs it to the end.
+//  33-38 Apply the ops in order and count: DEL's own count; SET and HSET count 1 (HSET's reply
+//       is the number of new fields, 0 when the field is overwritten).
 
 // KEYS[1] = grant hash. ARGV[1] = release channel.
 // Returns 1 if a live grant was deleted, 0 if the key was free.

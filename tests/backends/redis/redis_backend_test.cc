@@ -2,7 +2,8 @@
 //
 // Behaviour of the redis:// store that the generic conformance suite does not cover: URL
 // options, credentials and ACLs, NOSCRIPT recovery, restarts with AOF, pipelined renewals,
-// the persistence warning, hash tags for awkward keys, and bounded waits. Every test starts its
+// the persistence warning, fenced writes (HSET, the prefix, all-or-none, a restart without
+// persistence), hash tags for awkward keys, and bounded waits. Every test starts its
 // own redis-server on a free loopback port (tests/testing/redis_server.h). No timing asserts.
 
 #include "backends/redis/redis_backend.h"
@@ -427,6 +428,290 @@ TEST(RedisBackendTest, PersistenceOffIsDetectedAndWarnedOnce) {
   auto restricted = OpenUrl(fmt::format("redis://app:pw@127.0.0.1:{}", acl_server->port()));
   ASSERT_TRUE(restricted.ok()) << restricted.status().ToString();
   EXPECT_EQ(log.Count("persistence off"), 1);
+}
+
+// Runs `call` until it gives something other than kUnavailable (the first calls after a
+// server restart meet broken connections and reconnect backoff), at most ~5 s.
+template <typename Call>
+auto UntilAnswered(Call call) {
+  auto result = call();
+  for (int i = 0; i < 100 && result.status().code() == StatusCode::kUnavailable; ++i) {
+    std::this_thread::sleep_for(50ms);
+    result = call();
+  }
+  return result;
+}
+
+// A fenced write of `ops` by the holder of the grant (key, owner token, fencing token).
+FencedWriteRequest WriteAs(const std::string& key, const std::string& owner_token,
+                           FencingToken token, const FencedWrite& write) {
+  return {.key = key,
+          .owner_token = owner_token,
+          .fencing_token = token,
+          .store_key = RedisBackend::LeaseKeyName("leasehold", key),
+          .ops = write.ops()};
+}
+
+TEST(RedisBackendTest, FencedWriteSetsHashFieldsAndCountsEveryOp) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  for (bool fair : {false, true}) {
+    auto store = Store::Open(server->Url() + (fair ? "?fair=true" : ""));
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_TRUE((*store)->SupportsFencedOp(FencedOp::Kind::kPut));
+    EXPECT_TRUE((*store)->SupportsFencedOp(FencedOp::Kind::kDelete));
+    EXPECT_TRUE((*store)->SupportsFencedOp(FencedOp::Kind::kHashSet));
+    EXPECT_FALSE((*store)->SupportsFencedOp(FencedOp::Kind::kSql));
+    const std::string key = fair ? "fair-job" : "job";
+    auto lease = (*store)->TryAcquire(key, {.ttl = 10s});
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    EXPECT_EQ(lease->store_key(), RedisBackend::LeaseKeyName("leasehold", key))
+        << "the grant hash, whose {...} is the key's hash tag";
+    const std::string hash = "data:" + key + ":h";
+    const std::string text = "data:" + key + ":s";
+    auto done = lease->Write(FencedWrite()
+                                 .HashSet(hash, "status", "sent")
+                                 .HashSet(hash, "status", "paid")
+                                 .HashSet(hash, "by", "a")
+                                 .Put(text, "v")
+                                 .Delete(text)
+                                 .Delete(text));
+    ASSERT_TRUE(done.ok()) << done.status().ToString();
+    EXPECT_EQ(done->affected, (std::vector<std::int64_t>{1, 1, 1, 1, 1, 0}))
+        << "an HSET that overwrites a field counts 1 too";
+    EXPECT_EQ(*server->Cli({"HGET", hash, "status"}), "paid");
+    EXPECT_EQ(*server->Cli({"HGET", hash, "by"}), "a");
+    EXPECT_EQ(*server->Cli({"EXISTS", text}), "0");
+    EXPECT_TRUE(lease->valid());
+  }
+}
+
+TEST(RedisBackendTest, FencedWriteTakesEqualTokensRefusesLowerOnesAndTakesLaterHolders) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto backend = OpenUrl(server->Url());
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  auto a = (*backend)->TryAcquire({"job", Token('a'), "holder-a", 10s});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->store_key, RedisBackend::LeaseKeyName("leasehold", "job"));
+  // The holder, with its (equal) token, writes as often as it likes.
+  for (int i = 0; i < 20; ++i) {
+    auto wrote = (*backend)->FencedWrite(
+        WriteAs("job", Token('a'), a->fencing_token, FencedWrite().Put("reg", std::to_string(i))));
+    ASSERT_TRUE(wrote.ok()) << i << ": " << wrote.status().ToString();
+  }
+  EXPECT_EQ(*server->Cli({"GET", "reg"}), "19");
+
+  // B takes over with a higher token and writes; A, with its lower token, is refused.
+  ASSERT_TRUE(*(*backend)->ForceRelease("job"));
+  auto b = (*backend)->TryAcquire({"job", Token('b'), "holder-b", 10s});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_GT(b->fencing_token, a->fencing_token);
+  ASSERT_TRUE(
+      (*backend)
+          ->FencedWrite(WriteAs("job", Token('b'), b->fencing_token, FencedWrite().Put("reg", "b")))
+          .ok());
+  auto stale = (*backend)->FencedWrite(
+      WriteAs("job", Token('a'), a->fencing_token, FencedWrite().Put("reg", "a").Put("x", "a")));
+  ASSERT_EQ(stale.status().code(), StatusCode::kLost) << stale.status().ToString();
+  EXPECT_NE(stale.status().message().find(fmt::format(
+                "fenced out: lease job (fencing token {}) is now held by holder-b under fencing "
+                "token {}",
+                a->fencing_token, b->fencing_token)),
+            std::string_view::npos)
+      << stale.status().message();
+  EXPECT_EQ(*server->Cli({"GET", "reg"}), "b");
+  EXPECT_EQ(*server->Cli({"EXISTS", "x"}), "0");
+
+  // The chaos harness's negative control skips only the owner check: the stale write lands.
+  FencedWriteRequest unguarded =
+      WriteAs("job", Token('a'), a->fencing_token, FencedWrite().Put("reg", "a-unguarded"));
+  unguarded.skip_guard_for_testing = true;
+  ASSERT_TRUE((*backend)->FencedWrite(unguarded).ok());
+  EXPECT_EQ(*server->Cli({"GET", "reg"}), "a-unguarded");
+
+  // Released: nobody holds it, and B's own write is refused too.
+  ASSERT_TRUE((*backend)->Release("job", Token('b')).ok());
+  auto released = (*backend)->FencedWrite(
+      WriteAs("job", Token('b'), b->fencing_token, FencedWrite().Put("reg", "b-late")));
+  ASSERT_EQ(released.status().code(), StatusCode::kLost) << released.status().ToString();
+  EXPECT_NE(released.status().message().find("is no longer held: expired or released"),
+            std::string_view::npos)
+      << released.status().message();
+
+  // A later holder (higher token again) writes.
+  auto c = (*backend)->TryAcquire({"job", Token('c'), "holder-c", 10s});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_GT(c->fencing_token, b->fencing_token);
+  ASSERT_TRUE(
+      (*backend)
+          ->FencedWrite(WriteAs("job", Token('c'), c->fencing_token, FencedWrite().Put("reg", "c")))
+          .ok());
+  EXPECT_EQ(*server->Cli({"GET", "reg"}), "c");
+
+  // A grant kept after its release (finish with keep) is still live, but writes nothing.
+  ASSERT_TRUE((*backend)->Finish({.key = "job", .owner_token = Token('c'), .keep = 10s}).ok());
+  auto kept = (*backend)->FencedWrite(
+      WriteAs("job", Token('c'), c->fencing_token, FencedWrite().Put("reg", "c-kept")));
+  EXPECT_EQ(kept.status().code(), StatusCode::kLost) << kept.status().ToString();
+  EXPECT_EQ(*server->Cli({"GET", "reg"}), "c");
+}
+
+TEST(RedisBackendTest, FencedWriteRefusesDataKeysUnderTheStorePrefix) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto store = Store::Open(server->Url());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto lease = (*store)->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  const std::string fence = RedisBackend::FenceKeyName("leasehold", "job");
+  const std::string before = *server->Cli({"GET", fence});
+  for (const std::string& own :
+       {lease->store_key(), fence, RedisBackend::RecordKeyName("leasehold", "job"),
+        RedisBackend::LeaseKeyName("leasehold", "other"), std::string("leasehold:mine")}) {
+    auto refused = lease->Write(FencedWrite().Put("data:first", "1").Put(own, "x"));
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument)
+        << own << ": " << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find(own), std::string_view::npos)
+        << refused.status().message();
+    EXPECT_EQ(lease->Write(FencedWrite().Delete(own)).status().code(), StatusCode::kInvalidArgument)
+        << own;
+  }
+  EXPECT_EQ(*server->Cli({"EXISTS", "data:first"}), "0") << "nothing was sent";
+  EXPECT_EQ(*server->Cli({"GET", fence}), before);
+  EXPECT_TRUE(lease->valid());
+  // Only "<prefix>:" is the store's: a name that merely starts with the prefix is data.
+  auto near = lease->Write(FencedWrite().Put("leaseholder:x", "1").Put("leasehold", "2"));
+  ASSERT_TRUE(near.ok()) << near.status().ToString();
+  // The data keys may carry the lease's hash tag, for its cluster slot.
+  const std::string tag = lease->store_key().substr(lease->store_key().find('{'));
+  auto tagged = lease->Write(FencedWrite().Put("app:" + tag + ":status", "sent"));
+  ASSERT_TRUE(tagged.ok()) << tagged.status().ToString();
+  EXPECT_EQ(*server->Cli({"GET", "app:" + tag + ":status"}), "sent");
+}
+
+TEST(RedisBackendTest, FencedHashSetOntoANonHashIsRefusedBeforeAnythingIsWritten) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto store = Store::Open(server->Url());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto lease = (*store)->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  ASSERT_TRUE(server->Cli({"SET", "str", "text"}).ok());
+  ASSERT_TRUE(server->Cli({"RPUSH", "list", "item"}).ok());
+
+  // Redis would have applied the SET before the HSET failed; the script checks first.
+  auto refused =
+      lease->Write(FencedWrite().Put("first", "1").Delete("list").HashSet("str", "f", "v"));
+  ASSERT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("str, which holds a string"), std::string_view::npos)
+      << refused.status().message();
+  EXPECT_EQ(*server->Cli({"EXISTS", "first"}), "0") << "the earlier SET did not happen";
+  EXPECT_EQ(*server->Cli({"EXISTS", "list"}), "1") << "the earlier DEL did not happen";
+  EXPECT_EQ(*server->Cli({"GET", "str"}), "text");
+
+  // The check follows the write's own earlier ops on the same key.
+  auto made_string = lease->Write(FencedWrite().Put("fresh", "1").HashSet("fresh", "f", "v"));
+  EXPECT_EQ(made_string.status().code(), StatusCode::kInvalidArgument)
+      << made_string.status().ToString();
+  EXPECT_EQ(*server->Cli({"EXISTS", "fresh"}), "0");
+  auto deleted_first =
+      lease->Write(FencedWrite().Delete("list").HashSet("list", "f", "v").HashSet("h", "f", "w"));
+  ASSERT_TRUE(deleted_first.ok()) << deleted_first.status().ToString();
+  EXPECT_EQ(deleted_first->affected, (std::vector<std::int64_t>{1, 1, 1}));
+  EXPECT_EQ(*server->Cli({"HGET", "list", "f"}), "v");
+  auto onto_hash = lease->Write(FencedWrite().HashSet("h", "g", "x").Put("h", "now a string"));
+  ASSERT_TRUE(onto_hash.ok()) << onto_hash.status().ToString();
+  EXPECT_EQ(*server->Cli({"GET", "h"}), "now a string") << "SET replaces any type";
+  EXPECT_TRUE(lease->valid());
+}
+
+TEST(RedisBackendTest, FencedWriteThatTheAclForbidsPartWayWritesNothing) {
+  // May run the backend's commands and TYPE on its own keys and data:*, but not SET.
+  auto server = StartServer(
+      {.acl_users = {fmt::format("user app on >pw ~leasehold:* ~data:* &leasehold:* {} +type -set",
+                                 kNeededCommands)}});
+  ASSERT_NE(server, nullptr);
+  auto store = Store::Open(fmt::format("redis://app:pw@127.0.0.1:{}", server->port()));
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto lease = (*store)->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  auto no_set = lease->Write(FencedWrite().HashSet("data:h", "f", "v").Put("data:s", "x"));
+  EXPECT_EQ(no_set.status().code(), StatusCode::kPermissionDenied) << no_set.status().ToString();
+  EXPECT_NE(no_set.status().message().find("SET on data:s"), std::string_view::npos)
+      << no_set.status().message();
+  EXPECT_EQ(*server->Cli({"EXISTS", "data:h"}), "0") << "the earlier HSET did not happen";
+  auto other_key = lease->Write(FencedWrite().HashSet("data:h", "f", "v").HashSet("x:h", "f", "v"));
+  EXPECT_EQ(other_key.status().code(), StatusCode::kPermissionDenied)
+      << other_key.status().ToString();
+  EXPECT_EQ(*server->Cli({"EXISTS", "data:h"}), "0");
+  auto allowed = lease->Write(FencedWrite().HashSet("data:h", "f", "v").Delete("data:s"));
+  ASSERT_TRUE(allowed.ok()) << allowed.status().ToString();
+  EXPECT_EQ(*server->Cli({"HGET", "data:h", "f"}), "v");
+  EXPECT_TRUE(lease->valid());
+}
+
+TEST(RedisBackendTest, WithoutPersistenceARestartRepeatsTokensButStillFencesOutTheOldHolder) {
+  auto server = StartServer({.aof = false});
+  ASSERT_NE(server, nullptr);
+  const std::string url = server->Url() + "?command_timeout=500ms&connect_timeout=500ms";
+  auto a_backend = OpenUrl(url);
+  auto b_backend = OpenUrl(url);
+  ASSERT_TRUE(a_backend.ok() && b_backend.ok());
+  ASSERT_FALSE((*a_backend)->capabilities().fencing_survives_restart);
+  Result<Grant> a = Status::Internal("not acquired");
+  for (int i = 0; i < 3; ++i) {  // A's grant is the third: fencing token 3
+    a = (*a_backend)->TryAcquire({"job", Token('a'), "holder-a", 30s});
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    if (i < 2) {
+      ASSERT_TRUE((*a_backend)->Release("job", Token('a')).ok());
+    }
+  }
+  ASSERT_EQ(a->fencing_token, 3u);
+  ASSERT_TRUE(
+      (*a_backend)
+          ->FencedWrite(WriteAs("job", Token('a'), a->fencing_token, FencedWrite().Put("reg", "a")))
+          .ok());
+
+  // The server restarts with nothing: no grant, no data, no fencing counter.
+  ASSERT_TRUE(server->Restart().ok());
+  auto b = UntilAnswered([&] {
+    return (*b_backend)->TryAcquire({"job", Token('b'), "holder-b", 30s});
+  });
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  std::printf("[ figure ] after a restart without persistence, B's token is %llu, A's was %llu\n",
+              static_cast<unsigned long long>(b->fencing_token),
+              static_cast<unsigned long long>(a->fencing_token));
+  EXPECT_EQ(b->fencing_token, 1u) << "the counter started again";
+  EXPECT_LE(b->fencing_token, a->fencing_token) << "a later holder's token is not higher";
+  auto stale = UntilAnswered([&] {
+    return (*a_backend)
+        ->FencedWrite(
+            WriteAs("job", Token('a'), a->fencing_token, FencedWrite().Put("reg", "a-stale")));
+  });
+  ASSERT_EQ(stale.status().code(), StatusCode::kLost) << stale.status().ToString();
+  EXPECT_EQ(*server->Cli({"EXISTS", "reg"}), "0") << "A's old write died with the server";
+
+  // Even when B's token equals A's, the owner tokens differ: A stays fenced out.
+  for (FencingToken t = b->fencing_token; t < a->fencing_token; ++t) {
+    ASSERT_TRUE((*b_backend)->Release("job", Token('b')).ok());
+    b = (*b_backend)->TryAcquire({"job", Token('b'), "holder-b", 30s});
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+  }
+  ASSERT_EQ(b->fencing_token, a->fencing_token);
+  ASSERT_TRUE(
+      (*b_backend)
+          ->FencedWrite(WriteAs("job", Token('b'), b->fencing_token, FencedWrite().Put("reg", "b")))
+          .ok());
+  auto same_number = (*a_backend)
+                         ->FencedWrite(WriteAs("job", Token('a'), a->fencing_token,
+                                               FencedWrite().Put("reg", "a-stale")));
+  ASSERT_EQ(same_number.status().code(), StatusCode::kLost) << same_number.status().ToString();
+  EXPECT_NE(same_number.status().message().find(
+                "(fencing token 3) is now held by holder-b under fencing token 3"),
+            std::string_view::npos)
+      << same_number.status().message();
+  EXPECT_EQ(*server->Cli({"GET", "reg"}), "b");
 }
 
 TEST(RedisBackendTest, KeysWithBracesAndGlobCharactersKeepOneHashTag) {
