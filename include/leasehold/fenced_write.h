@@ -14,9 +14,10 @@
 //                slot, name them with the lease's hash tag (the "{...}" of Lease::store_key()).
 //   etcd://      one Txn: If CreateRevision(Lease::store_key()) == fencing_token, Then the ops
 //                (Put, Delete) on keys outside the store's prefix.
-//   zk://        one multi: a version check of this grant's node (Lease::store_key()), then the
-//                ops on absolute node paths (Put: setData, or create where the node is absent;
-//                Delete) outside leasehold's own nodes. A parent must exist.
+//   zk://        one multi: a check that this grant's node (Lease::store_key(), its path in the
+//                URL's chroot) still exists, then the ops on absolute node paths in the chroot
+//                (Put: setData, or create where the node is absent; Delete) outside leasehold's
+//                own nodes (/leasehold, /leasehold-clock). A parent must exist.
 //   sqlite://    one BEGIN IMMEDIATE transaction on the store's file: the key's row still holds
 //                this lease's owner token and has not expired, then the Sql statements.
 //   postgres://  one transaction: table mode checks the key's row (FOR SHARE, expiry on the

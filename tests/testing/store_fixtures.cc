@@ -313,7 +313,8 @@ std::vector<StoreFixture> MakeFixtures() {
            }
            return std::strtod(srvr.c_str() + at + 10, nullptr);
          },
-         .server_requests_what = "ZooKeeper packets received (srvr Received)"});
+         .server_requests_what = "ZooKeeper packets received (srvr Received)",
+         .read_data = ReadZkNodeData});
   }
 #endif
   return fixtures;

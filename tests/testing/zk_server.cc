@@ -11,8 +11,11 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -21,6 +24,10 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <zookeeper/zookeeper.h>
+
+#include "backends/zookeeper/zk_options.h"
+#include "core/url.h"
 
 namespace leasehold::testing {
 
@@ -31,7 +38,66 @@ constexpr const char* kClassPath =
     "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:"
     "/usr/share/java/log4j-1.2.jar";
 
+// The session state the C client reports, for ReadZkNodeData to wait on.
+struct ZkConnection {
+  std::mutex mu;
+  std::condition_variable cv;
+  int state = 0;
+};
+
+void ZkConnectionWatcher(zhandle_t* /*zh*/, int type, int state, const char* /*path*/, void* ctx) {
+  if (type != ZOO_SESSION_EVENT || ctx == nullptr) {
+    return;
+  }
+  auto* conn = static_cast<ZkConnection*>(ctx);
+  {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    conn->state = state;
+  }
+  conn->cv.notify_all();
+}
+
 }  // namespace
+
+Result<std::optional<std::string>> ReadZkNodeData(const std::string& url, const std::string& path) {
+  LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
+  LH_ASSIGN_OR_RETURN(internal::ZkOptions options, internal::ZkOptions::FromUrl(parsed));
+  if (options.user.has_value()) {
+    return Status::Unimplemented("ReadZkNodeData reads without credentials");
+  }
+  ZkConnection conn;
+  zhandle_t* zh =
+      zookeeper_init(options.hosts.c_str(), &ZkConnectionWatcher, 10'000, nullptr, &conn, 0);
+  if (zh == nullptr) {
+    return Status::Unavailable(fmt::format("zookeeper_init refused {}", options.hosts));
+  }
+  Result<std::optional<std::string>> out = std::optional<std::string>();
+  bool connected = false;
+  {
+    std::unique_lock<std::mutex> lock(conn.mu);
+    connected = conn.cv.wait_for(lock, std::chrono::seconds(10),
+                                 [&] { return conn.state == ZOO_CONNECTED_STATE; });
+  }
+  if (!connected) {
+    out = Status::Unavailable(fmt::format("no ZooKeeper server at {} answered", options.hosts));
+  } else {
+    // A fenced write carries at most kMaxFencedWriteBytes, far below this.
+    std::vector<char> buffer(2 << 20);
+    int len = static_cast<int>(buffer.size());
+
+    struct Stat stat {};
+
+    const std::string full = options.chroot + path;
+    const int rc = zoo_get(zh, full.c_str(), 0, buffer.data(), &len, &stat);
+    if (rc == ZOK) {
+      out = std::optional<std::string>(std::string(buffer.data(), len > 0 ? len : 0));
+    } else if (rc != ZNONODE) {
+      out = Status::Unavailable(fmt::format("zoo_get {}: {}", full, zerror(rc)));
+    }
+  }
+  zookeeper_close(zh);  // joins the client's threads: the watcher is done with `conn`
+  return out;
+}
 
 ZkEnsemble::ZkEnsemble(ZkEnsembleOptions options, std::string dir)
     : options_(options), dir_(std::move(dir)) {}

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,12 @@ struct ZkEnsembleOptions {
   // How long Start/Restart wait for the servers to serve. Default: 60 s (a JVM on a busy box).
   std::chrono::milliseconds ready_timeout{60'000};
 };
+
+// Reads the data of the node `path` in the chroot of the zk:// `url` with ZooKeeper's own C
+// client (a session of its own, closed before returning), for tests that check what a fenced
+// write (Lease::Write) left in the store. Returns nullopt if there is no such node; kUnavailable
+// if no server answers within 10 s; kUnimplemented for a URL with credentials.
+Result<std::optional<std::string>> ReadZkNodeData(const std::string& url, const std::string& path);
 
 class ZkEnsemble {
  public:

@@ -54,6 +54,32 @@
 // expiry makes every lease on that session lost (kLost, LostCause::kSessionLost); the next acquire
 // opens a new session by itself.
 //
+// Fenced writes (FencedWrite, Lease::Write): one multi whose first op checks that this grant's
+// node still exists (Grant::store_key is its path in the chroot, named as data paths are), then
+// the ops on node paths in the chroot: Put is a setData (any version), or a persistent create
+// with the store's ACL where the node is absent; Delete is a delete (any version), dropped
+// (count 0) where the node is absent. The check is by existence (version -1), and that suffices:
+// a node's name carries its grant's (or waiting call's) random id and is never used again (a
+// waiting call ends with its one grant), so a node at that path is this grant's node, and its
+// czxid is the fencing token; a version would add nothing (a grant's node is written only before
+// TryAcquire returns, when an adopted waiter's node gets this attempt's data). A multi fails whole
+// on one op's ZNONODE or ZNODEEXISTS, so the write is planned on a guess (every node exists),
+// after a miss on a pipelined exists of every node, and resent a bounded number of times; each
+// attempt is one whole multi with the check, so the write is still all or none. A create's
+// ZNONODE is a missing parent: kInvalidArgument naming it (no parent is made implicitly). Paths
+// are checked before anything is sent (zk_layout::DataPathProblem): leasehold's own nodes
+// (<chroot>/leasehold, <chroot>/leasehold-clock and below) are not data. A grant past its local
+// deadline, or on a session known to have expired, is refused without sending anything. The
+// multi goes through the session that owns the grant's node. The check is done by the leader, so
+// any session would be safe: the leader orders the multi against the node's delete whoever sends
+// either, and no other grant exists until that delete. The owner's session is chosen because
+// ZooKeeper applies one session's requests in order, and this handle deletes the grant's node on
+// that session (Release, Finish, the reaper): a write sent before such a delete (even one whose
+// reply timed out) is applied or refused before it, never after; and once that session has
+// expired the grant is known gone without a round trip. Connection or session loss mid-write is
+// kUnavailable, outcome unknown (a retry sees the session's fate). A refused check is kLost
+// naming the key's holder now (ReadHolder: its lowest child, or a live kept grant).
+//
 // Waiting is the ZooKeeper lock recipe: a waiter (Store::Acquire, GrantRequest::waiter_id)
 // keeps its node between attempts and watches only its predecessor, so the key goes first come,
 // first served and a release wakes one waiter, not a herd. A TryAcquire without a waiter id that
@@ -156,6 +182,15 @@ class ZkBackend final : public Backend {
   Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
       std::string_view prefix) override;
 
+  // One multi: a check that this grant's node still exists, then the ops on absolute node
+  // paths (Put: setData, or create where the node is absent; Delete: delete, dropped where
+  // absent); re-planned and resent, each time as one whole multi, when a node turns out absent
+  // or present. Returns kInvalidArgument for a path the store does not write (before sending) or
+  // a missing parent; kLost (FencedOut, naming the holder) if the check fails or the grant is
+  // past its local deadline or its session expired (then nothing is sent); kUnavailable, outcome
+  // unknown, on connection or session loss.
+  Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override;
+
   // The leader's transaction time of a setData on the clock node; from_store = true.
   Result<StoreTime> WallClock() override;
 
@@ -238,6 +273,14 @@ class ZkBackend final : public Backend {
   // Reads the key's holder as a LeaseInfo: a live kept node, else the lowest child; nullopt if
   // the key has neither.
   Result<std::optional<LeaseInfo>> ReadHolder(ZkSession& session, std::string_view key);
+
+  // The Status of a fenced write whose op `op` failed with `rc` (a missing parent, children,
+  // an ephemeral parent, a path ZooKeeper refused, or ZkErrorStatus).
+  Status FencedOpStatus(const FencedOp& op, int rc, std::string_view key) const;
+
+  // FencedOut's `why` for a refused write of the grant with `token`: the key's holder now
+  // (ReadHolder), or "is no longer held" if it has none, cannot be read, or is that grant.
+  std::string FencedOutWhy(ZkSession& session, std::string_view key, FencingToken token);
 
   // The leader's wall clock: the mtime of a setData on the clock node (created if missing).
   Result<SystemTime> LeaderNow(ZkSession& session);

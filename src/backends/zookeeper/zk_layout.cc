@@ -145,6 +145,106 @@ SystemTime FromZkMillis(std::int64_t ms) {
   return SystemTime(duration_cast<SystemTime::duration>(milliseconds(ms)));
 }
 
+namespace {
+
+// True if `path` is `node` or below it.
+bool AtOrBelow(std::string_view path, std::string_view node) {
+  return path.starts_with(node) && (path.size() == node.size() || path[node.size()] == '/');
+}
+
+// Decodes the UTF-8 character at text[*i], advancing *i; -1 if the bytes there are not UTF-8
+// (truncated, overlong, a stray continuation byte, a surrogate's encoding, past U+10FFFF).
+std::int32_t NextCodePoint(std::string_view text, std::size_t* i) {
+  const auto byte = [&](std::size_t at) { return static_cast<unsigned char>(text[at]); };
+  const unsigned char lead = byte(*i);
+  int extra = 0;
+  std::int32_t cp = 0;
+  if (lead < 0x80) {
+    ++*i;
+    return lead;
+  }
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    extra = 1;
+    cp = lead & 0x1F;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    extra = 2;
+    cp = lead & 0x0F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    extra = 3;
+    cp = lead & 0x07;
+  } else {
+    return -1;
+  }
+  if (*i + static_cast<std::size_t>(extra) >= text.size()) {
+    return -1;
+  }
+  for (int k = 1; k <= extra; ++k) {
+    const unsigned char c = byte(*i + k);
+    if ((c & 0xC0) != 0x80) {
+      return -1;
+    }
+    cp = (cp << 6) | (c & 0x3F);
+  }
+  constexpr std::int32_t kMin[] = {0, 0x80, 0x800, 0x10000};  // overlong below these
+  if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+    return -1;
+  }
+  *i += static_cast<std::size_t>(extra) + 1;
+  return cp;
+}
+
+}  // namespace
+
+std::string DataPathProblem(std::string_view chroot, std::string_view path) {
+  if (!path.starts_with('/')) {
+    return "a ZooKeeper node path must be absolute (start with '/')";
+  }
+  if (path == "/") {
+    return "\"/\" is the store's root node (the chroot), which holds leasehold's own nodes";
+  }
+  if (path.ends_with('/')) {
+    return "a ZooKeeper node path must not end with '/'";
+  }
+  std::size_t start = 1;
+  while (start <= path.size()) {
+    std::size_t end = path.find('/', start);
+    if (end == std::string_view::npos) {
+      end = path.size();
+    }
+    const std::string_view component = path.substr(start, end - start);
+    if (component.empty()) {
+      return "a ZooKeeper node path has no empty components (\"//\")";
+    }
+    if (component == "." || component == "..") {
+      return "a ZooKeeper node path has no \".\" or \"..\" components";
+    }
+    start = end + 1;
+  }
+  for (std::size_t i = 0; i < path.size();) {
+    const std::int32_t cp = NextCodePoint(path, &i);
+    if (cp < 0) {
+      return "ZooKeeper node paths are UTF-8";
+    }
+    // ZooKeeper's PathUtils.validatePath, on the Java (UTF-16) characters of the path: a
+    // character outside the BMP is a surrogate pair there, refused as U+D800..U+DFFF.
+    if (cp <= 0x1F || (cp >= 0x7F && cp <= 0x9F) || (cp >= 0xD800 && cp <= 0xF8FF) ||
+        cp >= 0xFFF0) {
+      return fmt::format("ZooKeeper refuses the character U+{:04X} in a node path", cp);
+    }
+  }
+  std::string root = "/";
+  root += kRootName;
+  std::string clock = "/";
+  clock += kClockName;
+  if (AtOrBelow(path, root) || AtOrBelow(path, clock)) {
+    return fmt::format("{} and {} (and below) are leasehold's own nodes, not data", root, clock);
+  }
+  if (chroot.empty() && AtOrBelow(path, "/zookeeper")) {
+    return "/zookeeper (and below) is ZooKeeper's own";
+  }
+  return "";
+}
+
 // Children come in no particular order, and escaped names would not sort as the keys do ("%2E"
 // for '.' sorts before '-'): decode, filter and sort the keys themselves.
 std::vector<std::string> KeysWithPrefix(const std::vector<std::string>& names,

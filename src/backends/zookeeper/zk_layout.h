@@ -78,4 +78,13 @@ bool TakeNumber(std::string_view& text, std::int64_t* value);
 // A node's mtime or ctime (milliseconds since the epoch, on the server's clock).
 SystemTime FromZkMillis(std::int64_t ms);
 
+// Why the store does not write the data node `path` (a FencedWrite key: a node path in the URL's
+// chroot, which is `chroot`, "" for none), or "" if it does. Refused: a path that is not
+// absolute, "/" itself (the chroot's own node), a trailing '/', an empty, "." or ".." component,
+// what ZooKeeper refuses in a path (NUL, control characters, U+0080..U+009F, U+D800..U+F8FF,
+// U+FFF0 and above, which includes every character outside the BMP, and bytes that are not
+// UTF-8), leasehold's own nodes (/leasehold, /leasehold-clock and below) and, without a chroot,
+// ZooKeeper's own (/zookeeper and below).
+std::string DataPathProblem(std::string_view chroot, std::string_view path);
+
 }  // namespace leasehold::internal::zk_layout

@@ -445,6 +445,20 @@ std::vector<int> ZkRequests::GetAll(const std::vector<std::string>& paths,
   return rcs;
 }
 
+std::vector<int> ZkRequests::ExistsAll(const std::vector<std::string>& paths) {
+  std::vector<ZkPending> pending;
+  pending.reserve(paths.size());
+  for (const std::string& path : paths) {
+    pending.push_back(ZkPending::Exists(*session_, path));
+  }
+  std::vector<int> rcs;
+  rcs.reserve(pending.size());
+  for (ZkPending& p : pending) {
+    rcs.push_back(p.Await(deadline_));
+  }
+  return rcs;
+}
+
 int ZkRequests::Children(const std::string& path, std::vector<std::string>* children) {
   ZkAnswer answer;
   const int rc = ZkPending::Children(*session_, path).Await(deadline_, &answer);

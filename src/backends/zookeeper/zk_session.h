@@ -210,6 +210,10 @@ class ZkRequests {
   std::vector<int> GetAll(const std::vector<std::string>& paths, std::vector<std::string>* values,
                           std::vector<struct Stat>* stats);
 
+  // One exists per path, all sent before any reply is awaited (one round of latency). Returns
+  // each one's rc: ZOK (the node exists), ZNONODE, or an error.
+  std::vector<int> ExistsAll(const std::vector<std::string>& paths);
+
   int Children(const std::string& path, std::vector<std::string>* children);
   // `created` and `stat` may be null.
   int Create(const std::string& path, std::string_view value, const struct ACL_vector* acl,

@@ -357,6 +357,224 @@ TEST(ZkBackendTest, KeptGrantsAndRecordsArePersistentNodesJudgedOnTheLeadersCloc
   EXPECT_TRUE(clock->from_store);
 }
 
+// Fenced writes (Lease::Write): one multi with a check of the grant's node, then the ops on node
+// paths in the URL's chroot. Read back with the C client itself (testing::ReadZkNodeData). One
+// server for the suite; every test has its own chroot.
+class ZkFencedWriteTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto started = ZkEnsemble::Start({.tick_time = 200ms});
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    zk_ = std::move(started).value().release();
+  }
+
+  static void TearDownTestSuite() {
+    delete zk_;
+    zk_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_NE(zk_, nullptr);
+    url_ = zk_->Url(
+        fmt::format("/fenced-{}", ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  }
+
+  std::unique_ptr<Store> OpenStore() const {
+    auto store = Store::Open(url_);
+    EXPECT_TRUE(store.ok()) << store.status().ToString();
+    return store.ok() ? std::move(store).value() : nullptr;
+  }
+
+  std::optional<std::string> Read(const std::string& path) const {
+    auto value = testing::ReadZkNodeData(url_, path);
+    EXPECT_TRUE(value.ok()) << value.status().ToString();
+    return value.ok() ? *value : std::nullopt;
+  }
+
+  static ZkEnsemble* zk_;
+  std::string url_;
+};
+
+ZkEnsemble* ZkFencedWriteTest::zk_ = nullptr;
+
+TEST_F(ZkFencedWriteTest, LowerTokenIsRefusedEqualAcceptedManyTimesHigherAccepted) {
+  auto a = OpenStore();
+  auto b = OpenStore();
+  ASSERT_TRUE(a && b);
+  auto first = a->TryAcquire("job", {.ttl = 10s, .holder = "holder-a"});
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_TRUE(first->store_key().starts_with("/leasehold/job/g")) << first->store_key();
+  ASSERT_TRUE(first->Write(FencedWrite().Put("/register", "a")).ok());
+  // A is taken for dead; B holds the key under a higher token.
+  ASSERT_TRUE(b->ForceRelease("job").ok());
+  auto second = b->TryAcquire("job", {.ttl = 10s, .holder = "holder-b"});
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_GT(second->fencing_token(), first->fencing_token());
+  for (int i = 0; i < 20; ++i) {
+    auto wrote = second->Write(FencedWrite().Put("/register", fmt::format("b{}", i)));
+    ASSERT_TRUE(wrote.ok()) << "equal token, write " << i << ": " << wrote.status().ToString();
+    EXPECT_EQ(wrote->affected, std::vector<std::int64_t>{1});
+  }
+  EXPECT_EQ(Read("/register"), "b19");
+  auto stale = first->Write(FencedWrite().Put("/register", "a-stale").Put("/other", "a-stale"));
+  ASSERT_EQ(stale.status().code(), StatusCode::kLost) << stale.status().ToString();
+  EXPECT_NE(stale.status().message().find("fenced out"), std::string_view::npos);
+  EXPECT_NE(stale.status().message().find(fmt::format(
+                "is now held by holder-b under fencing token {}", second->fencing_token())),
+            std::string_view::npos)
+      << stale.status().message();
+  EXPECT_EQ(Read("/register"), "b19");
+  EXPECT_EQ(Read("/other"), std::nullopt) << "no op of a refused write is applied";
+  ASSERT_TRUE(second->Release().ok());
+  auto third = a->TryAcquire("job", {.ttl = 10s, .holder = "holder-c"});
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  ASSERT_GT(third->fencing_token(), second->fencing_token());
+  ASSERT_TRUE(third->Write(FencedWrite().Put("/register", "c")).ok());
+  EXPECT_EQ(Read("/register"), "c");
+  // The same store handle holds both: the refusal comes from the store's check, not a lookup.
+  EXPECT_EQ(first->Write(FencedWrite().Put("/register", "a-again")).status().code(),
+            StatusCode::kLost);
+  EXPECT_EQ(Read("/register"), "c");
+}
+
+TEST_F(ZkFencedWriteTest, AMissingParentIsRefusedAndNothingIsWritten) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  auto lease = store->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  auto refused = lease->Write(FencedWrite().Put("/written-first", "x").Put("/no-such/child", "y"));
+  ASSERT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("parent /no-such does not exist"),
+            std::string_view::npos)
+      << refused.status().message();
+  EXPECT_EQ(Read("/written-first"), std::nullopt) << "all or none";
+  EXPECT_EQ(Read("/no-such"), std::nullopt);
+  // A parent made earlier in the same write is there for its child: the multi applies in order.
+  auto nested = lease->Write(FencedWrite().Put("/parent", "p").Put("/parent/child", "c"));
+  ASSERT_TRUE(nested.ok()) << nested.status().ToString();
+  EXPECT_EQ(Read("/parent/child"), "c");
+  // A node with children is not deleted.
+  auto busy = lease->Write(FencedWrite().Delete("/parent"));
+  EXPECT_EQ(busy.status().code(), StatusCode::kInvalidArgument) << busy.status().ToString();
+  EXPECT_EQ(Read("/parent"), "p");
+  EXPECT_TRUE(lease->valid());
+}
+
+TEST_F(ZkFencedWriteTest, PathsInsideLeaseholdsNodesAndMalformedPathsAreRefused) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  auto lease = store->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  const std::string refused_paths[] = {lease->store_key(),
+                                       "/leasehold",
+                                       "/leasehold/job",
+                                       "/leasehold/other/x",
+                                       "/leasehold-clock",
+                                       "/leasehold-clock/x",
+                                       "relative",
+                                       "/",
+                                       "/trailing/",
+                                       "/a//b",
+                                       "/a/./b",
+                                       "/a/..",
+                                       "/.",
+                                       std::string("/nul\0byte", 9),
+                                       "/ctl\x01",
+                                       "/del\x7f",
+                                       "/\xc2\x85",
+                                       "/\xee\x80\x80",
+                                       "/\xef\xbf\xbf",
+                                       "/\xf0\x9f\x98\x80",
+                                       "/\xff",
+                                       "/\xc0\xaf"};
+  for (const std::string& path : refused_paths) {
+    auto put = lease->Write(FencedWrite().Put("/fine", "x").Put(path, "v"));
+    EXPECT_EQ(put.status().code(), StatusCode::kInvalidArgument)
+        << path << ": " << put.status().ToString();
+    auto del = lease->Write(FencedWrite().Delete(path));
+    EXPECT_EQ(del.status().code(), StatusCode::kInvalidArgument)
+        << path << ": " << del.status().ToString();
+  }
+  EXPECT_EQ(Read("/fine"), std::nullopt);
+  // Names that only look like ours, dots inside names and non-ASCII text are data.
+  const std::string fine_paths[] = {"/leasehold-data", "/leaseholdx", "/a.b", "/..a",
+                                    "/caf\xc3\xa9"};
+  for (const std::string& path : fine_paths) {
+    auto put = lease->Write(FencedWrite().Put(path, "ok"));
+    EXPECT_TRUE(put.ok()) << path << ": " << put.status().ToString();
+    EXPECT_EQ(Read(path), "ok") << path;
+  }
+  EXPECT_TRUE(lease->valid());
+  auto info = store->Inspect("job");
+  ASSERT_TRUE(info.ok() && info->has_value()) << info.status().ToString();
+  EXPECT_EQ((*info)->fencing_token, lease->fencing_token()) << "the grant's node is untouched";
+}
+
+TEST_F(ZkFencedWriteTest, OneWritePutsOverAnExistingNodeAndCreatesAnAbsentOne) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  auto lease = store->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  ASSERT_TRUE(lease->Write(FencedWrite().Put("/existing", "old")).ok());
+  auto both = lease->Write(FencedWrite().Put("/existing", "new").Put("/fresh", "f"));
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_EQ(both->affected, (std::vector<std::int64_t>{1, 1}));
+  EXPECT_EQ(Read("/existing"), "new");
+  EXPECT_EQ(Read("/fresh"), "f");
+  // Ops on one node see the ones before them: delete, create again, overwrite.
+  auto sequence = lease->Write(
+      FencedWrite().Delete("/existing").Put("/existing", "again").Put("/existing", "last"));
+  ASSERT_TRUE(sequence.ok()) << sequence.status().ToString();
+  EXPECT_EQ(sequence->affected, (std::vector<std::int64_t>{1, 1, 1}));
+  EXPECT_EQ(Read("/existing"), "last");
+  // Empty values are values.
+  ASSERT_TRUE(lease->Write(FencedWrite().Put("/empty", "")).ok());
+  EXPECT_EQ(Read("/empty"), "");
+}
+
+TEST_F(ZkFencedWriteTest, DeletingAnAbsentNodeCountsZero) {
+  auto store = OpenStore();
+  ASSERT_TRUE(store);
+  auto lease = store->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  auto only = lease->Write(FencedWrite().Delete("/absent"));
+  ASSERT_TRUE(only.ok()) << only.status().ToString();
+  EXPECT_EQ(only->affected, std::vector<std::int64_t>{0});
+  auto mixed =
+      lease->Write(FencedWrite().Delete("/absent").Put("/x", "1").Delete("/x").Delete("/x"));
+  ASSERT_TRUE(mixed.ok()) << mixed.status().ToString();
+  EXPECT_EQ(mixed->affected, (std::vector<std::int64_t>{0, 1, 1, 0}));
+  EXPECT_EQ(Read("/x"), std::nullopt);
+  // A delete of an absent node under a stale grant is still refused: the check is always sent.
+  ASSERT_TRUE(store->ForceRelease("job").ok());
+  auto stale = lease->Write(FencedWrite().Delete("/absent"));
+  EXPECT_EQ(stale.status().code(), StatusCode::kLost) << stale.status().ToString();
+  EXPECT_NE(stale.status().message().find("is no longer held"), std::string_view::npos)
+      << stale.status().message();
+}
+
+// The chaos harness's negative control: without the check, a stale grant's write goes through.
+TEST_F(ZkFencedWriteTest, SkippingTheGuardLetsAStaleWriteThrough) {
+  auto backend = OpenZk(url_);
+  ASSERT_TRUE(backend);
+  const std::string token(32, 's');
+  auto grant = backend->TryAcquire({"job", token, "stale", 5s, ""});
+  ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+  ASSERT_TRUE(backend->ForceRelease("job").ok());
+  internal::FencedWriteRequest request{
+      .key = "job",
+      .owner_token = token,
+      .fencing_token = grant->fencing_token,
+      .store_key = grant->store_key,
+      .ops = {{.kind = FencedOp::Kind::kPut, .key = "/unguarded", .value = "stale"}}};
+  EXPECT_EQ(backend->FencedWrite(request).status().code(), StatusCode::kLost);
+  EXPECT_EQ(Read("/unguarded"), std::nullopt);
+  request.skip_guard_for_testing = true;
+  auto through = backend->FencedWrite(request);
+  ASSERT_TRUE(through.ok()) << through.status().ToString();
+  EXPECT_EQ(Read("/unguarded"), "stale");
+}
+
 // A TCP proxy in front of one server that can lose the server's replies: in Drop() mode it
 // still forwards every request to the server but throws the replies away, then cuts every
 // connection (the client sees a connection loss, not an answer); Pass() restores it. This is a
