@@ -1237,7 +1237,7 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register"):
         print(f"  worker-crashes: {len(crashes)} workers died unbidden (rc -N: signal N), e.g. "
               f"{crashes[:4]}; see <worker>.stderr in the run directory")
     return dict(violations=violations, overlaps=len(overlaps), stale_accepted=stale_accepted,
-                ineffective=ineffective, bound=len(bound_violations), foreign=len(foreign))
+                stale_attempted=stale_attempted, ineffective=ineffective, bound=len(bound_violations), foreign=len(foreign))
 
 
 def check_native(run_dir, by_key, native_writes):
@@ -1963,6 +1963,16 @@ def main():
                 shutil.rmtree(run_dir, ignore_errors=True)
         else:
             caught = any(r[m] > 0 for m in must)
+            if (not caught and must == ("stale_accepted",) and r["stale_attempted"] == 0
+                    and args.quick and attempt == 1):
+                # No stale write was even attempted (the pauses missed the holders): this run
+                # could not have caught the control; once more with the next faults.
+                print(f"chaos: control {control} saw no stale write; running it once more",
+                      flush=True)
+                attempts.insert(0, (control, flags, scenario, must, 2))
+                if not args.keep:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                continue
             print(f"negative-control: unsafe={control} {'CAUGHT' if caught else 'NOT CAUGHT'} "
                   f"(must flag one of {', '.join(must)})", flush=True)
             if not caught:
