@@ -14,6 +14,9 @@
 
 #include "backends/memory/memory_backend.h"
 #include "testing/server_process.h"
+#if LEASEHOLD_WITH_SQLITE
+#include <sqlite3.h>
+#endif
 #if LEASEHOLD_WITH_REDIS
 #include "testing/redis_server.h"
 #endif
@@ -92,6 +95,53 @@ std::string Fresh() {
   return fmt::format("{}-{}", getpid(), ++n);
 }
 
+#if LEASEHOLD_WITH_SQLITE
+// read_data of sqlite://: column v of row k in kFencedDataTable of the URL's file, read with the
+// sqlite3 C API on a connection of its own. No table yet (no fenced write made it) reads as none.
+Result<std::optional<std::string>> ReadSqliteData(const std::string& url,
+                                                  const std::string& data_key) {
+  const std::string path = url.substr(std::string_view("sqlite://").size());
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr);
+  auto fail = [&](std::string_view what) {
+    Status s = Status::Internal(fmt::format("sqlite3 {} on {}: {}", what, path,
+                                            db != nullptr ? sqlite3_errmsg(db) : "out of memory"));
+    sqlite3_close_v2(db);
+    return s;
+  };
+  if (rc != SQLITE_OK) {
+    return fail("open");
+  }
+  sqlite3_busy_timeout(db, 5000);
+  sqlite3_stmt* statement = nullptr;
+  const std::string sql = fmt::format("SELECT v FROM {} WHERE k = ?1", kFencedDataTable);
+  rc = sqlite3_prepare_v2(db, sql.c_str(), -1, &statement, nullptr);
+  if (rc != SQLITE_OK) {
+    if (std::string_view(sqlite3_errmsg(db)).starts_with("no such table")) {
+      sqlite3_close_v2(db);
+      return std::optional<std::string>();
+    }
+    return fail("prepare");
+  }
+  sqlite3_bind_text(statement, 1, data_key.data(), static_cast<int>(data_key.size()),
+                    SQLITE_STATIC);
+  rc = sqlite3_step(statement);
+  std::optional<std::string> value;
+  if (rc == SQLITE_ROW) {
+    const auto* text = reinterpret_cast<const char*>(sqlite3_column_text(statement, 0));
+    value.emplace(text != nullptr ? text : "",
+                  static_cast<std::size_t>(sqlite3_column_bytes(statement, 0)));
+    rc = sqlite3_step(statement);
+  }
+  sqlite3_finalize(statement);
+  if (rc != SQLITE_DONE) {
+    return fail("step");
+  }
+  sqlite3_close_v2(db);
+  return value;
+}
+#endif
+
 std::vector<StoreFixture> MakeFixtures() {
   std::vector<StoreFixture> fixtures;
   auto no_server = [] { return Status(); };
@@ -109,9 +159,12 @@ std::vector<StoreFixture> MakeFixtures() {
                             std::string_view(url).substr(scheme.size()), data_key);
                       }});
 #if LEASEHOLD_WITH_SQLITE
-  fixtures.push_back({.name = "sqlite", .start = no_server, .new_store_url = [](const std::string& dir) {
-                        return fmt::format("sqlite://{}/leases.db", dir);
-                      }});
+  fixtures.push_back(
+      {.name = "sqlite",
+       .start = no_server,
+       .new_store_url =
+           [](const std::string& dir) { return fmt::format("sqlite://{}/leases.db", dir); },
+       .read_data = ReadSqliteData});
 #endif
 #if LEASEHOLD_WITH_REDIS
   {
@@ -185,6 +238,15 @@ std::vector<StoreFixture> MakeFixtures() {
         auto both = std::make_unique<Postgres>();
         LH_ASSIGN_OR_RETURN(both->server, PostgresServer::Start(
                                               {.max_connections = Options().postgres_max_connections}));
+        // The fenced-write cases' data table, once, in the default schema (public) that every
+        // store's connection finds on its search_path: the suite's CREATE TABLE IF NOT EXISTS
+        // would race between parallel tests on one server.
+        LH_RETURN_IF_ERROR(
+            both->server
+                ->Psql(fmt::format("CREATE TABLE IF NOT EXISTS public.{} (k TEXT PRIMARY KEY, v "
+                                   "TEXT NOT NULL)",
+                                   kFencedDataTable))
+                .status());
         auto bouncer = PgBouncer::Start(*both->server);
         if (bouncer.ok()) {
           both->bouncer = std::move(bouncer).value();
@@ -236,7 +298,34 @@ std::vector<StoreFixture> MakeFixtures() {
                                     fresh);
                },
            .server_requests = requests,
-           .server_requests_what = "PostgreSQL transactions (pg_stat_database xact_commit+rollback)"});
+           .server_requests_what =
+               "PostgreSQL transactions (pg_stat_database xact_commit+rollback)",
+           // psql on a direct connection to the server, whichever way the store connects.
+           .read_data = [pg](const std::string& /*url*/,
+                             const std::string& data_key) -> Result<std::optional<std::string>> {
+             Postgres* both = pg()->Get();
+             if (both == nullptr) {
+               return pg()->status();
+             }
+             std::string literal = "'";
+             for (char c : data_key) {
+               literal += c;
+               if (c == '\'') {
+                 literal += '\'';
+               }
+             }
+             literal += "'";
+             // 'v:' marks a row, so that an empty value and no row read differently.
+             Result<std::string> out = both->server->Psql(fmt::format(
+                 "SELECT 'v:' || v FROM public.{} WHERE k = {}", kFencedDataTable, literal));
+             if (!out.ok()) {
+               return out.status();
+             }
+             if (std::string_view(*out).substr(0, 2) != "v:") {
+               return std::optional<std::string>();
+             }
+             return std::optional<std::string>(out->substr(2));
+           }});
     }
   }
 #endif

@@ -201,7 +201,8 @@ Capabilities PostgresAdvisoryBackend::capabilities() const {
   return Capabilities{.multi_process = true,
                       .native_wait = true,
                       .fencing_survives_restart = true,
-                      .fair_queue = true};
+                      .fair_queue = true,
+                      .fenced_ops = FencedOpBit(FencedOp::Kind::kSql)};
 }
 
 Result<std::shared_ptr<PostgresAdvisoryBackend::Session>> PostgresAdvisoryBackend::NewSession() {
@@ -832,6 +833,74 @@ Result<bool> PostgresAdvisoryBackend::ForceRelease(std::string_view key) {
     }
     return r->rows() > 0;
   }
+}
+
+Status PostgresAdvisoryBackend::FencedRefusal(const FencedWriteRequest& request,
+                                              PgConnection* conn) {
+  const std::string inspect = PgStatement(sql::kAdvisoryInspect, options_);
+  Result<PgResult> r =
+      conn != nullptr
+          ? conn->Exec("fenced write holder", inspect, {request.key}, PgDeadline(options_, clock_))
+          : RunOnPrimary("fenced write holder", inspect, {request.key});
+  if (r.ok() && r->rows() > 0 &&
+      static_cast<FencingToken>(r->GetInt(0, 3)) != request.fencing_token) {
+    return FencedOut(
+        request.key, request.fencing_token,
+        fmt::format("is now held by {} under fencing token {}", r->Get(0, 1), r->GetInt(0, 3)));
+  }
+  MutexLock lock(&mu_);
+  if (auto it = lost_reasons_.find(request.owner_token); it != lost_reasons_.end()) {
+    return FencedOut(request.key, request.fencing_token,
+                     fmt::format("is no longer held: {}", it->second.first));
+  }
+  return FencedOut(request.key, request.fencing_token, "is no longer held: expired or released");
+}
+
+Result<std::vector<std::int64_t>> PostgresAdvisoryBackend::FencedWrite(
+    const FencedWriteRequest& request) {
+  LH_RETURN_IF_ERROR(PgCheckFencedOps(request.ops));
+  std::shared_ptr<Held> held = FindHeld(request.key, request.owner_token);
+  std::shared_ptr<Session> session;
+  if (!request.skip_guard_for_testing) {
+    if (held == nullptr || held->fence != request.fencing_token) {
+      return FencedRefusal(request, nullptr);
+    }
+    if (clock_.Now() >= held->expires) {
+      // Not renewed within its ttl: its holder's safe_until has passed, and the next heartbeat
+      // unlocks it (RenewMany). The lock may still be on the session; the grant is over.
+      return FencedOut(request.key, request.fencing_token,
+                       "is no longer held: expired (not renewed within its ttl)");
+    }
+    session = held->session;
+  } else if (held != nullptr) {
+    session = held->session;
+  } else {
+    LH_ASSIGN_OR_RETURN(session, PrimarySession());
+  }
+  MutexLock slock(&session->mu);
+  if (session->lost || session->conn == nullptr || session->conn->broken()) {
+    return FencedOut(request.key, request.fencing_token,
+                     "is no longer held: its server session ended");
+  }
+  PgConnection& conn = *session->conn;
+  const std::int64_t lock_id = AdvisoryLockId(options_.schema, request.key);
+  PgFencedOutcome outcome =
+      PgFencedWrite(conn, request, PgStatement(sql::kAdvisoryFencedCheck, options_),
+                    {request.key, request.owner_token, std::to_string(request.fencing_token),
+                     std::to_string(lock_id)},
+                    PgDeadline(options_, clock_), clock_, options_,
+                    [&] { return FencedRefusal(request, &conn); });
+  if (conn.broken()) {
+    // The session is gone (or discarded), and with it the lock: every lease on it is lost.
+    const std::string reason = SessionEndReason(outcome.result.status(), conn.broken_reason());
+    SessionLost(session, reason);
+    if (!outcome.commit_sent) {
+      // The write's transaction died with the session: nothing was written.
+      return FencedOut(request.key, request.fencing_token,
+                       fmt::format("is no longer held: {}; nothing was written", reason));
+    }
+  }
+  return std::move(outcome.result);
 }
 
 Status PostgresAdvisoryBackend::WaitForTurn(std::string_view key, std::string_view waiter_id,

@@ -46,6 +46,10 @@
 //   refuses while it is live (kHeldByAnother, with its holder and remaining time), status and
 //   list show it, force-release clears it. Records go into the `records` table, as in table
 //   mode.
+// - A fenced write (Lease::Write) runs on the session that holds the lock, in a transaction
+//   that first checks the lock and the row: a session that was replaced (reconnected) or lost
+//   the lock is fenced out. A grant kept after its holder (Finish, keep > 0) has no session, so
+//   nobody writes under it.
 // Advisory mode needs a direct session; use mode=table through transaction poolers.
 //
 // Time: a grant lives as long as its server session, bounded by the session limits above; the
@@ -130,6 +134,16 @@ class PostgresAdvisoryBackend final : public Backend {
   // Ends the holder's session (see the file comment). Returns false if no session holds the
   // lock; kPermissionDenied without the right to signal that session.
   Result<bool> ForceRelease(std::string_view key) override;
+  // Sql ops only, on the very session that holds the lease's advisory lock, in one transaction
+  // (PgFencedWrite, postgres_common.h): BEGIN; pg_locks shows the lock granted to this session
+  // and the key's row records this grant as its own (kAdvisoryFencedCheck); the statements,
+  // text parameters, never prepared; COMMIT. Nothing else runs on the session meanwhile (its
+  // mutex), so heartbeats of its leases wait for the write. kLost (FencedOut) if this handle
+  // does not hold the grant, its local expiry passed (not renewed within its ttl), the check
+  // finds no row, or the session ended before COMMIT (the write died with it: nothing written,
+  // and every lease on the session is lost); kInvalidArgument and kUnavailable as in table
+  // mode (PostgresTableBackend::FencedWrite).
+  Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override;
   void AbandonWait(std::string_view key, std::string_view waiter_id) override;
   // Queues for the lock and returns when it is granted (OK), at `deadline` (kDeadlineExceeded,
   // still queued), or at `stop` (kCancelled, still queued until AbandonWait).
@@ -159,6 +173,10 @@ class PostgresAdvisoryBackend final : public Backend {
   // Returns a session with no leases to the idle list, or closes it.
   void Recycle(std::shared_ptr<Session> session);
   Status LostStatus(std::string_view key, std::string_view owner_token);
+  // The FencedOut status of a refused fenced write: names the live grant of another holder if
+  // there is one, read on `conn` (a session whose mutex the caller holds) or, if null, on the
+  // primary session.
+  Status FencedRefusal(const FencedWriteRequest& request, PgConnection* conn) LH_EXCLUDES(mu_);
   // Returns the live grant of `key` if it is `owner_token`'s, else null.
   std::shared_ptr<Held> FindHeld(std::string_view key, std::string_view owner_token)
       LH_EXCLUDES(mu_);

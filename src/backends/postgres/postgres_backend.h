@@ -7,6 +7,9 @@
 //   server session the handle keeps, and lives as long as that session;
 // - mode=table (postgres_table_backend.h): a grant is the key's row with an expiry on the
 //   server's clock; works through transaction poolers such as PgBouncer.
+// Both take fenced writes (Lease::Write, Sql ops): one transaction that checks the grant, then
+// runs the statements (advisory mode on the lock's own session; table mode a FOR SHARE read of
+// the key's row), PgFencedWrite in postgres_common.h.
 // What both share (SQL templating, rows, records, the schema check) is in postgres_common.h, the
 // libpq connection in postgres_connection.h, the URL in postgres_options.h.
 //

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/common/sql_statement.h"
 #include "backends/postgres/postgres_sql.h"
 #include "core/logging.h"
 #include "util/hex.h"
@@ -234,6 +235,156 @@ Status EnsureSchema(PgConnection& conn, const PostgresOptions& options, Clock& c
   // Another process may have created it at the same moment (unique violation on the catalog).
   LH_ASSIGN_OR_RETURN(exists, state());
   return exists.leases && exists.records ? Status() : created.status();
+}
+
+Status PgCheckFencedOps(const std::vector<FencedOp>& ops) {
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const FencedOp& op = ops[i];
+    if (op.kind != FencedOp::Kind::kSql) {
+      return Status::InvalidArgument(
+          fmt::format("the postgres store has no fenced {} op", FencedOpKindName(op.kind)));
+    }
+    if (op.key.find('\0') != std::string::npos) {
+      return Status::InvalidArgument(
+          fmt::format("fenced write: statement {} contains a NUL byte", i + 1));
+    }
+    for (std::size_t p = 0; p < op.params.size(); ++p) {
+      if (op.params[p].find('\0') != std::string::npos) {
+        return Status::InvalidArgument(fmt::format(
+            "fenced write: statement {}: parameter ${} contains a NUL byte, which PostgreSQL "
+            "text cannot hold",
+            i + 1, p + 1));
+      }
+    }
+    const std::string leading = LeadingSqlKeywords(op.key);
+    if (std::string_view word = TransactionControlKeyword(leading); !word.empty()) {
+      return Status::InvalidArgument(fmt::format(
+          "fenced write: statement {} is {}: the write runs in a transaction of its own, which "
+          "its statements may not end or split",
+          i + 1, word));
+    }
+    if (leading.substr(0, leading.find(' ')) == "COPY") {
+      return Status::InvalidArgument(fmt::format(
+          "fenced write: statement {} is COPY, which a fenced write cannot carry (use INSERT)",
+          i + 1));
+    }
+  }
+  return Status();
+}
+
+Status PgFencedStatementStatus(const Status& status, bool connection_ok) {
+  const std::string_view sqlstate = status.detail();
+  if (connection_ok && sqlstate == kSqlStateProtocolViolation) {
+    // A Bind with more or fewer parameters than the statement has ("bind message supplies 2
+    // parameters, but prepared statement "" requires 1"): the server says 08P01, yet the
+    // session is fine and the mistake is the caller's.
+    return Status(StatusCode::kInvalidArgument, std::string(status.message()),
+                  std::string(sqlstate));
+  }
+  if (status.code() != StatusCode::kInternal) {
+    return status;
+  }
+  for (std::string_view cls : {"0A", "21", "22", "23", "25", "27", "2D", "42", "44", "P0"}) {
+    if (sqlstate.starts_with(cls)) {
+      return Status(StatusCode::kInvalidArgument, std::string(status.message()),
+                    std::string(sqlstate));
+    }
+  }
+  return status;
+}
+
+std::int64_t PgRowsChanged(const PgResult& r) {
+  const std::string_view tag = r.command_tag();
+  const std::string_view command = tag.substr(0, tag.find(' '));
+  if (command == "INSERT" || command == "UPDATE" || command == "DELETE" || command == "MERGE") {
+    return r.rows_processed();
+  }
+  return 0;
+}
+
+PgFencedOutcome PgFencedWrite(PgConnection& conn, const FencedWriteRequest& request,
+                              const std::string& check, const PgParams& check_params,
+                              SteadyTime deadline, Clock& clock, const PostgresOptions& options,
+                              const std::function<Status()>& refused) {
+  PgFencedOutcome outcome;
+  auto rollback = [&] {
+    if (conn.broken()) {
+      return;
+    }
+    // A failed statement left the transaction aborted; a connection that cannot end it is of no
+    // use to anyone (and in advisory mode would fail every later heartbeat).
+    Result<PgResult> r = conn.Exec("fenced write rollback", std::string(sql::kRollback), {},
+                                   PgDeadline(options, clock));
+    if (!r.ok() && !conn.broken()) {
+      conn.Discard(fmt::format("ROLLBACK of a fenced write failed: {}", r.status().message()));
+    }
+  };
+  if (Result<PgResult> begun =
+          conn.Exec("fenced write begin", std::string(sql::kBegin), {}, deadline);
+      !begun.ok()) {
+    rollback();  // in case BEGIN ran and only its answer was lost
+    outcome.result = begun.status();
+    return outcome;
+  }
+  if (!request.skip_guard_for_testing) {
+    Result<PgResult> checked = conn.Exec("fenced write check", check, check_params, deadline);
+    if (!checked.ok()) {
+      rollback();
+      outcome.result = checked.status();
+      return outcome;
+    }
+    if (checked->rows() == 0) {
+      rollback();
+      outcome.refused = true;
+      outcome.result =
+          conn.broken()
+              ? Status::Unavailable(fmt::format("fenced write of {}: the connection broke while "
+                                                "ending a refused write",
+                                                request.key))
+              : refused();
+      return outcome;
+    }
+  }
+  std::vector<std::int64_t> affected;
+  affected.reserve(request.ops.size());
+  for (std::size_t i = 0; i < request.ops.size(); ++i) {
+    const FencedOp& op = request.ops[i];
+    PgParams params(op.params.begin(), op.params.end());
+    Result<PgResult> r =
+        conn.ExecOnce(fmt::format("fenced write statement {}", i + 1), op.key, params, deadline);
+    if (!r.ok()) {
+      rollback();
+      outcome.result = PgFencedStatementStatus(r.status(), !conn.broken());
+      return outcome;
+    }
+    affected.push_back(PgRowsChanged(*r));
+  }
+  outcome.commit_sent = true;
+  Result<PgResult> committed =
+      conn.Exec("fenced write commit", std::string(sql::kCommit), {}, deadline);
+  if (!committed.ok()) {
+    if (conn.broken()) {
+      outcome.result = Status::Unavailable(
+          fmt::format("fenced write of {}: the connection failed after COMMIT was sent, so "
+                      "whether the write committed is unknown: {}",
+                      request.key, committed.status().message()),
+          std::string(committed.status().detail()));
+      return outcome;
+    }
+    // The server answered COMMIT with an error (a deferred constraint, a serialization failure):
+    // the transaction is over and nothing was written.
+    rollback();
+    outcome.result = PgFencedStatementStatus(committed.status(), !conn.broken());
+    return outcome;
+  }
+  if (committed->command_tag() == "ROLLBACK") {
+    // COMMIT of a transaction that had failed answers ROLLBACK instead of an error.
+    outcome.result = Status::Internal(fmt::format(
+        "fenced write of {}: the server rolled the transaction back at COMMIT", request.key));
+    return outcome;
+  }
+  outcome.result = std::move(affected);
+  return outcome;
 }
 
 }  // namespace leasehold::internal

@@ -9,6 +9,8 @@
 
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -73,5 +75,45 @@ Status PgRecordsStatus(Status status, const PostgresOptions& options);
 
 // The deadline of one statement started now, on `clock` (the backend's: see backend.h).
 SteadyTime PgDeadline(const PostgresOptions& options, Clock& clock);
+
+// Checks a fenced write's ops before anything is sent: Sql ops only, without NUL bytes (in the
+// statement or, since text cannot hold one, a parameter), none of them transaction control
+// (BEGIN, START, COMMIT, END, ROLLBACK, ABORT, SAVEPOINT, RELEASE, PREPARE TRANSACTION) or COPY
+// (its protocol is not a statement's). Returns kInvalidArgument naming the op.
+Status PgCheckFencedOps(const std::vector<FencedOp>& ops);
+
+// How PgFencedWrite ended, for the caller's bookkeeping.
+struct PgFencedOutcome {
+  // The counts (FencedWriteResult::affected), or why not.
+  Result<std::vector<std::int64_t>> result = Status::Internal("fenced write not run");
+  // COMMIT was sent: if the connection broke after that, the write may have committed.
+  bool commit_sent = false;
+  // The check found no row: result is refused()'s status.
+  bool refused = false;
+};
+
+// Runs a fenced write on `conn`, one transaction: BEGIN; `check` with `check_params` (a
+// statement that returns a row only while the grant is the caller's; skipped with
+// request.skip_guard_for_testing); each op through ExecOnce (text parameters, one statement, no
+// prepared statement); COMMIT. The whole is bounded by `deadline` (ROLLBACK gets a deadline of
+// its own). Any failure sends ROLLBACK; a connection whose ROLLBACK fails is discarded. When the
+// check finds no row, `refused` (called after the ROLLBACK, `conn` free again) makes the
+// status. A statement's error is mapped by PgFencedStatementStatus. A broken connection: the
+// status is kUnavailable, naming an unknown outcome if COMMIT was sent.
+PgFencedOutcome PgFencedWrite(PgConnection& conn, const FencedWriteRequest& request,
+                              const std::string& check, const PgParams& check_params,
+                              SteadyTime deadline, Clock& clock, const PostgresOptions& options,
+                              const std::function<Status()>& refused);
+
+// Maps the error of a fenced write's statement: SQLSTATE classes 0A, 21, 22, 23, 25, 27, 2D, 42, 44
+// and P0 (what the statement asks is refused: syntax, a missing table, a constraint, a type, a
+// RAISE...), and 08P01 on a connection that is still fine (parameters that do not match the
+// statement's), are the caller's, kInvalidArgument with the server's message; 28 and 42501 stay
+// kPermissionDenied, connection and server trouble kUnavailable, as PgConnection maps them.
+Status PgFencedStatementStatus(const Status& status, bool connection_ok);
+
+// The rows a fenced write's statement changed: its count for INSERT, UPDATE, DELETE and MERGE,
+// 0 for every other command (a SELECT's count is of rows read, not changed).
+std::int64_t PgRowsChanged(const PgResult& r);
 
 }  // namespace leasehold::internal

@@ -26,6 +26,7 @@
 #include <libpq-fe.h>
 #include <sys/eventfd.h>
 
+#include "core/logging.h"
 #include "util/sigpipe_guard.h"
 
 namespace leasehold::internal {
@@ -40,6 +41,14 @@ std::string Trim(std::string text) {
     text.pop_back();
   }
   return text;
+}
+
+// The server's NOTICEs and WARNINGs (a fenced write's "relation ... already exists, skipping"):
+// into leasehold's log at debug level, never onto the application's stderr, where libpq's
+// default processor prints them.
+void LogNotice(void* /*arg*/, const char* message) {
+  Log(LogLevel::kDebug,
+      fmt::format("postgres notice: {}", Trim(message != nullptr ? message : "")));
 }
 
 bool IsAuthFailure(std::string_view message) {
@@ -83,6 +92,20 @@ long long PgResult::GetInt(int row, int col) const {
 
 bool PgResult::GetBool(int row, int col) const { return Get(row, col) == "t"; }
 
+std::string_view PgResult::command_tag() const {
+  return result_ ? std::string_view(PQcmdStatus(result_.get())) : std::string_view();
+}
+
+long long PgResult::rows_processed() const {
+  if (!result_) {
+    return 0;
+  }
+  std::string_view text = PQcmdTuples(result_.get());
+  long long value = 0;
+  std::from_chars(text.data(), text.data() + text.size(), value);
+  return value;
+}
+
 Result<std::unique_ptr<PgConnection>> PgConnection::Connect(const PostgresOptions& options,
                                                             Clock& clock) {
   std::vector<const char*> keywords;
@@ -114,6 +137,7 @@ Result<std::unique_ptr<PgConnection>> PgConnection::Connect(const PostgresOption
     }
     return Status::Unavailable(std::move(message));
   }
+  PQsetNoticeProcessor(conn, &LogNotice, nullptr);
   if (PQsetnonblocking(conn, 1) != 0) {
     PQfinish(conn);
     return Status::Unavailable(
@@ -179,7 +203,18 @@ Status PgConnection::ResultStatus(std::string_view what, pg_result* result) {
   return Status::Internal(std::move(message), sqlstate);
 }
 
+void PgConnection::Discard(std::string reason) {
+  if (!broken_) {
+    (void)MarkBroken("discard", std::move(reason));
+  }
+}
+
 Status PgConnection::Send(std::string_view what, const std::string& sql, const PgParams& params) {
+  return SendStatement(what, sql, params, /*once=*/false);
+}
+
+Status PgConnection::SendStatement(std::string_view what, const std::string& sql,
+                                   const PgParams& params, bool once) {
   if (broken_) {
     return Status::Unavailable(fmt::format("connection to postgres at {} is closed: {}", display_,
                                            broken_reason_));
@@ -189,7 +224,7 @@ Status PgConnection::Send(std::string_view what, const std::string& sql, const P
   }
   SigpipeGuard no_sigpipe;
   int sent = 0;
-  if (params.empty()) {
+  if (params.empty() && !once) {
     sent = PQsendQuery(conn_, sql.c_str());
   } else {
     std::vector<const char*> values;
@@ -197,7 +232,7 @@ Status PgConnection::Send(std::string_view what, const std::string& sql, const P
     for (const auto& p : params) {
       values.push_back(p ? p->c_str() : nullptr);
     }
-    if (auto it = prepared_.find(sql); it != prepared_.end()) {
+    if (auto it = once ? prepared_.end() : prepared_.find(sql); it != prepared_.end()) {
       sent = PQsendQueryPrepared(conn_, it->second.c_str(), static_cast<int>(params.size()),
                                  values.data(), nullptr, nullptr, 0);
     } else {
@@ -340,6 +375,12 @@ Result<PgResult> PgConnection::Exec(std::string_view what, const std::string& sq
   }
   LH_RETURN_IF_ERROR(Send(what, sql, params));
   return Finish(what, deadline, stop);
+}
+
+Result<PgResult> PgConnection::ExecOnce(std::string_view what, const std::string& sql,
+                                        const PgParams& params, SteadyTime deadline) {
+  LH_RETURN_IF_ERROR(SendStatement(what, sql, params, /*once=*/true));
+  return Finish(what, deadline, {});
 }
 
 Result<PgResult> PgConnection::Finish(std::string_view what, SteadyTime deadline,

@@ -46,6 +46,7 @@ inline constexpr std::string_view kSqlStateUndefinedTable = "42P01";
 inline constexpr std::string_view kSqlStateInsufficientPrivilege = "42501";
 inline constexpr std::string_view kSqlStateAdminShutdown = "57P01";
 inline constexpr std::string_view kSqlStateIdleSessionTimeout = "57P05";
+inline constexpr std::string_view kSqlStateProtocolViolation = "08P01";
 
 // One statement's result: rows of text values.
 class PgResult {
@@ -61,6 +62,11 @@ class PgResult {
   [[nodiscard]] long long GetInt(int row, int col) const;
   // Returns true for PostgreSQL's boolean "t".
   [[nodiscard]] bool GetBool(int row, int col) const;
+  // Returns the command tag ("INSERT 0 1", "UPDATE 3", "CREATE TABLE"), "" if none.
+  [[nodiscard]] std::string_view command_tag() const;
+  // Returns the rows the statement processed (PQcmdTuples: inserted, updated, deleted, merged,
+  // but also selected), 0 if it reports none.
+  [[nodiscard]] long long rows_processed() const;
 
  private:
   struct Deleter {
@@ -94,6 +100,17 @@ class PgConnection {
   // SQLSTATE), kCancelled after `stop`, kUnavailable after the deadline or a broken connection.
   Result<PgResult> Exec(std::string_view what, const std::string& sql, const PgParams& params,
                         SteadyTime deadline, std::stop_token stop = {});
+
+  // As Exec, for a statement the caller does not repeat (a fenced write's): always sent with
+  // PQsendQueryParams, also without parameters, so that the server takes one statement only (the
+  // extended protocol refuses several, SQLSTATE 42601), and never as a named prepared statement
+  // (PrepareStatements), so that the session keeps nothing of it.
+  Result<PgResult> ExecOnce(std::string_view what, const std::string& sql, const PgParams& params,
+                            SteadyTime deadline);
+
+  // Closes the connection for good (broken() from now on, with `reason`): for a connection left
+  // in a state nobody can vouch for, such as a transaction whose ROLLBACK failed.
+  void Discard(std::string reason);
 
   // The two halves of Exec, for a statement that outlives one call (a wait in the server's
   // lock queue). Send starts it; Await waits until `deadline` or `stop` and returns nullopt if it
@@ -133,6 +150,9 @@ class PgConnection {
   PgConnection(pg_conn* conn, const PostgresOptions& options, Clock& clock);
 
   Status MarkBroken(std::string_view what, std::string reason);
+  // Send, with `once` as ExecOnce describes.
+  Status SendStatement(std::string_view what, const std::string& sql, const PgParams& params,
+                       bool once);
   // Awaits the statement in flight until `deadline`; past it (or on `stop`) cancels it as Exec
   // describes.
   Result<PgResult> Finish(std::string_view what, SteadyTime deadline, std::stop_token stop);

@@ -216,6 +216,19 @@ SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 100
 FROM {schema}.leases
 WHERE key = $1 AND token IS NOT NULL AND expires_at > clock_timestamp())sql";
 
+// A fenced write's check, table mode, the first statement of its transaction (kBegin). $1 key,
+// $2 owner token, $3 fencing token. A row only if the key's row is still this grant (token and
+// fence) and live on the server's clock. FOR SHARE locks that row until the transaction ends:
+// every statement that could end or take over the grant (kTableAcquire's ON CONFLICT DO UPDATE,
+// kTableRenewMany, kTableRelease, kTableForceRelease, kTableFinish: all UPDATE it) waits for the
+// write's COMMIT, and an acquirer then re-reads the row, so no new grant begins before the write
+// is in. (A grant that expires during the write is taken over only after it, as if the write had
+// been quicker.)
+inline constexpr std::string_view kTableFencedCheck = R"sql(
+SELECT 1 FROM {schema}.leases
+WHERE key = $1 AND token = $2 AND fence = $3::bigint AND expires_at > clock_timestamp()
+FOR SHARE)sql";
+
 // The waiters' channel: one per schema, payload = the released key.
 inline constexpr std::string_view kListen = R"sql(LISTEN {schema_ident})sql";
 
@@ -422,6 +435,23 @@ FROM {schema}.leases l
 WHERE starts_with(l.key, $1) AND l.token IS NOT NULL AND l.expires_at > clock_timestamp()
   AND (l.pid IS NULL OR )sql" LH_PG_LOCK_HELD("l.pid", "l.lock_id") R"sql()
 ORDER BY l.key COLLATE "C")sql";
+
+// A fenced write's check, advisory mode, the first statement of its transaction (kBegin) on the
+// session that holds the lease: $1 key, $2 owner token, $3 fencing token, $4 lock id. A row
+// only if this session holds the advisory lock (pg_locks, as kAdvisoryRenewMany reads it) and
+// the key's row records this grant as this session's. Nothing else can end the grant meanwhile:
+// only this session can unlock, and the backend runs nothing else on it until COMMIT; the end of
+// the session (pg_terminate_backend, force-release) aborts the write with it.
+inline constexpr std::string_view kAdvisoryFencedCheck = R"sql(
+SELECT 1 FROM {schema}.leases l
+WHERE l.key = $1 AND l.token = $2 AND l.fence = $3::bigint AND l.pid = pg_backend_pid()
+  AND l.lock_id = $4::bigint AND )sql" LH_PG_LOCK_HELD("pg_backend_pid()", "$4::bigint");
+
+// The fenced write's transaction (both modes), sent as simple queries: through PgBouncer in
+// transaction pooling, everything from BEGIN to COMMIT or ROLLBACK runs on one server connection.
+inline constexpr std::string_view kBegin = "BEGIN";
+inline constexpr std::string_view kCommit = "COMMIT";
+inline constexpr std::string_view kRollback = "ROLLBACK";
 
 // The benchmark's and tests' reference round trip.
 inline constexpr std::string_view kPing = "SELECT 1";

@@ -249,7 +249,8 @@ Capabilities PostgresTableBackend::capabilities() const {
   return Capabilities{.multi_process = true,
                       .native_wait = !pooled_,
                       .fencing_survives_restart = true,
-                      .fair_queue = false};
+                      .fair_queue = false,
+                      .fenced_ops = FencedOpBit(FencedOp::Kind::kSql)};
 }
 
 Result<PgResult> PostgresTableBackend::Run(std::string_view what, const std::string& statement,
@@ -401,6 +402,43 @@ Result<bool> PostgresTableBackend::ForceRelease(std::string_view key) {
       PgResult r,
       Run("force-release", PgStatement(sql::kTableForceRelease, options_), {std::string(key)}));
   return r.rows() > 0;
+}
+
+Result<std::vector<std::int64_t>> PostgresTableBackend::FencedWrite(
+    const FencedWriteRequest& request) {
+  LH_RETURN_IF_ERROR(PgCheckFencedOps(request.ops));
+  const std::string check = PgStatement(sql::kTableFencedCheck, options_);
+  const PgParams check_params = {request.key, request.owner_token,
+                                 std::to_string(request.fencing_token)};
+  for (int attempt = 0;; ++attempt) {
+    bool reused = false;
+    LH_ASSIGN_OR_RETURN(std::unique_ptr<PgConnection> conn,
+                        attempt == 0 ? pool_->Borrow(&reused) : pool_->Connect());
+    PgConnection& c = *conn;
+    // Names the grant that refuses us, read after the ROLLBACK on the same connection.
+    auto refused = [&]() -> Status {
+      Result<PgResult> r = c.Exec("fenced write holder", PgStatement(sql::kTableInspect, options_),
+                                  {request.key}, PgDeadline(options_, clock_));
+      if (r.ok() && r->rows() > 0 &&
+          static_cast<FencingToken>(r->GetInt(0, 3)) != request.fencing_token) {
+        return FencedOut(
+            request.key, request.fencing_token,
+            fmt::format("is now held by {} under fencing token {}", r->Get(0, 1), r->GetInt(0, 3)));
+      }
+      return FencedOut(request.key, request.fencing_token,
+                       "is no longer held: expired or released");
+    };
+    PgFencedOutcome outcome = PgFencedWrite(
+        c, request, check, check_params, PgDeadline(options_, clock_), clock_, options_, refused);
+    const bool retry = !outcome.result.ok() && c.broken() && reused && !outcome.commit_sent;
+    pool_->Return(std::move(conn));
+    if (retry && attempt == 0) {
+      // An idle connection the server closed meanwhile, as in Run: nothing was committed on it
+      // (COMMIT was never sent), so the write may run once more on a fresh one.
+      continue;
+    }
+    return std::move(outcome.result);
+  }
 }
 
 Status PostgresTableBackend::WaitForChange(std::string_view key_view, SteadyTime deadline,

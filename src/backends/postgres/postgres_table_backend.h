@@ -9,6 +9,9 @@
 // the first wait) and also wake at the holder's expiry. Through a pooler, which cannot carry
 // LISTEN, waiters poll with backoff instead (native_wait is false).
 //
+// Fenced writes (Lease::Write) run the caller's statements in one transaction that first reads
+// the key's row FOR SHARE: the grant cannot end or change hands until the write commits.
+//
 // Time: grants expire on the server's clock; the local deadlines (statements, waits, the
 // LISTEN connection's reconnect pace) are on the Clock the backend was opened with (backend.h).
 //
@@ -72,6 +75,16 @@ class PostgresTableBackend final : public Backend {
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
   Result<bool> ForceRelease(std::string_view key) override;
+  // Sql ops only, in one transaction on one pooled connection (PgFencedWrite, postgres_common.h):
+  // BEGIN; the key's row checked to be this grant and live on the server's clock, and locked
+  // FOR SHARE, so that no acquire, renew, release or force-release of the key changes it before
+  // COMMIT (kTableFencedCheck); the statements, text parameters, no prepared statements (so
+  // PgBouncer in transaction pooling carries the whole transaction on one server connection);
+  // COMMIT. kLost (FencedOut) if the check finds no row; kInvalidArgument for a statement the
+  // server refuses (PgFencedStatementStatus) or one that is not a single data statement
+  // (PgCheckFencedOps); kUnavailable if the connection fails (the outcome unknown once COMMIT
+  // was sent).
+  Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override;
   // Blocks until a NOTIFY for `key`, the holder's expiry (plus jitter), `deadline` or `stop`;
   // polls every 100 ms while the LISTEN connection is down. kUnimplemented through a pooler.
   Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;

@@ -12,6 +12,11 @@
 // Processes coordinate through SQLite's own file locking: WAL journal mode, every mutation in
 // one BEGIN IMMEDIATE transaction, and a busy timeout (kUnavailable when it runs out).
 //
+// Fenced writes (Lease::Write, FencedOp kSql) run the caller's statements on data tables in the
+// same file, inside the BEGIN IMMEDIATE transaction that first checks the grant: a holder whose
+// grant expired or was taken over writes nothing. The lease tables (grants, fencing_counters,
+// records) share the file and are off limits to those statements.
+//
 // Example:
 //
 //   LH_ASSIGN_OR_RETURN(Url url, ParseUrl("sqlite:///tmp/leases.db"));
@@ -111,6 +116,21 @@ class SqliteBackend final : public Backend {
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
 
   Result<bool> ForceRelease(std::string_view key) override;
+
+  // Sql ops only. One BEGIN IMMEDIATE transaction on the file: the key's grant row still holds
+  // request.owner_token and is live (same boot, not expired: the rule of Renew and Inspect),
+  // then each statement, prepared, its parameters bound as text ($N by name, as on PostgreSQL;
+  // else ?N or ? by index), stepped to its end; then COMMIT. Any error rolls everything back.
+  // Returns per statement the rows it changed (sqlite3_changes; 0 for one that changes none).
+  // kLost (FencedOut) if the check fails; kInvalidArgument with SQLite's message for a
+  // statement SQLite refuses (syntax, constraint, type...), for more than one statement in an
+  // op, for parameters that do not match the statement's, and for statements that would end
+  // the transaction (BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT, RELEASE, ATTACH, DETACH, VACUUM),
+  // change leasehold's own tables (grants, fencing_counters, records) or run a PRAGMA;
+  // kUnavailable when the file stays locked (busy_timeout) or fails as elsewhere. The write
+  // holds the file's write lock while it runs: other writers of the file (every lease
+  // operation of every process on it) wait for it.
+  Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override;
 
   // The database file, as given (not made absolute).
   [[nodiscard]] const std::string& path() const { return path_; }

@@ -5,9 +5,10 @@
 // Bounds on time are generous functional bounds (the issue's "within one second", "within one
 // renew interval"), never performance thresholds.
 
+#include "backends/postgres/postgres_backend.h"
+
 #include <signal.h>
 #include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,15 +16,18 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
-#include "backends/postgres/postgres_backend.h"
-#include "backends/postgres/postgres_options.h"
-#include "core/url.h"
+#include "leasehold/fenced_write.h"
 #include "leasehold/schedule.h"
 #include "leasehold/store.h"
+
+#include "backends/postgres/postgres_options.h"
+#include "core/url.h"
 #include "testing/postgres_server.h"
 #include "testing/spawned_process.h"
 
@@ -488,6 +492,249 @@ TEST_F(PostgresBackendTest, TableModeThroughPgBouncerWaitsByPollingAndStillHands
   waiter.join();
   ASSERT_TRUE(waited.ok()) << waited.status().ToString();
   EXPECT_GT(waited->fencing_token(), held->fencing_token());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fenced writes (Lease::Write): Sql ops in one transaction with the grant's check, in each mode.
+
+struct FencedMode {
+  const char* mode;
+  bool through_bouncer;
+};
+
+constexpr FencedMode kFencedModes[] = {{"advisory", false}, {"table", false}, {"table", true}};
+
+// The data table of a test, in the store's own schema (so that tests never share rows).
+std::string DataTable(const std::string& schema) {
+  return fmt::format("\"{}\".data", schema);
+}
+
+FencedWrite CreateData(const std::string& schema) {
+  return FencedWrite().Sql(fmt::format(
+      "CREATE TABLE IF NOT EXISTS {} (k text PRIMARY KEY, v text NOT NULL)", DataTable(schema)));
+}
+
+FencedWrite& Upsert(FencedWrite& write, const std::string& schema, const std::string& k,
+                    const std::string& v) {
+  return write.Sql(fmt::format("INSERT INTO {} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE "
+                               "SET v = excluded.v",
+                               DataTable(schema)),
+                   {k, v});
+}
+
+TEST_F(PostgresBackendTest, FencedWritesCommitForTheHolderAndRefuseALowerTokenInEveryMode) {
+  for (const FencedMode& m : kFencedModes) {
+    SCOPED_TRACE(fmt::format("mode={} through_bouncer={}", m.mode, m.through_bouncer));
+    const std::string url = Url(m.mode, m.through_bouncer);
+    const std::string schema = Schema(url);
+    auto a = Open(url);
+    auto b = Open(url);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    EXPECT_TRUE(a->SupportsFencedOp(FencedOp::Kind::kSql));
+    EXPECT_FALSE(a->SupportsFencedOp(FencedOp::Kind::kPut));
+    auto old = a->TryAcquire("job", {.ttl = 10s, .holder = "holder-a"});
+    ASSERT_TRUE(old.ok()) << old.status().ToString();
+    FencedWrite first = CreateData(schema);
+    Upsert(first, schema, "k", "a")
+        .Sql(fmt::format("SELECT count(*) FROM {}", DataTable(schema)))
+        .Sql(fmt::format("UPDATE {} SET v = v WHERE k = $1", DataTable(schema)), {"k"});
+    auto wrote = old->Write(first);
+    ASSERT_TRUE(wrote.ok()) << wrote.status().ToString();
+    EXPECT_EQ(wrote->affected, (std::vector<std::int64_t>{0, 1, 0, 1}))
+        << "a SELECT and CREATE TABLE change no rows";
+    // Equal token, many times, on whatever pooled connection each write gets.
+    for (int i = 0; i < 10; ++i) {
+      FencedWrite again;
+      auto done = old->Write(Upsert(again, schema, "k", "a" + std::to_string(i)));
+      ASSERT_TRUE(done.ok()) << done.status().ToString();
+    }
+    // A is taken for dead; B takes the key with a higher token (in advisory mode the
+    // force-release ends A's session).
+    ASSERT_TRUE(b->ForceRelease("job").ok());
+    auto newer = b->TryAcquire("job", {.ttl = 10s, .holder = "holder-b"});
+    ASSERT_TRUE(newer.ok()) << newer.status().ToString();
+    ASSERT_GT(newer->fencing_token(), old->fencing_token());
+    FencedWrite stale;
+    Upsert(Upsert(stale, schema, "k", "a-stale"), schema, "other", "a-stale");
+    auto refused = old->Write(stale);
+    ASSERT_EQ(refused.status().code(), StatusCode::kLost) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find("fenced out"), std::string_view::npos)
+        << refused.status().ToString();
+    FencedWrite fresh;
+    auto b_wrote = newer->Write(Upsert(fresh, schema, "k", "b"));
+    ASSERT_TRUE(b_wrote.ok()) << b_wrote.status().ToString();
+    EXPECT_EQ(*server_->Psql(fmt::format("SELECT string_agg(k || '=' || v, ',' ORDER BY k) FROM {}",
+                                         DataTable(schema))),
+              "k=b");
+    // Once released, B writes no more either.
+    ASSERT_TRUE(newer->Release().ok());
+    FencedWrite released;
+    EXPECT_EQ(newer->Write(Upsert(released, schema, "k", "b-released")).status().code(),
+              StatusCode::kLost);
+  }
+}
+
+TEST_F(PostgresBackendTest, AFailingFencedStatementRollsBackTheWholeWriteInEveryMode) {
+  for (const FencedMode& m : kFencedModes) {
+    SCOPED_TRACE(fmt::format("mode={} through_bouncer={}", m.mode, m.through_bouncer));
+    const std::string url = Url(m.mode, m.through_bouncer);
+    const std::string schema = Schema(url);
+    auto store = Open(url);
+    ASSERT_NE(store, nullptr);
+    auto lease = store->TryAcquire("job", {.ttl = 10s});
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    ASSERT_TRUE(lease->Write(CreateData(schema)).ok());
+    const std::string insert =
+        fmt::format("INSERT INTO {} (k, v) VALUES ($1, $2)", DataTable(schema));
+
+    struct Bad {
+      std::string statement;
+      std::vector<std::string> params;
+      const char* says;
+    };
+
+    const std::vector<Bad> bad = {
+        {insert, {"a", "2"}, "duplicate key"},                                // 23505
+        {"INSRT INTO nowhere VALUES (1)", {}, "syntax error"},                // 42601
+        {"INSERT INTO no_such_table_here VALUES (1)", {}, "does not exist"},  // 42P01
+        {fmt::format("INSERT INTO {} (k, v) VALUES ($1, $2::int)", DataTable(schema)),
+         {"b", "not a number"},
+         "invalid input syntax"},  // 22P02
+        // The extended protocol takes one statement, with parameters or without.
+        {insert + "; SELECT 1", {"c", "d"}, "multiple commands"},
+        {"SELECT 1; SELECT 2", {}, "multiple commands"},
+        {"SELECT $1", {}, "requires 1"},  // 08P01, on a sound session
+        {"SELECT $1::text", {"a", "b"}, "supplies 2 parameters"},
+        {"DO $$ BEGIN RAISE EXCEPTION 'nope'; END $$", {}, "nope"},  // P0001
+    };
+    for (const Bad& b : bad) {
+      auto refused = lease->Write(FencedWrite().Sql(insert, {"a", "1"}).Sql(b.statement, b.params));
+      EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument)
+          << b.statement << ": " << refused.status().ToString();
+      EXPECT_NE(refused.status().message().find(b.says), std::string_view::npos)
+          << b.statement << ": " << refused.status().ToString();
+    }
+    EXPECT_EQ(*server_->Psql(fmt::format("SELECT count(*) FROM {}", DataTable(schema))), "0");
+    // The lease, and the connections, are fine.
+    EXPECT_TRUE(lease->valid());
+    auto after = lease->Write(FencedWrite().Sql(insert, {"a", "1"}));
+    ASSERT_TRUE(after.ok()) << after.status().ToString();
+    EXPECT_EQ(after->affected, std::vector<std::int64_t>{1});
+  }
+}
+
+TEST_F(PostgresBackendTest, FencedStatementsThatWouldEndTheTransactionAreRefused) {
+  for (const FencedMode& m : kFencedModes) {
+    SCOPED_TRACE(fmt::format("mode={} through_bouncer={}", m.mode, m.through_bouncer));
+    const std::string url = Url(m.mode, m.through_bouncer);
+    const std::string schema = Schema(url);
+    auto store = Open(url);
+    ASSERT_NE(store, nullptr);
+    auto lease = store->TryAcquire("job", {.ttl = 10s});
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    ASSERT_TRUE(lease->Write(CreateData(schema)).ok());
+    for (const char* control :
+         {"COMMIT", "commit and chain", "END", "ROLLBACK", "ABORT", "BEGIN", "START TRANSACTION",
+          "SAVEPOINT s", "RELEASE SAVEPOINT s", "ROLLBACK TO SAVEPOINT s",
+          "PREPARE TRANSACTION 'x'", "COMMIT PREPARED 'x'", "/* hidden */ -- twice\n commit",
+          "COPY pg_class FROM STDIN",
+          // Past the first-word check, the server refuses (2D000) inside a transaction block.
+          "DO $$ BEGIN COMMIT; END $$"}) {
+      FencedWrite write;
+      auto refused = lease->Write(Upsert(write, schema, "a", "1").Sql(control));
+      EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument)
+          << control << ": " << refused.status().ToString();
+    }
+    EXPECT_EQ(*server_->Psql(fmt::format("SELECT count(*) FROM {}", DataTable(schema))), "0");
+    FencedWrite ok;
+    EXPECT_TRUE(lease->Write(Upsert(ok, schema, "a", "1")).ok());
+  }
+}
+
+TEST_F(PostgresBackendTest, TableModeForceReleaseWaitsForAFencedWriteToCommit) {
+  // The check's FOR SHARE row lock: a force-release (an UPDATE of the row, as acquire, renew and
+  // release are) sent while the write runs completes only after the write's COMMIT.
+  const std::string url = Url("table");
+  const std::string schema = Schema(url);
+  auto store = Open(url);
+  auto other = Open(url);
+  ASSERT_NE(store, nullptr);
+  ASSERT_NE(other, nullptr);
+  auto lease = store->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  ASSERT_TRUE(lease->Write(CreateData(schema)).ok());
+  Result<FencedWriteResult> wrote = Status::Internal("not run");
+  std::jthread writer([&] {
+    FencedWrite slow;
+    Upsert(slow, schema, "a", "1")
+        .Sql("SELECT pg_sleep(0.6)")
+        .Sql(fmt::format("INSERT INTO {} (k, v) VALUES ('last', "
+                         "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint::text)",
+                         DataTable(schema)));
+    wrote = lease->Write(slow);
+  });
+  std::this_thread::sleep_for(200ms);  // the write is in its pg_sleep now
+  auto forced = other->ForceRelease("job");
+  auto released_at =
+      server_->Psql("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint");
+  writer.join();
+  ASSERT_TRUE(wrote.ok()) << wrote.status().ToString();
+  ASSERT_TRUE(forced.ok() && *forced) << forced.status().ToString();
+  ASSERT_TRUE(released_at.ok());
+  auto last = server_->Psql(fmt::format("SELECT v FROM {} WHERE k = 'last'", DataTable(schema)));
+  ASSERT_TRUE(last.ok());
+  EXPECT_GT(std::stoll(*released_at), std::stoll(*last))
+      << "the force-release returned before the write's last statement ran";
+  FencedWrite after;
+  EXPECT_EQ(lease->Write(Upsert(after, schema, "a", "2")).status().code(), StatusCode::kLost);
+}
+
+TEST_F(PostgresBackendTest, AdvisoryFencedWriteChecksTheLockOnItsOwnSession) {
+  const std::string url = Url("advisory");
+  const std::string schema = Schema(url);
+  auto store = Open(url);
+  ASSERT_NE(store, nullptr);
+  auto lease = store->TryAcquire("job", {.ttl = 10s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  // The write runs on the session that holds the lock: it sees the lock as its own.
+  auto mine = lease->Write(CreateData(schema).Sql(
+      fmt::format("INSERT INTO {} (k, v) SELECT 'pid', pid::text FROM pg_locks WHERE locktype = "
+                  "'advisory' AND pid = pg_backend_pid() AND granted",
+                  DataTable(schema))));
+  ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+  EXPECT_EQ(mine->affected, (std::vector<std::int64_t>{0, 1}));
+  auto holder_pid =
+      server_->Psql(fmt::format("SELECT pid FROM \"{}\".leases WHERE key = 'job'", schema));
+  ASSERT_TRUE(holder_pid.ok());
+  EXPECT_EQ(*server_->Psql(fmt::format("SELECT v FROM {} WHERE k = 'pid'", DataTable(schema))),
+            *holder_pid);
+  // A session that no longer holds the lock (here its own statement dropped it) is fenced out
+  // by the check, though the row still names it.
+  ASSERT_TRUE(lease->Write(FencedWrite().Sql("SELECT pg_advisory_unlock_all()")).ok());
+  FencedWrite late;
+  auto refused = lease->Write(Upsert(late, schema, "late", "x"));
+  ASSERT_EQ(refused.status().code(), StatusCode::kLost) << refused.status().ToString();
+  EXPECT_EQ(
+      *server_->Psql(fmt::format("SELECT count(*) FROM {} WHERE k = 'late'", DataTable(schema))),
+      "0");
+}
+
+TEST_F(PostgresBackendTest, AdvisoryFencedWriteOfATerminatedSessionIsFencedOutAndWritesNothing) {
+  const std::string url = Url("advisory");
+  const std::string schema = Schema(url);
+  auto store = Open(url);
+  ASSERT_NE(store, nullptr);
+  auto lease = store->TryAcquire("job", {.ttl = 10s, .renew_interval = 3s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  ASSERT_TRUE(lease->Write(CreateData(schema)).ok());
+  auto pid = server_->Psql(fmt::format("SELECT pid FROM \"{}\".leases WHERE key = 'job'", schema));
+  ASSERT_TRUE(pid.ok() && !pid->empty());
+  ASSERT_TRUE(server_->Psql(fmt::format("SELECT pg_terminate_backend({}, 3000)", *pid)).ok());
+  FencedWrite write;
+  auto refused = lease->Write(Upsert(write, schema, "a", "1"));
+  ASSERT_EQ(refused.status().code(), StatusCode::kLost) << refused.status().ToString();
+  EXPECT_EQ(*server_->Psql(fmt::format("SELECT count(*) FROM {}", DataTable(schema))), "0");
 }
 
 }  // namespace

@@ -1005,5 +1005,316 @@ TEST_F(SqliteBackendTest, ProcessesSharingTheFileNeverHoldAKeyTogether) {
             static_cast<std::int64_t>(tokens.size()));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Fenced writes: Sql ops in the grant's own BEGIN IMMEDIATE transaction.
+
+FencedWriteRequest SqlWrite(std::string key, std::string token, FencingToken fence,
+                            std::vector<std::pair<std::string, std::vector<std::string>>> ops) {
+  FencedWriteRequest request{.key = std::move(key),
+                             .owner_token = std::move(token),
+                             .fencing_token = fence,
+                             .store_key = {}};
+  request.store_key = request.key;
+  for (auto& [statement, params] : ops) {
+    request.ops.push_back(
+        {.kind = FencedOp::Kind::kSql, .key = std::move(statement), .params = std::move(params)});
+  }
+  return request;
+}
+
+constexpr char kCreateData[] = "CREATE TABLE IF NOT EXISTS data (k TEXT PRIMARY KEY, v TEXT)";
+constexpr char kUpsertData[] =
+    "INSERT INTO data (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = excluded.v";
+
+TEST_F(SqliteBackendTest, FencedWritesTakeSqlOpsOnly) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  EXPECT_EQ(backend->capabilities().fenced_ops, FencedOpBit(FencedOp::Kind::kSql));
+}
+
+TEST_F(SqliteBackendTest, FencedWriteCommitsForTheHolderAndCountsChangedRowsOnly) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA));
+  ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+  auto wrote = backend->FencedWrite(SqlWrite(
+      "job:x", kTokenA, grant->fencing_token,
+      {{kCreateData, {}},
+       {kUpsertData, {"a", "1"}},
+       {"INSERT INTO data (k, v) VALUES (?1, ?2), (?3, ?2)", {"b", "2", "c"}},
+       // After an INSERT, statements that change no rows count 0, not the INSERT's rows again.
+       {kCreateData, {}},
+       {"SELECT count(*) FROM data", {}},
+       {"UPDATE data SET v = 'x' WHERE k IN ('a', 'b', 'c')", {}},
+       {"DELETE FROM data WHERE k = $1", {"nothing"}}}));
+  ASSERT_TRUE(wrote.ok()) << wrote.status().ToString();
+  EXPECT_THAT(*wrote, ElementsAre(0, 1, 2, 0, 0, 3, 0));
+  // The same grant writes any number of times (its token is equal every time).
+  for (int i = 0; i < 20; ++i) {
+    auto again = backend->FencedWrite(SqlWrite("job:x", kTokenA, grant->fencing_token,
+                                               {{kUpsertData, {"a", std::to_string(i)}}}));
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_THAT(*again, ElementsAre(1));
+  }
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryText("SELECT v FROM data WHERE k = 'a'"), "19");
+  EXPECT_TRUE(backend->Renew({.key = "job:x", .owner_token = kTokenA, .ttl = seconds(10)}).ok());
+}
+
+TEST_F(SqliteBackendTest, FencedWriteOfALowerTokenIsRefusedAndAHigherOneCommits) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  Result<Grant> old = backend->TryAcquire(Request("job:x", kTokenA, seconds(10), "host:a"));
+  ASSERT_TRUE(old.ok());
+  ASSERT_TRUE(backend
+                  ->FencedWrite(SqlWrite("job:x", kTokenA, old->fencing_token,
+                                         {{kCreateData, {}}, {kUpsertData, {"k", "a"}}}))
+                  .ok());
+  ASSERT_TRUE(backend->ForceRelease("job:x").ok());
+  Result<Grant> newer = backend->TryAcquire(Request("job:x", kTokenB, seconds(10), "host:b"));
+  ASSERT_TRUE(newer.ok());
+  ASSERT_GT(newer->fencing_token, old->fencing_token);
+  auto stale = backend->FencedWrite(
+      SqlWrite("job:x", kTokenA, old->fencing_token, {{kUpsertData, {"k", "a-stale"}}}));
+  ASSERT_EQ(stale.status().code(), StatusCode::kLost) << stale.status().ToString();
+  EXPECT_THAT(
+      std::string(stale.status().message()),
+      HasSubstr(fmt::format("is now held by host:b under fencing token {}", newer->fencing_token)));
+  // The owner token is what counts: the old owner claiming the newer number is refused too.
+  EXPECT_EQ(backend
+                ->FencedWrite(SqlWrite("job:x", kTokenA, newer->fencing_token,
+                                       {{kUpsertData, {"k", "a-stale"}}}))
+                .status()
+                .code(),
+            StatusCode::kLost);
+  auto fresh = backend->FencedWrite(
+      SqlWrite("job:x", kTokenB, newer->fencing_token, {{kUpsertData, {"k", "b"}}}));
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryText("SELECT v FROM data WHERE k = 'k'"), "b");
+}
+
+TEST_F(SqliteBackendTest, FencedWriteOfAnExpiredOrReleasedGrantIsRefused) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA, kShortTtl));
+  ASSERT_TRUE(grant.ok());
+  std::this_thread::sleep_for(kPastShortTtl);
+  auto late =
+      backend->FencedWrite(SqlWrite("job:x", kTokenA, grant->fencing_token, {{kCreateData, {}}}));
+  ASSERT_EQ(late.status().code(), StatusCode::kLost) << late.status().ToString();
+  EXPECT_THAT(std::string(late.status().message()), HasSubstr("is no longer held"));
+  Result<Grant> again = backend->TryAcquire(Request("job:y", kTokenB));
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(backend->Release("job:y", kTokenB).ok());
+  EXPECT_EQ(
+      backend->FencedWrite(SqlWrite("job:y", kTokenB, again->fencing_token, {{kCreateData, {}}}))
+          .status()
+          .code(),
+      StatusCode::kLost);
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM sqlite_schema WHERE name = 'data'"), 0);
+}
+
+TEST_F(SqliteBackendTest, FencedWriteOfAGrantKeptAfterItsHolderIsRefused) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA));
+  ASSERT_TRUE(grant.ok());
+  ASSERT_TRUE(backend->Finish({.key = "job:x", .owner_token = kTokenA, .keep = seconds(30)}).ok());
+  auto kept =
+      backend->FencedWrite(SqlWrite("job:x", kTokenA, grant->fencing_token, {{kCreateData, {}}}));
+  ASSERT_EQ(kept.status().code(), StatusCode::kLost) << kept.status().ToString();
+  EXPECT_THAT(std::string(kept.status().message()), HasSubstr("is no longer held"));
+}
+
+TEST_F(SqliteBackendTest, AFailingStatementRollsBackTheWholeFencedWrite) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA));
+  ASSERT_TRUE(grant.ok());
+  const FencingToken fence = grant->fencing_token;
+  ASSERT_TRUE(backend->FencedWrite(SqlWrite("job:x", kTokenA, fence, {{kCreateData, {}}})).ok());
+  // A constraint: the first INSERT goes too.
+  auto duplicate =
+      backend->FencedWrite(SqlWrite("job:x", kTokenA, fence,
+                                    {{"INSERT INTO data (k, v) VALUES ($1, $2)", {"a", "1"}},
+                                     {"INSERT INTO data (k, v) VALUES ($1, $2)", {"a", "2"}}}));
+  ASSERT_EQ(duplicate.status().code(), StatusCode::kInvalidArgument)
+      << duplicate.status().ToString();
+  EXPECT_THAT(std::string(duplicate.status().message()), HasSubstr("UNIQUE constraint failed"));
+  EXPECT_THAT(std::string(duplicate.status().message()), HasSubstr("statement 2"));
+  // Syntax, a missing table, a table created earlier in the same write.
+  for (const char* bad :
+       {"INSRT INTO data VALUES (1, 2)", "INSERT INTO no_such_table VALUES (1)"}) {
+    auto refused = backend->FencedWrite(
+        SqlWrite("job:x", kTokenA, fence,
+                 {{"CREATE TABLE other (x)", {}}, {kUpsertData, {"b", "1"}}, {bad, {}}}));
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument)
+        << bad << ": " << refused.status().ToString();
+  }
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM data"), 0);
+  EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM sqlite_schema WHERE name = 'other'"), 0);
+  // The lease is untouched, and writes again.
+  EXPECT_TRUE(backend->Renew({.key = "job:x", .owner_token = kTokenA, .ttl = seconds(10)}).ok());
+  EXPECT_TRUE(
+      backend->FencedWrite(SqlWrite("job:x", kTokenA, fence, {{kUpsertData, {"a", "1"}}})).ok());
+}
+
+TEST_F(SqliteBackendTest, FencedStatementsThatWouldEndTheTransactionAreRefused) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA));
+  ASSERT_TRUE(grant.ok());
+  const FencingToken fence = grant->fencing_token;
+  ASSERT_TRUE(backend->FencedWrite(SqlWrite("job:x", kTokenA, fence, {{kCreateData, {}}})).ok());
+  for (const char* control :
+       {"COMMIT", "commit transaction", "END", "ROLLBACK", "BEGIN", "BEGIN IMMEDIATE",
+        "SAVEPOINT s", "RELEASE s", "ROLLBACK TO s", "ATTACH ':memory:' AS other", "DETACH other",
+        "VACUUM", "  /* a comment */ -- and another\n  Commit"}) {
+    auto refused = backend->FencedWrite(
+        SqlWrite("job:x", kTokenA, fence, {{kUpsertData, {"a", "1"}}, {control, {}}}));
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument)
+        << control << ": " << refused.status().ToString();
+  }
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM data"), 0);
+  EXPECT_TRUE(backend->Renew({.key = "job:x", .owner_token = kTokenA, .ttl = seconds(10)}).ok());
+}
+
+TEST_F(SqliteBackendTest, OneStatementPerFencedOp) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA));
+  ASSERT_TRUE(grant.ok());
+  const FencingToken fence = grant->fencing_token;
+  ASSERT_TRUE(backend->FencedWrite(SqlWrite("job:x", kTokenA, fence, {{kCreateData, {}}})).ok());
+  for (const char* two : {"INSERT INTO data VALUES ('a', '1'); INSERT INTO data VALUES ('b', '2')",
+                          "INSERT INTO data VALUES ('a', '1'); COMMIT",
+                          "INSERT INTO data VALUES ('a', '1');DELETE FROM grants"}) {
+    auto refused = backend->FencedWrite(SqlWrite("job:x", kTokenA, fence, {{two, {}}}));
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument)
+        << two << ": " << refused.status().ToString();
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr("more than one statement"));
+  }
+  for (const char* empty : {"", "  ", "-- nothing", ";"}) {
+    EXPECT_EQ(
+        backend->FencedWrite(SqlWrite("job:x", kTokenA, fence, {{empty, {}}})).status().code(),
+        StatusCode::kInvalidArgument)
+        << "'" << empty << "'";
+  }
+  // A trailing semicolon, white space or comment is still one statement.
+  auto one = backend->FencedWrite(
+      SqlWrite("job:x", kTokenA, fence, {{"INSERT INTO data VALUES ('a', '1');  -- done\n", {}}}));
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_THAT(*one, ElementsAre(1));
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM data"), 1);
+}
+
+TEST_F(SqliteBackendTest, FencedWritesMayReadButNeverChangeTheLeaseTables) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA));
+  ASSERT_TRUE(grant.ok());
+  const FencingToken fence = grant->fencing_token;
+  for (const char* own : {"DELETE FROM grants", "UPDATE fencing_counters SET last = 0",
+                          "INSERT INTO records VALUES ('k', x'00', 0)", "DROP TABLE grants",
+                          "ALTER TABLE grants ADD COLUMN x", "CREATE INDEX i ON Grants (holder)",
+                          "CREATE TRIGGER t AFTER INSERT ON grants BEGIN SELECT 1; END",
+                          "PRAGMA user_version = 9", "PRAGMA journal_mode = DELETE"}) {
+    auto refused = backend->FencedWrite(SqlWrite("job:x", kTokenA, fence, {{own, {}}}));
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument)
+        << own << ": " << refused.status().ToString();
+  }
+  // Nor through a trigger on a data table: SQLite authorizes a trigger's body when it compiles
+  // the statement that fires it, so the write that would fire it is refused.
+  ASSERT_TRUE(backend->FencedWrite(SqlWrite("job:x", kTokenA, fence, {{kCreateData, {}}})).ok());
+  ASSERT_TRUE(
+      backend
+          ->FencedWrite(SqlWrite(
+              "job:x", kTokenA, fence,
+              {{"CREATE TRIGGER wipe AFTER INSERT ON data BEGIN DELETE FROM grants; END", {}}}))
+          .ok());
+  auto fired = backend->FencedWrite(
+      SqlWrite("job:x", kTokenA, fence, {{kUpsertData, {"fires", "the trigger"}}}));
+  EXPECT_EQ(fired.status().code(), StatusCode::kInvalidArgument) << fired.status().ToString();
+  EXPECT_THAT(std::string(fired.status().message()), HasSubstr("grants"));
+  ASSERT_TRUE(
+      backend->FencedWrite(SqlWrite("job:x", kTokenA, fence, {{"DROP TRIGGER wipe", {}}})).ok());
+  auto read = backend->FencedWrite(
+      SqlWrite("job:x", kTokenA, fence,
+               {{"INSERT INTO data (k, v) SELECT key, fencing_token FROM grants WHERE key = $1",
+                 {"job:x"}}}));
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_THAT(*read, ElementsAre(1));
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM grants"), 1);
+  EXPECT_EQ(raw.QueryInt("PRAGMA user_version"), kSqliteSchemaVersion);
+  EXPECT_EQ(raw.QueryText("PRAGMA journal_mode"), "wal");
+  EXPECT_EQ(raw.QueryText("SELECT v FROM data WHERE k = 'job:x'"), std::to_string(fence));
+}
+
+TEST_F(SqliteBackendTest, FencedParametersBindAsTextByNumber) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA));
+  ASSERT_TRUE(grant.ok());
+  const FencingToken fence = grant->fencing_token;
+  // $N means parameter N wherever it stands, as on PostgreSQL; ?N and ? by index.
+  auto wrote = backend->FencedWrite(
+      SqlWrite("job:x", kTokenA, fence,
+               {{kCreateData, {}},
+                {"INSERT INTO data (v, k) VALUES ($2, $1)", {"a", "first"}},
+                {"INSERT INTO data (k, v) VALUES (?2, ?1)", {"second", "b"}},
+                {"INSERT INTO data (k, v) VALUES (?, ?)", {"c", "third"}},
+                {"INSERT INTO data (k, v) VALUES ($1, $1 || $1)", {"d"}},
+                {"INSERT INTO data (k, v) VALUES ($1, typeof($2))", {"e", "12"}}}));
+  ASSERT_TRUE(wrote.ok()) << wrote.status().ToString();
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryText("SELECT v FROM data WHERE k = 'a'"), "first");
+  EXPECT_EQ(raw.QueryText("SELECT v FROM data WHERE k = 'b'"), "second");
+  EXPECT_EQ(raw.QueryText("SELECT v FROM data WHERE k = 'c'"), "third");
+  EXPECT_EQ(raw.QueryText("SELECT v FROM data WHERE k = 'd'"), "dd");
+  EXPECT_EQ(raw.QueryText("SELECT v FROM data WHERE k = 'e'"), "text");
+  for (const auto& [statement, params] :
+       std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"INSERT INTO data (k, v) VALUES ($1, $2)", {"only-one"}},
+           {"INSERT INTO data (k, v) VALUES ($1, 'x')", {"f", "unused"}},
+           {"INSERT INTO data (k, v) VALUES (:k, :v)", {"g", "h"}},
+           {"INSERT INTO data (k, v) VALUES ($1, $3)", {"g", "h"}}}) {
+    auto refused = backend->FencedWrite(SqlWrite("job:x", kTokenA, fence, {{statement, params}}));
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument)
+        << statement << ": " << refused.status().ToString();
+  }
+  EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM data"), 5);
+}
+
+TEST_F(SqliteBackendTest, FencedWriteWaitsForTheWriteLockAndTimesOutAsUnavailable) {
+  auto backend = MustOpen(milliseconds(50));
+  ASSERT_NE(backend, nullptr);
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA));
+  ASSERT_TRUE(grant.ok());
+  RawDb other(DbPath());
+  other.Exec("BEGIN IMMEDIATE");
+  auto busy =
+      backend->FencedWrite(SqlWrite("job:x", kTokenA, grant->fencing_token, {{kCreateData, {}}}));
+  EXPECT_EQ(busy.status().code(), StatusCode::kUnavailable) << busy.status().ToString();
+  other.Exec("COMMIT");
+  EXPECT_TRUE(
+      backend->FencedWrite(SqlWrite("job:x", kTokenA, grant->fencing_token, {{kCreateData, {}}}))
+          .ok());
+}
+
+TEST_F(SqliteBackendTest, SkipGuardForTestingWritesWithoutTheCheck) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  FencedWriteRequest request = SqlWrite("job:none", kTokenC, 7, {{kCreateData, {}}});
+  EXPECT_EQ(backend->FencedWrite(request).status().code(), StatusCode::kLost);
+  request.skip_guard_for_testing = true;
+  EXPECT_TRUE(backend->FencedWrite(request).ok());
+}
+
 }  // namespace
 }  // namespace leasehold::internal
