@@ -13,7 +13,10 @@
 //                with "<prefix>:" (the store's own keys); to keep them in the lease's cluster
 //                slot, name them with the lease's hash tag (the "{...}" of Lease::store_key()).
 //   etcd://      one Txn: If CreateRevision(Lease::store_key()) == fencing_token, Then the ops
-//                (Put, Delete) on keys outside the store's prefix.
+//                (Put, without an etcd lease; Delete) on keys outside the store's own
+//                ("<prefix>/...", "<prefix>\0..."). One write may not put a key twice, or put
+//                and delete it (etcd refuses such a Txn). Not sent again to another member
+//                after no answer (kUnavailable).
 //   zk://        one multi: a check that this grant's node (Lease::store_key(), its path in the
 //                URL's chroot) still exists, then the ops on absolute node paths in the chroot
 //                (Put: setData, or create where the node is absent; Delete) outside leasehold's

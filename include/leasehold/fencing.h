@@ -1,8 +1,9 @@
 // File: leasehold/fencing.h
 //
-// Fencing helpers for the storage side (header-only). A TTL cannot stop a holder that was
-// paused (GC, SIGSTOP, a VM freeze) from writing after it wakes; the fencing token can, if the
-// storage layer keeps one rule for every write it accepts:
+// Fencing helpers for the storage side (header-only; MakeEtcdFenceGuard(const Lease&) needs only
+// the library that gave you the Lease). A TTL cannot stop a holder that was paused (GC, SIGSTOP,
+// a VM freeze) from writing after it wakes; the fencing token can, if the storage layer keeps one
+// rule for every write it accepts:
 //
 //   accept a write only if its token is >= the highest token seen for that record, and record
 //   the token in the same atomic step.
@@ -18,8 +19,9 @@
 //     compare the recorded token, write a temp file, rename). Object stores with conditional
 //     puts follow the same shape: read the recorded token and its ETag, refuse a lower token,
 //     put with If-Match on that ETag, retry on a precondition failure.
-//   - Data kept in etcd: EtcdFenceGuard, the Txn compare "the lease key's create revision is
-//     still the one I was granted" that the writer adds to its own transaction.
+//   - Data kept in etcd: EtcdFenceGuard (MakeEtcdFenceGuard(lease)), the Txn compare "the
+//     lease's etcd key still has the create revision I was granted" that the writer adds to its
+//     own transaction. (Lease::Write, leasehold/fenced_write.h, sends that Txn itself.)
 //
 // Example (PostgreSQL):
 //
@@ -51,6 +53,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 
+#include "leasehold/lease.h"
 #include "leasehold/lease_info.h"
 #include "leasehold/status.h"
 
@@ -425,20 +428,36 @@ class FencedDirectory {
 // ---------------------------------------------------------------------------------------------
 // etcd: fencing by the lease key's create revision.
 //
-// With the etcd store (etcd://), a lease is a key put with `create_revision(key) == 0` and the
-// fencing token *is* that key's create revision (cluster-wide monotonic). A writer whose data
-// also lives in etcd fences itself by adding one compare to its own Txn:
+// With the etcd store (etcd://), a lease is the etcd key "<prefix>/<lease key>" (Lease::store_key,
+// e.g. "leasehold/job:invoices"), put with `create_revision(key) == 0`, and the fencing token
+// *is* that key's create revision (cluster-wide monotonic). A writer whose data also lives in
+// etcd fences itself by adding one compare to its own Txn:
 //
-//   Txn(If:   Compare(CreateRevision(lease_key), "=", token),
+//   Txn(If:   Compare(CreateRevision(store_key), "=", fencing_token),
 //       Then: Put(data_key, value) ...,
-//       Else: Get(lease_key))              // Succeeded == false: fenced out
+//       Else: Get(store_key))              // Succeeded == false: fenced out
 //
 // The compare fails as soon as the grant is gone (revision 0) or re-created by a newer holder
-// (a higher revision): no stale write can commit. This is etcd's own Mutex.IsOwner() compare.
-// The etcd backend is not built yet; lease_key is the key it stores the lease under (see its
-// documentation when it lands).
+// (a higher revision): no stale write can commit. It is stricter than the ">=" rule above: only
+// the current grant's token passes, as many times as it likes. This is etcd's own
+// Mutex.IsOwner() compare, and the one Lease::Write sends itself (leasehold/fenced_write.h): for
+// data in the lease's own etcd cluster, Lease::Write is the simpler way. EtcdFenceGuard is for
+// Txns your own etcd client sends (another language, etcd's JSON gateway, a Txn that also reads).
+//
+// Example (the holder's own process):
+//
+//   auto lease = store->Acquire("job:invoices", {.ttl = 30s});   // an etcd:// store
+//   if (!lease.ok()) return lease.status();
+//   auto guard = leasehold::MakeEtcdFenceGuard(*lease);
+//   if (!guard.ok()) return guard.status();
+//   // POST /v3/kv/txn {"compare":[<guard->ToJson()>],"success":[{"request_put":{...}}]}
+//   // "succeeded" absent or false: fenced out, stop.
+//
+// For a lease held by another process, build the guard from the key and token it was given:
+// `leasehold run` passes the child LEASEHOLD_STORE_KEY (the etcd key) and
+// LEASEHOLD_FENCING_TOKEN, for MakeEtcdFenceGuard(getenv("LEASEHOLD_STORE_KEY"), token).
 struct EtcdFenceGuard {
-  // The etcd key of the lease.
+  // The lease's etcd key, "<prefix>/<lease key>" (Lease::store_key()).
   std::string lease_key;
   // Compare target CREATE with result EQUAL against this revision: the fencing token.
   std::int64_t create_revision = 0;
@@ -471,8 +490,12 @@ struct EtcdFenceGuard {
   }
 };
 
-// Returns the guard for a holder of `lease_key` whose fencing token is `token`. Returns
-// kInvalidArgument for an empty key or a token above INT64_MAX (etcd revisions are int64).
+// Returns the guard for a holder of the etcd key `lease_key` (Lease::store_key(), e.g. from
+// LEASEHOLD_STORE_KEY in a child of `leasehold run`) whose fencing token is `token`. This is the
+// form for a lease held by another process: the key is taken as given, so it must be the store
+// key, never the bare lease name (the store never writes that key: its compare would fail, or
+// worse, match a key of your own). Returns kInvalidArgument for an empty key or a token outside
+// 1..INT64_MAX (etcd revisions are int64; 0 would mean "the key is absent").
 inline Result<EtcdFenceGuard> MakeEtcdFenceGuard(std::string lease_key, FencingToken token) {
   if (lease_key.empty()) {
     return Status::InvalidArgument("etcd lease key must not be empty");
@@ -481,6 +504,29 @@ inline Result<EtcdFenceGuard> MakeEtcdFenceGuard(std::string lease_key, FencingT
     return Status::InvalidArgument("an etcd create revision is in 1..INT64_MAX");
   }
   return EtcdFenceGuard{std::move(lease_key), static_cast<std::int64_t>(token)};
+}
+
+// Returns the guard of `lease`, a lease of an etcd:// store: its store key and fencing token.
+// Returns kInvalidArgument for an empty Lease, and for a lease whose store key is not of the
+// etcd form "<prefix>/<lease key>" with a non-empty prefix. That check is all this header can
+// see (a Lease does not tell its store's URL): it refuses every sqlite://, postgres:// and
+// memory:// lease (their store key is the lease key itself) and every redis:// lease (a hash
+// "<prefix>:{<hex>}"), but it cannot refuse a zk:// lease whose grant node path happens to end
+// in "/<lease key>" (a lease key equal to that node's name): pass only leases of etcd:// stores.
+inline Result<EtcdFenceGuard> MakeEtcdFenceGuard(const Lease& lease) {
+  const std::string& store_key = lease.store_key();
+  const std::string& key = lease.key();
+  if (store_key.empty()) {
+    return Status::InvalidArgument("an empty Lease has no etcd fence");
+  }
+  const std::size_t prefix_size = store_key.size() > key.size() ? store_key.size() - key.size() : 0;
+  if (prefix_size < 2 || store_key[prefix_size - 1] != '/' ||
+      store_key.compare(prefix_size, key.size(), key) != 0) {
+    return Status::InvalidArgument("lease " + key +
+                                   " is not a lease of an etcd:// store: its store key '" +
+                                   store_key + "' is not '<prefix>/" + key + "'");
+  }
+  return MakeEtcdFenceGuard(store_key, lease.fencing_token());
 }
 
 }  // namespace leasehold

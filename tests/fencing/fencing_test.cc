@@ -13,6 +13,12 @@
 #include <sqlite3.h>
 #endif
 
+#include "leasehold/store.h"
+
+#include "backends/forwarding_backend.h"
+#include "backends/memory/memory_backend.h"
+#include "core/url.h"
+
 namespace leasehold {
 namespace {
 
@@ -246,19 +252,73 @@ TEST_F(FencedDirectoryTest, ConcurrentWritersEndWithTheHighestToken) {
   EXPECT_EQ(Read("shared"), "written by " + std::to_string(highest));
 }
 
+// The string form, for a lease held by another process (LEASEHOLD_STORE_KEY): the key as given.
 TEST(FencingTest, EtcdGuardComparesTheLeaseKeysCreateRevision) {
-  auto guard = MakeEtcdFenceGuard("election:svc", 1234);
+  auto guard = MakeEtcdFenceGuard("leasehold/election:svc", 1234);
   ASSERT_TRUE(guard.ok());
   EXPECT_EQ(guard->create_revision, 1234);
-  EXPECT_EQ(guard->ToJson(),
-            "{\"key\":\"ZWxlY3Rpb246c3Zj\",\"target\":\"CREATE\",\"result\":\"EQUAL\","
-            "\"create_revision\":\"1234\"}");
+  EXPECT_EQ(
+      guard->ToJson(),
+      "{\"key\":\"bGVhc2Vob2xkL2VsZWN0aW9uOnN2Yw==\",\"target\":\"CREATE\",\"result\":\"EQUAL\","
+      "\"create_revision\":\"1234\"}");
   EXPECT_EQ(MakeEtcdFenceGuard("ab", 1)->ToJson().substr(0, 13), "{\"key\":\"YWI=\"");
   EXPECT_EQ(MakeEtcdFenceGuard("a", 1)->ToJson().substr(0, 13), "{\"key\":\"YQ==\"");
   EXPECT_EQ(MakeEtcdFenceGuard("", 1).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeEtcdFenceGuard("k", 0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeEtcdFenceGuard("k", FencingToken{1} << 63).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// memory:// whose grants say they live at "<prefix>/<key>", as etcd://'s do: a Lease shaped like
+// an etcd lease without an etcd server (the etcd backend's own test builds the guard from real
+// ones and checks it against what etcd holds).
+class EtcdShapedBackend : public internal::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+
+  Result<internal::Grant> TryAcquire(const internal::GrantRequest& request) override {
+    auto grant = ForwardingBackend::TryAcquire(request);
+    if (grant.ok()) {
+      grant->store_key = "leasehold/" + request.key;
+    }
+    return grant;
+  }
+};
+
+std::unique_ptr<Store> OpenMemory(const std::string& name, bool etcd_shaped) {
+  auto url = internal::ParseUrl("memory://" + name);
+  EXPECT_TRUE(url.ok());
+  auto backend = internal::OpenMemoryBackend(*url, Clock::Real());
+  EXPECT_TRUE(backend.ok());
+  if (etcd_shaped) {
+    return Store::OpenWithBackendForTesting(std::make_shared<EtcdShapedBackend>(*backend));
+  }
+  return Store::OpenWithBackendForTesting(*backend);
+}
+
+TEST(FencingTest, EtcdGuardOfALeaseTakesItsStoreKeyAndToken) {
+  auto store = OpenMemory("fencing-etcd-shaped", true);
+  auto lease = store->TryAcquire("jobs/nightly");
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  ASSERT_EQ(lease->store_key(), "leasehold/jobs/nightly");
+  auto guard = MakeEtcdFenceGuard(*lease);
+  ASSERT_TRUE(guard.ok()) << guard.status().ToString();
+  EXPECT_EQ(guard->lease_key, "leasehold/jobs/nightly") << "the key the store wrote, not the name";
+  EXPECT_EQ(guard->create_revision, static_cast<std::int64_t>(lease->fencing_token()));
+}
+
+TEST(FencingTest, EtcdGuardRefusesAnEmptyLeaseAndLeasesOfOtherStores) {
+  EXPECT_EQ(MakeEtcdFenceGuard(Lease()).status().code(), StatusCode::kInvalidArgument);
+  // memory:// (and the SQL stores): the store key is the lease key itself, no "<prefix>/".
+  auto store = OpenMemory("fencing-plain", false);
+  auto lease = store->TryAcquire("jobs/nightly");
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  ASSERT_EQ(lease->store_key(), "jobs/nightly");
+  auto guard = MakeEtcdFenceGuard(*lease);
+  EXPECT_EQ(guard.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(guard.status().message().find("not a lease of an etcd:// store"),
+            std::string_view::npos)
+      << guard.status().message();
 }
 
 }  // namespace

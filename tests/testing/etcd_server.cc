@@ -10,8 +10,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -243,6 +247,107 @@ Result<std::string> EtcdCluster::Etcdctl(const std::vector<std::string>& args, i
     command += " " + ShellQuote(arg);
   }
   return RunCommand(command);
+}
+
+namespace {
+
+// Decodes standard base64 (etcdctl's JSON prints keys and values so); nullopt if malformed.
+std::optional<std::string> DecodeBase64(std::string_view in) {
+  std::string out;
+  std::uint32_t bits = 0;
+  int count = 0;
+  for (char c : in) {
+    int v = -1;
+    if (c >= 'A' && c <= 'Z') {
+      v = c - 'A';
+    } else if (c >= 'a' && c <= 'z') {
+      v = c - 'a' + 26;
+    } else if (c >= '0' && c <= '9') {
+      v = c - '0' + 52;
+    } else if (c == '+') {
+      v = 62;
+    } else if (c == '/') {
+      v = 63;
+    } else if (c == '=') {
+      break;
+    } else {
+      return std::nullopt;
+    }
+    bits = (bits << 6) | static_cast<std::uint32_t>(v);
+    count += 6;
+    if (count >= 8) {
+      count -= 8;
+      out += static_cast<char>((bits >> count) & 0xff);
+    }
+  }
+  return out;
+}
+
+// Parses the "kvs" array of `etcdctl get -w json`: flat objects whose fields are numbers or
+// base64 strings (no nesting, no escapes).
+Result<std::vector<EtcdKeyValue>> ParseKvs(std::string_view json) {
+  std::vector<EtcdKeyValue> out;
+  const std::size_t kvs = json.find("\"kvs\":[");
+  if (kvs == std::string_view::npos) {
+    if (json.find("\"header\"") == std::string_view::npos) {
+      return Status::Internal(fmt::format("unexpected etcdctl output: {}", json));
+    }
+    return out;  // etcd leaves out an empty kvs
+  }
+  std::size_t at = kvs + 7;
+  while (at < json.size() && json[at] == '{') {
+    const std::size_t end = json.find('}', at);
+    if (end == std::string_view::npos) {
+      return Status::Internal(fmt::format("unterminated key in etcdctl output: {}", json));
+    }
+    std::string_view object = json.substr(at + 1, end - at - 1);
+    EtcdKeyValue kv;
+    while (!object.empty()) {
+      const std::size_t colon = object.find(':');
+      const std::size_t comma = object.find(',');
+      if (colon == std::string_view::npos || object.front() != '"') {
+        return Status::Internal(fmt::format("malformed etcdctl output: {}", json));
+      }
+      const std::string_view name = object.substr(1, colon - 2);
+      std::string_view value = object.substr(
+          colon + 1, comma == std::string_view::npos ? std::string_view::npos : comma - colon - 1);
+      object.remove_prefix(comma == std::string_view::npos ? object.size() : comma + 1);
+      if (!value.empty() && value.front() == '"') {
+        value = value.substr(1, value.size() - 2);
+      }
+      if (name == "key" || name == "value") {
+        std::optional<std::string> decoded = DecodeBase64(value);
+        if (!decoded) {
+          return Status::Internal(fmt::format("bad base64 in etcdctl output: {}", value));
+        }
+        (name == "key" ? kv.key : kv.value) = std::move(*decoded);
+      } else if (name == "create_revision" || name == "mod_revision" || name == "lease") {
+        std::int64_t n = std::strtoll(std::string(value).c_str(), nullptr, 10);
+        (name == "lease"             ? kv.lease
+         : name == "create_revision" ? kv.create_revision
+                                     : kv.mod_revision) = n;
+      }
+    }
+    out.push_back(std::move(kv));
+    at = end + 1;
+    if (at < json.size() && json[at] == ',') {
+      ++at;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<EtcdKeyValue>> EtcdCluster::Get(const std::string& key, bool prefix) const {
+  std::vector<std::string> args = {"get", "-w", "json"};
+  if (prefix) {
+    args.push_back("--prefix");
+  }
+  args.push_back("--");  // a key may start with '-'
+  args.push_back(key);
+  LH_ASSIGN_OR_RETURN(std::string json, Etcdctl(args));
+  return ParseKvs(json);
 }
 
 Status EtcdCluster::EnableAuth(const std::string& root_password) {

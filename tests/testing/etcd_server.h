@@ -13,12 +13,14 @@
 //   std::string url = (*cluster)->Url();     // etcd://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3
 //   (*cluster)->Kill9(1);  (*cluster)->Restart(1);
 //   (*cluster)->Etcdctl({"put", "k", "v"});
+//   auto kvs = (*cluster)->Get("leasehold/", /*prefix=*/true);   // key, value, create_revision
 //
 // Thread safety: not thread-safe; use from one test thread.
 
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +45,15 @@ struct EtcdClusterOptions {
   bool tls = false;
   // With tls: members require a client certificate signed by the CA. Default: false.
   bool client_cert_auth = false;
+};
+
+// One key as `etcdctl get -w json` shows it: key and value decoded from base64.
+struct EtcdKeyValue {
+  std::string key;
+  std::string value;
+  std::int64_t create_revision = 0;
+  std::int64_t mod_revision = 0;
+  std::int64_t lease = 0;
 };
 
 class EtcdCluster {
@@ -92,6 +103,10 @@ class EtcdCluster {
   // Runs `etcdctl` (API v3, 5 s timeout) against every live member (or only member i), as the
   // user set by SetEtcdctlUser, and returns its output without the trailing newline.
   Result<std::string> Etcdctl(const std::vector<std::string>& args, int member = -1) const;
+
+  // Runs `etcdctl get KEY [--prefix] -w json` and returns the keys it lists (in key order; empty
+  // if none). The key goes to etcdctl as an argument, so it cannot contain a NUL byte.
+  Result<std::vector<EtcdKeyValue>> Get(const std::string& key, bool prefix = false) const;
 
   // Creates user root with `root_password`, enables auth, and makes Etcdctl run as root.
   Status EnableAuth(const std::string& root_password);

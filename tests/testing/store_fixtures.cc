@@ -369,7 +369,20 @@ std::vector<StoreFixture> MakeFixtures() {
                                     fair ? "&fair=true" : "");
                },
            .server_requests = requests,
-           .server_requests_what = "etcd gRPC messages received (grpc_server_msg_received_total)"});
+           .server_requests_what = "etcd gRPC messages received (grpc_server_msg_received_total)",
+           // etcdctl on the fixture's cluster (the data keys of one test are unique on it).
+           .read_data = [etcd](const std::string& /*url*/,
+                               const std::string& data_key) -> Result<std::optional<std::string>> {
+             EtcdCluster* cluster = etcd()->Get();
+             if (cluster == nullptr) {
+               return etcd()->status();
+             }
+             LH_ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs, cluster->Get(data_key));
+             if (kvs.empty()) {
+               return std::optional<std::string>();
+             }
+             return std::optional<std::string>(kvs.front().value);
+           }});
     }
   }
 #endif

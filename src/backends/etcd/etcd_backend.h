@@ -7,7 +7,8 @@
 //
 //   try-acquire   LeaseGrant(ceil(ttl) s), then one Txn: if create_revision(key) == 0, Put the
 //                 key with the lease, else Range it (the holder). Fencing token = the key's
-//                 create revision (cluster-wide, only grows, survives restarts). The granted
+//                 create revision (cluster-wide, only grows, survives restarts); Grant::store_key
+//                 (Lease::store_key) = the key, "<prefix>/<lease name>". The granted
 //                 TTL is the grant reply's (etcd raises anything below 2 s to 2 s). A lease
 //                 granted for a failed try is revoked at once (without waiting for the reply).
 //   renew         one bidirectional LeaseKeepAlive stream per backend carries every lease it
@@ -19,6 +20,16 @@
 //   fair=true     waiters queue as keys "<prefix>\0queue/<name>\0<waiter id>" on leases of their
 //                 own; the acquire Txn also compares that no queue entry is older than ours
 //                 (or, without a waiter id, that the queue is empty) and deletes our entry.
+//   fenced write  (Lease::Write) one Txn: if create_revision("<prefix>/<name>") == the fencing
+//                 token, the Puts (without an etcd lease) and Deletes in order, else Range the
+//                 grant key to name its holder. The compare fails once the grant is gone or
+//                 re-created (a higher revision); it still passes between the lease's expiry and
+//                 etcd's delete of its key (the leader's expiry check, every 500 ms), while no
+//                 new grant can exist yet. Data keys may not be the store's own ("<prefix>/...",
+//                 "<prefix>\0..."). Sent to one member only: an unanswered fenced write is not
+//                 sent again elsewhere (it may have been applied; a copy could apply it twice).
+//                 This is the compare of fencing.h's EtcdFenceGuard, which other etcd clients
+//                 add to Txns of their own.
 //   force-release LeaseRevoke of the holder's lease (deletes the key with it, so the holder's
 //                 next keep-alive answer says TTL 0 and it is lost at once).
 //   finish        (Backend::Finish) LeaseGrant(ceil(keep) s) and/or LeaseGrant(ceil(record_ttl) s)
@@ -127,7 +138,8 @@ class EtcdBackend final : public Backend {
 
   [[nodiscard]] std::string_view scheme() const override { return "etcd"; }
 
-  // native_wait (watch), multi_process, fencing_survives_restart (revisions are persisted).
+  // native_wait (watch), multi_process, fencing_survives_restart (revisions are persisted),
+  // fenced_ops Put and Delete.
   [[nodiscard]] Capabilities capabilities() const override;
 
   // Returns Grant::ttl = the TTL etcd granted (whole seconds, at least 2 s). Returns
@@ -148,6 +160,17 @@ class EtcdBackend final : public Backend {
   // Returns kLost (revoking the leases it granted) if the grant is not ours any more; on an
   // unknown outcome (kUnavailable) the new leases are left to expire by themselves.
   Status Finish(const FinishRequest& request) override;
+
+  // One Txn, sent to one member only (never again after no answer: kUnavailable, applied whole
+  // or not at all): if create_revision("<prefix>/<key>") == request.fencing_token, the ops in
+  // order (Put without an etcd lease, Delete of the one key: its count is what etcd deleted),
+  // else a Range of the grant key. Returns kLost (FencedOut, naming the new holder and its
+  // token, or "is no longer held") if the compare fails; kInvalidArgument, before sending, for
+  // a data key of the store's own ("<prefix>/...", "<prefix>\0..."), a key put twice or put and
+  // deleted in one write (etcd refuses such a Txn), a token 0 or above INT64_MAX, or a
+  // store_key that is not "<prefix>/<key>"; kPermissionDenied naming the grant key and the data
+  // keys if the user may not read the one or write the others.
+  Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override;
 
   // One Range of the record's key.
   Result<std::optional<std::string>> ReadRecord(std::string_view key) override;

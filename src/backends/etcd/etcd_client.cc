@@ -146,6 +146,14 @@ Status EtcdClient::Txn(std::string_view what, const pb::TxnRequest& req, pb::Txn
       used_endpoint);
 }
 
+Status EtcdClient::TxnOnce(std::string_view what, const pb::TxnRequest& req,
+                           pb::TxnResponse* resp) {
+  return Call(
+      what, counters_.txn,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.kv->Txn(&ctx, req, resp); }, nullptr,
+      /*single_member=*/true);
+}
+
 Status EtcdClient::LeaseGrant(std::string_view what, const pb::LeaseGrantRequest& req,
                               pb::LeaseGrantResponse* resp) {
   return Call(what, counters_.lease_grant, [&](Endpoint& e, grpc::ClientContext& ctx) {

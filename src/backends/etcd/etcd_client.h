@@ -8,6 +8,8 @@
 //                        one unary call with the deadline (command_timeout) and the token,
 //                        moving on to the next endpoint when this one is unreachable, and
 //                        authenticating again once when the token went stale;
+//   TxnOnce              a Txn sent to one member only, never again after no answer (fenced
+//                        writes: a second copy of an applied Txn could apply it twice);
 //   RevokeInBackground   LeaseRevoke without waiting for the answer;
 //   StartRevoke          LeaseRevoke whose answer is collected later (a future);
 //   GrantInBackground    LeaseGrant whose answer goes to a callback.
@@ -129,6 +131,12 @@ class EtcdClient {
                etcdserverpb::RangeResponse* resp, std::size_t* used_endpoint = nullptr);
   Status Txn(std::string_view what, const etcdserverpb::TxnRequest& req,
              etcdserverpb::TxnResponse* resp, std::size_t* used_endpoint = nullptr);
+  // As Txn, sent to the current member only: an unreachable member moves the current endpoint
+  // on (for the caller's next call) and the Txn is not sent again, because an unanswered Txn may
+  // have been applied and a second copy could apply it twice (a fenced write whose ops are not
+  // idempotent, or that a later write of the same holder overtook). Returns kUnavailable then.
+  Status TxnOnce(std::string_view what, const etcdserverpb::TxnRequest& req,
+                 etcdserverpb::TxnResponse* resp);
   Status LeaseGrant(std::string_view what, const etcdserverpb::LeaseGrantRequest& req,
                     etcdserverpb::LeaseGrantResponse* resp);
   Status LeaseRevoke(std::string_view what, const etcdserverpb::LeaseRevokeRequest& req,
@@ -183,13 +191,14 @@ class EtcdClient {
 
  private:
   // Runs one unary call `fn(endpoint, context)` with the deadline and the auth token, moving on
-  // to the next endpoint when this one is unreachable (each endpoint is tried once), and
-  // authenticating again once when the token went stale. Counts the call in `counter`. Maps
-  // the final gRPC status (kUnavailable when no member answered); sets *used_endpoint to the
-  // endpoint that answered.
+  // to the next endpoint when this one is unreachable (each endpoint is tried once; with
+  // `single_member`, only the current one), and authenticating again once when the token went
+  // stale (a refusal: nothing was applied). Counts the call in `counter`. Maps the final gRPC
+  // status (kUnavailable when no member answered); sets *used_endpoint to the endpoint that
+  // answered.
   template <typename Fn>
   Status Call(std::string_view what, std::atomic<std::uint64_t>& counter, Fn&& fn,
-              std::size_t* used_endpoint = nullptr);
+              std::size_t* used_endpoint = nullptr, bool single_member = false);
 
   // Counts a background call in (Begin) and out (End, from its callback).
   void BeginBackgroundCall() LH_EXCLUDES(async_mu_);
@@ -216,7 +225,7 @@ class EtcdClient {
 
 template <typename Fn>
 Status EtcdClient::Call(std::string_view what, std::atomic<std::uint64_t>& counter, Fn&& fn,
-                        std::size_t* used_endpoint) {
+                        std::size_t* used_endpoint, bool single_member) {
   bool reauthenticated = false;
   if (options_.user && CurrentToken().empty()) {
     // No token (a refused Authenticate): ask again, or get the remembered refusal while its
@@ -247,6 +256,9 @@ Status EtcdClient::Call(std::string_view what, std::atomic<std::uint64_t>& count
     if (IsUnreachable(last)) {
       MoveOn(index);
       ++tried;
+      if (single_member) {
+        break;
+      }
       continue;
     }
     if (options_.user && !reauthenticated && IsStaleToken(last)) {
@@ -255,6 +267,15 @@ Status EtcdClient::Call(std::string_view what, std::atomic<std::uint64_t>& count
       continue;
     }
     return MapError(last, what, e.address);
+  }
+  if (single_member) {
+    return Status::Unavailable(
+        fmt::format("etcd member {} did not answer {} within {} ms (not sent again: it may have "
+                    "been applied)",
+                    last_address, what,
+                    std::chrono::duration_cast<std::chrono::milliseconds>(options_.command_timeout)
+                        .count()),
+        last.error_message());
   }
   return Status::Unavailable(
       fmt::format(
