@@ -1,15 +1,17 @@
 // chaos_worker: one worker process of the safety harness (tests/chaos/chaos.py).
 //
 // Loops until its deadline: acquire a key (one of --keys, at random), then while the lease is
-// valid write its fencing token to the fenced register (fenced_register.h), hold for a random
-// time, release. Every event goes to --log as one line, appended with one write(2) so that a
+// valid write its fencing token to the fenced register (fenced_register.h) or, with
+// --guard=native, to a data key in the lease store itself (below), hold for a random time,
+// release. Every event goes to --log as one line, appended with one write(2) so that a
 // SIGKILL never leaves half a line:
 //
 //   <CLOCK_BOOTTIME ns> <worker id> <event> key=value ...
 //
 // Events: start, acq-sent, acquired (token, safe_until), acq-fail, renew-ok (safe_until moved
 // forward), state (at_risk/held), lost (reason), valid-check (safe_until), pause-self, resumed,
-// write (accepted/rejected, the register's max before), release-sent, release-done, exit.
+// write (accepted/rejected/error; the register's max before, or the native write's t_send),
+// release-sent, release-done, exit.
 // All times are BootClock (CLOCK_BOOTTIME) nanoseconds: one clock shared by every process on
 // the host, so the checker can compare events across workers.
 //
@@ -19,6 +21,22 @@
 //                  choices named in --unsafe=reply,nodrift,nofence,plaindelete (or "all"):
 //                  validity counted from the reply's arrival, no drift allowance, register
 //                  writes without fencing, release by plain delete (ForceRelease).
+//
+// Guards (where the writes go):
+//   --guard=register  the fenced register, a SQLite file outside the store (the default).
+//   --guard=native    Lease::Write (leasehold/fenced_write.h): the store checks the grant in the
+//                     write's own atomic step. Key-value stores: a Put of "chaos-data/<key>"
+//                     (ZooKeeper: the node "/chaos-data-<key>"); SQL stores: CREATE TABLE IF NOT
+//                     EXISTS chaos_data(k, v) and an upsert of row k=<key>, in one write. The
+//                     value is "<token>:<worker id>:<seq>". Logged as `write` with result
+//                     accepted (OK), rejected (kLost: fenced out) or error (anything else), seq,
+//                     and t_send (read just before the call: the checker judges staleness by
+//                     it, not by the worker's word). --mode=unsafe writes through the internal
+//                     backend with its own grant's owner token.
+//   --unsafe=noguard  (with --guard=native, in either mode) the negative control of the guard:
+//                     every write goes to a second internal backend on the same URL with
+//                     FencedWriteRequest::skip_guard_for_testing, carrying the lease's key,
+//                     fencing token and store key, so the store applies it unchecked.
 //
 // Pause point: on SIGUSR1 the worker stops itself (raise(SIGSTOP)) right after its next
 // validity check and before the write that check allowed, so a pause lands exactly where it
@@ -44,6 +62,7 @@
 #include <vector>
 
 #include "leasehold/clock.h"
+#include "leasehold/fenced_write.h"
 #include "leasehold/lease.h"
 #include "leasehold/options.h"
 #include "leasehold/status.h"
@@ -60,9 +79,13 @@ namespace {
 
 using std::chrono::milliseconds;
 
-std::int64_t NowNs() { return BootClock::now().time_since_epoch().count(); }
+std::int64_t NowNs() {
+  return BootClock::now().time_since_epoch().count();
+}
 
-std::int64_t Ns(SteadyTime t) { return t.time_since_epoch().count(); }
+std::int64_t Ns(SteadyTime t) {
+  return t.time_since_epoch().count();
+}
 
 // Appends whole lines to the event log; thread-safe (one write(2) per line, O_APPEND).
 class EventLog {
@@ -115,6 +138,8 @@ struct Config {
   bool unsafe_nodrift = false;
   bool unsafe_nofence = false;
   bool unsafe_plaindelete = false;
+  bool native = false;
+  bool unsafe_noguard = false;
 };
 
 // One held lease, whichever client took it.
@@ -124,6 +149,10 @@ class Holding {
   virtual bool Valid() = 0;
   virtual FencingToken Token() = 0;
   virtual SteadyTime SafeUntil() = 0;
+  // Where the store keeps the grant (Lease::store_key, Grant::store_key).
+  virtual std::string StoreKey() = 0;
+  // A native write, guarded by the store (--guard=native).
+  virtual Status NativeWrite(const FencedWrite& write) = 0;
   // Returns "ok", "lost" or "error:<code>", and whether a grant was deleted.
   virtual std::string Release() = 0;
 };
@@ -142,9 +171,17 @@ class Client {
 class LibraryHolding : public Holding {
  public:
   explicit LibraryHolding(Lease lease) : lease_(std::move(lease)) {}
+
   bool Valid() override { return lease_.valid(); }
+
   FencingToken Token() override { return lease_.fencing_token(); }
+
   SteadyTime SafeUntil() override { return lease_.safe_until(); }
+
+  std::string StoreKey() override { return lease_.store_key(); }
+
+  Status NativeWrite(const FencedWrite& write) override { return lease_.Write(write).status(); }
+
   std::string Release() override {
     Status s = lease_.Release();
     if (s.ok()) {
@@ -176,8 +213,8 @@ class LibraryClient : public Client {
                                    std::string_view::npos
                                ? "expired"
                                : "store";
-        log_.Event("lost", "key=" + key + " reason=" + kind + " msg=" +
-                               Sanitize(reason.ToString()));
+        log_.Event("lost",
+                   "key=" + key + " reason=" + kind + " msg=" + Sanitize(reason.ToString()));
       } else {
         log_.Event("state", "key=" + key + " state=" +
                                 std::string(state == LeaseState::kAtRisk ? "at_risk" : "held"));
@@ -202,14 +239,15 @@ class LibraryClient : public Client {
 class UnsafeHolding : public Holding {
  public:
   UnsafeHolding(std::shared_ptr<internal::Backend> backend, const Config& config, EventLog& log,
-                std::string key, std::string owner, FencingToken token, SteadyTime t_send,
+                std::string key, std::string owner, const internal::Grant& grant, SteadyTime t_send,
                 SteadyTime t_reply)
       : backend_(std::move(backend)),
         config_(config),
         log_(log),
         key_(std::move(key)),
         owner_(std::move(owner)),
-        token_(token) {
+        token_(grant.fencing_token),
+        store_key_(grant.store_key.empty() ? key_ : grant.store_key) {
     safe_until_ = Bound(t_send, t_reply);
     renewer_ = std::jthread([this](std::stop_token stop) { RenewLoop(stop); });
   }
@@ -225,10 +263,24 @@ class UnsafeHolding : public Holding {
     std::lock_guard<std::mutex> lock(mu_);
     return !lost_ && BootClock::now() < safe_until_;
   }
+
   FencingToken Token() override { return token_; }
+
   SteadyTime SafeUntil() override {
     std::lock_guard<std::mutex> lock(mu_);
     return safe_until_;
+  }
+
+  std::string StoreKey() override { return store_key_; }
+
+  Status NativeWrite(const FencedWrite& write) override {
+    return backend_
+        ->FencedWrite({.key = key_,
+                       .owner_token = owner_,
+                       .fencing_token = token_,
+                       .store_key = store_key_,
+                       .ops = write.ops()})
+        .status();
   }
 
   std::string Release() override {
@@ -250,8 +302,8 @@ class UnsafeHolding : public Holding {
 
  private:
   SteadyTime Bound(SteadyTime t_send, SteadyTime t_reply) const {
-    Duration drift = config_.unsafe_nodrift ? Duration::zero()
-                                            : Duration(config_.ttl) / 100 + milliseconds(2);
+    Duration drift =
+        config_.unsafe_nodrift ? Duration::zero() : Duration(config_.ttl) / 100 + milliseconds(2);
     return (config_.unsafe_reply ? t_reply : t_send) + config_.ttl - drift;
   }
 
@@ -288,6 +340,7 @@ class UnsafeHolding : public Holding {
   const std::string key_;
   const std::string owner_;
   const FencingToken token_;
+  const std::string store_key_;
   std::mutex mu_;
   SteadyTime safe_until_;
   bool lost_ = false;
@@ -313,8 +366,8 @@ class UnsafeClient : public Client {
           {.key = key, .owner_token = *owner, .holder = config_.id, .ttl = config_.ttl});
       SteadyTime t_reply = BootClock::now();
       if (grant.ok()) {
-        return std::make_unique<UnsafeHolding>(backend_, config_, log_, key, *owner,
-                                               grant->fencing_token, t_send, t_reply);
+        return std::make_unique<UnsafeHolding>(backend_, config_, log_, key, *owner, *grant, t_send,
+                                               t_reply);
       }
       if (BootClock::now() >= deadline) {
         *error = Sanitize(grant.status().ToString());
@@ -332,11 +385,66 @@ class UnsafeClient : public Client {
   std::mt19937_64 rng_;
 };
 
+// ---- native writes (--guard=native) ----------------------------------------------------------
+
+// The SQL stores' data table (chaos.py creates it before the workers start, so that the
+// CREATE TABLE of concurrent first writes never races on PostgreSQL; reads it for the audit).
+constexpr const char* kCreateDataTable =
+    "CREATE TABLE IF NOT EXISTS chaos_data(k TEXT PRIMARY KEY, v TEXT NOT NULL)";
+constexpr const char* kUpsertData =
+    "INSERT INTO chaos_data(k, v) VALUES($1, $2) ON CONFLICT(k) DO UPDATE SET v = excluded.v";
+
+// Builds the write of one value and sends it: through the holding (the store's guard) or, for
+// --unsafe=noguard, straight to a backend with the guard skipped.
+class NativeWriter {
+ public:
+  // `scheme` is the store URL's; `noguard` is the backend of --unsafe=noguard (else null).
+  NativeWriter(std::string_view scheme, std::shared_ptr<internal::Backend> noguard)
+      : sql_(scheme == "sqlite" || scheme == "postgres" || scheme == "postgresql"),
+        zk_(scheme == "zk"),
+        noguard_(std::move(noguard)) {}
+
+  // The data key of lease `key`: the SQL row's k, the ZooKeeper node, or the KV key.
+  std::string DataKey(const std::string& key) const {
+    if (sql_) {
+      return key;
+    }
+    return zk_ ? "/chaos-data-" + key : "chaos-data/" + key;
+  }
+
+  Status Write(Holding& holding, const std::string& key, const std::string& value) const {
+    FencedWrite write;
+    if (sql_) {
+      write.Sql(kCreateDataTable).Sql(kUpsertData, {DataKey(key), value});
+    } else {
+      write.Put(DataKey(key), value);
+    }
+    if (noguard_ == nullptr) {
+      return holding.NativeWrite(write);
+    }
+    // The owner token is the Lease's secret; with the guard skipped the store never reads it.
+    return noguard_
+        ->FencedWrite({.key = key,
+                       .fencing_token = holding.Token(),
+                       .store_key = holding.StoreKey(),
+                       .ops = write.ops(),
+                       .skip_guard_for_testing = true})
+        .status();
+  }
+
+ private:
+  const bool sql_;
+  const bool zk_;
+  const std::shared_ptr<internal::Backend> noguard_;
+};
+
 // ---- the loop --------------------------------------------------------------------------------
 
 std::atomic<bool> g_pause_requested{false};
 
-extern "C" void OnPauseRequest(int /*signo*/) { g_pause_requested.store(true); }
+extern "C" void OnPauseRequest(int /*signo*/) {
+  g_pause_requested.store(true);
+}
 
 bool ParseFlag(const char* arg, Config* c) {
   std::string a(arg);
@@ -381,12 +489,18 @@ bool ParseFlag(const char* arg, Config* c) {
     c->ignore_sigpipe = value == "1";
   } else if (name == "mode") {
     c->unsafe = value == "unsafe";
+  } else if (name == "guard") {
+    if (value != "register" && value != "native") {
+      return false;
+    }
+    c->native = value == "native";
   } else if (name == "unsafe") {
     bool all = value == "all";
     c->unsafe_reply = all || value.find("reply") != std::string::npos;
     c->unsafe_nodrift = all || value.find("nodrift") != std::string::npos;
     c->unsafe_nofence = all || value.find("nofence") != std::string::npos;
     c->unsafe_plaindelete = all || value.find("plaindelete") != std::string::npos;
+    c->unsafe_noguard = value.find("noguard") != std::string::npos;
   } else {
     return false;
   }
@@ -400,8 +514,10 @@ int Run(const Config& config) {
     return 1;
   }
   EventLog log(fd, config.id);
-  log.Event("start", "pid=" + std::to_string(getpid()) + " mode=" +
-                         (config.unsafe ? "unsafe" : "safe") +
+  log.Event("start", "pid=" + std::to_string(getpid()) +
+                         " mode=" + (config.unsafe ? "unsafe" : "safe") +
+                         " guard=" + (config.native ? "native" : "register") +
+                         (config.unsafe_noguard ? " noguard=1" : "") +
                          " ttl_ms=" + std::to_string(config.ttl.count()));
   const SteadyTime deadline = BootClock::now() + config.duration;
 
@@ -416,27 +532,48 @@ int Run(const Config& config) {
     }
     return result;
   };
-  Result<std::unique_ptr<FencedRegister>> reg = retry(
-      [&] { return FencedRegister::Open(config.register_path, /*fenced=*/!config.unsafe_nofence); });
-  if (!reg.ok()) {
-    log.Event("fatal", "what=register msg=" + Sanitize(reg.status().ToString()));
-    return 1;
-  }
-
-  std::unique_ptr<Client> client;
-  if (config.unsafe) {
-    Result<internal::Url> url = internal::ParseUrl(config.store);
-    if (!url.ok()) {
-      log.Event("fatal", "what=url");
+  std::unique_ptr<FencedRegister> reg;
+  if (!config.native) {
+    Result<std::unique_ptr<FencedRegister>> opened = retry([&] {
+      return FencedRegister::Open(config.register_path, /*fenced=*/!config.unsafe_nofence);
+    });
+    if (!opened.ok()) {
+      log.Event("fatal", "what=register msg=" + Sanitize(opened.status().ToString()));
       return 1;
     }
+    reg = std::move(*opened);
+  }
+
+  Result<internal::Url> url = internal::ParseUrl(config.store);
+  if (!url.ok()) {
+    log.Event("fatal", "what=url");
+    return 1;
+  }
+  auto open_backend = [&]() -> std::shared_ptr<internal::Backend> {
     Result<std::shared_ptr<internal::Backend>> backend =
         retry([&] { return internal::OpenBackend(*url, Clock::Real()); });
     if (!backend.ok()) {
       log.Event("fatal", "what=backend msg=" + Sanitize(backend.status().ToString()));
+      return nullptr;
+    }
+    return *backend;
+  };
+  std::optional<NativeWriter> native;
+  if (config.native) {
+    std::shared_ptr<internal::Backend> noguard;
+    if (config.unsafe_noguard && (noguard = open_backend()) == nullptr) {
       return 1;
     }
-    client = std::make_unique<UnsafeClient>(*backend, config, log);
+    native.emplace(url->scheme, std::move(noguard));
+  }
+
+  std::unique_ptr<Client> client;
+  if (config.unsafe) {
+    std::shared_ptr<internal::Backend> backend = open_backend();
+    if (backend == nullptr) {
+      return 1;
+    }
+    client = std::make_unique<UnsafeClient>(std::move(backend), config, log);
   } else {
     Result<std::unique_ptr<Store>> store = retry([&] { return Store::Open(config.store); });
     if (!store.ok()) {
@@ -464,8 +601,8 @@ int Run(const Config& config) {
             last = s;
           } else if (s > last) {
             last = s;
-            log.Event("renew-ok", "key=" + current_key + " token=" +
-                                      std::to_string(current->Token()) +
+            log.Event("renew-ok", "key=" + current_key +
+                                      " token=" + std::to_string(current->Token()) +
                                       " safe_until=" + std::to_string(s));
           }
         }
@@ -478,6 +615,7 @@ int Run(const Config& config) {
   std::uniform_int_distribution<std::size_t> pick_key(0, config.keys.size() - 1);
   std::uniform_int_distribution<std::int64_t> pick_hold(config.hold_min.count(),
                                                         config.hold_max.count());
+  std::uint64_t writes = 0;  // the native writes' seq
   while (BootClock::now() < deadline) {
     const std::string& key = config.keys[pick_key(rng)];
     auto left = std::chrono::duration_cast<milliseconds>(deadline - BootClock::now());
@@ -508,20 +646,35 @@ int Run(const Config& config) {
         log.Event("invalid", "key=" + key + " token=" + tok);
         break;
       }
-      log.Event("valid-check",
-                "key=" + key + " token=" + tok + " safe_until=" +
-                    std::to_string(Ns(holding->SafeUntil())));
+      log.Event("valid-check", "key=" + key + " token=" + tok +
+                                   " safe_until=" + std::to_string(Ns(holding->SafeUntil())));
       if (g_pause_requested.exchange(false)) {
         log.Event("pause-self", "key=" + key + " token=" + tok);
         ::raise(SIGSTOP);
         log.Event("resumed", "key=" + key + " token=" + tok);
       }
       // The write the validity check above allowed; after a pause it may be stale, and then the
-      // register must reject it.
-      WriteResult w = (*reg)->Write(key, token, config.id);
-      log.Event("write", "key=" + key + " token=" + tok + " result=" + w.outcome +
-                             " max_before=" + std::to_string(w.max_before) +
-                             " t_commit=" + std::to_string(w.t_commit_ns));
+      // register (or the store's guard) must reject it.
+      if (native) {
+        const std::string seq = std::to_string(++writes);
+        const std::int64_t t_send = NowNs();
+        Status s = native->Write(*holding, key, tok + ":" + config.id + ":" + seq);
+        const std::int64_t t_reply = NowNs();
+        std::string fields =
+            "key=" + key + " token=" + tok + " result=" +
+            (s.ok() ? "accepted" : (s.code() == StatusCode::kLost ? "rejected" : "error")) +
+            " guard=native seq=" + seq + " t_send=" + std::to_string(t_send) +
+            " t_reply=" + std::to_string(t_reply);
+        if (!s.ok()) {
+          fields += " msg=" + Sanitize(s.ToString());
+        }
+        log.Event("write", fields);
+      } else {
+        WriteResult w = reg->Write(key, token, config.id);
+        log.Event("write", "key=" + key + " token=" + tok + " result=" + w.outcome +
+                               " max_before=" + std::to_string(w.max_before) +
+                               " t_commit=" + std::to_string(w.t_commit_ns));
+      }
       if (BootClock::now() >= hold_until || BootClock::now() >= deadline) {
         break;
       }
@@ -556,17 +709,21 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (config.store.empty() || config.register_path.empty() || config.log_path.empty() ||
-      config.keys.empty()) {
+  if (config.store.empty() || (config.register_path.empty() && !config.native) ||
+      config.log_path.empty() || config.keys.empty() || (config.unsafe_noguard && !config.native)) {
     std::fprintf(stderr,
                  "usage: chaos_worker --store=URL --register=PATH --log=PATH [--id=ID] "
                  "[--keys=a,b] [--ttl-ms=N] [--duration-ms=N] [--hold-min-ms=N] "
                  "[--hold-max-ms=N] [--write-gap-ms=N] [--idle-max-ms=N] [--wait-ms=N] [--seed=N] "
                  "[--mode=safe|unsafe] [--unsafe=all|reply,nodrift,nofence,plaindelete] "
-                 "[--ignore-sigpipe=1]\n");
+                 "[--guard=register|native] [--unsafe=noguard (native only)] "
+                 "[--ignore-sigpipe=1]\n"
+                 "  (--register is not needed with --guard=native)\n");
     return 2;
   }
+
   struct sigaction sa {};
+
   sa.sa_handler = leasehold::chaos::OnPauseRequest;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
