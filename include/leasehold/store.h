@@ -152,9 +152,10 @@ class Store {
  private:
   explicit Store(std::shared_ptr<internal::StoreCore> core);
 
-  // TryAcquire as one attempt of a waiting Acquire (waiter_id non-empty) or alone (empty).
+  // TryAcquire as one attempt of a waiting Acquire (waiter_id non-empty) or alone (empty),
+  // under `owner_token` (a fresh one from internal::NewOwnerToken).
   Result<Lease> TryAcquireAs(std::string_view key, const LeaseOptions& options,
-                             const std::string& waiter_id);
+                             const std::string& waiter_id, const std::string& owner_token);
 
   // Logs (and, where the store notifies waiters, times) the grant that ended a wait.
   void LogHandoff(const Lease& lease, Duration waited, std::optional<Duration> handoff);

@@ -238,13 +238,14 @@ Status Store::WaitForChange(std::string_view key, SteadyTime deadline, std::stop
 }
 
 Result<Lease> Store::TryAcquire(std::string_view key, const LeaseOptions& options) {
-  return TryAcquireAs(key, options, std::string());
+  LH_ASSIGN_OR_RETURN(std::string token, internal::NewOwnerToken());
+  return TryAcquireAs(key, options, std::string(), token);
 }
 
 Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& options,
-                                  const std::string& waiter_id) {
+                                  const std::string& waiter_id, const std::string& owner_token) {
   LH_ASSIGN_OR_RETURN(ResolvedOptions resolved, Resolve(key, options));
-  LH_ASSIGN_OR_RETURN(std::string token, internal::NewOwnerToken());
+  const std::string& token = owner_token;
   internal::Backend& backend = *core_->backend;
   internal::LeaseMetrics* metrics = core_->lease_metrics;
   // Read t_send before sending: the grant cannot have started earlier than this.
@@ -330,6 +331,12 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
   // One id for every attempt of this call, so that a fair store keeps our place in its queue;
   // if we give up, we leave the queue rather than block it until our entry expires.
   LH_ASSIGN_OR_RETURN(const std::string waiter_id, internal::NewOwnerToken());
+  // One owner token for every attempt too, so that a store that hands the key to the head of
+  // its queue inside the holder's release grants it under the token this call will renew and
+  // release with. An attempt whose reply was lost may have been granted under it; every store
+  // answers a later attempt that finds such a grant as "held by another" (its expiry began
+  // before that attempt's t_send, so it must not become this call's lease), which only delays.
+  LH_ASSIGN_OR_RETURN(const std::string owner_token, internal::NewOwnerToken());
   struct LeaveQueueUnlessAcquired {
     internal::Backend& backend;
     std::string_view key;
@@ -375,7 +382,7 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
       record_wait.outcome = internal::WaitOutcome::kCancelled;
       return Status::Cancelled(fmt::format("cancelled while waiting for {}", key));
     }
-    Result<Lease> attempt = TryAcquireAs(key, options, waiter_id);
+    Result<Lease> attempt = TryAcquireAs(key, options, waiter_id, owner_token);
     if (attempt.ok()) {
       leave.acquired = true;
       record_wait.outcome = internal::WaitOutcome::kAcquired;
