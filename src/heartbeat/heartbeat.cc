@@ -27,9 +27,19 @@ Heartbeat::~Heartbeat() {
 
 void Heartbeat::Add(std::shared_ptr<LeaseCore> lease) {
   MutexLock lock(&mu_);
+  // A loop that is asleep wakes early only if this lease needs it before its planned time; one
+  // that is scanning (planned == min) is always told, since its scan may predate this lease.
+  // The loops read their stop token under mu_ before publishing the planned time, so a request
+  // made here after that is seen by the sleep that follows: no wake-up is lost.
+  if (lease->NextRenewDue() < renew_planned_) {
+    renew_wake_.request_stop();
+    ++early_wakes_;
+  }
+  if (lease->NextCheck() < watchdog_planned_) {
+    watchdog_wake_.request_stop();
+    ++early_wakes_;
+  }
   leases_.push_back(std::move(lease));
-  renew_wake_.request_stop();
-  watchdog_wake_.request_stop();
   if (!renewer_.joinable()) {
     renewer_ = std::jthread([this] { RenewLoop(); });
     watchdog_ = std::jthread([this] { WatchdogLoop(); });
@@ -49,6 +59,11 @@ std::size_t Heartbeat::size() {
 std::uint64_t Heartbeat::rounds() {
   MutexLock lock(&mu_);
   return rounds_;
+}
+
+std::uint64_t Heartbeat::early_wakes() {
+  MutexLock lock(&mu_);
+  return early_wakes_;
 }
 
 HeldLeaseGauges Heartbeat::CollectGauges() {
@@ -89,6 +104,7 @@ void Heartbeat::RenewLoop() {
         renew_wake_ = std::stop_source();
       }
       wake = renew_wake_.get_token();
+      renew_planned_ = SteadyTime::min();
       PruneLocked();
       SteadyTime now = clock_.Now();
       // A lease joins the batch if it is due now or within half its renew interval. Renewing
@@ -103,6 +119,8 @@ void Heartbeat::RenewLoop() {
           next_wake = std::min(next_wake, due);
         }
       }
+      // Every lease added from here on is judged against this plan (a round first: min).
+      renew_planned_ = batch.empty() ? next_wake : SteadyTime::min();
     }
     if (batch.empty()) {
       clock_.SleepUntil(next_wake, wake);
@@ -152,6 +170,7 @@ void Heartbeat::WatchdogLoop() {
         watchdog_wake_ = std::stop_source();
       }
       wake = watchdog_wake_.get_token();
+      watchdog_planned_ = SteadyTime::min();
       leases = leases_;
     }
     for (const auto& lease : leases) {
@@ -159,10 +178,15 @@ void Heartbeat::WatchdogLoop() {
         earliest = std::min(earliest, lease->NextCheck());
       }
     }
-    if (earliest == SteadyTime::max() && !leases.empty()) {
-      // Every lease we saw is inactive: let the renewer prune; re-check soon after a change.
+    {
       MutexLock lock(&mu_);
-      PruneLocked();
+      if (earliest == SteadyTime::max() && !leases.empty()) {
+        // Every lease we saw is inactive: drop them; re-check soon after a change.
+        PruneLocked();
+      }
+      // A lease added during the scan above already requested `wake` (planned was min); from
+      // here on Add compares with the plan.
+      watchdog_planned_ = earliest;
     }
     leases.clear();
     clock_.SleepUntil(earliest, wake);

@@ -54,6 +54,11 @@ class Heartbeat final : public GaugeSource {
   // Returns the number of RenewMany calls made so far (round trips), for tests and benchmarks.
   std::uint64_t rounds() LH_EXCLUDES(mu_);
 
+  // Returns how many times Add woke a loop early (a lease due before the loop's planned
+  // wake-up), for tests and benchmarks: an acquire whose lease is due after the others wakes
+  // no thread.
+  std::uint64_t early_wakes() LH_EXCLUDES(mu_);
+
   // The leases held (or at risk) and the smallest safe_until - now among them, for the gauges.
   HeldLeaseGauges CollectGauges() override LH_EXCLUDES(mu_);
 
@@ -71,12 +76,19 @@ class Heartbeat final : public GaugeSource {
 
   Mutex mu_;
   std::vector<std::shared_ptr<LeaseCore>> leases_ LH_GUARDED_BY(mu_);
-  // Requested to wake a sleeping loop early (a lease was added, or shutdown); each loop
-  // replaces its source after waking.
+  // Requested to wake a sleeping loop early (a lease was added that is due before the loop's
+  // planned wake-up, or shutdown); each loop replaces its source after waking.
   std::stop_source renew_wake_ LH_GUARDED_BY(mu_);
   std::stop_source watchdog_wake_ LH_GUARDED_BY(mu_);
+  // When each loop plans to wake by itself: SteadyTime::min() while it is scanning or renewing
+  // (it has not yet seen every lease: Add must wake it), else the time it sleeps until. Add
+  // wakes a loop only for a lease due before that, so an acquire costs no thread wake-ups in
+  // the common case (a new lease is due after the ones already held).
+  SteadyTime renew_planned_ LH_GUARDED_BY(mu_) = SteadyTime::min();
+  SteadyTime watchdog_planned_ LH_GUARDED_BY(mu_) = SteadyTime::min();
   bool shutdown_ LH_GUARDED_BY(mu_) = false;
   std::uint64_t rounds_ LH_GUARDED_BY(mu_) = 0;
+  std::uint64_t early_wakes_ LH_GUARDED_BY(mu_) = 0;
   // Started lazily by the first Add, so that handles used only for status/list stay cheap.
   std::jthread renewer_ LH_GUARDED_BY(mu_);
   std::jthread watchdog_ LH_GUARDED_BY(mu_);
