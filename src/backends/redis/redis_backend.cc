@@ -551,8 +551,7 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
                                    .ttl = milliseconds(handed_ttl)});
     if (!grant.ok() && grant.status().code() == StatusCode::kLost) {
       return Status::HeldByAnother(fmt::format(
-          "{}: the grant a release handed to this waiter ended before it was taken",
-          request.key));
+          "{}: the grant a release handed to this waiter ended before it was taken", request.key));
     }
     return grant;
   }
@@ -624,10 +623,9 @@ void RedisBackend::RecordHanded(std::string_view waiter_id, std::string_view pay
     }
   }
   MutexLock lock(&handed_mu_);
-  handed_[std::string(waiter_id)] =
-      Handed{.fencing_token = static_cast<FencingToken>(values[0]),
-             .t_q = SteadyTime(Duration(values[1])),
-             .ttl = milliseconds(values[2])};
+  handed_[std::string(waiter_id)] = Handed{.fencing_token = static_cast<FencingToken>(values[0]),
+                                           .t_q = SteadyTime(Duration(values[1])),
+                                           .ttl = milliseconds(values[2])};
 }
 
 Result<long long> RedisBackend::FairEnd(std::string_view key, std::string_view who,
@@ -639,9 +637,8 @@ Result<long long> RedisBackend::FairEnd(std::string_view key, std::string_view w
        FenceKeyName(options_.prefix, key), QueueKeyName(options_.prefix, key),
        QueueExpiryKeyName(options_.prefix, key), QueueSeqKeyName(options_.prefix, key),
        QueueDataKeyName(options_.prefix, key), RecordKeyName(options_.prefix, key),
-       std::string(who), ChannelName(options_.prefix, key), std::string(mode),
-       record ? "1" : "0", record ? *record : std::string(),
-       record ? std::to_string(CeilMillis(record_ttl)) : "0"}};
+       std::string(who), ChannelName(options_.prefix, key), std::string(mode), record ? "1" : "0",
+       record ? *record : std::string(), record ? std::to_string(CeilMillis(record_ttl)) : "0"}};
   LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), record.has_value()));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
@@ -1241,9 +1238,9 @@ Status RedisBackend::WaitForTurn(std::string_view key, std::string_view waiter_i
     if (!other_ttl) {
       break;
     }
-    wake_at = std::min(deadline, clock_.Now() + *other_ttl +
-                                     Jitter(std::min(*other_ttl / 10 + milliseconds(1),
-                                                     kMaxExpiryJitter)));
+    wake_at = std::min(deadline,
+                       clock_.Now() + *other_ttl +
+                           Jitter(std::min(*other_ttl / 10 + milliseconds(1), kMaxExpiryJitter)));
   }
   const bool handed = unregister();
   if (stop.stop_requested()) {

@@ -867,9 +867,8 @@ TEST(RedisBackendTest, FairReleaseHandsTheKeyToADeadHeadWaiterWhichBlocksItOnlyF
   std::printf("[ figure ] a queue entry lives %lld ms past its waiter's latest attempt\n", left_ms);
   EXPECT_GT(left_ms, 12'000);
   EXPECT_LE(left_ms, 15'000);
-  for (const std::string& queue_key :
-       {RedisBackend::QueueKeyName("leasehold", "job"),
-        RedisBackend::QueueDataKeyName("leasehold", "job")}) {
+  for (const std::string& queue_key : {RedisBackend::QueueKeyName("leasehold", "job"),
+                                       RedisBackend::QueueDataKeyName("leasehold", "job")}) {
     auto pttl = server->Cli({"PTTL", queue_key});
     ASSERT_TRUE(pttl.ok());
     EXPECT_GT(std::stoll(*pttl), 0) << queue_key << " must not outlive its entries";
