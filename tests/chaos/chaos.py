@@ -504,6 +504,17 @@ class PostgresTableStore(PostgresStore):
     server_faults = PostgresStore.server_faults + PostgresStore.session_faults
 
 
+class RedisFairStore(RedisStore):
+    """redis://...?fair=true: the same server and faults; waiters queue, and a release hands the
+    key to the head waiter inside its own script (the waiter takes the grant from the "handed"
+    message, its validity counted from its latest queue refresh)."""
+
+    scheme = "redis-fair"
+
+    def url(self):
+        return f"redis://127.0.0.1:{self.proxy.port}?prefix=chaos&fair=true"
+
+
 class EtcdStore(RedisStore):
     """etcd://: a throwaway single-member etcd (/usr/bin/etcd) on free loopback client and peer
     ports (never 2379/2380), its data directory in the run directory, reached through a
@@ -679,7 +690,8 @@ def native_data_key(scheme, key):
     return "/chaos-data-" + key if scheme == "zk" else "chaos-data/" + key
 
 
-STORES = {"sqlite": SqliteStore, "redis": RedisStore, "postgres": PostgresStore,
+STORES = {"sqlite": SqliteStore, "redis": RedisStore, "redis-fair": RedisFairStore,
+          "postgres": PostgresStore,
           "postgres-table": PostgresTableStore, "etcd": EtcdStore, "zk": ZkStore}
 
 

@@ -53,6 +53,11 @@ constexpr Duration kMaxExpiryJitter = milliseconds(20);
 // src/core/store.cc); twice that leaves room for one missed re-check. The price: a waiter killed
 // at the head of the queue delays the next grant by up to its entry lifetime.
 constexpr Duration kFairEntryBase = std::chrono::seconds(10);
+// fair=true: a grant handed over inside a release is taken without a round trip only while at
+// least this share of its TTL is left, counted from the waiter's t_q (as etcd's spare leases);
+// otherwise the waiter renews it first.
+constexpr int kHandedMinLeftNum = 3;
+constexpr int kHandedMinLeftDen = 4;
 // SCAN page size hint.
 constexpr std::string_view kScanCount = "1000";
 
@@ -72,6 +77,7 @@ enum ScriptId {
   kQueueState,
   kFinish,
   kFencedWrite,
+  kFairEnd,
   kScriptCount
 };
 
@@ -86,6 +92,7 @@ constexpr Script kScripts[kScriptCount] = {
     {"queue-state", kQueueStateScript},
     {"finish", kFinishScript},
     {"fenced-write", kFencedWriteScript},
+    {"fair end", kFairEndScript},
 };
 
 // Escapes Redis glob metacharacters (* ? [ ] \) so that `text` matches only itself in SCAN
@@ -220,6 +227,28 @@ Status HeldReply(std::string_view key, const redisReply* reply) {
     return Status::HeldByAnother(*holder, queue);
   }
   return Status::HeldByAnother(fmt::format("{} is free but queued for: {}", key, queue));
+}
+
+// The TTL of the grant a "handed <waiter id> <fencing token> <t_q> <ttl_ms>" message
+// (kFairEndScript) reports, if it went to a waiter other than `waiter_id`; nullopt otherwise
+// (ours, another kind of message, or unreadable).
+std::optional<Duration> HandedToOther(std::string_view payload, std::string_view waiter_id) {
+  if (!payload.starts_with("handed ")) {
+    return std::nullopt;
+  }
+  std::string_view rest = payload.substr(7);
+  const std::size_t id_end = rest.find(' ');
+  if (id_end == std::string_view::npos || rest.substr(0, id_end) == waiter_id) {
+    return std::nullopt;
+  }
+  const std::size_t ttl_at = rest.rfind(' ');
+  std::string_view ttl_text = rest.substr(ttl_at + 1);
+  long long ttl_ms = 0;
+  auto [end, ec] = std::from_chars(ttl_text.data(), ttl_text.data() + ttl_text.size(), ttl_ms);
+  if (ec != std::errc() || end != ttl_text.data() + ttl_text.size() || ttl_ms <= 0) {
+    return std::nullopt;
+  }
+  return milliseconds(ttl_ms);
 }
 
 // How long a queue entry outlives the waiter's latest attempt: max(ttl, kFairEntryBase), plus
@@ -453,18 +482,46 @@ std::string RedisBackend::QueueSeqKeyName(std::string_view prefix, std::string_v
   return QueueKeyName(prefix, key) + ":seq";
 }
 
+std::string RedisBackend::QueueDataKeyName(std::string_view prefix, std::string_view key) {
+  return QueueKeyName(prefix, key) + ":data";
+}
+
 Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
+  const bool queued_waiter = options_.fair && !request.waiter_id.empty();
+  if (queued_waiter) {
+    // A release handed this waiter the key and WaitForTurn heard it: no round trip needed.
+    std::optional<Handed> handed;
+    {
+      MutexLock lock(&handed_mu_);
+      if (auto it = handed_.find(request.waiter_id); it != handed_.end()) {
+        handed = it->second;
+        handed_.erase(it);
+      }
+    }
+    if (handed) {
+      Result<Grant> grant = TakeHanded(request, *handed);
+      if (grant.ok() || grant.status().code() != StatusCode::kLost) {
+        return grant;
+      }
+      // The handed grant is gone (expired, force-released): try as usual, which queues again.
+    }
+  }
   const long long ttl_ms = CeilMillis(request.ttl);
   const std::string lease_key = LeaseKeyName(options_.prefix, request.key);
   std::vector<Command> call;
   if (options_.fair) {
-    call.push_back({"EVALSHA", pool_->shas_[kFairAcquire], "5", lease_key,
+    // t_q: this attempt's send time, read after the core's t_send and before sending. The
+    // queue entry keeps it; a release that hands us the key copies it (kFairEndScript).
+    const SteadyTime t_q = clock_.Now();
+    call.push_back({"EVALSHA", pool_->shas_[kFairAcquire], "6", lease_key,
                     FenceKeyName(options_.prefix, request.key),
                     QueueKeyName(options_.prefix, request.key),
                     QueueExpiryKeyName(options_.prefix, request.key),
-                    QueueSeqKeyName(options_.prefix, request.key), request.owner_token,
+                    QueueSeqKeyName(options_.prefix, request.key),
+                    QueueDataKeyName(options_.prefix, request.key), request.owner_token,
                     request.holder, std::to_string(ttl_ms), request.waiter_id,
-                    std::to_string(CeilMillis(FairEntryLifetime(options_, request.ttl)))});
+                    std::to_string(CeilMillis(FairEntryLifetime(options_, request.ttl))),
+                    std::to_string(t_q.time_since_epoch().count())});
   } else {
     call.push_back({"EVALSHA", pool_->shas_[kAcquire], "2", lease_key,
                     FenceKeyName(options_.prefix, request.key), request.owner_token, request.holder,
@@ -484,6 +541,23 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
     return HeldReply(request.key, reply);
   }
   LH_ASSIGN_OR_RETURN(long long fence, ParseInteger(reply->element[1]));
+  if (granted == 2 && queued_waiter && reply->elements >= 4) {
+    // Handed over by a release whose message we did not see: {2, fence, t_q, ttl_ms}.
+    LH_ASSIGN_OR_RETURN(long long t_q, ParseInteger(reply->element[2]));
+    LH_ASSIGN_OR_RETURN(long long handed_ttl, ParseInteger(reply->element[3]));
+    Result<Grant> grant =
+        TakeHanded(request, Handed{.fencing_token = static_cast<FencingToken>(fence),
+                                   .t_q = SteadyTime(Duration(t_q)),
+                                   .ttl = milliseconds(handed_ttl)});
+    if (!grant.ok() && grant.status().code() == StatusCode::kLost) {
+      return Status::HeldByAnother(fmt::format(
+          "{}: the grant a release handed to this waiter ended before it was taken", request.key));
+    }
+    return grant;
+  }
+  if (granted != 1) {
+    return Status::Internal("unexpected reply from redis to the acquire script");
+  }
   if (options_.min_replicas > 0 && out.replicas < options_.min_replicas) {
     // A failover to a replica that never saw this grant would forget it: undo it. If the undo
     // itself fails, the grant simply expires after its TTL.
@@ -497,6 +571,88 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
   return Grant{.fencing_token = static_cast<FencingToken>(fence),
                .ttl = milliseconds(ttl_ms),
                .store_key = lease_key};
+}
+
+// SAFETY (DESIGN.md: safe_until = t_send + ttl - drift). The release that handed us the key ran
+// on the server after the attempt whose entry it found (the server ran that attempt's script
+// first: the entry, with its t_q, exists only once it has), and that attempt's script ran after
+// we read its t_q. So the grant's expiry, release time + TTL, is at least t_q + TTL. `now` is
+// read here, after the core read its t_send for this TryAcquire, so reporting
+// Grant::ttl = TTL - (now - t_q) gives the core safe_until = t_send + TTL - (now - t_q) - drift
+// <= t_q + TTL - drift: never later than the rule allows from our own send time t_q. The
+// notification's arrival time plays no part. When that leaves under 3/4 of the TTL (a long
+// wait since our last queue refresh), or replicas must confirm the grant, we renew first:
+// the renewal's expiry starts when the server runs it, after `now`, so a full TTL counts from
+// the core's t_send.
+Result<Grant> RedisBackend::TakeHanded(const GrantRequest& request, const Handed& handed) {
+  const std::string lease_key = LeaseKeyName(options_.prefix, request.key);
+  const SteadyTime now = clock_.Now();
+  const Duration age = now - handed.t_q;
+  const Duration left = handed.ttl - age;
+  if (options_.min_replicas == 0 && age >= Duration::zero() && handed.ttl > Duration::zero() &&
+      left * kHandedMinLeftDen >= handed.ttl * kHandedMinLeftNum) {
+    return Grant{.fencing_token = handed.fencing_token, .ttl = left, .store_key = lease_key};
+  }
+  LH_RETURN_IF_ERROR(Renew({request.key, request.owner_token, request.ttl}));
+  return Grant{.fencing_token = handed.fencing_token,
+               .ttl = milliseconds(CeilMillis(request.ttl)),
+               .store_key = lease_key};
+}
+
+void RedisBackend::RecordHanded(std::string_view waiter_id, std::string_view payload) {
+  // "handed <waiter id> <fencing token> <t_q> <ttl_ms>"
+  std::vector<std::string_view> parts;
+  std::size_t pos = 0;
+  while (pos <= payload.size() && parts.size() < 6) {
+    std::size_t space = payload.find(' ', pos);
+    if (space == std::string_view::npos) {
+      space = payload.size();
+    }
+    parts.push_back(payload.substr(pos, space - pos));
+    pos = space + 1;
+  }
+  long long values[3] = {0, 0, 0};
+  if (parts.size() != 5 || parts[0] != "handed" || parts[1] != waiter_id) {
+    return;
+  }
+  for (int i = 0; i < 3; ++i) {
+    std::string_view text = parts[2 + i];
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), values[i]);
+    if (ec != std::errc() || end != text.data() + text.size()) {
+      return;  // not ours to trust: the next attempt asks the server (kFairAcquireScript 8-13)
+    }
+  }
+  MutexLock lock(&handed_mu_);
+  handed_[std::string(waiter_id)] = Handed{.fencing_token = static_cast<FencingToken>(values[0]),
+                                           .t_q = SteadyTime(Duration(values[1])),
+                                           .ttl = milliseconds(values[2])};
+}
+
+Result<long long> RedisBackend::FairEnd(std::string_view key, std::string_view who,
+                                        std::string_view mode,
+                                        const std::optional<std::string>& record,
+                                        Duration record_ttl) {
+  std::vector<Command> call = {
+      {"EVALSHA", pool_->shas_[kFairEnd], "7", LeaseKeyName(options_.prefix, key),
+       FenceKeyName(options_.prefix, key), QueueKeyName(options_.prefix, key),
+       QueueExpiryKeyName(options_.prefix, key), QueueSeqKeyName(options_.prefix, key),
+       QueueDataKeyName(options_.prefix, key), RecordKeyName(options_.prefix, key),
+       std::string(who), ChannelName(options_.prefix, key), std::string(mode), record ? "1" : "0",
+       record ? *record : std::string(), record ? std::to_string(CeilMillis(record_ttl)) : "0"}};
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), record.has_value()));
+  const redisReply* reply = out.replies[0].get();
+  if (IsError(reply)) {
+    return ScriptErrorStatus(options_.Address(), fmt::format("ending the grant of {}", key),
+                             kFairEndScript, ReplyText(reply));
+  }
+  LH_ASSIGN_OR_RETURN(long long ended, ParseInteger(reply));
+  if (ended != 0 && record && options_.min_replicas > 0 && out.replicas < options_.min_replicas) {
+    return Status::Unavailable(fmt::format(
+        "finished {}, but only {} of the {} replicas asked for (min_replicas) acknowledged it "
+        "within {}: a failover now could lose its record",
+        key, out.replicas, options_.min_replicas, FormatDuration(options_.replica_timeout)));
+  }
+  return ended;
 }
 
 Status RedisBackend::Renew(const RenewRequest& request) {
@@ -550,6 +706,18 @@ std::vector<Status> RedisBackend::RenewMany(std::span<const RenewRequest> reques
 }
 
 Status RedisBackend::Release(std::string_view key, std::string_view owner_token) {
+  if (options_.fair) {
+    // The head waiter, if any, is granted the key inside the release (kFairEndScript).
+    LH_ASSIGN_OR_RETURN(long long released,
+                        FairEnd(key, owner_token, "owner", std::nullopt, Duration::zero()));
+    if (released == 0) {
+      return Status::Lost(fmt::format(
+          "lease {} was lost or stolen: the grant expired, was force-released or is someone "
+          "else's; nothing was deleted",
+          key));
+    }
+    return Status();
+  }
   std::vector<Command> call = {{"EVALSHA", pool_->shas_[kRelease], "1",
                                 LeaseKeyName(options_.prefix, key), std::string(owner_token),
                                 ChannelName(options_.prefix, key)}};
@@ -575,6 +743,18 @@ Status RedisBackend::Finish(const FinishRequest& request) {
   // positive keep never rounds to the '0' that means "delete".
   const std::string keep_ms =
       request.keep > Duration::zero() ? std::to_string(CeilMillis(request.keep)) : "0";
+  if (options_.fair && request.keep == Duration::zero()) {
+    // Deleted: hand the key to the head waiter in the same step, as Release does.
+    LH_ASSIGN_OR_RETURN(long long finished, FairEnd(request.key, request.owner_token, "owner",
+                                                    request.record, request.record_ttl));
+    if (finished == 0) {
+      return Status::Lost(fmt::format(
+          "lease {} was lost or stolen: the grant expired, was force-released or is someone "
+          "else's; nothing was deleted or written",
+          request.key));
+    }
+    return Status();
+  }
   const bool write_record = request.record.has_value();
   std::vector<Command> call = {
       {"EVALSHA", pool_->shas_[kFinish], "2", LeaseKeyName(options_.prefix, request.key),
@@ -880,6 +1060,12 @@ Result<std::vector<LeaseInfo>> RedisBackend::List(std::string_view prefix) {
 }
 
 Result<bool> RedisBackend::ForceRelease(std::string_view key) {
+  if (options_.fair) {
+    // The head waiter is granted the key in the same step, as after a release.
+    LH_ASSIGN_OR_RETURN(long long deleted,
+                        FairEnd(key, std::string_view(), "force", std::nullopt, Duration::zero()));
+    return deleted != 0;
+  }
   std::vector<Command> call = {{"EVALSHA", pool_->shas_[kForceRelease], "1",
                                 LeaseKeyName(options_.prefix, key),
                                 ChannelName(options_.prefix, key)}};
@@ -897,22 +1083,42 @@ void RedisBackend::AbandonWait(std::string_view key, std::string_view waiter_id)
   if (!options_.fair || waiter_id.empty()) {
     return;
   }
+  {
+    MutexLock lock(&handed_mu_);
+    if (auto it = handed_.find(waiter_id); it != handed_.end()) {
+      handed_.erase(it);
+    }
+  }
   std::vector<Command> call = {
-      {"EVALSHA", pool_->shas_[kAbandonWait], "4", LeaseKeyName(options_.prefix, key),
+      {"EVALSHA", pool_->shas_[kAbandonWait], "5", LeaseKeyName(options_.prefix, key),
        QueueKeyName(options_.prefix, key), QueueExpiryKeyName(options_.prefix, key),
-       QueueSeqKeyName(options_.prefix, key), std::string(waiter_id),
-       ChannelName(options_.prefix, key)}};
+       QueueSeqKeyName(options_.prefix, key), QueueDataKeyName(options_.prefix, key),
+       std::string(waiter_id), ChannelName(options_.prefix, key)}};
   Result<ScriptReplies> out = RunScripts(*pool_, std::move(call), false);
-  // Best effort: if this fails, the entry expires by itself within its lifetime.
+  // Best effort: if this fails, the entry expires by itself within its lifetime (and a grant
+  // handed to us after we gave up, within its TTL).
   if (!out.ok()) {
     Log(LogLevel::kDebug,
         fmt::format("leaving the wait queue of {}: {}", key, out.status().ToString()));
-  } else if (IsError(out->replies[0].get())) {
+    return;
+  }
+  if (IsError(out->replies[0].get())) {
     Log(LogLevel::kDebug,
         fmt::format("leaving the wait queue of {}: {}", key,
                     ScriptErrorStatus(options_.Address(), "abandon-wait", kAbandonWaitScript,
                                       ReplyText(out->replies[0].get()))
                         .ToString()));
+    return;
+  }
+  Result<long long> left = ParseInteger(out->replies[0].get());
+  if (left.ok() && *left == 2) {
+    // A release handed us the key after we gave up: end that grant (handing it on) rather than
+    // leave it blocking the key for its TTL.
+    Result<long long> ended = FairEnd(key, waiter_id, "handed", std::nullopt, Duration::zero());
+    if (!ended.ok()) {
+      Log(LogLevel::kDebug, fmt::format("releasing the grant handed to a waiter that left {}: {}",
+                                        key, ended.status().ToString()));
+    }
   }
 }
 
@@ -947,6 +1153,9 @@ Result<std::optional<Duration>> RedisBackend::TimeToRecheck(std::string_view key
   LH_ASSIGN_OR_RETURN(long long pttl, ParseInteger(reply->element[0]));
   LH_ASSIGN_OR_RETURN(long long head_left, ParseInteger(reply->element[1]));
   LH_ASSIGN_OR_RETURN(long long is_head, ParseInteger(reply->element[2]));
+  if (is_head == 2) {
+    return std::optional<Duration>();  // a release handed us the key: take it at once
+  }
   if (pttl >= 0) {
     // Held: as without fair, the release message or the grant's expiry.
     const Duration remaining = milliseconds(pttl);
@@ -983,7 +1192,17 @@ Status RedisBackend::WaitForTurn(std::string_view key, std::string_view waiter_i
     }
     subscriber = subscriber_;
   }
-  RedisSubscriber::Watch watch = subscriber->Register(ChannelName(options_.prefix, key));
+  // fair=true: also keep a "handed" message naming this waiter (kFairEndScript).
+  RedisSubscriber::Watch watch = subscriber->Register(
+      ChannelName(options_.prefix, key), options_.fair ? waiter_id : std::string_view());
+  // Ends the registration; a "handed" message for us becomes a record the next TryAcquire takes.
+  auto unregister = [&]() {
+    std::optional<std::string> handed = subscriber->Unregister(watch);
+    if (handed) {
+      RecordHanded(waiter_id, *handed);
+    }
+    return handed.has_value();
+  };
   const bool subscribed = subscriber->AwaitSubscribed(
       watch, std::min(deadline, clock_.Now() + options_.command_timeout), stop);
 
@@ -996,20 +1215,38 @@ Status RedisBackend::WaitForTurn(std::string_view key, std::string_view waiter_i
   }
   const SteadyTime now = clock_.Now();
   if (sleep.ok() && !sleep->has_value()) {
-    subscriber->Unregister(watch);
-    return Status();  // already free
+    unregister();
+    return Status();  // already free (or handed to us)
   }
   Duration sleep_for = sleep.ok() ? **sleep : kFallbackPoll + Jitter(kFallbackPoll);
   if (!subscribed) {
     sleep_for = std::min<Duration>(sleep_for, kFallbackPoll + Jitter(kFallbackPoll));
   }
-  const SteadyTime wake_at = std::min(deadline, now + sleep_for);
-  subscriber->AwaitEvent(watch, wake_at, stop);
-  subscriber->Unregister(watch);
+  SteadyTime wake_at = std::min(deadline, now + sleep_for);
+  while (true) {
+    std::optional<std::string> message = subscriber->AwaitNext(watch, wake_at, stop);
+    if (!message || !options_.fair || waiter_id.empty()) {
+      break;
+    }
+    // fair=true: a release handed the key to another waiter. We are still queued, untouched,
+    // and the key is held again: nothing for us to try until that grant ends, which its
+    // release (or a force-release) tells us, or its TTL (counted from the release, before
+    // now) bounds. Retrying would only cost every waiter two round trips per handoff. The
+    // caller's deadline (at most 5 s away, kNotificationSafetyNet) still bounds the wait, so
+    // our queue entry is refreshed well within its lifetime.
+    std::optional<Duration> other_ttl = HandedToOther(*message, waiter_id);
+    if (!other_ttl) {
+      break;
+    }
+    wake_at = std::min(deadline,
+                       clock_.Now() + *other_ttl +
+                           Jitter(std::min(*other_ttl / 10 + milliseconds(1), kMaxExpiryJitter)));
+  }
+  const bool handed = unregister();
   if (stop.stop_requested()) {
     return Status::Cancelled("wait cancelled");
   }
-  if (clock_.Now() >= deadline) {
+  if (!handed && clock_.Now() >= deadline) {
     return Status::DeadlineExceeded("wait ran out");
   }
   return Status();

@@ -46,6 +46,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -107,7 +108,10 @@ class RedisBackend final : public Backend {
 
   // Returns kHeldByAnother with the holder's LeaseInfo (remaining from PTTL). With
   // min_replicas, a grant that too few replicas confirm is undone and kUnavailable returned.
-  // Grant::store_key is the grant hash (LeaseKeyName).
+  // Grant::store_key is the grant hash (LeaseKeyName). fair=true, with a waiter id: a grant a
+  // release handed to this waiter (heard by WaitForTurn, or found by this attempt) is returned
+  // with Grant::ttl counted from the waiter's own latest queue refresh (TakeHanded), without a
+  // round trip when WaitForTurn heard it.
   Result<Grant> TryAcquire(const GrantRequest& request) override;
 
   Status Renew(const RenewRequest& request) override;
@@ -116,12 +120,14 @@ class RedisBackend final : public Backend {
   // round trip fails, every request gets that error.
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
 
+  // fair=true: grants the key to the head waiter in the same script (kFairEndScript).
   Status Release(std::string_view key, std::string_view owner_token) override;
 
   // One script (redis_scripts.h, kFinishScript): compare the owner token, replace the record
   // (SET PX), then delete the grant and publish as Release does, or PEXPIRE it to `keep`. keep
   // and record_ttl are rounded up to whole milliseconds. Like Release, it does not WAIT for
-  // replicas with min_replicas.
+  // replicas with min_replicas. fair=true without keep: kFairEndScript, which also hands the
+  // key to the head waiter.
   Status Finish(const FinishRequest& request) override;
 
   // One GET of the record key.
@@ -150,11 +156,14 @@ class RedisBackend final : public Backend {
   // SCAN page.
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
 
+  // fair=true: hands the key to the head waiter in the same script, as Release does.
   Result<bool> ForceRelease(std::string_view key) override;
 
   // fair=true: removes `waiter_id` from the key's queue in one script, and wakes the waiters if
-  // the key is free and others are still queued (the next one may now be the head). Best
-  // effort: on failure the entry expires by itself. Does nothing with fair=false.
+  // the key is free and others are still queued (the next one may now be the head). If a
+  // release had already handed this waiter the key, ends that grant and hands it on (one more
+  // round trip). Best effort: on failure the entry expires by itself (a handed grant, after its
+  // TTL). Does nothing with fair=false.
   void AbandonWait(std::string_view key, std::string_view waiter_id) override;
 
   // Subscribes (on the shared subscriber connection) to the key's release channel, then reads
@@ -166,8 +175,11 @@ class RedisBackend final : public Backend {
   Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
 
   // As WaitForChange; with fair=true it returns at once if the key is free and `waiter_id`
-  // heads the queue, and otherwise needs no 100 ms re-check: every way the head can change
-  // (release, abandon-wait, the head's entry expiring) either publishes or is timed.
+  // heads the queue, or a release handed it the key, and otherwise needs no 100 ms re-check:
+  // every way the head can change (release, abandon-wait, the head's entry expiring) either
+  // publishes or is timed. A "handed" message naming `waiter_id` is kept for the next
+  // TryAcquire; one naming another waiter does not end the wait (the key is held again, and
+  // this waiter's place is unchanged): it sleeps on to the next message or that grant's TTL.
   Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
                      std::stop_token stop) override;
 
@@ -186,6 +198,9 @@ class RedisBackend final : public Backend {
   static std::string QueueKeyName(std::string_view prefix, std::string_view key);
   static std::string QueueExpiryKeyName(std::string_view prefix, std::string_view key);
   static std::string QueueSeqKeyName(std::string_view prefix, std::string_view key);
+  // fair=true: what each queued waiter's latest attempt left for a release to grant it the key
+  // with (owner token, holder, TTL, t_q; redis_scripts.h, kFairEndScript).
+  static std::string QueueDataKeyName(std::string_view prefix, std::string_view key);
 
  private:
   RedisBackend(RedisOptions options, Clock& clock, std::shared_ptr<RedisConnectionPool> pool,
@@ -193,6 +208,30 @@ class RedisBackend final : public Backend {
 
   // How long a waiter may sleep before re-checking `key`; nullopt if it should retry at once.
   Result<std::optional<Duration>> TimeToRecheck(std::string_view key, std::string_view waiter_id);
+
+  // fair=true: a grant a release made to one of this process's waiters inside the release
+  // (redis_scripts.h, kFairEndScript), learnt from its "handed" message or from the waiter's
+  // own attempt (kFairAcquireScript's reply 2).
+  struct Handed {
+    FencingToken fencing_token = 0;
+    // The send time of the waiter's attempt whose queue entry the release found: the grant's
+    // expiry began after it.
+    SteadyTime t_q{};
+    Duration ttl{};
+  };
+
+  // Parses a "handed <waiter id> <fencing token> <t_q> <ttl_ms>" message into handed_.
+  void RecordHanded(std::string_view waiter_id, std::string_view payload) LH_EXCLUDES(handed_mu_);
+
+  // Turns a handed grant into the Grant of `request`: with its validity counted from t_q
+  // (Grant::ttl = ttl - (now - t_q), now read after the core's t_send), or renewed first when
+  // less than 3/4 of the TTL would be left or min_replicas asks for replicas' confirmation.
+  // Returns kLost if the renewal finds the grant gone.
+  Result<Grant> TakeHanded(const GrantRequest& request, const Handed& handed);
+
+  // One fair end script call (kFairEndScript): `mode` 'owner', 'force' or 'handed'.
+  Result<long long> FairEnd(std::string_view key, std::string_view who, std::string_view mode,
+                            const std::optional<std::string>& record, Duration record_ttl);
 
   // Immutable after construction.
   const RedisOptions options_;
@@ -204,6 +243,12 @@ class RedisBackend final : public Backend {
   // Started by the first WaitForChange, so that a handle used only for status and list costs
   // no thread; lives until the backend is destroyed.
   std::shared_ptr<RedisSubscriber> subscriber_ LH_GUARDED_BY(subscriber_mu_);
+
+  Mutex handed_mu_;
+  // fair=true: waiter id -> the grant a "handed" message reported for it, until its next
+  // TryAcquire takes it (no round trip) or its AbandonWait drops it. Only this process's
+  // waiters, one entry at most per waiting Acquire call.
+  std::map<std::string, Handed, std::less<>> handed_ LH_GUARDED_BY(handed_mu_);
 };
 
 }  // namespace leasehold::internal

@@ -51,10 +51,14 @@ RedisSubscriber::~RedisSubscriber() {
   }
 }
 
-RedisSubscriber::Watch RedisSubscriber::Register(const std::string& channel) {
-  Watch watch{.channel = channel};
+RedisSubscriber::Watch RedisSubscriber::Register(const std::string& channel,
+                                                 std::string_view waiter_id) {
+  Watch watch{.channel = channel, .waiter_id = std::string(waiter_id)};
   {
     MutexLock lock(&mu_);
+    if (!watch.waiter_id.empty()) {
+      handed_[watch.waiter_id].reset();
+    }
     Channel& state = channels_[channel];
     if (state.generation == 0) {
       state.generation = ++next_generation_;
@@ -84,9 +88,31 @@ bool RedisSubscriber::AwaitEvent(const Watch& watch, SteadyTime until, std::stop
   });
 }
 
-void RedisSubscriber::Unregister(const Watch& watch) {
+std::optional<std::string> RedisSubscriber::AwaitNext(Watch& watch, SteadyTime until,
+                                                      std::stop_token stop) {
+  MutexLock lock(&mu_);
+  const bool woken =
+      cv_.WaitUntil(ToSteady(until, clock_), std::move(stop), [&]() LH_REQUIRES(mu_) {
+        auto it = channels_.find(watch.channel);
+        return it != channels_.end() && it->second.events != watch.seen;
+      });
+  auto it = channels_.find(watch.channel);
+  if (!woken || it == channels_.end()) {
+    return std::nullopt;
+  }
+  const bool one = it->second.events == watch.seen + 1;
+  watch.seen = it->second.events;
+  return one ? it->second.last_payload : std::string();
+}
+
+std::optional<std::string> RedisSubscriber::Unregister(const Watch& watch) {
+  std::optional<std::string> handed;
   {
     MutexLock lock(&mu_);
+    if (auto h = handed_.find(watch.waiter_id); !watch.waiter_id.empty() && h != handed_.end()) {
+      handed = std::move(h->second);
+      handed_.erase(h);
+    }
     auto it = channels_.find(watch.channel);
     if (it != channels_.end()) {
       if (--it->second.waiters == 0) {
@@ -95,6 +121,7 @@ void RedisSubscriber::Unregister(const Watch& watch) {
     }
   }
   Wake();
+  return handed;
 }
 
 void RedisSubscriber::Wake() {
@@ -117,6 +144,7 @@ void RedisSubscriber::Disconnected() {
     state.sent = false;
     state.confirmed = false;
     ++state.events;
+    state.last_payload.clear();
   }
   cv_.NotifyAll();
 }
@@ -178,8 +206,19 @@ void RedisSubscriber::Handle(const redisReply* reply) {
   std::string channel(ReplyText(reply->element[1]));
   MutexLock lock(&mu_);
   if (kind == "message") {
+    // "handed <waiter id> <fencing token> <t_q> <ttl_ms>" (kFairEndScript): kept for a waiter
+    // of this process, which reads it when it unregisters.
+    std::string_view payload = ReplyText(reply->element[2]);
+    if (payload.starts_with("handed ")) {
+      std::string_view rest = payload.substr(7);
+      std::string_view id = rest.substr(0, rest.find(' '));
+      if (auto h = handed_.find(id); h != handed_.end() && !h->second) {
+        h->second = std::string(payload);
+      }
+    }
     if (auto it = channels_.find(channel); it != channels_.end()) {
       ++it->second.events;
+      it->second.last_payload = std::string(payload);
       cv_.NotifyAll();
     }
   } else if (kind == "subscribe" || kind == "unsubscribe") {

@@ -26,8 +26,10 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "leasehold/clock.h"
@@ -58,12 +60,16 @@ class RedisSubscriber {
   // A registration of one waiter on one channel.
   struct Watch {
     std::string channel;
+    // fair=true: the waiter id (GrantRequest::waiter_id) whose "handed" messages to keep
+    // (redis_scripts.h, kFairEndScript); empty for none.
+    std::string waiter_id;
     std::uint64_t generation = 0;
     std::uint64_t seen = 0;
   };
 
-  // Registers interest in `channel`. Returns at once; see AwaitSubscribed.
-  Watch Register(const std::string& channel) LH_EXCLUDES(mu_);
+  // Registers interest in `channel`, and in the "handed <waiter_id> ..." messages on it if
+  // `waiter_id` is not empty. Returns at once; see AwaitSubscribed.
+  Watch Register(const std::string& channel, std::string_view waiter_id = {}) LH_EXCLUDES(mu_);
 
   // Blocks until the channel's SUBSCRIBE is confirmed (true), or `until` or `stop` (false).
   bool AwaitSubscribed(const Watch& watch, SteadyTime until, std::stop_token stop)
@@ -73,8 +79,16 @@ class RedisSubscriber {
   // Returns true if woken by an event.
   bool AwaitEvent(const Watch& watch, SteadyTime until, std::stop_token stop) LH_EXCLUDES(mu_);
 
+  // As AwaitEvent, and moves the watch past the events it saw: returns nullopt on `until` or
+  // `stop`, else the payload of the one message since the watch last looked, or "" if there
+  // were several or a reconnect (the caller cannot tell what happened: treat as a wake-up).
+  std::optional<std::string> AwaitNext(Watch& watch, SteadyTime until, std::stop_token stop)
+      LH_EXCLUDES(mu_);
+
   // Ends the registration; the channel lingers subscribed for a while if it was the last.
-  void Unregister(const Watch& watch) LH_EXCLUDES(mu_);
+  // Returns the payload of the "handed" message for the watch's waiter id received since
+  // Register, if one came (later ones are no longer kept).
+  std::optional<std::string> Unregister(const Watch& watch) LH_EXCLUDES(mu_);
 
  private:
   struct Channel {
@@ -86,6 +100,8 @@ class RedisSubscriber {
     bool confirmed = false;
     // Messages received plus reconnects: waiters wake when it changes.
     std::uint64_t events = 0;
+    // The latest message's payload; "" after a reconnect.
+    std::string last_payload;
     // When the last waiter left (on clock_); the subscription lingers a while after that.
     SteadyTime idle_since{};
   };
@@ -123,6 +139,9 @@ class RedisSubscriber {
   Mutex mu_;
   CondVar cv_;
   std::map<std::string, Channel> channels_ LH_GUARDED_BY(mu_);
+  // Waiter ids with a live registration -> the "handed" payload received for it, if any. Only
+  // this process's waiters are kept: other processes' handoffs on the same channel are not.
+  std::map<std::string, std::optional<std::string>, std::less<>> handed_ LH_GUARDED_BY(mu_);
   std::uint64_t next_generation_ LH_GUARDED_BY(mu_) = 0;
 
   // Owned by the subscriber thread only.

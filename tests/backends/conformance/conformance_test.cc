@@ -278,6 +278,40 @@ TEST_P(ConformanceTest, ReleaseWakesAWaiterLongBeforeTheTtl) {
               std::chrono::duration<double, std::milli>(got - released_at).count());
 }
 
+// A waiter granted the key after a release (on fair stores, inside the release itself) holds
+// a fencing token above the releaser's, under its own grant: it is valid, others see it and are
+// refused, and once it releases, the key is free.
+TEST_P(ConformanceTest, AWaiterGrantedAfterAReleaseHoldsItsOwnGrantWithAHigherFencingToken) {
+  auto a = OpenHandle();
+  auto b = OpenHandle();
+  auto held = a->TryAcquire("handoff", {.ttl = 30s});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  std::atomic<bool> waiting{false};
+  Result<Lease> waited = Status::Internal("not run");
+  std::jthread waiter([&] {
+    waiting = true;
+    waited = b->Acquire("handoff", {.ttl = 30s, .wait = 10s});
+  });
+  while (!waiting) {
+    std::this_thread::yield();
+  }
+  std::this_thread::sleep_for(200ms);  // the waiter is now asleep in its wait
+  ASSERT_TRUE(held->Release().ok());
+  waiter.join();
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+  EXPECT_GT(waited->fencing_token(), held->fencing_token());
+  EXPECT_TRUE(waited->valid());
+  auto info = a->Inspect("handoff");
+  ASSERT_TRUE(info.ok() && info->has_value()) << "the waiter's grant is live";
+  EXPECT_EQ((*info)->fencing_token, waited->fencing_token());
+  EXPECT_EQ(a->TryAcquire("handoff", {.ttl = 30s}).status().code(), StatusCode::kHeldByAnother);
+  ASSERT_TRUE(waited->Release().ok());
+  auto after = a->TryAcquire("handoff", {.ttl = 30s});
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_GT(after->fencing_token(), waited->fencing_token());
+  EXPECT_TRUE(after->Release().ok());
+}
+
 TEST_P(ConformanceTest, InspectAndListShowLiveGrantsOnly) {
   auto handle = OpenHandle();
   auto x = handle->TryAcquire("app/x", {.ttl = 5s, .holder = "hx"});

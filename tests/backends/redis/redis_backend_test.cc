@@ -42,7 +42,8 @@ constexpr char kNeededCommands[] =
 
 // The extra commands of fair=true (README "Redis" section lists the same).
 constexpr char kFairCommands[] =
-    "+time +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore +zrank +zcard +pexpireat";
+    "+time +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore +zrank +zcard +pexpireat "
+    "+hdel";
 
 std::string Token(char c) {
   return std::string(32, c);
@@ -828,7 +829,19 @@ TEST(RedisBackendTest, AclUserWithTheFairCommandsCanUseFairQueues) {
   ASSERT_TRUE(waited.ok()) << waited.status().ToString();
 }
 
-TEST(RedisBackendTest, FairQueueSkipsADeadWaiterOnceItsEntryExpires) {
+// The fencing token of the live grant of `key`, or -1.
+long long LiveFence(RedisBackend& backend, std::string_view key) {
+  auto info = backend.Inspect(key);
+  return info.ok() && info->has_value() ? static_cast<long long>((*info)->fencing_token) : -1;
+}
+
+// The holder of the live grant of `key`, or "" if none.
+std::string LiveHolder(RedisBackend& backend, std::string_view key) {
+  auto info = backend.Inspect(key);
+  return info.ok() && info->has_value() ? (*info)->holder : std::string();
+}
+
+TEST(RedisBackendTest, FairReleaseHandsTheKeyToADeadHeadWaiterWhichBlocksItOnlyForItsTtl) {
   auto server = StartServer();
   ASSERT_NE(server, nullptr);
   auto backend = OpenUrl(server->Url() + "?fair=true");
@@ -854,27 +867,193 @@ TEST(RedisBackendTest, FairQueueSkipsADeadWaiterOnceItsEntryExpires) {
   std::printf("[ figure ] a queue entry lives %lld ms past its waiter's latest attempt\n", left_ms);
   EXPECT_GT(left_ms, 12'000);
   EXPECT_LE(left_ms, 15'000);
-  auto pttl = server->Cli({"PTTL", RedisBackend::QueueKeyName("leasehold", "job")});
-  ASSERT_TRUE(pttl.ok());
-  EXPECT_GT(std::stoll(*pttl), 0) << "the queue must not outlive its entries";
+  for (const std::string& queue_key : {RedisBackend::QueueKeyName("leasehold", "job"),
+                                       RedisBackend::QueueDataKeyName("leasehold", "job")}) {
+    auto pttl = server->Cli({"PTTL", queue_key});
+    ASSERT_TRUE(pttl.ok());
+    EXPECT_GT(std::stoll(*pttl), 0) << queue_key << " must not outlive its entries";
+  }
 
+  // The release hands the key to the head, dead or not: it holds it under its own token...
+  const long long releaser_fence = LiveFence(**backend, "job");
   ASSERT_TRUE((*backend)->Release("job", Token('a')).ok());
+  EXPECT_EQ(LiveHolder(**backend, "job"), "d");
+  EXPECT_GT(LiveFence(**backend, "job"), releaser_fence);
+  auto pttl = server->Cli({"PTTL", RedisBackend::LeaseKeyName("leasehold", "job")});
+  ASSERT_TRUE(pttl.ok());
+  EXPECT_GT(std::stoll(*pttl), 4000) << "the handed grant lives the waiter's own TTL (5 s)";
+  EXPECT_LE(std::stoll(*pttl), 5000);
   auto not_yet = (*backend)->TryAcquire({"job", Token('c'), "l", 5s, Waiter('e')});
   ASSERT_EQ(not_yet.status().code(), StatusCode::kHeldByAnother)
-      << "the key is free, but the dead waiter is still ahead until its entry expires";
-  EXPECT_EQ(not_yet.status().holder(), nullptr) << "nobody holds the key";
-  EXPECT_NE(not_yet.status().message().find("next dddddddd"), std::string_view::npos)
-      << not_yet.status().ToString();
+      << "the dead waiter holds the key until its grant expires";
+  ASSERT_NE(not_yet.status().holder(), nullptr);
+  EXPECT_EQ(not_yet.status().holder()->holder, "d");
+  EXPECT_EQ(Queued(*server, "job"), 1) << "the dead waiter left the queue when handed the key";
 
-  // The dead waiter's entry expires (its deadline moved into the past, as time would).
-  ASSERT_TRUE(server->Cli({"ZADD", expiry_key, "1", Waiter('d')}).ok());
+  // ...until its grant expires (shortened here, as time would).
+  ASSERT_TRUE(server->Cli({"PEXPIRE", RedisBackend::LeaseKeyName("leasehold", "job"), "1"}).ok());
+  std::this_thread::sleep_for(20ms);
   auto granted = (*backend)->TryAcquire({"job", Token('c'), "l", 5s, Waiter('e')});
   ASSERT_TRUE(granted.ok()) << granted.status().ToString();
   EXPECT_EQ(Queued(*server, "job"), 0);
   auto left = server->Cli({"EXISTS", RedisBackend::QueueKeyName("leasehold", "job"), expiry_key,
-                           RedisBackend::QueueSeqKeyName("leasehold", "job")});
+                           RedisBackend::QueueSeqKeyName("leasehold", "job"),
+                           RedisBackend::QueueDataKeyName("leasehold", "job")});
   ASSERT_TRUE(left.ok());
   EXPECT_EQ(*left, "0") << "an empty queue leaves no keys behind";
+}
+
+// The head of the queue in arrival order gets the key inside each release, under its own owner
+// token and a fencing token above the releaser's; a waiter that never heard the message (no
+// WaitForTurn here at all) still acquires on its next attempt, with its validity counted from
+// its own latest queue refresh, not as a fresh grant.
+TEST(RedisBackendTest, FairReleaseHandsTheKeyToTheHeadInArrivalOrderWithHigherFencingTokens) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto backend = OpenUrl(server->Url() + "?fair=true");
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  auto first = (*backend)->TryAcquire({"job", Token('a'), "h", 5s});
+  ASSERT_TRUE(first.ok());
+  const std::string names[] = {"w1", "w2", "w3"};
+  const char ids[] = {'1', '2', '3'};
+  const char tokens[] = {'b', 'c', 'd'};
+  for (int i = 0; i < 3; ++i) {
+    auto queued = (*backend)->TryAcquire({"job", Token(tokens[i]), names[i], 5s, Waiter(ids[i])});
+    ASSERT_EQ(queued.status().code(), StatusCode::kHeldByAnother);
+  }
+  std::string releaser_token = Token('a');
+  FencingToken releaser_fence = first->fencing_token;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE((*backend)->Release("job", releaser_token).ok());
+    EXPECT_EQ(LiveHolder(**backend, "job"), names[i]) << "handoff " << i << " skipped the head";
+    // The later waiters are still queued, behind the new holder.
+    for (int j = i + 1; j < 3; ++j) {
+      auto behind = (*backend)->TryAcquire({"job", Token(tokens[j]), names[j], 5s, Waiter(ids[j])});
+      ASSERT_EQ(behind.status().code(), StatusCode::kHeldByAnother) << behind.status().ToString();
+    }
+    auto taken = (*backend)->TryAcquire({"job", Token(tokens[i]), names[i], 5s, Waiter(ids[i])});
+    ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+    EXPECT_GT(taken->fencing_token, releaser_fence);
+    EXPECT_EQ(static_cast<long long>(taken->fencing_token), LiveFence(**backend, "job"));
+    EXPECT_LT(taken->ttl, 5s) << "counted from the waiter's queue refresh, before the release";
+    EXPECT_GE(taken->ttl, 5s * 3 / 4);
+    // The grant is the waiter's: it renews and releases it with its own token.
+    EXPECT_TRUE((*backend)->Renew({"job", Token(tokens[i]), 5s}).ok());
+    releaser_token = Token(tokens[i]);
+    releaser_fence = taken->fencing_token;
+  }
+  ASSERT_TRUE((*backend)->Release("job", releaser_token).ok());
+  EXPECT_EQ(LiveHolder(**backend, "job"), "") << "nobody is left to hand the key to";
+  EXPECT_EQ(Queued(*server, "job"), 0);
+}
+
+// A waiter hears the "handed" message in WaitForTurn and takes the grant from it with no round
+// trip at all; one whose last queue refresh is old renews first and reports a full TTL.
+TEST(RedisBackendTest, FairHandedGrantIsTakenFromTheMessageOrRenewedFirstWhenOld) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto holder = OpenUrl(server->Url() + "?fair=true");
+  auto waiter = OpenUrl(server->Url() + "?fair=true");
+  ASSERT_TRUE(holder.ok() && waiter.ok());
+  for (const bool old_refresh : {false, true}) {
+    SCOPED_TRACE(old_refresh ? "old queue refresh" : "fresh queue refresh");
+    // A key per case: the first case's subscription lingers, and a release before the second
+    // waiter registers would not be kept for it.
+    const std::string key = old_refresh ? "job2" : "job1";
+    const std::string channel = RedisBackend::ChannelName("leasehold", key);
+    const Duration ttl = old_refresh ? Duration(2s) : Duration(5s);
+    ASSERT_TRUE((*holder)->TryAcquire({key, Token('a'), "h", 5s}).ok());
+    ASSERT_FALSE((*waiter)->TryAcquire({key, Token('b'), "w", ttl, Waiter('w')}).ok());
+    std::future<Status> wait = std::async(std::launch::async, [&] {
+      return (*waiter)->WaitForTurn(key, Waiter('w'), BootClock::now() + 20s, {});
+    });
+    // Once the waiter's SUBSCRIBE is in, the message cannot be missed.
+    for (int i = 0; i < 500; ++i) {
+      auto subs = server->Cli({"PUBSUB", "NUMSUB", channel});
+      if (subs.ok() && subs->ends_with("\n1")) {
+        break;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    if (old_refresh) {
+      std::this_thread::sleep_for(600ms);  // over 1/4 of the waiter's 2 s TTL
+    }
+    ASSERT_TRUE((*holder)->Release(key, Token('a')).ok());
+    ASSERT_EQ(wait.wait_for(10s), std::future_status::ready);
+    EXPECT_TRUE(wait.get().ok());
+    const long long calls = CommandCalls(*server, "evalsha");
+    auto taken = (*waiter)->TryAcquire({key, Token('b'), "w", ttl, Waiter('w')});
+    ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+    const long long calls_after = CommandCalls(*server, "evalsha");
+    EXPECT_EQ(static_cast<long long>(taken->fencing_token), LiveFence(**holder, key));
+    if (old_refresh) {
+      EXPECT_EQ(calls_after, calls + 1) << "renewed first";
+      EXPECT_EQ(taken->ttl, ttl) << "a renewal counts a full TTL from after the core's t_send";
+    } else {
+      EXPECT_EQ(calls_after, calls) << "no round trip";
+      EXPECT_LT(taken->ttl, ttl);
+      EXPECT_GE(taken->ttl, ttl * 3 / 4);
+    }
+    ASSERT_TRUE((*waiter)->Release(key, Token('b')).ok());
+  }
+}
+
+// A waiter that gives up after a release handed it the key (Store::Acquire's deadline or
+// cancellation came first) does not leave the key held: AbandonWait ends that grant and hands
+// the key on to the next in line, or frees it.
+TEST(RedisBackendTest, FairWaiterThatAbandonsAfterBeingHandedTheKeyDoesNotLeaveItHeld) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto backend = OpenUrl(server->Url() + "?fair=true");
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  ASSERT_TRUE((*backend)->TryAcquire({"job", Token('a'), "h", 5s}).ok());
+  ASSERT_FALSE((*backend)->TryAcquire({"job", Token('b'), "x", 5s, Waiter('1')}).ok());
+  ASSERT_FALSE((*backend)->TryAcquire({"job", Token('c'), "y", 5s, Waiter('2')}).ok());
+  ASSERT_TRUE((*backend)->Release("job", Token('a')).ok());
+  ASSERT_EQ(LiveHolder(**backend, "job"), "x");
+  (*backend)->AbandonWait("job", Waiter('1'));
+  EXPECT_EQ(LiveHolder(**backend, "job"), "y") << "handed on to the next waiter";
+  (*backend)->AbandonWait("job", Waiter('1'));  // twice is harmless
+  EXPECT_EQ(LiveHolder(**backend, "job"), "y");
+  (*backend)->AbandonWait("job", Waiter('2'));
+  EXPECT_EQ(LiveHolder(**backend, "job"), "") << "nobody waits: the key is free";
+  EXPECT_EQ(Queued(*server, "job"), 0);
+  // A grant of the waiter's own making (not handed) is never ended by AbandonWait.
+  auto own = (*backend)->TryAcquire({"job", Token('d'), "z", 5s, Waiter('3')});
+  ASSERT_TRUE(own.ok());
+  (*backend)->AbandonWait("job", Waiter('3'));
+  EXPECT_EQ(LiveHolder(**backend, "job"), "z");
+}
+
+// ForceRelease and Finish (without keep) hand over as Release does; Finish with keep does not.
+TEST(RedisBackendTest, FairForceReleaseAndFinishHandTheKeyToTheHead) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto backend = OpenUrl(server->Url() + "?fair=true");
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  ASSERT_TRUE((*backend)->TryAcquire({"job", Token('a'), "h", 5s}).ok());
+  ASSERT_FALSE((*backend)->TryAcquire({"job", Token('b'), "x", 5s, Waiter('1')}).ok());
+  ASSERT_FALSE((*backend)->TryAcquire({"job", Token('c'), "y", 5s, Waiter('2')}).ok());
+  auto forced = (*backend)->ForceRelease("job");
+  ASSERT_TRUE(forced.ok() && *forced);
+  EXPECT_EQ(LiveHolder(**backend, "job"), "x");
+  auto x = (*backend)->TryAcquire({"job", Token('b'), "x", 5s, Waiter('1')});
+  ASSERT_TRUE(x.ok()) << x.status().ToString();
+  ASSERT_TRUE(
+      (*backend)
+          ->Finish({.key = "job", .owner_token = Token('b'), .record = "r1", .record_ttl = 60s})
+          .ok());
+  EXPECT_EQ(LiveHolder(**backend, "job"), "y");
+  auto record = (*backend)->ReadRecord("job");
+  ASSERT_TRUE(record.ok() && record->has_value());
+  EXPECT_EQ(**record, "r1");
+  EXPECT_EQ((*backend)->Release("job", Token('b')).code(), StatusCode::kLost)
+      << "the old holder's token no longer matches";
+  auto y = (*backend)->TryAcquire({"job", Token('c'), "y", 5s, Waiter('2')});
+  ASSERT_TRUE(y.ok());
+  ASSERT_FALSE((*backend)->TryAcquire({"job", Token('d'), "z", 5s, Waiter('3')}).ok());
+  ASSERT_TRUE((*backend)->Finish({.key = "job", .owner_token = Token('c'), .keep = 5s}).ok());
+  EXPECT_EQ(LiveHolder(**backend, "job"), "y") << "a kept grant stays until keep runs out";
 }
 
 TEST(RedisBackendTest, FairAbandonWaitRemovesTheEntryAndTheNextWaiterMovesUp) {
@@ -888,8 +1067,9 @@ TEST(RedisBackendTest, FairAbandonWaitRemovesTheEntryAndTheNextWaiterMovesUp) {
   ASSERT_TRUE((*backend)->Release("job", Token('a')).ok());
   ASSERT_FALSE((*backend)->TryAcquire({"job", Token('c'), "y", 5s, Waiter('2')}).ok())
       << "waiter 2 is behind waiter 1";
+  // The release handed the key to waiter 1; leaving, it hands it on to waiter 2.
   (*backend)->AbandonWait("job", Waiter('1'));
-  EXPECT_EQ(Queued(*server, "job"), 1);
+  EXPECT_EQ(Queued(*server, "job"), 0);
   (*backend)->AbandonWait("job", Waiter('1'));  // twice is harmless
   auto granted = (*backend)->TryAcquire({"job", Token('c'), "y", 5s, Waiter('2')});
   ASSERT_TRUE(granted.ok()) << granted.status().ToString();
