@@ -5,6 +5,16 @@
 // in this order, and prints a table plus a JSON file:
 //
 //   1 floor        the store's cheapest round trip from the backend's client library
+//   1b native      the store's native lock (bench/native.h: the cheapest correct lock a user
+//                  writes by hand with the same client library, e.g. Redis SET NX PX +
+//                  compare-and-delete): its uncontended try-acquire + release and its handoff,
+//                  measured exactly as steps 2 and 4 (same counts, same 8 processes, hold and
+//                  pause). Every uncontended and handoff figure of leasehold is also given as a
+//                  ratio to it ("ratio_to_native", "handoff_ratio_to_native",
+//                  "grants_ratio_to_native"; the "/nat" columns); variants compare with their
+//                  store's lock (redis_fair with Redis', etcd_fair with etcd's, postgres_table
+//                  with the table lock, postgres_advisory with the advisory one). A run whose
+//                  --steps= leaves out `native` prints no such ratios.
 //   2 uncontended  TryAcquire + Release of one key, sequential      (ratio to 2 x floor)
 //   3 conflict     TryAcquire of a key another handle holds          (ratio to 1 x floor)
 //   4 handoff      8 processes contend for one key, each holds 1 ms and pauses 1 ms after its
@@ -21,8 +31,11 @@
 // No thresholds decide the exit code: it is 0 when every measurement ran. The targets of issue
 // #10 are printed beside the figures ("ok" or "MISS xN") so a reader sees how far off they are.
 //
-//   leasehold-bench [--quick] [--stores=sqlite,redis,...] [--steps=floor,heartbeat,...]
+//   leasehold-bench [--quick] [--stores=sqlite,redis,...] [--steps=floor,native,heartbeat,...]
 //                   [--handoff-processes=8] [--json=FILE]
+//
+// Step names for --steps=: floor native uncontended conflict handoff independent heartbeat
+// takeover (the ratios to a floor need `floor`, those to the native lock need `native`).
 //
 // --quick (the test suite's smoke run) uses small counts: its figures are noisy. Full mode is
 // the one quoted in bench/RESULTS.md.
@@ -63,6 +76,7 @@
 #include "backends/registry.h"
 #include "core/url.h"
 #include "floor.h"
+#include "native.h"
 #include "testing/server_process.h"
 #include "testing/spawned_process.h"
 #include "testing/store_fixtures.h"
@@ -157,6 +171,8 @@ struct Subject {
   // total_reads_processed; PostgreSQL: transactions committed), for requests per heartbeat round.
   std::function<std::optional<double>()> server_requests;
   std::string server_requests_what;
+  // The kind of the store's native lock (bench/native.h); empty: none.
+  std::string native_kind;
 };
 
 // ---- worker processes (the handoff contenders and the takeover holder) ----
@@ -187,6 +203,35 @@ int HandoffWorker(const std::string& url, const std::string& key, int id, long l
     long long released = NowNs();
     if (Status s = lease->Release(); !s.ok()) {
       std::fprintf(stderr, "worker %d: release: %s\n", id, s.ToString().c_str());
+      return 1;
+    }
+    out << started << " " << acquired << " " << released << "\n";
+    std::this_thread::sleep_for(kPauseAfterRelease);
+  }
+  return 0;
+}
+
+// The handoff contender of the native step: the same loop as HandoffWorker, on the store's
+// native lock (its wait strategy: bench/native.h). The lock is opened before the start.
+int NativeHandoffWorker(NativeLock& lock, int id, long long until_ns, const std::string& out_path) {
+  std::ofstream out(out_path);
+  while (NowNs() < until_ns) {
+    long long started = NowNs();
+    auto deadline = std::chrono::steady_clock::now() +
+                    std::chrono::nanoseconds(std::max(0LL, until_ns - started));
+    Status acquired_status = lock.Acquire(deadline);
+    long long acquired = NowNs();
+    if (!acquired_status.ok()) {
+      if (acquired_status.code() == StatusCode::kDeadlineExceeded) {
+        break;
+      }
+      std::fprintf(stderr, "native worker %d: %s\n", id, acquired_status.ToString().c_str());
+      return 1;
+    }
+    std::this_thread::sleep_for(kHold);
+    long long released = NowNs();
+    if (Status s = lock.Release(); !s.ok()) {
+      std::fprintf(stderr, "native worker %d: release: %s\n", id, s.ToString().c_str());
       return 1;
     }
     out << started << " " << acquired << " " << released << "\n";
@@ -326,6 +371,11 @@ class Runner {
     if (floor) {
       step("floor", [&] { return Floor(); });
     }
+    if (!s_.native_kind.empty()) {
+      step("native", [&] { return Native(); });
+    } else {
+      out["notes"].push_back("no native lock (bench/native.h): no ratios to it");
+    }
     step("uncontended", [&] { return Uncontended(); });
     step("conflict", [&] { return Conflict(); });
     step("handoff", [&] { return Handoff(); });
@@ -396,7 +446,54 @@ class Runner {
     if (durable_floor_.n > 0) {
       out["ratio_to_2_durable_floors"] = pair.median_us / (2 * durable_floor_.median_us);
     }
+    if (native_pair_.n > 0) {
+      out["ratio_to_native"] = pair.median_us / native_pair_.median_us;
+    }
     return out;
+  }
+
+  // The native lock (bench/native.h), measured as Uncontended and Handoff measure leasehold.
+  Result<json> Native() {
+    LH_ASSIGN_OR_RETURN(std::unique_ptr<NativeLock> lock,
+                        OpenNativeLock(s_.native_kind, s_.url, "bench:native:uncontended"));
+    std::vector<double> pair_us;
+    std::vector<double> acquire_us;
+    std::vector<double> release_us;
+    for (int i = 0; i < config_.sequential_calls + 20; ++i) {
+      Result<bool> got = false;
+      double a = TimeUs([&] { got = lock->TryAcquire(); });
+      LH_RETURN_IF_ERROR(got.status());
+      if (!*got) {
+        return Status::Internal("native lock: uncontended try-acquire refused");
+      }
+      Status released;
+      double r = TimeUs([&] { released = lock->Release(); });
+      LH_RETURN_IF_ERROR(released);
+      if (i >= 20) {
+        pair_us.push_back(a + r);
+        acquire_us.push_back(a);
+        release_us.push_back(r);
+      }
+    }
+    lock.reset();
+    native_pair_ = Summarize(pair_us);
+    json uncontended = {{"pair", ToJson(native_pair_)},
+                        {"acquire", ToJson(Summarize(acquire_us))},
+                        {"release", ToJson(Summarize(release_us))}};
+    if (floor_.n > 0) {
+      uncontended["ratio_to_2_floors"] = native_pair_.median_us / (2 * floor_.median_us);
+    }
+    const std::string key = fmt::format("bench:native:handoff:{}", NowNs());
+    LH_ASSIGN_OR_RETURN(json handoff, RunHandoff([&](int w, long long start_ns, long long until_ns,
+                                                     const std::string& out) {
+                          return std::vector<std::string>{
+                              SelfPath(), "--worker=native-handoff", s_.native_kind, s_.url, key,
+                              std::to_string(w), std::to_string(start_ns),
+                              std::to_string(until_ns), out};
+                        }));
+    native_handoff_median_us_ = handoff["handoff"]["median_us"].get<double>();
+    native_grants_per_second_ = handoff["grants_per_second"].get<double>();
+    return json{{"kind", s_.native_kind}, {"uncontended", uncontended}, {"handoff", handoff}};
   }
 
   Result<json> Conflict() {
@@ -421,19 +518,41 @@ class Runner {
   }
 
   Result<json> Handoff() {
+    const std::string key = fmt::format("bench:handoff:{}", NowNs());
+    LH_ASSIGN_OR_RETURN(json out, RunHandoff([&](int w, long long start_ns, long long until_ns,
+                                                 const std::string& events) {
+                          return std::vector<std::string>{
+                              SelfPath(),       "--worker=handoff",        s_.url,
+                              key,              std::to_string(w),         std::to_string(start_ns),
+                              std::to_string(until_ns), events};
+                        }));
+    if (native_handoff_median_us_ > 0) {
+      out["handoff_ratio_to_native"] =
+          out["handoff"]["median_us"].get<double>() / native_handoff_median_us_;
+    }
+    if (native_grants_per_second_ > 0) {
+      out["grants_ratio_to_native"] =
+          out["grants_per_second"].get<double>() / native_grants_per_second_;
+    }
+    return out;
+  }
+
+  // The handoff measurement: config_.handoff_processes processes, started by argv_for(worker,
+  // start, until, events file), each writing "started acquired released" per grant.
+  using WorkerArgv = std::function<std::vector<std::string>(int, long long, long long,
+                                                            const std::string&)>;
+  Result<json> RunHandoff(const WorkerArgv& argv_for) {
     char tmpl[] = "/tmp/leasehold-bench-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
       return Status::Unavailable("mkdtemp failed");
     }
     const std::string dir = tmpl;
-    const std::string key = fmt::format("bench:handoff:{}", NowNs());
     const long long start_ns = NowNs() + 1'500'000'000LL;  // time for every worker to open
     const long long until_ns = start_ns + std::chrono::nanoseconds(config_.handoff_time).count();
     std::vector<std::unique_ptr<testing::SpawnedProcess>> workers;
     for (int w = 0; w < config_.handoff_processes; ++w) {
-      workers.push_back(std::make_unique<testing::SpawnedProcess>(std::vector<std::string>{
-          SelfPath(), "--worker=handoff", s_.url, key, std::to_string(w), std::to_string(start_ns),
-          std::to_string(until_ns), fmt::format("{}/events-{}.txt", dir, w)}));
+      workers.push_back(std::make_unique<testing::SpawnedProcess>(
+          argv_for(w, start_ns, until_ns, fmt::format("{}/events-{}.txt", dir, w))));
     }
     int failed = 0;
     for (auto& w : workers) {
@@ -487,7 +606,7 @@ class Runner {
         {"grants", all.size()},
         {"grants_per_second", static_cast<double>(all.size()) / seconds},
         {"handoff", ToJson(h)},
-        {"handoff_median_floors", h.median_us / floor_.median_us},
+        {"handoff_median_floors", floor_.n > 0 ? h.median_us / floor_.median_us : 0.0},
         {"grants_to_the_releaser", to_self},
         {"fewest", *fewest},
         {"most", *most},
@@ -696,6 +815,10 @@ class Runner {
   Subject s_;
   Dist floor_;
   Dist durable_floor_;
+  // The native lock's figures (step `native`); zero when it did not run.
+  Dist native_pair_;
+  double native_handoff_median_us_ = 0;
+  double native_grants_per_second_ = 0;
   bool failed_ = false;
 };
 
@@ -739,6 +862,16 @@ constexpr Floors kFloors[] = {
 #endif
 };
 
+// The native lock (bench/native.h) a fixture's figures are compared with; empty: none.
+std::string NativeKindOf(const std::string& fixture) {
+  for (const char* kind : {"sqlite", "redis", "postgres_advisory", "postgres_table", "etcd", "zk"}) {
+    if (fixture == kind || fixture == std::string(kind) + "_fair") {
+      return kind;
+    }
+  }
+  return "";
+}
+
 // The stores of the shared fixtures (tests/testing/store_fixtures.h) that the run measures.
 Started StartStores(const std::vector<std::string>& only) {
   Started st;
@@ -766,6 +899,7 @@ Started StartStores(const std::vector<std::string>& only) {
     (void)Store::Open(url);  // creates what the store needs (the sqlite file the floor opens)
     Subject subject{fixture.name, url, fixture.fair, {}, {}, fixture.server_requests,
                     fixture.server_requests_what};
+    subject.native_kind = NativeKindOf(fixture.name);
     for (const Floors& floors : kFloors) {
       if (fixture.name == floors.name) {
         subject.open_floor = [url, open = floors.open_floor] { return open(url); };
@@ -793,20 +927,25 @@ std::string Verdict(double value, double target, bool at_most = true) {
 }
 
 void PrintTable(const json& results) {
-  std::printf("\n%-18s %9s %9s | %9s %6s %-9s | %9s %6s %-9s\n", "store", "floor", "floor",
-              "acq+rel", "/2fl", "<=1.25", "conflict", "/fl", "<=1.25");
-  std::printf("%-18s %9s %9s | %9s %6s %-9s | %9s %6s %-9s\n", "", "p50 us", "p99 us", "p50 us", "",
-              "", "p50 us", "", "");
+  // "/nat": the figure over the store's native lock's (bench/native.h), "-" when not measured.
+  auto native_ratio = [](const json& j, const char* field) {
+    return j.contains(field) ? fmt::format("{:.2f}", j[field].get<double>()) : std::string("-");
+  };
+  std::printf("\n%-18s %9s %9s | %9s %6s %-9s %6s | %9s %6s %-9s\n", "store", "floor", "floor",
+              "acq+rel", "/2fl", "<=1.25", "/nat", "conflict", "/fl", "<=1.25");
+  std::printf("%-18s %9s %9s | %9s %6s %-9s %6s | %9s %6s %-9s\n", "", "p50 us", "p99 us",
+              "p50 us", "", "", "", "p50 us", "", "");
   for (const json& r : results) {
     if (!r.contains("floor") || !r.contains("uncontended") || !r.contains("conflict")) {
       continue;
     }
     double u = r["uncontended"]["ratio_to_2_floors"];
     double c = r["conflict"]["ratio_to_floor"];
-    std::printf("%-18s %9.1f %9.1f | %9.1f %6.2f %-9s | %9.1f %6.2f %-9s\n",
+    std::printf("%-18s %9.1f %9.1f | %9.1f %6.2f %-9s %6s | %9.1f %6.2f %-9s\n",
                 r["store"].get<std::string>().c_str(), r["floor"]["median_us"].get<double>(),
                 r["floor"]["p99_us"].get<double>(),
                 r["uncontended"]["pair"]["median_us"].get<double>(), u, Verdict(u, 1.25).c_str(),
+                native_ratio(r["uncontended"], "ratio_to_native").c_str(),
                 r["conflict"]["try"]["median_us"].get<double>(), c, Verdict(c, 1.25).c_str());
   }
   for (const json& r : results) {
@@ -819,8 +958,26 @@ void PrintTable(const json& results) {
           u, Verdict(u, 1.25).c_str());
     }
   }
-  std::printf("\n%-18s %8s %9s %9s %7s %-9s %7s %-9s %8s\n", "handoff", "grants/s", "p50 us",
-              "p99 us", "/floor", "<=3", "fair", ">=0.8*", "maxwait");
+  std::printf("\n%-18s %-17s %9s %9s %9s %9s %9s %7s\n", "native lock", "(bench/native.h)",
+              "acq+rel", "/2fl", "handoff", "grants/s", "handoff", "fair");
+  std::printf("%-18s %-17s %9s %9s %9s %9s %9s %7s\n", "", "kind", "p50 us", "", "p50 us", "",
+              "p99 us", "");
+  for (const json& r : results) {
+    if (!r.contains("native")) {
+      continue;
+    }
+    const json& n = r["native"];
+    std::printf("%-18s %-17s %9.1f %9s %9.1f %9.0f %9.1f %7.2f\n",
+                r["store"].get<std::string>().c_str(), n["kind"].get<std::string>().c_str(),
+                n["uncontended"]["pair"]["median_us"].get<double>(),
+                native_ratio(n["uncontended"], "ratio_to_2_floors").c_str(),
+                n["handoff"]["handoff"]["median_us"].get<double>(),
+                n["handoff"]["grants_per_second"].get<double>(),
+                n["handoff"]["handoff"]["p99_us"].get<double>(),
+                n["handoff"]["fairness"].get<double>());
+  }
+  std::printf("\n%-18s %8s %6s %9s %9s %7s %-9s %6s %7s %-9s %8s\n", "handoff", "grants/s",
+              "/nat", "p50 us", "p99 us", "/floor", "<=3", "/nat", "fair", ">=0.8*", "maxwait");
   for (const json& r : results) {
     if (!r.contains("handoff")) {
       continue;
@@ -828,10 +985,11 @@ void PrintTable(const json& results) {
     const json& h = r["handoff"];
     double f = h["handoff_median_floors"];
     double fair = h["fairness"];
-    std::printf("%-18s %8.0f %9.1f %9.1f %7.1f %-9s %7.2f %-9s %7.0fx\n",
+    std::printf("%-18s %8.0f %6s %9.1f %9.1f %7.1f %-9s %6s %7.2f %-9s %7.0fx\n",
                 r["store"].get<std::string>().c_str(), h["grants_per_second"].get<double>(),
+                native_ratio(h, "grants_ratio_to_native").c_str(),
                 h["handoff"]["median_us"].get<double>(), h["handoff"]["p99_us"].get<double>(), f,
-                Verdict(f, 3).c_str(), fair,
+                Verdict(f, 3).c_str(), native_ratio(h, "handoff_ratio_to_native").c_str(), fair,
                 r["fair"].get<bool>() ? Verdict(fair, 0.8, false).c_str() : "(unfair)",
                 h["max_wait_holds"].get<double>());
   }
@@ -908,6 +1066,19 @@ int Main(int argc, char** argv) {
     }
     return HandoffWorker(args[1], args[2], std::stoi(args[3]), std::stoll(args[5]), args[6]);
   }
+  if (!args.empty() && args[0] == "--worker=native-handoff" && args.size() == 8) {
+    auto lock = OpenNativeLock(args[1], args[2], args[3]);
+    if (!lock.ok()) {
+      std::fprintf(stderr, "native worker %s: %s\n", args[4].c_str(),
+                   lock.status().ToString().c_str());
+      return 1;
+    }
+    const long long start_ns = std::stoll(args[5]);
+    while (NowNs() < start_ns) {
+      std::this_thread::sleep_for(1ms);
+    }
+    return NativeHandoffWorker(**lock, std::stoi(args[4]), std::stoll(args[6]), args[7]);
+  }
   if (!args.empty() && args[0] == "--worker=hold" && args.size() == 4) {
     return TakeoverHolder(args[1], args[2], std::stoll(args[3]));
   }
@@ -931,7 +1102,8 @@ int Main(int argc, char** argv) {
       std::printf(
           "usage: leasehold-bench [--quick] [--stores=NAME,...] [--handoff-processes=8] "
           "[--json=FILE]\n"
-          "Starts every store on loopback and measures floor, uncontended, conflict, handoff,\n"
+          "Starts every store on loopback and measures floor, native lock, uncontended,\n"
+          "conflict, handoff,\n"
           "independent keys, heartbeat at scale and takeover; prints a table and writes JSON\n"
           "(default leasehold-bench.json). Stores: sqlite redis redis_fair postgres_advisory\n"
           "postgres_table etcd etcd_fair zk (those compiled in).\n");

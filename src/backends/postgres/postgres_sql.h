@@ -256,8 +256,15 @@ inline constexpr std::string_view kListen = R"sql(LISTEN {schema_ident})sql";
 // - `granted` bumps the key's fence and records the grant only if the lock was taken and the
 //   row is not a live kept grant (LH_PG_KEPT, judged on the row's newest version: see the top
 //   of this file): both in one statement, so the fence moves exactly with the grant.
-// - `holder` is the grant that refuses us: the row, if its session really holds the lock now (a
-//   row left by a dead session is no holder) or if it is a live kept grant.
+// - `holder` is the grant that refuses us, read from the row alone (no pg_locks scan, which
+//   cost 5-7 round trips' worth of server time on this path). When pg_try_advisory_lock failed,
+//   a live session holds the lock (a session's advisory locks end with it), so the row's
+//   grant names it. The name can be a moment stale: a release leaves its row as is and the
+//   next holder's grant statement (or a waiter's kAdvisoryGrantHeld, sent just after its
+//   queued lock was granted) may not be committed or visible to this statement's snapshot
+//   yet, so the previous holder is named, or none when a finish cleared the row (holder
+//   unknown). Nothing is decided by the name: the refusal itself comes from the lock. When the
+//   lock was taken (free), only a live kept grant refuses, and it is named (LH_PG_KEPT).
 // - The result is always one row, from `lock`: (granted, fence, then NULLs) after a grant, when
 //   it also sets idle_session_timeout (only a session that holds leases gets an idle limit);
 //   (false, the holder's fence, holder, token prefix, ttl, remaining) when refused, or all NULL
@@ -287,9 +294,8 @@ holder AS (
   SELECT l.fence, l.holder, left(l.token, 8) AS token_prefix, l.ttl_ms,
          greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
            AS remaining_ms
-  FROM {schema}.leases l
-  WHERE l.key = $1 AND l.token IS NOT NULL
-    AND ()sql" LH_PG_LOCK_HELD("l.pid", "l.lock_id") " OR " LH_PG_KEPT("l") R"sql()
+  FROM {schema}.leases l, lock k
+  WHERE l.key = $1 AND l.token IS NOT NULL AND (NOT k.got OR )sql" LH_PG_KEPT("l") R"sql()
   LIMIT 1)
 SELECT g.fence IS NOT NULL, coalesce(g.fence, h.fence),
        CASE WHEN g.fence IS NOT NULL THEN set_config('idle_session_timeout', $6, false)
