@@ -454,6 +454,23 @@ class SqliteConnection {
 
   [[nodiscard]] Duration busy_timeout() const { return busy_timeout_; }
 
+  // PRAGMA synchronous for the next transaction: FULL (the default: the commit reaches the disk
+  // before it returns) or NORMAL (in WAL mode, the commit is fsynced with the next FULL one;
+  // a power loss may lose it, never reorder it). Runs only outside a transaction, and only when
+  // the setting changes; the state changes only when SQLite took it.
+  Status SetDurable(bool durable) {
+    if (durable == durable_) {
+      return Status::Ok();
+    }
+    const char* sql = durable ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL";
+    const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);
+    if (rc != SQLITE_OK) {
+      return Error(rc, "set synchronous");
+    }
+    durable_ = durable;
+    return Status::Ok();
+  }
+
   [[nodiscard]] Clock& clock() const { return clock_; }
 
   // Sets SQLite's busy handler to wait at most `timeout` (the part of busy_timeout the write
@@ -768,6 +785,8 @@ class SqliteConnection {
   const std::string path_;
   const Duration busy_timeout_;
   std::unique_ptr<SqliteHostQueue> queue_;
+  // PRAGMA synchronous is FULL (Configure), until SetDurable(false).
+  bool durable_ = true;
   Clock& clock_;
   // Set by Open and PrepareAll.
   sqlite3* db_ = nullptr;
@@ -893,7 +912,13 @@ class WriteTransaction {
     }
   }
 
-  Status Begin(std::string_view operation) {
+  // `durable` false: the commit need not reach the disk before it returns (SetDurable). Only
+  // for a transaction whose loss in a power cut is harmless: deleting a grant (Release,
+  // ForceRelease) — after the reboot the row is back but its boot id is the old one, so it
+  // counts as expired anyway; and the next durable commit (the next holder's try-acquire)
+  // fsyncs the WAL with it, in order. Grants, renewals, fencing counters and records stay FULL.
+  Status Begin(std::string_view operation, bool durable = true) {
+    LH_RETURN_IF_ERROR(connection_.SetDurable(durable));
     Clock& clock = connection_.clock();
     const SteadyTime start = clock.Now();
     if (Status turn = connection_.queue().Lock(connection_.busy_timeout()); !turn.ok()) {
@@ -1318,7 +1343,9 @@ Status SqliteBackend::Release(std::string_view key, std::string_view owner_token
   MutexLock lock(&mu_);
   SqliteConnection& connection = *connection_;
   WriteTransaction transaction(connection);
-  LH_RETURN_IF_ERROR(transaction.Begin("release"));
+  // Not durable: a release lost in a power cut is a grant of the old boot, expired anyway.
+  // This saves one fsync on every handoff (WriteTransaction::Begin).
+  LH_RETURN_IF_ERROR(transaction.Begin("release", /*durable=*/false));
   transaction.NotifyOnCommit(key);
   const std::int64_t now_ns = NowNs();
   Status result;
@@ -1485,7 +1512,7 @@ Result<bool> SqliteBackend::ForceRelease(std::string_view key) {
   MutexLock lock(&mu_);
   SqliteConnection& connection = *connection_;
   WriteTransaction transaction(connection);
-  LH_RETURN_IF_ERROR(transaction.Begin("force-release"));
+  LH_RETURN_IF_ERROR(transaction.Begin("force-release", /*durable=*/false));
   transaction.NotifyOnCommit(key);
   const std::int64_t now_ns = NowNs();
   bool was_live = false;
