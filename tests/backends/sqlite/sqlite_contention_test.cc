@@ -1,8 +1,8 @@
 // File: tests/backends/sqlite/sqlite_contention_test.cc
 //
 // Many writers on one sqlite:// file (issue #18, item 5): 32 handles in 4 processes hammer one
-// file with try-acquire/release of a few hot keys while 100 leases (1 s TTL, so their
-// heartbeats renew three times a second) are held through them. No operation may fail because
+// file with try-acquire/release of a few hot keys while 100 leases (2 s TTL, so their
+// heartbeats renew every 667 ms) are held through them. No operation may fail because
 // other writers hold the write lock, and no lease may be lost. Uses only the public API, in
 // forked children (the test forks before it starts any thread). Runs ~25 s
 // (LEASEHOLD_CONTENTION_SECONDS to change); labelled "contention", not "unit", so that the
@@ -80,7 +80,7 @@ ChildResult RunChild(const std::string& url, int child, int hammer_seconds) {
   std::vector<Lease> leases;
   for (int j = 0; j < kLeasesPerProcess; ++j) {
     Result<Lease> lease = stores[static_cast<std::size_t>(j % kHandlesPerProcess)]->TryAcquire(
-        fmt::format("renewed:{}:{}", child, j), {.ttl = seconds(1)});
+        fmt::format("renewed:{}:{}", child, j), {.ttl = seconds(2)});
     if (!lease.ok()) {
       note_error(fmt::format("acquire a renewed lease: {}", lease.status().ToString()));
       continue;
