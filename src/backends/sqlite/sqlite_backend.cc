@@ -43,6 +43,7 @@
 #include <sys/stat.h>
 
 #include "backends/common/sql_statement.h"
+#include "backends/sqlite/sqlite_host_queue.h"
 #include "core/duration.h"
 
 namespace leasehold::internal {
@@ -446,6 +447,40 @@ class SqliteConnection {
 
   [[nodiscard]] sqlite3* db() const { return db_; }
 
+  // The host's write queue and change generations of this file (sqlite_host_queue.h).
+  [[nodiscard]] SqliteHostQueue& queue() const { return *queue_; }
+
+  void set_queue(std::unique_ptr<SqliteHostQueue> queue) { queue_ = std::move(queue); }
+
+  [[nodiscard]] Duration busy_timeout() const { return busy_timeout_; }
+
+  // PRAGMA synchronous for the next transaction: FULL (the default: the commit reaches the disk
+  // before it returns) or NORMAL (in WAL mode, the commit is fsynced with the next FULL one;
+  // a power loss may lose it, never reorder it). Runs only outside a transaction, and only when
+  // the setting changes; the state changes only when SQLite took it.
+  Status SetDurable(bool durable) {
+    if (durable == durable_) {
+      return Status::Ok();
+    }
+    const char* sql = durable ? "PRAGMA synchronous = FULL" : "PRAGMA synchronous = NORMAL";
+    const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);
+    if (rc != SQLITE_OK) {
+      return Error(rc, "set synchronous");
+    }
+    durable_ = durable;
+    return Status::Ok();
+  }
+
+  [[nodiscard]] Clock& clock() const { return clock_; }
+
+  // Sets SQLite's busy handler to wait at most `timeout` (the part of busy_timeout the write
+  // queue left).
+  void SetBusyWait(Duration timeout) {
+    const auto ms =
+        std::chrono::ceil<std::chrono::milliseconds>(std::max(timeout, Duration::zero()));
+    sqlite3_busy_timeout(db_, static_cast<int>(ms.count()));
+  }
+
   [[nodiscard]] const std::string& path() const { return path_; }
 
   [[nodiscard]] sqlite3_stmt* statement(StatementId id) const { return statements_[id]; }
@@ -749,6 +784,9 @@ class SqliteConnection {
   // Immutable after construction.
   const std::string path_;
   const Duration busy_timeout_;
+  std::unique_ptr<SqliteHostQueue> queue_;
+  // PRAGMA synchronous is FULL (Configure), until SetDurable(false).
+  bool durable_ = true;
   Clock& clock_;
   // Set by Open and PrepareAll.
   sqlite3* db_ = nullptr;
@@ -848,7 +886,12 @@ class StatementRun {
   int bind_rc_ = SQLITE_OK;
 };
 
-// A BEGIN IMMEDIATE transaction that rolls back unless committed.
+// A BEGIN IMMEDIATE transaction that rolls back unless committed, entered through the host's
+// write queue (SqliteHostQueue): Begin waits for this thread's turn (FIFO among leasehold's
+// writers of the file) and then for SQLite's write lock, both within one busy_timeout; the
+// queue is handed on after COMMIT or ROLLBACK. NotifyOnCommit(key) bumps the key's change
+// generation once the transaction has committed and the queue is handed on, which wakes the
+// processes waiting for the key (SqliteBackend::WaitForChange).
 class WriteTransaction {
  public:
   explicit WriteTransaction(SqliteConnection& connection) : connection_(connection) {}
@@ -858,20 +901,56 @@ class WriteTransaction {
   WriteTransaction(WriteTransaction&&) = delete;
   WriteTransaction& operator=(WriteTransaction&&) = delete;
 
-  ~WriteTransaction() { connection_.RollbackIfActive(); }
+  ~WriteTransaction() {
+    connection_.RollbackIfActive();
+    if (queued_) {
+      connection_.SetBusyWait(connection_.busy_timeout());
+      connection_.queue().Unlock();
+    }
+    if (committed_ && !notify_key_.empty()) {
+      connection_.queue().Notify(notify_key_);
+    }
+  }
 
-  Status Begin(std::string_view operation) {
+  // `durable` false: the commit need not reach the disk before it returns (SetDurable). Only
+  // for a transaction whose loss in a power cut is harmless: deleting a grant (Release,
+  // ForceRelease) — after the reboot the row is back but its boot id is the old one, so it
+  // counts as expired anyway; and the next durable commit (the next holder's try-acquire)
+  // fsyncs the WAL with it, in order. Grants, renewals, fencing counters and records stay FULL.
+  Status Begin(std::string_view operation, bool durable = true) {
+    LH_RETURN_IF_ERROR(connection_.SetDurable(durable));
+    Clock& clock = connection_.clock();
+    const SteadyTime start = clock.Now();
+    if (Status turn = connection_.queue().Lock(connection_.busy_timeout()); !turn.ok()) {
+      return Status(turn.code(), fmt::format("sqlite database {}: {}: {}", connection_.path(),
+                                             operation, turn.message()));
+    }
+    queued_ = true;
+    // Safety: the queue only delays BEGIN IMMEDIATE. Every caller reads the store's time
+    // (NowNs) after Begin returns, so a grant's or renewal's expiry still counts from a moment
+    // after the core's t_send, however long the wait was; a renewal that waited past its
+    // grant's expiry finds it expired (kLost), never a grant that was not there.
+    // What is left of busy_timeout for a writer outside the queue (a user's own connection).
+    connection_.SetBusyWait(connection_.busy_timeout() - (clock.Now() - start));
     StatementRun begin(connection_, kBeginImmediate, operation);
     return begin.Finish();
   }
 
   Status Commit(std::string_view operation) {
     StatementRun commit(connection_, kCommit, operation);
-    return commit.Finish();
+    Status status = commit.Finish();
+    committed_ = status.ok();
+    return status;
   }
+
+  // After a successful Commit, wakes the waiters for `key`.
+  void NotifyOnCommit(std::string_view key) { notify_key_ = std::string(key); }
 
  private:
   SqliteConnection& connection_;
+  bool queued_ = false;
+  bool committed_ = false;
+  std::string notify_key_;
 };
 
 // Reads a row of kSelectLiveGrantSql or kListLiveGrantsSql.
@@ -1110,6 +1189,9 @@ Result<std::shared_ptr<SqliteBackend>> SqliteBackend::Open(SqliteOptions options
   LH_RETURN_IF_ERROR(connection->CheckOrInitialize());
   LH_RETURN_IF_ERROR(connection->Configure());
   LH_RETURN_IF_ERROR(connection->PrepareAll());
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<SqliteHostQueue> queue,
+                      SqliteHostQueue::Open(options.path, boot_id));
+  connection->set_queue(std::move(queue));
   return std::shared_ptr<SqliteBackend>(new SqliteBackend(
       std::move(options.path), std::move(boot_id), clock, std::move(connection)));
 }
@@ -1128,7 +1210,7 @@ std::int64_t SqliteBackend::NowNs() const { return clock_.Now().time_since_epoch
 Capabilities SqliteBackend::capabilities() const {
   return Capabilities{
       .multi_process = true,
-      .native_wait = false,
+      .native_wait = true,
       .fencing_survives_restart = true,
       .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),
   };
@@ -1261,7 +1343,10 @@ Status SqliteBackend::Release(std::string_view key, std::string_view owner_token
   MutexLock lock(&mu_);
   SqliteConnection& connection = *connection_;
   WriteTransaction transaction(connection);
-  LH_RETURN_IF_ERROR(transaction.Begin("release"));
+  // Not durable: a release lost in a power cut is a grant of the old boot, expired anyway.
+  // This saves one fsync on every handoff (WriteTransaction::Begin).
+  LH_RETURN_IF_ERROR(transaction.Begin("release", /*durable=*/false));
+  transaction.NotifyOnCommit(key);
   const std::int64_t now_ns = NowNs();
   Status result;
   bool found = false;
@@ -1302,6 +1387,8 @@ Status SqliteBackend::Finish(const FinishRequest& request) {
   SqliteConnection& connection = *connection_;
   WriteTransaction transaction(connection);
   LH_RETURN_IF_ERROR(transaction.Begin("finish"));
+  // Deleted or kept, the grant's end has moved: waiters re-read it.
+  transaction.NotifyOnCommit(request.key);
   const std::int64_t now_ns = NowNs();
   if (request.keep > Duration::zero()) {
     StatementRun keep(connection, kKeepGrant, "finish");
@@ -1425,7 +1512,8 @@ Result<bool> SqliteBackend::ForceRelease(std::string_view key) {
   MutexLock lock(&mu_);
   SqliteConnection& connection = *connection_;
   WriteTransaction transaction(connection);
-  LH_RETURN_IF_ERROR(transaction.Begin("force-release"));
+  LH_RETURN_IF_ERROR(transaction.Begin("force-release", /*durable=*/false));
+  transaction.NotifyOnCommit(key);
   const std::int64_t now_ns = NowNs();
   bool was_live = false;
   {
@@ -1439,6 +1527,51 @@ Result<bool> SqliteBackend::ForceRelease(std::string_view key) {
   }
   LH_RETURN_IF_ERROR(transaction.Commit("force-release"));
   return was_live;
+}
+
+Status SqliteBackend::WaitForChange(std::string_view key, SteadyTime deadline,
+                                    std::stop_token stop) {
+  // Cancellation bumps the slot too, so that a stop requested between the check below and the
+  // futex wait is not missed (the other waiters on the slot see a spurious wake-up).
+  SqliteHostQueue* queue = nullptr;
+  {
+    MutexLock lock(&mu_);
+    queue = &connection_->queue();
+  }
+  std::stop_callback on_stop(stop, [queue, key] { queue->Notify(key); });
+  while (true) {
+    if (stop.stop_requested()) {
+      return Status::Cancelled("wait cancelled");
+    }
+    const SteadyTime now = clock_.Now();
+    if (now >= deadline) {
+      return Status::DeadlineExceeded("wait ran out");
+    }
+    // The generation first, then the grant: a release that commits after this read of the
+    // grant bumps the generation after the read of the generation.
+    const std::uint32_t seen = queue->Generation(key);
+    std::int64_t expires_ns = 0;
+    std::int64_t now_ns = 0;
+    {
+      MutexLock lock(&mu_);
+      now_ns = NowNs();
+      StatementRun live(*connection_, kSelectLiveGrant, "wait");
+      live.Bind(1, key);
+      live.Bind(2, boot_id_);
+      live.Bind(3, now_ns);
+      LH_ASSIGN_OR_RETURN(bool held, live.Next());
+      if (!held) {
+        return Status::Ok();
+      }
+      expires_ns = live.Int(5);
+    }
+    // Without a release (the holder killed) the grant ends by itself: wake then at the latest.
+    const Duration until_expiry = Duration(expires_ns - now_ns) + std::chrono::milliseconds(1);
+    const Duration timeout = std::min<Duration>(deadline - now, until_expiry);
+    if (queue->WaitChange(key, seen, timeout) && !stop.stop_requested()) {
+      return Status::Ok();
+    }
+  }
 }
 
 Result<std::vector<std::int64_t>> SqliteBackend::FencedWrite(const FencedWriteRequest& request) {

@@ -10,7 +10,11 @@
 // sqlite://): the times are shared with other processes through the file.
 //
 // Processes coordinate through SQLite's own file locking: WAL journal mode, every mutation in
-// one BEGIN IMMEDIATE transaction, and a busy timeout (kUnavailable when it runs out).
+// one BEGIN IMMEDIATE transaction, and a busy timeout (kUnavailable when it runs out). In front
+// of BEGIN IMMEDIATE, leasehold's connections to the file queue first come, first served in a
+// host-local write queue (<db>-lhq, sqlite_host_queue.h), so that none of them starves in
+// SQLite's busy handler; the same file carries the change generations waiters sleep on
+// (WaitForChange, native_wait).
 //
 // Fenced writes (Lease::Write, FencedOp kSql) run the caller's statements on data tables in the
 // same file, inside the BEGIN IMMEDIATE transaction that first checks the grant: a holder whose
@@ -116,6 +120,15 @@ class SqliteBackend final : public Backend {
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
 
   Result<bool> ForceRelease(std::string_view key) override;
+
+  // Sleeps on the key's change generation in the host's shared file (SqliteHostQueue), which
+  // Release, Finish and ForceRelease of any process bump after COMMIT: a wake-up, not a poll.
+  // It reads the generation, then the grant: if the key is free (or expired) it returns OK at
+  // once; else it sleeps while the generation is unchanged, at most until the grant's expiry
+  // (nobody releases after a kill -9) or `deadline`. A release that commits after the grant was
+  // read bumps the generation after that read, so it cannot be missed. OK when woken or the
+  // grant is gone; kDeadlineExceeded; kCancelled on `stop`.
+  Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
 
   // Sql ops only. One BEGIN IMMEDIATE transaction on the file: the key's grant row still holds
   // request.owner_token and is live (same boot, not expired: the rule of Renew and Inspect),

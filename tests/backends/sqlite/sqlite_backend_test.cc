@@ -8,6 +8,7 @@
 #include "backends/sqlite/sqlite_backend.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sqlite3.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -37,6 +38,7 @@
 
 #include "leasehold/status.h"
 
+#include "backends/sqlite/sqlite_host_queue.h"
 #include "backends/sqlite/sqlite_options.h"
 #include "core/url.h"
 
@@ -341,6 +343,8 @@ TEST_F(SqliteBackendTest, DefaultPathIsCreatedWithPrivateDirectoriesAndFile) {
   // SQLite gives the WAL the database file's mode.
   ASSERT_TRUE(Exists(db + "-wal"));
   EXPECT_EQ(ModeOf(db + "-wal") & 0077, 0);
+  // The write queue beside it too.
+  EXPECT_EQ(ModeOf(db + "-lhq"), 0600);
 }
 
 TEST_F(SqliteBackendTest, ExistingDirectoriesKeepTheirMode) {
@@ -377,10 +381,139 @@ TEST_F(SqliteBackendTest, SchemeAndCapabilities) {
   EXPECT_EQ(backend->scheme(), "sqlite");
   Capabilities caps = backend->capabilities();
   EXPECT_TRUE(caps.multi_process);
-  EXPECT_FALSE(caps.native_wait);
+  EXPECT_TRUE(caps.native_wait);
   EXPECT_TRUE(caps.fencing_survives_restart);
-  EXPECT_EQ(backend->WaitForChange("job:x", BootClock::now() + seconds(1), {}).code(),
-            StatusCode::kUnimplemented);
+  // A free key: nothing to wait for.
+  EXPECT_TRUE(backend->WaitForChange("job:x", BootClock::now() + seconds(1), {}).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting (the change generations in <db>-lhq) and the host write queue.
+
+TEST_F(SqliteBackendTest, ReleaseInAnotherHandleWakesAWaiterLongBeforeTheTtl) {
+  auto holder = MustOpen();
+  auto waiter = MustOpen();
+  ASSERT_NE(holder, nullptr);
+  ASSERT_NE(waiter, nullptr);
+  ASSERT_TRUE(holder->TryAcquire(Request("job:x", kTokenA, seconds(120))).ok());
+  std::thread releaser([&holder] {
+    std::this_thread::sleep_for(milliseconds(100));
+    EXPECT_TRUE(holder->Release("job:x", kTokenA).ok());
+  });
+  // Only the release can end this wait with OK: the grant outlives the deadline.
+  Status woken = waiter->WaitForChange("job:x", BootClock::now() + seconds(60), {});
+  releaser.join();
+  EXPECT_TRUE(woken.ok()) << woken.ToString();
+  EXPECT_TRUE(waiter->TryAcquire(Request("job:x", kTokenB)).ok());
+}
+
+TEST_F(SqliteBackendTest, ForceReleaseAndFinishWakeWaiters) {
+  auto holder = MustOpen();
+  auto waiter = MustOpen();
+  ASSERT_NE(holder, nullptr);
+  ASSERT_NE(waiter, nullptr);
+  ASSERT_TRUE(holder->TryAcquire(Request("job:f", kTokenA, seconds(120))).ok());
+  std::thread forcer([&holder] {
+    std::this_thread::sleep_for(milliseconds(100));
+    EXPECT_TRUE(holder->ForceRelease("job:f").ok());
+  });
+  EXPECT_TRUE(waiter->WaitForChange("job:f", BootClock::now() + seconds(60), {}).ok());
+  forcer.join();
+
+  ASSERT_TRUE(holder->TryAcquire(Request("job:k", kTokenA, seconds(120))).ok());
+  std::thread finisher([&holder] {
+    std::this_thread::sleep_for(milliseconds(100));
+    // Kept for a short while: the waiter must learn the new end and wake at it.
+    EXPECT_TRUE(
+        holder->Finish({.key = "job:k", .owner_token = kTokenA, .keep = milliseconds(200)}).ok());
+  });
+  Status woken = waiter->WaitForChange("job:k", BootClock::now() + seconds(60), {});
+  finisher.join();
+  EXPECT_TRUE(woken.ok()) << woken.ToString();
+}
+
+TEST_F(SqliteBackendTest, AWaiterWakesAtTheHoldersExpiryWithoutARelease) {
+  auto holder = MustOpen();
+  auto waiter = MustOpen();
+  ASSERT_NE(holder, nullptr);
+  ASSERT_NE(waiter, nullptr);
+  ASSERT_TRUE(holder->TryAcquire(Request("job:x", kTokenA, milliseconds(200))).ok());
+  // Nobody releases (as after a kill -9): the wait ends at the grant's expiry, not the deadline.
+  Status woken = waiter->WaitForChange("job:x", BootClock::now() + seconds(60), {});
+  EXPECT_TRUE(woken.ok()) << woken.ToString();
+  EXPECT_TRUE(waiter->TryAcquire(Request("job:x", kTokenB)).ok());
+}
+
+TEST_F(SqliteBackendTest, WaitForChangeEndsAtTheDeadlineAndOnCancel) {
+  auto holder = MustOpen();
+  ASSERT_NE(holder, nullptr);
+  ASSERT_TRUE(holder->TryAcquire(Request("job:x", kTokenA, seconds(120))).ok());
+  EXPECT_EQ(holder->WaitForChange("job:x", BootClock::now() + milliseconds(50), {}).code(),
+            StatusCode::kDeadlineExceeded);
+  std::stop_source stop;
+  std::thread canceller([&stop] {
+    std::this_thread::sleep_for(milliseconds(100));
+    stop.request_stop();
+  });
+  EXPECT_EQ(holder->WaitForChange("job:x", BootClock::now() + seconds(60), stop.get_token()).code(),
+            StatusCode::kCancelled);
+  canceller.join();
+}
+
+TEST_F(SqliteBackendTest, AWriteQueueHolderKilledWithSigkillDoesNotBlockOthers) {
+  auto backend = MustOpen(seconds(5));
+  ASSERT_NE(backend, nullptr);
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    Result<std::unique_ptr<SqliteHostQueue>> queue = SqliteHostQueue::Open(DbPath(), "any");
+    if (!queue.ok() || !(*queue)->Lock(seconds(5)).ok()) {
+      ::_exit(1);
+    }
+    (void)!::write(ready[1], "x", 1);
+    ::pause();  // Killed holding the queue.
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  // The kernel handed the robust mutex on; the next writer proceeds.
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA));
+  ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+  EXPECT_TRUE(backend->Release("job:x", kTokenA).ok());
+}
+
+TEST_F(SqliteBackendTest, AWriterWaitsInTheQueueAtMostBusyTimeout) {
+  auto backend = MustOpen(milliseconds(100));
+  ASSERT_NE(backend, nullptr);
+  Result<std::unique_ptr<SqliteHostQueue>> other = SqliteHostQueue::Open(DbPath(), "any");
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  std::atomic<bool> held{false};
+  std::atomic<bool> done{false};
+  std::thread holder([&] {
+    // Lock and Unlock on one thread (a PI mutex belongs to a thread).
+    EXPECT_TRUE((*other)->Lock(seconds(5)).ok());
+    held = true;
+    while (!done) {
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    (*other)->Unlock();
+  });
+  while (!held) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  Result<Grant> grant = backend->TryAcquire(Request("job:x", kTokenA));
+  EXPECT_EQ(grant.status().code(), StatusCode::kUnavailable) << grant.status().ToString();
+  EXPECT_THAT(std::string(grant.status().message()), HasSubstr("busy_timeout"));
+  done = true;
+  holder.join();
+  EXPECT_TRUE(backend->TryAcquire(Request("job:x", kTokenA)).ok());
 }
 
 TEST_F(SqliteBackendTest, UnknownUrlParameterIsRejected) {
