@@ -416,6 +416,15 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
     }
   }
   const std::string my_path = dir + "/" + my_name;
+  // The node's watch, the renewals' evidence that it is still there (RenewMany). A node just
+  // created gets it now, pipelined with the listing below (same round trip); an adopted
+  // waiter's node gets it when it turns out lowest, pipelined with the write of its data.
+  auto node_watch = std::make_shared<ZkNodeWatch>();
+  std::optional<ZkPending> arm;
+  std::uint64_t arm_epoch = session->epoch();
+  if (have_stat) {
+    arm = ZkPending::WatchGet(*session, my_path, node_watch);
+  }
   // After a transient error: a plain try-acquire's node goes (its name is never used again); a
   // waiter's stays queued for its next attempt, or for AbandonWait.
   auto forget_node = [&] {
@@ -477,17 +486,36 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
     }
     if (mine == children.begin() && !kept_live) {
       if (!have_stat) {
-        rc = requests.Exists(my_path, &my_stat);
-        if (rc != ZOK) {
-          forget_node();
-          return ZkErrorStatus(rc, fmt::format("acquiring {}", request.key), options_);
-        }
-        // A queued node carries the token of the attempt that created it: show this one's.
-        (void)requests.Set(my_path, data, my_stat.version);
+        // A queued node carries the token of the attempt that created it: show this one's (any
+        // version: the name is ours alone). The watching get after it (same round trip) reads
+        // the node's Stat and sets its watch after the write, so the write does not fire it.
+        ZkPending set = ZkPending::Set(*session, my_path, data, -1);
+        arm_epoch = session->epoch();
+        arm = ZkPending::WatchGet(*session, my_path, node_watch);
+        const SteadyTime until = clock_.Now() + options_.command_timeout;
+        (void)set.Await(until);
       }
+      // The watch's reply came before the listing's (one connection, in order), or with the
+      // write above: the node's Stat, and whether the watch is known to be registered.
+      ZkAnswer armed;
+      rc = arm->Await(clock_.Now() + options_.command_timeout, &armed);
+      if (rc == ZNONODE) {
+        MutexLock lock(&mu_);
+        waiters_.erase(waiter_key);
+        return Status::Unavailable(fmt::format(
+            "the node of {} vanished while acquiring (session expiry?); try again", request.key));
+      }
+      if (rc != ZOK) {
+        forget_node();
+        return ZkErrorStatus(rc, fmt::format("acquiring {}", request.key), options_);
+      }
+      my_stat = armed.stat;
       if (my_stat.ephemeralOwner != session->session_id()) {
         return Status::Internal(fmt::format("node {} is not owned by this session", my_path));
       }
+      // Registered on the connection the epoch names if no session event came in between; else
+      // the first renewal re-arms it.
+      const std::uint64_t armed_epoch = session->epoch() == arm_epoch ? arm_epoch : 0;
       {
         MutexLock lock(&mu_);
         waiters_.erase(waiter_key);
@@ -497,7 +525,9 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
                  .czxid = static_cast<FencingToken>(my_stat.czxid),
                  .holder = request.holder,
                  .ttl = session->negotiated(),
-                 .deadline = t_send + session->negotiated()};
+                 .deadline = t_send + session->negotiated(),
+                 .watch = node_watch,
+                 .armed_epoch = armed_epoch};
         reaper_cv_.NotifyAll();
       }
       // The node's path in the URL's chroot, as data paths are named (Lease::store_key).
@@ -550,13 +580,23 @@ Status ZkBackend::Renew(const RenewRequest& request) {
 }
 
 std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests) {
+  // Read before anything is sent: every request of the round below is sent after it.
   const SteadyTime t_send = clock_.Now();
   std::vector<Status> results(requests.size());
 
   struct Pending {
     std::size_t index;
     Held held;
-    std::optional<ZkPending> exists;
+    std::optional<ZkPending> rearm;  // a watching get, where the watch is not known registered
+  };
+
+  struct Round {
+    std::shared_ptr<ZkSession> session;
+    std::uint64_t epoch = 0;  // the session's connection epoch before anything was sent
+    std::optional<ZkPending> sync;
+    std::optional<ZkPending> probe;
+    int rc = ZOK;
+    bool confirmed = false;
   };
 
   std::vector<Pending> pending;
@@ -573,32 +613,86 @@ std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests)
       pending.push_back({i, it->second, std::nullopt});
     }
   }
-  // First a sync per session: it goes through the leader, and the server answers the session's
-  // later reads only after it, so the exists below cannot be a stale read from a follower that
-  // lags the leader (or is cut off from it while still serving us). Then every exists, before
-  // awaiting any reply: one round of latency for the whole batch.
-  std::map<ZkSession*, ZkPending> syncs;
+  // The renewal is the session's own liveness, not one read per node (docs/impl.md, "The
+  // ZooKeeper store", gives the argument in full). Per session: a sync, then (where a grant's
+  // watch is not known to be registered on the current connection) a watching get of its node,
+  // then one cheap read (exists of "/"), all pipelined: one round of latency, and 2 requests
+  // per session however many grants it holds. A reply to a request sent after t_send proves the
+  // server heard from the session after t_send, so the session, and every ephemeral node of it
+  // that nobody deleted, lives until at least t_send + negotiated. That no node was deleted is
+  // the watches' word: each grant's node carries a data watch, registered on the connection
+  // whose epoch armed_epoch names. The sync goes through the leader, so the read after it is
+  // served at a state no older than the leader's when the sync reached it (after t_send); the
+  // server sends a watch's event before any reply that reflects a later state, on the one
+  // connection; and the C client runs watch events and completions on one thread, in the order
+  // they came. So once the read's reply has been awaited (below), the delete of any watched node
+  // applied before the read has been recorded in its ZkNodeWatch: a node whose watch is still
+  // kLive, on a session whose epoch did not move between the watch's registration and the
+  // read's reply (the same connection throughout), existed after t_send. A moved epoch (a
+  // disconnect, a reconnect to another server) proves nothing: the round re-arms the watches
+  // (whose get replies are then the evidence, as an exists was before) and confirms nothing
+  // from the probe alone.
+  std::map<ZkSession*, Round> rounds;
   for (Pending& p : pending) {
-    ZkSession* session = p.held.session.get();
-    if (!syncs.contains(session)) {
-      syncs.emplace(session, ZkPending::Sync(*session));
+    ZkSession* raw = p.held.session.get();
+    auto [it, fresh] = rounds.try_emplace(raw);
+    if (fresh) {
+      it->second.session = p.held.session;
+      it->second.epoch = raw->epoch();
+      it->second.sync = ZkPending::Sync(*raw);
     }
   }
+  std::uint64_t sent = 2 * rounds.size();
   for (Pending& p : pending) {
-    p.exists = ZkPending::Exists(*p.held.session, p.held.path);
+    const Round& round = rounds.at(p.held.session.get());
+    if (p.held.armed_epoch == 0 || p.held.armed_epoch != round.epoch) {
+      p.rearm = ZkPending::WatchGet(*p.held.session, p.held.path, p.held.watch);
+      ++sent;
+    }
   }
+  for (auto& [raw, round] : rounds) {
+    round.probe = ZkPending::Exists(*raw, "/");
+  }
+  renew_requests_sent_.fetch_add(sent, std::memory_order_relaxed);
   const SteadyTime deadline = clock_.Now() + options_.command_timeout;
+  for (auto& [raw, round] : rounds) {
+    int rc = round.sync->Await(deadline);
+    const int probe_rc = round.probe->Await(deadline);  // awaited whatever the sync said
+    if (rc == ZOK) {
+      rc = probe_rc == ZNONODE ? ZOK : probe_rc;
+    }
+    round.rc = rc;
+    // Read after the probe's reply was awaited: every event that came before it is recorded.
+    round.confirmed = rc == ZOK && raw->epoch() == round.epoch;
+  }
   for (Pending& p : pending) {
     const RenewRequest& request = requests[p.index];
-    ZkAnswer answer;
-    int rc = syncs.at(p.held.session.get()).Await(deadline);
-    if (rc == ZOK) {
-      rc = p.exists->Await(deadline, &answer);
-    }
-    const struct Stat& stat = answer.stat;
     const KeyAndId grant_key{request.key, request.owner_token};
-    if (rc == ZOK && stat.ephemeralOwner == p.held.session->session_id() &&
-        static_cast<FencingToken>(stat.czxid) == p.held.czxid) {
+    const Round& round = rounds.at(p.held.session.get());
+    int rc = round.rc;
+    bool confirmed = round.confirmed;
+    bool stolen = false;
+    if (p.rearm.has_value()) {
+      // Its reply came before the probe's (one connection, in order) unless the connection
+      // dropped: then it is not awaited for long.
+      ZkAnswer answer;
+      const int arc = p.rearm->Await(deadline, &answer);
+      if (arc == ZOK && (answer.stat.ephemeralOwner != p.held.session->session_id() ||
+                         static_cast<FencingToken>(answer.stat.czxid) != p.held.czxid)) {
+        stolen = true;
+      } else if (arc == ZNONODE || IsZkSessionGone(arc)) {
+        rc = arc;
+        confirmed = false;
+      } else if (arc != ZOK) {
+        rc = rc == ZOK ? arc : rc;
+        confirmed = false;
+      }
+    }
+    // Read only now: after the probe's reply (and the re-arm's) were awaited.
+    const int seen = p.held.watch->state.load(std::memory_order_acquire);
+    const bool session_gone =
+        IsZkSessionGone(rc) || seen == ZkNodeWatch::kSessionEnded || p.held.session->Expired();
+    if (!stolen && !session_gone && seen == ZkNodeWatch::kLive && rc != ZNONODE && confirmed) {
       MutexLock lock(&mu_);
       auto it = grants_.find(grant_key);
       if (it == grants_.end()) {
@@ -613,27 +707,39 @@ std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests)
         reaper_cv_.NotifyAll();
       } else {
         it->second.deadline = std::max(it->second.deadline, t_send + it->second.ttl);
+        it->second.armed_epoch = round.epoch;
       }
       continue;
     }
-    if (rc == ZOK || rc == ZNONODE || IsZkSessionGone(rc)) {
-      const bool session_gone = IsZkSessionGone(rc) || p.held.session->Expired();
-      LostCause cause = session_gone ? LostCause::kSessionLost
-                        : rc == ZOK  ? LostCause::kStolen
-                                     : LostCause::kStoreSaidNo;
+    if (stolen || session_gone || seen != ZkNodeWatch::kLive || rc == ZNONODE) {
+      const LostCause cause = session_gone ? LostCause::kSessionLost
+                              : stolen     ? LostCause::kStolen
+                                           : LostCause::kStoreSaidNo;
       {
         MutexLock lock(&mu_);
-        grants_.erase(grant_key);
+        auto it = grants_.find(grant_key);
+        if (it != grants_.end() && seen == ZkNodeWatch::kChanged && !session_gone) {
+          // Changed under us (not by this handle): the lease is given up, its node goes.
+          doomed_.push_back({.session = it->second.session, .path = it->second.path});
+          reaper_cv_.NotifyAll();
+        }
+        if (it != grants_.end()) {
+          grants_.erase(it);
+        }
       }
-      results[p.index] =
-          Status::Lost(fmt::format("the ZooKeeper node of {} is {}", request.key,
-                                   session_gone ? "gone with its expired session"
-                                   : rc == ZOK  ? "not ours any more"
-                                                : "gone (force-released, or its session expired)"),
-                       cause);
+      results[p.index] = Status::Lost(
+          fmt::format("the ZooKeeper node of {} is {}", request.key,
+                      session_gone ? "gone with its expired session"
+                      : stolen || seen == ZkNodeWatch::kChanged
+                          ? "not ours any more"
+                          : "gone (force-released, or its session expired)"),
+          cause);
       continue;
     }
-    results[p.index] = ZkErrorStatus(rc, fmt::format("renewing {}", request.key), options_);
+    // Not confirmed (a timeout, a connection lost or moved to another server): not renewed, at
+    // risk until a later round confirms it or its deadline passes.
+    results[p.index] = ZkErrorStatus(rc == ZOK ? ZCONNECTIONLOSS : rc,
+                                     fmt::format("renewing {}", request.key), options_);
   }
   return results;
 }

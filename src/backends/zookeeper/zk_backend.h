@@ -41,12 +41,20 @@
 // the session timeout the handle asks for; the server clamps it (by default to 2..20 ticks), and
 // the negotiated timeout is the Grant's ttl, so safe_until = t_send + negotiated - drift. One
 // session per distinct requested TTL, plus one "service" session for reads, watches and
-// deletes. A renewal is one exists round trip that proves the node is still ours (ephemeralOwner
-// is our session, czxid our fencing token): ZooKeeper expires a session no earlier than its
-// timeout after it last heard from the client, so a reply to a request sent at t_send proves the
-// node lives until t_send + negotiated. RenewMany pipelines one sync per session (through the
-// leader, so no exists is a stale read from a lagging or cut-off follower) and one exists per
-// lease: one round of latency. The C client pings by itself, so without renewals a node would live
+// deletes. ZooKeeper expires a session no earlier than its timeout after it last heard from the
+// client, so a reply to a request sent at t_send proves the session, and each of its ephemeral
+// nodes nobody deleted, lives until t_send + negotiated. A renewal round (RenewMany) is
+// therefore per session, not per lease: a sync (through the leader, so the read after it is not
+// stale from a lagging or cut-off follower) and one cheap read (exists of "/"), pipelined: one
+// round of latency, two requests per session. That a grant's node was not deleted is learnt from
+// a data watch on it (ZkNodeWatch), set with the grant and pipelined with the acquire's own
+// requests; on one connection the server sends a watch's event before any later reply, and the
+// C client runs events and completions on one thread in order, so once the read's reply has
+// been awaited every delete before it has been recorded. The watch counts only while the
+// session's connection epoch (ZkSession::epoch) is the one it was registered on: after a
+// reconnect the next round re-arms it with a watching get, whose reply (ephemeralOwner is our
+// session, czxid our fencing token) is that round's evidence; a round during which the epoch
+// moves confirms nothing. docs/impl.md gives the argument in full. The C client pings by itself, so without renewals a node would live
 // on: each grant therefore also has a local deadline (t_send of its last confirmed renewal + ttl,
 // read after the core's t_send, so never before the holder's safe_until), and a reaper thread
 // deletes the nodes of grants that pass it: a holder that stopped renewing, or was cut off longer
@@ -111,6 +119,7 @@
 
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -137,6 +146,7 @@ namespace leasehold::internal {
 
 // zk_session.h: zookeeper.h stays out of this header.
 class ZkSession;
+struct ZkNodeWatch;
 
 // Opens the store named by `url` (scheme "zk") and checks it at once (one session, the chroot
 // created if missing). Returns kInvalidArgument for a bad URL; kUnavailable if no server answers
@@ -163,7 +173,9 @@ class ZkBackend final : public Backend {
 
   Status Renew(const RenewRequest& request) override;
 
-  // One pipelined exists per request, all sent before any reply is awaited.
+  // Per session: a sync and one read (plus a watching get per grant whose watch needs re-arming
+  // after a reconnect), all sent before any reply is awaited; each grant's node watch says
+  // whether it was deleted.
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
 
   Status Release(std::string_view key, std::string_view owner_token) override;
@@ -218,6 +230,11 @@ class ZkBackend final : public Backend {
   // if needed), and the loopback port of the server that session is connected to (-1 if none).
   Result<Duration> NegotiatedTimeoutForTesting(Duration ttl);
   int ConnectedPortForTesting(Duration ttl);
+  // For tests: how many requests RenewMany has sent in all (a round is a sync and one read per
+  // session, plus a watching get per grant whose watch needs re-arming after a reconnect).
+  [[nodiscard]] std::uint64_t RenewRequestsSentForTesting() const {
+    return renew_requests_sent_.load(std::memory_order_relaxed);
+  }
 
  private:
   // A grant of this handle, by (key, owner token).
@@ -229,6 +246,10 @@ class ZkBackend final : public Backend {
     Duration ttl{};
     // t_send of the last confirmed renewal + ttl; the reaper deletes the node after it.
     SteadyTime deadline{};
+    // The node's watch (set with the grant, re-armed after a reconnect) and the session's
+    // connection epoch it is known to be registered on (0: not known; RenewMany re-arms it).
+    std::shared_ptr<ZkNodeWatch> watch;
+    std::uint64_t armed_epoch = 0;
   };
 
   // A queued waiter's node, by (key, waiter id).
@@ -322,6 +343,7 @@ class ZkBackend final : public Backend {
   std::map<KeyAndId, Held> grants_ LH_GUARDED_BY(mu_);
   std::map<KeyAndId, Queued> waiters_ LH_GUARDED_BY(mu_);
   std::vector<Doomed> doomed_ LH_GUARDED_BY(mu_);
+  std::atomic<std::uint64_t> renew_requests_sent_{0};
 
   std::jthread reaper_;  // last: joined first
 };

@@ -49,8 +49,10 @@ struct ZkReply {
   }
 };
 
+// Exactly one of waker (a wait's wake-up) and node (a grant's node watch) is set.
 struct ZkSession::WatchContext {
   std::shared_ptr<ZkWaker> waker;
+  std::shared_ptr<ZkNodeWatch> node;
   ZkSession* session = nullptr;
 };
 
@@ -280,6 +282,7 @@ void ZkSession::Watcher(zhandle_t* /*zh*/, int type, int state, const char* /*pa
     return;
   }
   auto* self = static_cast<ZkSession*>(ctx);
+  self->epoch_.fetch_add(1, std::memory_order_acq_rel);
   MutexLock lock(&self->mu_);
   self->state_ = state;
   if (state == ZOO_EXPIRED_SESSION_STATE) {
@@ -296,12 +299,29 @@ void ZkSession::Watcher(zhandle_t* /*zh*/, int type, int state, const char* /*pa
 void ZkSession::NodeWatcher(zhandle_t* /*zh*/, int type, int state, const char* /*path*/,
                             void* ctx) {
   auto* watch = static_cast<WatchContext*>(ctx);
-  ZkWaker& waker = *watch->waker;
-  {
-    MutexLock lock(&waker.mu);
-    waker.fired = true;
+  if (watch->node != nullptr) {
+    // A grant's node: only a node event or the session's end says anything; a disconnect or a
+    // reconnect leaves the watch registered (the client re-registers it).
+    int seen = ZkNodeWatch::kLive;
+    if (type == ZOO_DELETED_EVENT) {
+      seen = ZkNodeWatch::kDeleted;
+    } else if (type != ZOO_SESSION_EVENT) {
+      seen = ZkNodeWatch::kChanged;  // a change, or the watch removed: no longer watched
+    } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
+      seen = ZkNodeWatch::kSessionEnded;
+    }
+    if (seen != ZkNodeWatch::kLive) {
+      int live = ZkNodeWatch::kLive;
+      (void)watch->node->state.compare_exchange_strong(live, seen, std::memory_order_acq_rel);
+    }
+  } else {
+    ZkWaker& waker = *watch->waker;
+    {
+      MutexLock lock(&waker.mu);
+      waker.fired = true;
+    }
+    waker.cv.NotifyAll();
   }
-  waker.cv.NotifyAll();
   if (type != ZOO_SESSION_EVENT || state == ZOO_EXPIRED_SESSION_STATE ||
       state == ZOO_AUTH_FAILED_STATE) {
     (void)watch->session->ReleaseWatch(watch);
@@ -393,6 +413,62 @@ ZkPending ZkPending::Sync(ZkSession& session) {
   return {session.clock(), StartReply([&](void* data) {
             return zoo_async(session.zh(), "/", StringCompletion, data);
           })};
+}
+
+namespace {
+
+// What a WatchGet's completion needs to free the watch context when no watch was left.
+struct WatchGetExtra {
+  ZkSession* session = nullptr;
+  void* context = nullptr;
+  bool (*release)(ZkSession*, void*) = nullptr;
+};
+
+void WatchGetCompletion(int rc, const char* value, int value_len, const struct Stat* stat,
+                        const void* data) {
+  ReplyPtr reply = Take(data);
+  if (rc == ZNONODE) {
+    // No watch was left with the client: its context goes now (the session outlives the
+    // completion thread, which zookeeper_close joins).
+    const auto* extra = static_cast<const WatchGetExtra*>(reply->extra.get());
+    (void)extra->release(extra->session, extra->context);
+  }
+  MutexLock lock(&reply->mu);
+  if (rc == ZOK) {
+    if (value != nullptr && value_len > 0) {
+      reply->answer.value.assign(value, static_cast<std::size_t>(value_len));
+    }
+    if (stat != nullptr) {
+      reply->answer.stat = *stat;
+    }
+  }
+  reply->Finish(rc);
+}
+
+}  // namespace
+
+ZkPending ZkPending::WatchGet(ZkSession& session, const std::string& path,
+                              const std::shared_ptr<ZkNodeWatch>& node) {
+  auto* watch = new ZkSession::WatchContext{.node = node, .session = &session};
+  session.AddWatch(watch);
+  auto reply = std::make_shared<ZkReply>();
+  auto extra = std::make_shared<WatchGetExtra>();
+  extra->session = &session;
+  extra->context = watch;
+  extra->release = [](ZkSession* s, void* w) {
+    return s->ReleaseWatch(static_cast<ZkSession::WatchContext*>(w));
+  };
+  reply->extra = extra;
+  void* data = Hold(reply);
+  if (int rc = zoo_awget(session.zh(), path.c_str(), &ZkSession::NodeWatcher, watch,
+                         WatchGetCompletion, data);
+      rc != ZOK) {
+    Take(data);
+    (void)session.ReleaseWatch(watch);
+    MutexLock lock(&reply->mu);
+    reply->Finish(rc);
+  }
+  return {session.clock(), std::move(reply)};
 }
 
 int ZkPending::Await(SteadyTime deadline, ZkAnswer* answer) {

@@ -33,6 +33,7 @@
 
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -52,6 +53,18 @@
 namespace leasehold::internal {
 
 struct ZkReply;  // zk_session.cc
+
+// What a grant's node watch (ZkPending::WatchGet) has seen, shared by the backend's grant and
+// the watcher callback: kLive until a node event (the node deleted, or its data changed) or the
+// session's end. Set on the client's completion thread, which runs watch events and completions
+// in the order they came off the connection: so once the reply of a request sent after the
+// watch was set has been awaited, every event the server sent before that reply has been
+// recorded here.
+struct ZkNodeWatch {
+  enum State : int { kLive = 0, kDeleted = 1, kChanged = 2, kSessionEnded = 3 };
+
+  std::atomic<int> state{kLive};
+};
 
 // A watch's wake-up, shared by the waiting caller and the watcher callback.
 struct ZkWaker {
@@ -111,8 +124,16 @@ class ZkSession {
   // The port of the server the session is connected to; -1 if none.
   [[nodiscard]] int ConnectedPort() const;
 
+  // The connection epoch: bumped by every session event (a disconnect, a reconnect, expiry), on
+  // the completion thread, in order with the replies. Two reads that are equal, with a reply
+  // awaited between them, say that reply came over the same connection as every reply awaited
+  // after the first read: the watches set on it are still registered with the server (a
+  // reconnect re-registers them through the client, but not in a known order with our requests).
+  [[nodiscard]] std::uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+
  private:
   friend class ZkRequests;  // registers watches
+  friend class ZkPending;   // registers node watches (WatchGet)
 
   // The context of one registered data watch (zk_session.cc). Owned by watches_: freed by the
   // watcher when the watch is done (a node event, or the session's end), or by the destructor
@@ -142,8 +163,10 @@ class ZkSession {
   int state_ LH_GUARDED_BY(mu_) = 0;
   bool expired_ LH_GUARDED_BY(mu_) = false;
   bool auth_failed_ LH_GUARDED_BY(mu_) = false;
-  // The contexts of the data watches still registered with the client (ZkRequests::Watch).
+  // The contexts of the data watches still registered with the client (ZkRequests::Watch,
+  // ZkPending::WatchGet).
   std::set<WatchContext*> watches_ LH_GUARDED_BY(mu_);
+  std::atomic<std::uint64_t> epoch_{1};
 };
 
 // What a reply carries, where the request has it: a Stat, a node's data (get) or created path
@@ -169,6 +192,11 @@ class ZkPending {
                        int version);
   // A sync through the leader: the session's later reads are served no older than it.
   static ZkPending Sync(ZkSession& session);
+  // A get of `path` that leaves a one-shot data watch recording into `*node` (ZkNodeWatch):
+  // the node's delete or change, or the session's end. No watch is left if the node is absent
+  // (ZNONODE).
+  static ZkPending WatchGet(ZkSession& session, const std::string& path,
+                            const std::shared_ptr<ZkNodeWatch>& node);
 
   // Waits for the reply until `deadline` (on the session's clock). Returns its rc (the client's
   // own if the request could not even be queued), or ZOPERATIONTIMEOUT if no reply came in time;

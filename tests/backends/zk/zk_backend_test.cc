@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -304,6 +305,116 @@ TEST(ZkBackendTest, WaitersKeepOneNodeAndLeaveNothingBehind) {
   EXPECT_EQ((*info)->token_prefix, std::string(8, 'd')) << "status shows the granted token";
   EXPECT_TRUE(b->Release("job", std::string(32, 'd')).ok());
   EXPECT_EQ(CountNodes(hosts, key_dir), 0);
+}
+
+// A renewal round is the session's own liveness: a sync and one read per session however many
+// grants it holds (RenewRequestsSentForTesting counts them), and the watch on each grant's node
+// tells which one was deleted: force-releasing one node of a handle holding several loses that
+// lease only, in the very next round.
+TEST(ZkBackendTest, RenewalRoundIsTwoRequestsPerSessionAndForceReleaseLosesOnlyThatLease) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/beat");
+  auto a = OpenZk(url);
+  auto other = OpenZk(url);
+  ASSERT_TRUE(a && other);
+  constexpr int kLeases = 12;
+  std::vector<internal::RenewRequest> renewals;
+  for (int i = 0; i < kLeases; ++i) {
+    const std::string key = fmt::format("k{}", i);
+    const std::string token = fmt::format("{:032}", i);
+    auto grant = a->TryAcquire({key, token, "a", 5s, ""});
+    ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+    renewals.push_back({key, token, 5s});
+  }
+  const std::uint64_t before = a->RenewRequestsSentForTesting();
+  std::vector<Status> first = a->RenewMany(renewals);
+  for (const Status& s : first) {
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  EXPECT_EQ(a->RenewRequestsSentForTesting() - before, 2u)
+      << "one session: a sync and one read, not one request per lease";
+
+  // Deleted by another client: only that lease is lost, in the next round.
+  ASSERT_TRUE(other->ForceRelease("k1").ok());
+  const std::uint64_t mid = a->RenewRequestsSentForTesting();
+  std::vector<Status> second = a->RenewMany(renewals);
+  EXPECT_EQ(a->RenewRequestsSentForTesting() - mid, 2u);
+  for (int i = 0; i < kLeases; ++i) {
+    if (i == 1) {
+      EXPECT_EQ(second[1].code(), StatusCode::kLost) << second[1].ToString();
+    } else {
+      EXPECT_TRUE(second[i].ok()) << i << ": " << second[i].ToString();
+    }
+  }
+  // A lost grant stays lost; the others go on renewing.
+  std::vector<Status> third = a->RenewMany(renewals);
+  EXPECT_EQ(third[1].code(), StatusCode::kLost);
+  EXPECT_TRUE(third[0].ok() && third[2].ok() && third[kLeases - 1].ok());
+  // Another client now takes k1, while k0 is still held by a.
+  auto k1 = other->TryAcquire({"k1", std::string(32, 'o'), "other", 5s, ""});
+  ASSERT_TRUE(k1.ok()) << k1.status().ToString();
+  EXPECT_EQ(other->TryAcquire({"k0", std::string(32, 'p'), "other", 5s, ""}).status().code(),
+            StatusCode::kHeldByAnother);
+  // Released by the handle itself: not renewed afterwards (its node is gone).
+  ASSERT_TRUE(a->Release("k2", fmt::format("{:032}", 2)).ok());
+  std::vector<Status> fourth = a->RenewMany(renewals);
+  EXPECT_EQ(fourth[2].code(), StatusCode::kLost);
+  EXPECT_TRUE(fourth[3].ok()) << fourth[3].ToString();
+}
+
+// The server a session is connected to dies: the client reconnects to another within the
+// session, rounds meanwhile confirm nothing (at risk, never lost), and the first round that
+// confirms after the reconnect re-arms each grant's watch (one watching get per grant, once)
+// on the new connection; later rounds are two requests again.
+TEST(ZkEnsembleTest, ReconnectWithinTheSessionReArmsTheWatchesOnce) {
+  auto zk = ZkEnsemble::Start({.servers = 3, .tick_time = 1000ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/rearm") + "?command_timeout=1s";
+  auto a = OpenZk(url);
+  ASSERT_TRUE(a);
+  std::vector<internal::RenewRequest> renewals;
+  for (int i = 0; i < 3; ++i) {
+    const std::string key = fmt::format("r{}", i);
+    const std::string token = fmt::format("{:032}", i);
+    auto grant = a->TryAcquire({key, token, "a", 15s, ""});
+    ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+    renewals.push_back({key, token, 15s});
+  }
+  const int victim = (*zk)->IndexOfPort(a->ConnectedPortForTesting(15s));
+  ASSERT_GE(victim, 0);
+  (*zk)->Kill9(victim);
+  bool renewed = false;
+  std::uint64_t confirming_round = 0;
+  for (int i = 0; i < 200 && !renewed; ++i) {  // up to ~40 s
+    const std::uint64_t before = a->RenewRequestsSentForTesting();
+    std::vector<Status> after = a->RenewMany(renewals);
+    renewed = after[0].ok() && after[1].ok() && after[2].ok();
+    if (renewed) {
+      confirming_round = a->RenewRequestsSentForTesting() - before;
+    } else {
+      for (const Status& s : after) {
+        ASSERT_NE(s.code(), StatusCode::kLost) << s.ToString();
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  ASSERT_TRUE(renewed) << "the leases were not renewed after the reconnect";
+  EXPECT_NE(a->ConnectedPortForTesting(15s), (*zk)->client_port(victim));
+  EXPECT_EQ(confirming_round, 2u + 3u) << "the confirming round re-arms each watch";
+  const std::uint64_t before = a->RenewRequestsSentForTesting();
+  std::vector<Status> steady = a->RenewMany(renewals);
+  for (const Status& s : steady) {
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  EXPECT_EQ(a->RenewRequestsSentForTesting() - before, 2u) << "re-armed once, not every round";
+  // The re-armed watches work: a delete by another client is seen by the next round.
+  auto other = OpenZk(url);
+  ASSERT_TRUE(other);
+  ASSERT_TRUE(other->ForceRelease("r0").ok());
+  std::vector<Status> last = a->RenewMany(renewals);
+  EXPECT_EQ(last[0].code(), StatusCode::kLost) << last[0].ToString();
+  EXPECT_TRUE(last[1].ok() && last[2].ok());
 }
 
 // Finish keeps a grant as the persistent node <key>/kept (it outlives the holder's sessions) and
