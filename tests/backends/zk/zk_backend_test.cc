@@ -363,6 +363,47 @@ TEST(ZkBackendTest, RenewalRoundIsTwoRequestsPerSessionAndForceReleaseLosesOnlyT
   EXPECT_TRUE(fourth[3].ok()) << fourth[3].ToString();
 }
 
+// Through the public API: a handle's heartbeat renews its three leases in one round on one
+// session; force-releasing one (another handle deletes its node) loses that lease only.
+TEST(ZkBackendTest, ForceReleaseOfOneOfThreeLeasesLosesOnlyThatOne) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/three");
+  auto a = Store::Open(url);
+  auto b = Store::Open(url);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::atomic<int> lost{0};
+  std::vector<Lease> held;
+  for (const char* key : {"one", "two", "three"}) {
+    auto lease = (*a)->TryAcquire(
+        key, {.ttl = 3s, .renew_interval = 100ms, .on_lost = [&](const Status&) { ++lost; }});
+    ASSERT_TRUE(lease.ok()) << key << ": " << lease.status().ToString();
+    held.push_back(std::move(*lease));
+  }
+  auto forced = (*b)->ForceRelease("two");
+  ASSERT_TRUE(forced.ok());
+  EXPECT_TRUE(*forced);
+  const auto start = std::chrono::steady_clock::now();
+  while (!held[1].lost_token().stop_requested() &&
+         std::chrono::steady_clock::now() - start < 2s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_TRUE(held[1].lost_token().stop_requested()) << "lost at the next renewal, before the ttl";
+  std::this_thread::sleep_for(500ms);  // several more rounds
+  EXPECT_TRUE(held[0].valid()) << held[0].lost_reason().ToString();
+  EXPECT_TRUE(held[2].valid()) << held[2].lost_reason().ToString();
+  EXPECT_EQ(lost.load(), 1);
+  auto taken = (*b)->TryAcquire("two", {.ttl = 3s});
+  EXPECT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_EQ((*b)->TryAcquire("one", {.ttl = 3s}).status().code(), StatusCode::kHeldByAnother);
+  EXPECT_EQ(held[1].Release().code(), StatusCode::kLost);
+  EXPECT_TRUE(held[0].Release().ok());
+  EXPECT_TRUE(held[2].Release().ok());
+  if (taken.ok()) {
+    EXPECT_TRUE(taken->Release().ok());
+  }
+}
+
 // The server a session is connected to dies: the client reconnects to another within the
 // session, rounds meanwhile confirm nothing (at risk, never lost), and the first round that
 // confirms after the reconnect re-arms each grant's watch (one watching get per grant, once)
