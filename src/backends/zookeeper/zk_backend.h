@@ -53,8 +53,8 @@
 // been awaited every delete before it has been recorded. The watch counts only while the
 // session's connection epoch (ZkSession::epoch) is the one it was registered on: after a
 // reconnect the next round re-arms it with a watching get, whose reply (ephemeralOwner is our
-// session, czxid our fencing token) is that round's evidence; a round during which the epoch
-// moves confirms nothing. docs/impl.md gives the argument in full. The C client pings by itself, so without renewals a node would live
+// session, czxid our fencing token) is that round's evidence for it; a round during which the
+// epoch moves confirms only the grants it re-armed. docs/impl.md gives the argument in full. The C client pings by itself, so without renewals a node would live
 // on: each grant therefore also has a local deadline (t_send of its last confirmed renewal + ttl,
 // read after the core's t_send, so never before the holder's safe_until), and a reaper thread
 // deletes the nodes of grants that pass it: a holder that stopped renewing, or was cut off longer
@@ -91,7 +91,15 @@
 // Waiting is the ZooKeeper lock recipe: a waiter (Store::Acquire, GrantRequest::waiter_id)
 // keeps its node between attempts and watches only its predecessor, so the key goes first come,
 // first served and a release wakes one waiter, not a herd. A TryAcquire without a waiter id that
-// is not lowest deletes its node and reports the holder.
+// is not lowest deletes its node and reports the holder. Handoff from the delete event: when the
+// predecessor a waiter watches is the lowest node (the holder) and there is no kept node, Wait
+// also sets an exists watch on <key>/kept, and if the predecessor's delete event comes with no
+// kept node seen before it (Finish creates the kept node in the same multi before the delete,
+// and events come in order), on the connection the watches were set on, the waiter is marked
+// handed: its next TryAcquire grants at once, with ttl = negotiated - (now - last_heard), where
+// last_heard is the latest t_send of a request the session had answered (ZkSession::NoteHeard:
+// the wait's listing, a renewal round), or goes the ordinary way if less than nine tenths is
+// left.
 //
 // Auth: with zk://user:pass@..., every session authenticates with `digest` and every node is
 // created with ZOO_CREATOR_ALL_ACL. Errors: connection loss and timeouts are kUnavailable;
@@ -235,6 +243,11 @@ class ZkBackend final : public Backend {
   [[nodiscard]] std::uint64_t RenewRequestsSentForTesting() const {
     return renew_requests_sent_.load(std::memory_order_relaxed);
   }
+  // For tests: how many grants TryAcquire made from a handoff (the predecessor's delete event)
+  // without a round trip.
+  [[nodiscard]] std::uint64_t HandedGrantsForTesting() const {
+    return handed_grants_.load(std::memory_order_relaxed);
+  }
 
  private:
   // A grant of this handle, by (key, owner token).
@@ -256,6 +269,17 @@ class ZkBackend final : public Backend {
   struct Queued {
     std::shared_ptr<ZkSession> session;
     std::string path;
+    // The node's watch, set when this call created it (nullptr for an adopted node), the
+    // connection epoch it is known registered on (0: not known), its czxid, and the owner token
+    // its data carries.
+    std::shared_ptr<ZkNodeWatch> watch;
+    std::uint64_t watch_epoch = 0;
+    FencingToken czxid = 0;
+    std::string token;
+    // Set by Wait from the predecessor's delete event alone, when that predecessor was the
+    // holder (WaitForTurn): the next TryAcquire of this waiter grants without a round trip.
+    bool handed = false;
+    std::uint64_t handed_epoch = 0;
   };
 
   // A node to delete in the background: by path, or (path empty) the child of `dir` whose name
@@ -324,8 +348,11 @@ class ZkBackend final : public Backend {
 
   // Waits until the child before `my_name` of `dir` (the lowest child if `my_name` is empty), or
   // a live kept grant, changes; `deadline` is on clock_.
+  // `waiter` (null for WaitForChange) names the waiter, whose Queued entry Wait marks handed
+  // when the predecessor's delete event alone proves the key is the waiter's.
   Status Wait(const std::shared_ptr<ZkSession>& session, const std::string& dir,
-              std::string_view my_name, SteadyTime deadline, std::stop_token stop) LH_EXCLUDES(mu_);
+              std::string_view my_name, SteadyTime deadline, std::stop_token stop,
+              const KeyAndId* waiter = nullptr) LH_EXCLUDES(mu_);
 
   // Immutable after construction.
   const ZkOptions options_;
@@ -344,6 +371,7 @@ class ZkBackend final : public Backend {
   std::map<KeyAndId, Queued> waiters_ LH_GUARDED_BY(mu_);
   std::vector<Doomed> doomed_ LH_GUARDED_BY(mu_);
   std::atomic<std::uint64_t> renew_requests_sent_{0};
+  std::atomic<std::uint64_t> handed_grants_{0};
 
   std::jthread reaper_;  // last: joined first
 };

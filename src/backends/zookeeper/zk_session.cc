@@ -54,6 +54,7 @@ struct ZkSession::WatchContext {
   std::shared_ptr<ZkWaker> waker;
   std::shared_ptr<ZkNodeWatch> node;
   ZkSession* session = nullptr;
+  std::string exists_path;  // an exists watch's (ZkPending::WatchExists): its exists_watches_ key
 };
 
 namespace {
@@ -318,6 +319,9 @@ void ZkSession::NodeWatcher(zhandle_t* /*zh*/, int type, int state, const char* 
     ZkWaker& waker = *watch->waker;
     {
       MutexLock lock(&waker.mu);
+      if (!waker.fired) {
+        waker.type = type;
+      }
       waker.fired = true;
     }
     waker.cv.NotifyAll();
@@ -344,9 +348,26 @@ bool ZkSession::ReleaseWatch(WatchContext* watch) {
     if (watches_.erase(watch) == 0) {
       return false;
     }
+    if (!watch->exists_path.empty()) {
+      auto it = exists_watches_.find(watch->exists_path);
+      if (it != exists_watches_.end() && it->second == watch) {
+        exists_watches_.erase(it);
+      }
+    }
   }
   delete watch;
   return true;
+}
+
+void ZkSession::NoteHeard(SteadyTime t_send) {
+  const std::int64_t t = t_send.time_since_epoch().count();
+  std::int64_t seen = last_heard_.load(std::memory_order_acquire);
+  while (seen < t && !last_heard_.compare_exchange_weak(seen, t, std::memory_order_acq_rel)) {
+  }
+}
+
+SteadyTime ZkSession::last_heard() const {
+  return SteadyTime(SteadyTime::duration(last_heard_.load(std::memory_order_acquire)));
 }
 
 int ZkSession::ConnectedPort() const {
@@ -466,6 +487,40 @@ ZkPending ZkPending::WatchGet(ZkSession& session, const std::string& path,
     Take(data);
     (void)session.ReleaseWatch(watch);
     MutexLock lock(&reply->mu);
+    reply->Finish(rc);
+  }
+  return {session.clock(), std::move(reply)};
+}
+
+ZkPending ZkPending::WatchExists(ZkSession& session, const std::string& path,
+                                 std::shared_ptr<ZkNodeWatch>* node) {
+  auto reply = std::make_shared<ZkReply>();
+  void* data = Hold(reply);
+  // The session's lock is held across the send, so the context cannot fire and be freed
+  // between the lookup and the registration (the watcher takes this lock; zoo_awexists only
+  // queues the request).
+  int rc = ZOK;
+  {
+    MutexLock lock(&session.mu_);
+    ZkSession::WatchContext*& watch = session.exists_watches_[path];
+    const bool fresh = watch == nullptr;
+    if (fresh) {
+      watch = new ZkSession::WatchContext{
+          .node = std::make_shared<ZkNodeWatch>(), .session = &session, .exists_path = path};
+      session.watches_.insert(watch);
+    }
+    *node = watch->node;
+    rc = zoo_awexists(session.zh(), path.c_str(), &ZkSession::NodeWatcher, watch, StatCompletion,
+                      data);
+    if (rc != ZOK && fresh) {
+      session.watches_.erase(watch);
+      delete watch;
+      session.exists_watches_.erase(path);
+    }
+  }
+  if (rc != ZOK) {
+    Take(data);
+    MutexLock reply_lock(&reply->mu);  // alone: the session's lock is released
     reply->Finish(rc);
   }
   return {session.clock(), std::move(reply)};

@@ -35,6 +35,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -71,6 +73,8 @@ struct ZkWaker {
   Mutex mu;
   CondVar cv{&mu};
   bool fired LH_GUARDED_BY(mu) = false;
+  // The first event's type (ZOO_DELETED_EVENT, ZOO_SESSION_EVENT, ...), once fired.
+  int type LH_GUARDED_BY(mu) = 0;
 };
 
 // True for the rcs that may succeed if retried (connection loss, timeouts).
@@ -131,6 +135,12 @@ class ZkSession {
   // reconnect re-registers them through the client, but not in a known order with our requests).
   [[nodiscard]] std::uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
 
+  // The latest t_send (on the session's clock, read before sending) of a request the server is
+  // known to have answered: the session cannot expire before it + negotiated(). NoteHeard keeps
+  // the latest; last_heard() is SteadyTime::min() until the first.
+  void NoteHeard(SteadyTime t_send);
+  [[nodiscard]] SteadyTime last_heard() const;
+
  private:
   friend class ZkRequests;  // registers watches
   friend class ZkPending;   // registers node watches (WatchGet)
@@ -166,7 +176,10 @@ class ZkSession {
   // The contexts of the data watches still registered with the client (ZkRequests::Watch,
   // ZkPending::WatchGet).
   std::set<WatchContext*> watches_ LH_GUARDED_BY(mu_);
+  // The exists watches (ZkPending::WatchExists), one context per path, reused while unfired.
+  std::map<std::string, WatchContext*> exists_watches_ LH_GUARDED_BY(mu_);
   std::atomic<std::uint64_t> epoch_{1};
+  std::atomic<std::int64_t> last_heard_{std::numeric_limits<std::int64_t>::min()};
 };
 
 // What a reply carries, where the request has it: a Stat, a node's data (get) or created path
@@ -197,6 +210,12 @@ class ZkPending {
   // (ZNONODE).
   static ZkPending WatchGet(ZkSession& session, const std::string& path,
                             const std::shared_ptr<ZkNodeWatch>& node);
+  // An exists of `path` that leaves a watch (also when the node is absent: it fires on its
+  // create) recording into `*node`. One context per path and session, reused while it has not
+  // fired (the client and the server keep one watch per path then), so waiting many times on a
+  // key adds no watches; it goes when it fires or the session ends.
+  static ZkPending WatchExists(ZkSession& session, const std::string& path,
+                               std::shared_ptr<ZkNodeWatch>* node);
 
   // Waits for the reply until `deadline` (on the session's clock). Returns its rc (the client's
   // own if the request could not even be queued), or ZOPERATIONTIMEOUT if no reply came in time;

@@ -458,6 +458,79 @@ TEST(ZkEnsembleTest, ReconnectWithinTheSessionReArmsTheWatchesOnce) {
   EXPECT_TRUE(last[1].ok() && last[2].ok());
 }
 
+// Handoff from the delete event: a waiter whose predecessor is the holder learns from that
+// node's delete alone that it holds the key, and the next attempt grants without a round trip
+// (HandedGrantsForTesting), with a ttl measured from an earlier send of its own (at most the
+// negotiated timeout); a waiter behind another waiter still lists the queue (not handed); and a
+// Finish with keep, which deletes the holder's node and creates <key>/kept in one multi, holds
+// the woken waiter off until the keep ends.
+TEST(ZkBackendTest, AWaiterBehindTheHolderIsHandedTheKeyByTheDeleteEventUnlessAKeptGrantAppears) {
+  // Sessions of 4 s (the most 200 ms ticks allow): the handed ttl is counted from the wait's own
+  // listing, so the wait here (about 100 ms) leaves more than the nine tenths the fast path
+  // asks for.
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/handed");
+  auto a = OpenZk(url);
+  auto b = OpenZk(url);
+  auto c = OpenZk(url);
+  ASSERT_TRUE(a && b && c);
+  const std::string ta(32, 'a');
+  const std::string tb(32, 'b');
+  const std::string tc(32, 'c');
+  auto held = a->TryAcquire({"job", ta, "a", 4s, ""});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  // b queues behind the holder, c behind b.
+  ASSERT_EQ(b->TryAcquire({"job", tb, "b", 4s, "wb"}).status().code(), StatusCode::kHeldByAnother);
+  ASSERT_EQ(c->TryAcquire({"job", tc, "c", 4s, "wc"}).status().code(), StatusCode::kHeldByAnother);
+  std::jthread release([&] {
+    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(a->Release("job", ta).ok());
+  });
+  ASSERT_TRUE(b->WaitForTurn("job", "wb", Clock::Real().Now() + 20s, {}).ok());
+  release.join();
+  const SteadyTime before = Clock::Real().Now();
+  auto granted = b->TryAcquire({"job", tb, "b", 4s, "wb"});
+  ASSERT_TRUE(granted.ok()) << granted.status().ToString();
+  EXPECT_EQ(b->HandedGrantsForTesting(), 1u) << "granted from the delete event alone";
+  EXPECT_GT(granted->fencing_token, held->fencing_token);
+  auto negotiated = b->NegotiatedTimeoutForTesting(4s);
+  ASSERT_TRUE(negotiated.ok());
+  EXPECT_LE(granted->ttl, *negotiated);
+  EXPECT_GT(granted->ttl, *negotiated / 2);
+  // The handed grant is a real one: c still waits, renewals work, a fenced write is accepted.
+  EXPECT_EQ(a->TryAcquire({"job", std::string(32, 'x'), "a", 4s, ""}).status().code(),
+            StatusCode::kHeldByAnother);
+  std::vector<internal::RenewRequest> renew{{"job", tb, 4s}};
+  EXPECT_TRUE(b->RenewMany(renew).front().ok());
+  std::printf("handed grant after %.3f ms, ttl %.0f ms of %.0f\n",
+              Ms(Clock::Real().Now() - before), Ms(granted->ttl), Ms(*negotiated));
+
+  // c's predecessor is b, the holder now: b finishes with keep, so c is woken by b's delete but
+  // must not be handed the key: the kept grant holds it until the keep ends.
+  std::jthread finish([&] {
+    std::this_thread::sleep_for(300ms);
+    EXPECT_TRUE(b->Finish({.key = "job", .owner_token = tb, .keep = 1500ms}).ok());
+  });
+  ASSERT_TRUE(c->WaitForTurn("job", "wc", Clock::Real().Now() + 20s, {}).ok());
+  finish.join();
+  auto refused = c->TryAcquire({"job", tc, "c", 4s, "wc"});
+  EXPECT_EQ(refused.status().code(), StatusCode::kHeldByAnother) << refused.status().ToString();
+  EXPECT_EQ(c->HandedGrantsForTesting(), 0u) << "a kept grant appeared with the delete";
+  // After the keep, c takes the key (the ordinary way: it waited on the kept node).
+  Result<internal::Grant> after_keep = Status::Internal("not run");
+  for (int i = 0; i < 50; ++i) {
+    (void)c->WaitForTurn("job", "wc", Clock::Real().Now() + 5s, {});
+    after_keep = c->TryAcquire({"job", tc, "c", 4s, "wc"});
+    if (after_keep.ok()) {
+      break;
+    }
+  }
+  ASSERT_TRUE(after_keep.ok()) << after_keep.status().ToString();
+  EXPECT_GT(after_keep->fencing_token, granted->fencing_token);
+  EXPECT_TRUE(c->Release("job", tc).ok());
+}
+
 // Finish keeps a grant as the persistent node <key>/kept (it outlives the holder's sessions) and
 // the record as <key>/record, both judged on the leader's clock: List and Inspect show the kept
 // grant and never the record; once it has expired the next grant takes it over with a higher
