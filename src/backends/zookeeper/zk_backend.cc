@@ -364,6 +364,55 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
   bool have_stat = false;
   std::vector<std::string> children;
   if (waiting) {
+    // Handed over (WaitForTurn saw the predecessor, the holder, deleted, and no kept grant
+    // appear): the key is this waiter's without a round trip. Its safe_until is measured from a
+    // send time of its own that precedes the grant: the latest t_send of a request this session
+    // had answered (last_heard: a renewal round, or the wait's own listing), before which the
+    // server had heard from the session, so the session, and the waiter's node with it, cannot
+    // expire before last_heard + negotiated. The grant's ttl is what is left of that, counted
+    // from `now`, read after the core's t_send (backend.h), so the core's safe_until is never
+    // later. The node's own watch, registered on the connection that delivered the delete event
+    // and still kLive then, says it was not deleted before the predecessor was (events come in
+    // order). Too little left (under nine tenths: the core checks the renew interval and drift
+    // against it) and the ordinary path below runs instead: a listing and a watching get,
+    // which renew first.
+    std::optional<Grant> handed;
+    {
+      MutexLock lock(&mu_);
+      auto it = waiters_.find(waiter_key);
+      if (it != waiters_.end() && it->second.handed) {
+        Queued& q = it->second;
+        q.handed = false;  // one use: a failed attempt goes the ordinary way
+        const SteadyTime now = clock_.Now();
+        const SteadyTime heard = session->last_heard();
+        const Duration negotiated = session->negotiated();
+        if (q.session == session && !session->Expired() && q.token == request.owner_token &&
+            q.watch != nullptr && q.watch->state.load(std::memory_order_acquire) ==
+                                      ZkNodeWatch::kLive &&
+            q.watch_epoch == q.handed_epoch && session->epoch() == q.handed_epoch &&
+            heard != SteadyTime::min() && now >= heard &&
+            negotiated - (now - heard) >= negotiated - negotiated / 10) {
+          const Duration left = negotiated - (now - heard);
+          grants_[{request.key, request.owner_token}] = Held{.session = session,
+                                                             .path = q.path,
+                                                             .czxid = q.czxid,
+                                                             .holder = request.holder,
+                                                             .ttl = negotiated,
+                                                             .deadline = heard + negotiated,
+                                                             .watch = q.watch,
+                                                             .armed_epoch = q.watch_epoch};
+          handed = Grant{.fencing_token = q.czxid,
+                         .ttl = left,
+                         .store_key = q.path.substr(options_.chroot.size())};
+          waiters_.erase(it);
+          reaper_cv_.NotifyAll();
+        }
+      }
+    }
+    if (handed.has_value()) {
+      handed_grants_.fetch_add(1, std::memory_order_relaxed);
+      return *handed;
+    }
     // The waiter's node, if an earlier attempt made one, is found by its prefix: also after a
     // create whose reply was lost (it is adopted). The listing goes through the same session
     // as the create, after it, so a create the server applied is seen.
@@ -416,6 +465,15 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
     }
   }
   const std::string my_path = dir + "/" + my_name;
+  // The node's watch, the renewals' evidence that it is still there (RenewMany). A node just
+  // created gets it now, pipelined with the listing below (same round trip); an adopted
+  // waiter's node gets it when it turns out lowest, pipelined with the write of its data.
+  auto node_watch = std::make_shared<ZkNodeWatch>();
+  std::optional<ZkPending> arm;
+  std::uint64_t arm_epoch = session->epoch();
+  if (have_stat) {
+    arm = ZkPending::WatchGet(*session, my_path, node_watch);
+  }
   // After a transient error: a plain try-acquire's node goes (its name is never used again); a
   // waiter's stays queued for its next attempt, or for AbandonWait.
   auto forget_node = [&] {
@@ -477,17 +535,36 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
     }
     if (mine == children.begin() && !kept_live) {
       if (!have_stat) {
-        rc = requests.Exists(my_path, &my_stat);
-        if (rc != ZOK) {
-          forget_node();
-          return ZkErrorStatus(rc, fmt::format("acquiring {}", request.key), options_);
-        }
-        // A queued node carries the token of the attempt that created it: show this one's.
-        (void)requests.Set(my_path, data, my_stat.version);
+        // A queued node carries the token of the attempt that created it: show this one's (any
+        // version: the name is ours alone). The watching get after it (same round trip) reads
+        // the node's Stat and sets its watch after the write, so the write does not fire it.
+        ZkPending set = ZkPending::Set(*session, my_path, data, -1);
+        arm_epoch = session->epoch();
+        arm = ZkPending::WatchGet(*session, my_path, node_watch);
+        const SteadyTime until = clock_.Now() + options_.command_timeout;
+        (void)set.Await(until);
       }
+      // The watch's reply came before the listing's (one connection, in order), or with the
+      // write above: the node's Stat, and whether the watch is known to be registered.
+      ZkAnswer armed;
+      rc = arm->Await(clock_.Now() + options_.command_timeout, &armed);
+      if (rc == ZNONODE) {
+        MutexLock lock(&mu_);
+        waiters_.erase(waiter_key);
+        return Status::Unavailable(fmt::format(
+            "the node of {} vanished while acquiring (session expiry?); try again", request.key));
+      }
+      if (rc != ZOK) {
+        forget_node();
+        return ZkErrorStatus(rc, fmt::format("acquiring {}", request.key), options_);
+      }
+      my_stat = armed.stat;
       if (my_stat.ephemeralOwner != session->session_id()) {
         return Status::Internal(fmt::format("node {} is not owned by this session", my_path));
       }
+      // Registered on the connection the epoch names if no session event came in between; else
+      // the first renewal re-arms it.
+      const std::uint64_t armed_epoch = session->epoch() == arm_epoch ? arm_epoch : 0;
       {
         MutexLock lock(&mu_);
         waiters_.erase(waiter_key);
@@ -497,7 +574,9 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
                  .czxid = static_cast<FencingToken>(my_stat.czxid),
                  .holder = request.holder,
                  .ttl = session->negotiated(),
-                 .deadline = t_send + session->negotiated()};
+                 .deadline = t_send + session->negotiated(),
+                 .watch = node_watch,
+                 .armed_epoch = armed_epoch};
         reaper_cv_.NotifyAll();
       }
       // The node's path in the URL's chroot, as data paths are named (Lease::store_key).
@@ -505,10 +584,28 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
                    .ttl = session->negotiated(),
                    .store_key = my_path.substr(options_.chroot.size())};
     }
+    // A waiter stays queued: its node, and (if this attempt created it) the node's watch,
+    // whose reply came before the listing's (or not at all: then it is not known registered).
+    auto stay_queued = [&] {
+      ZkAnswer armed;
+      const std::uint64_t epoch_before = arm_epoch;
+      const int arc = arm.has_value() ? arm->Await(clock_.Now(), &armed) : ZNOTHING;
+      const bool same = session->epoch() == epoch_before;
+      MutexLock lock(&mu_);
+      Queued& q = waiters_[waiter_key];
+      if (q.session != session || q.path != my_path) {
+        q = Queued{.session = session, .path = my_path};
+      }
+      if (arc == ZOK && armed.stat.ephemeralOwner == session->session_id()) {
+        q.watch = node_watch;
+        q.watch_epoch = same ? epoch_before : 0;
+        q.czxid = static_cast<FencingToken>(armed.stat.czxid);
+        q.token = request.owner_token;
+      }
+    };
     if (kept_live) {
       if (waiting) {
-        MutexLock lock(&mu_);
-        waiters_[waiter_key] = Queued{.session = session, .path = my_path};
+        stay_queued();
       } else {
         (void)DeleteOrDoom(session, my_path);
       }
@@ -525,8 +622,7 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
       continue;  // the holder just left: decide again
     }
     if (waiting) {
-      MutexLock lock(&mu_);
-      waiters_[waiter_key] = Queued{.session = session, .path = my_path};
+      stay_queued();
     } else {
       (void)DeleteOrDoom(session, my_path);
     }
@@ -550,13 +646,24 @@ Status ZkBackend::Renew(const RenewRequest& request) {
 }
 
 std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests) {
+  // Read before anything is sent: every request of the round below is sent after it.
   const SteadyTime t_send = clock_.Now();
   std::vector<Status> results(requests.size());
 
   struct Pending {
     std::size_t index;
     Held held;
-    std::optional<ZkPending> exists;
+    std::optional<ZkPending> rearm;  // a watching get, where the watch is not known registered
+  };
+
+  struct Round {
+    std::shared_ptr<ZkSession> session;
+    std::uint64_t epoch = 0;  // the session's connection epoch before anything was sent
+    std::optional<ZkPending> sync;
+    std::optional<ZkPending> probe;
+    int sync_rc = ZOK;
+    int rc = ZOK;
+    bool confirmed = false;  // the sync and the probe answered, the epoch did not move
   };
 
   std::vector<Pending> pending;
@@ -573,32 +680,100 @@ std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests)
       pending.push_back({i, it->second, std::nullopt});
     }
   }
-  // First a sync per session: it goes through the leader, and the server answers the session's
-  // later reads only after it, so the exists below cannot be a stale read from a follower that
-  // lags the leader (or is cut off from it while still serving us). Then every exists, before
-  // awaiting any reply: one round of latency for the whole batch.
-  std::map<ZkSession*, ZkPending> syncs;
+  // The renewal is the session's own liveness, not one read per node (docs/impl.md, "The
+  // ZooKeeper store", gives the argument in full). Per session: a sync, then (where a grant's
+  // watch is not known to be registered on the current connection) a watching get of its node,
+  // then one cheap read (exists of "/"), all pipelined: one round of latency, and 2 requests
+  // per session however many grants it holds. A reply to a request sent after t_send proves the
+  // server heard from the session after t_send, so the session, and every ephemeral node of it
+  // that nobody deleted, lives until at least t_send + negotiated. That no node was deleted is
+  // the watches' word: each grant's node carries a data watch, registered on the connection
+  // whose epoch armed_epoch names. The sync goes through the leader, so the read after it is
+  // served at a state no older than the leader's when the sync reached it (after t_send); the
+  // server sends a watch's event before any reply that reflects a later state, on the one
+  // connection; and the C client runs watch events and completions on one thread, in the order
+  // they came. So once the read's reply has been awaited (below), the delete of any watched node
+  // applied before the read has been recorded in its ZkNodeWatch: a node whose watch is still
+  // kLive, on a session whose epoch did not move between the watch's registration and the
+  // read's reply (the same connection throughout), existed after t_send. A moved epoch (a
+  // disconnect, a reconnect to another server) proves nothing from the probe: the grants whose
+  // watch was not known registered on the round's connection are re-armed, and each one's get
+  // reply (our ephemeralOwner and czxid, sent after the sync) is its own evidence, as an exists
+  // was before; the others are not confirmed by that round (at risk; re-armed by the next).
+  std::map<ZkSession*, Round> rounds;
   for (Pending& p : pending) {
-    ZkSession* session = p.held.session.get();
-    if (!syncs.contains(session)) {
-      syncs.emplace(session, ZkPending::Sync(*session));
+    ZkSession* raw = p.held.session.get();
+    auto [it, fresh] = rounds.try_emplace(raw);
+    if (fresh) {
+      it->second.session = p.held.session;
+      it->second.epoch = raw->epoch();
+      it->second.sync = ZkPending::Sync(*raw);
     }
   }
+  std::uint64_t sent = 2 * rounds.size();
   for (Pending& p : pending) {
-    p.exists = ZkPending::Exists(*p.held.session, p.held.path);
+    const Round& round = rounds.at(p.held.session.get());
+    if (p.held.armed_epoch == 0 || p.held.armed_epoch != round.epoch) {
+      p.rearm = ZkPending::WatchGet(*p.held.session, p.held.path, p.held.watch);
+      ++sent;
+    }
   }
+  for (auto& [raw, round] : rounds) {
+    round.probe = ZkPending::Exists(*raw, "/");
+  }
+  renew_requests_sent_.fetch_add(sent, std::memory_order_relaxed);
   const SteadyTime deadline = clock_.Now() + options_.command_timeout;
+  for (auto& [raw, round] : rounds) {
+    int rc = round.sync->Await(deadline);
+    round.sync_rc = rc;
+    if (rc == ZOK) {
+      raw->NoteHeard(t_send);
+    }
+    const int probe_rc = round.probe->Await(deadline);  // awaited whatever the sync said
+    if (rc == ZOK) {
+      rc = probe_rc == ZNONODE ? ZOK : probe_rc;
+    }
+    round.rc = rc;
+    // Read after the probe's reply was awaited: every event that came before it is recorded.
+    round.confirmed = rc == ZOK && raw->epoch() == round.epoch;
+  }
   for (Pending& p : pending) {
     const RenewRequest& request = requests[p.index];
-    ZkAnswer answer;
-    int rc = syncs.at(p.held.session.get()).Await(deadline);
-    if (rc == ZOK) {
-      rc = p.exists->Await(deadline, &answer);
-    }
-    const struct Stat& stat = answer.stat;
     const KeyAndId grant_key{request.key, request.owner_token};
-    if (rc == ZOK && stat.ephemeralOwner == p.held.session->session_id() &&
-        static_cast<FencingToken>(stat.czxid) == p.held.czxid) {
+    const Round& round = rounds.at(p.held.session.get());
+    int rc = round.rc;
+    bool confirmed = round.confirmed;
+    bool stolen = false;
+    if (p.rearm.has_value()) {
+      // Its reply came before the probe's (one connection, in order) unless the connection
+      // dropped: then it is not awaited for long. Its own reply is this grant's evidence, as the
+      // exists of a round used to be: sent after the sync and after t_send, it found the node
+      // ours. That holds even if the connection moved during the round: the client reconnects
+      // only to a server at least as new as the last zxid it saw (the sync's, when it answered),
+      // so the get is not older than the sync.
+      ZkAnswer answer;
+      const int arc = p.rearm->Await(deadline, &answer);
+      if (arc == ZOK && (answer.stat.ephemeralOwner != p.held.session->session_id() ||
+                         static_cast<FencingToken>(answer.stat.czxid) != p.held.czxid)) {
+        stolen = true;
+      } else if (arc == ZNONODE || IsZkSessionGone(arc)) {
+        rc = arc;
+        confirmed = false;
+      } else if (arc != ZOK) {
+        rc = rc == ZOK ? arc : rc;
+        confirmed = false;
+      } else {
+        confirmed = round.sync_rc == ZOK;
+        if (confirmed) {
+          rc = ZOK;
+        }
+      }
+    }
+    // Read only now: after the probe's reply (and the re-arm's) were awaited.
+    const int seen = p.held.watch->state.load(std::memory_order_acquire);
+    const bool session_gone =
+        IsZkSessionGone(rc) || seen == ZkNodeWatch::kSessionEnded || p.held.session->Expired();
+    if (!stolen && !session_gone && seen == ZkNodeWatch::kLive && rc != ZNONODE && confirmed) {
       MutexLock lock(&mu_);
       auto it = grants_.find(grant_key);
       if (it == grants_.end()) {
@@ -613,27 +788,43 @@ std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests)
         reaper_cv_.NotifyAll();
       } else {
         it->second.deadline = std::max(it->second.deadline, t_send + it->second.ttl);
+        if (round.confirmed) {
+          // Registered on the connection that answered the whole round: later rounds need not
+          // re-arm it. (A connection that moved leaves the old epoch: re-armed next round.)
+          it->second.armed_epoch = round.epoch;
+        }
       }
       continue;
     }
-    if (rc == ZOK || rc == ZNONODE || IsZkSessionGone(rc)) {
-      const bool session_gone = IsZkSessionGone(rc) || p.held.session->Expired();
-      LostCause cause = session_gone ? LostCause::kSessionLost
-                        : rc == ZOK  ? LostCause::kStolen
-                                     : LostCause::kStoreSaidNo;
+    if (stolen || session_gone || seen != ZkNodeWatch::kLive || rc == ZNONODE) {
+      const LostCause cause = session_gone ? LostCause::kSessionLost
+                              : stolen     ? LostCause::kStolen
+                                           : LostCause::kStoreSaidNo;
       {
         MutexLock lock(&mu_);
-        grants_.erase(grant_key);
+        auto it = grants_.find(grant_key);
+        if (it != grants_.end() && seen == ZkNodeWatch::kChanged && !session_gone) {
+          // Changed under us (not by this handle): the lease is given up, its node goes.
+          doomed_.push_back({.session = it->second.session, .path = it->second.path});
+          reaper_cv_.NotifyAll();
+        }
+        if (it != grants_.end()) {
+          grants_.erase(it);
+        }
       }
-      results[p.index] =
-          Status::Lost(fmt::format("the ZooKeeper node of {} is {}", request.key,
-                                   session_gone ? "gone with its expired session"
-                                   : rc == ZOK  ? "not ours any more"
-                                                : "gone (force-released, or its session expired)"),
-                       cause);
+      results[p.index] = Status::Lost(
+          fmt::format("the ZooKeeper node of {} is {}", request.key,
+                      session_gone ? "gone with its expired session"
+                      : stolen || seen == ZkNodeWatch::kChanged
+                          ? "not ours any more"
+                          : "gone (force-released, or its session expired)"),
+          cause);
       continue;
     }
-    results[p.index] = ZkErrorStatus(rc, fmt::format("renewing {}", request.key), options_);
+    // Not confirmed (a timeout, a connection lost or moved to another server): not renewed, at
+    // risk until a later round confirms it or its deadline passes.
+    results[p.index] = ZkErrorStatus(rc == ZOK ? ZCONNECTIONLOSS : rc,
+                                     fmt::format("renewing {}", request.key), options_);
   }
   return results;
 }
@@ -730,9 +921,10 @@ Status ZkBackend::Finish(const FinishRequest& request) {
     }
     // The versioned delete of our node is the owner check; the kept node and the record are
     // created or set in the same multi (an exists says which; if that changes before the multi,
-    // the multi fails and we look again).
-    std::vector<ZkMultiOp> ops{
-        {.kind = ZkMultiOp::kDelete, .path = held.path, .version = stat.version}};
+    // the multi fails and we look again). The delete goes last: ZooKeeper applies a multi's ops
+    // in order and fires each one's watches as it applies it, so a waiter that watches our node
+    // and <key>/kept sees the kept node's create before our node's delete (Wait's handoff).
+    std::vector<ZkMultiOp> ops;
     auto write = [&](std::string_view name, std::string data) -> int {
       const std::string path = dir + "/" + std::string(name);
 
@@ -763,13 +955,17 @@ Status ZkBackend::Finish(const FinishRequest& request) {
     if (rc != ZOK) {
       break;
     }
+    ops.push_back({.kind = ZkMultiOp::kDelete, .path = held.path, .version = stat.version});
     std::vector<int> errors;
     rc = requests.Multi(ops, acl, &errors);
     if (rc == ZOK) {
       return Status();
     }
-    if (!errors.empty() && errors.front() != ZOK) {
-      // The delete failed (ops before the failing one report ZOK): our node changed or went.
+    // Ops before the failing one report ZOK, those after it ZRUNTIMEINCONSISTENCY: if every
+    // write before the delete went through, the delete failed: our node changed or went.
+    if (errors.size() == ops.size() &&
+        std::all_of(errors.begin(), errors.end() - 1, [](int e) { return e == ZOK; }) &&
+        errors.back() != ZOK) {
       return Status::Lost(fmt::format("the node of {} is not ours any more", request.key),
                           LostCause::kStolen);
     }
@@ -1209,14 +1405,20 @@ Status ZkBackend::WaitForTurn(std::string_view key, std::string_view waiter_id, 
   if (session == nullptr) {
     return WaitForChange(key, deadline, std::move(stop));
   }
-  return Wait(session, KeyDir(key), my_name, deadline, std::move(stop));
+  const KeyAndId waiter{std::string(key), std::string(waiter_id)};
+  return Wait(session, KeyDir(key), my_name, deadline, std::move(stop), &waiter);
 }
 
 Status ZkBackend::Wait(const std::shared_ptr<ZkSession>& session, const std::string& dir,
-                       std::string_view my_name, SteadyTime deadline, std::stop_token stop) {
+                       std::string_view my_name, SteadyTime deadline, std::stop_token stop,
+                       const KeyAndId* waiter) {
   if (stop.stop_requested()) {
     return Status::Cancelled("cancelled while waiting");
   }
+  // Both read before anything is sent: the listing's reply proves the server heard from the
+  // session after t_list, and the epoch says which connection the watches below are on.
+  const SteadyTime t_list = clock_.Now();
+  const std::uint64_t epoch = session->epoch();
   ZkRequests requests(*session, options_.command_timeout);
   std::vector<std::string> children;
   int rc = requests.Children(dir, &children);
@@ -1226,6 +1428,9 @@ Status ZkBackend::Wait(const std::shared_ptr<ZkSession>& session, const std::str
   if (rc != ZOK) {
     return ZkErrorStatus(rc, "waiting for a lease", options_);
   }
+  session->NoteHeard(t_list);
+  const bool kept_listed =
+      std::find(children.begin(), children.end(), kKeptName) != children.end();
   // A live kept grant holds the key until its expiry, which nothing announces (the node is not
   // deleted then): wait until then at most, watching the node for an earlier delete.
   SteadyTime until = deadline;
@@ -1262,6 +1467,24 @@ Status ZkBackend::Wait(const std::shared_ptr<ZkSession>& session, const std::str
       watched = *(mine - 1);  // the predecessor only: no herd when the holder leaves
     }
   }
+  // Handoff from the delete event: if the predecessor is the lowest node (the holder) and there
+  // is no kept node, its delete alone proves this waiter is now lowest (later nodes get higher
+  // sequence numbers; the key's container cannot be recreated under our node) unless that
+  // delete came with a kept grant: the holder's Finish with keep creates <key>/kept in the same
+  // multi, before the delete (ZooKeeper applies a multi's ops in order and fires each one's
+  // watches as it applies it). So an exists watch on <key>/kept, set with the predecessor's, in
+  // one round: its event reaches us before the delete's, on the one connection, and the C client
+  // runs events in order, so when the delete's event is seen a kept node would have been
+  // recorded. Both watches and the waiter's own node watch must be on the connection the event
+  // came by (the epoch did not move); else, or without a predecessor that is the holder, the
+  // next TryAcquire lists the queue again.
+  const bool may_hand = waiter != nullptr && !my_name.empty() && !kept_listed &&
+                        watched != kKeptName && !children.empty() && watched == children.front();
+  std::shared_ptr<ZkNodeWatch> kept_watch;
+  std::optional<ZkPending> kept_arm;
+  if (may_hand) {
+    kept_arm = ZkPending::WatchExists(*session, dir + "/" + std::string(kKeptName), &kept_watch);
+  }
   auto waker = std::make_shared<ZkWaker>();
   rc = requests.Watch(dir + "/" + watched, waker);
   if (rc == ZNONODE) {
@@ -1270,13 +1493,34 @@ Status ZkBackend::Wait(const std::shared_ptr<ZkSession>& session, const std::str
   if (rc != ZOK) {
     return ZkErrorStatus(rc, "waiting for a lease", options_);
   }
+  // Its reply came before the predecessor's (one connection, in order): absent is what allows
+  // the handoff.
+  const bool kept_absent =
+      may_hand && kept_arm->Await(clock_.Now() + options_.command_timeout) == ZNONODE;
+  bool fired = false;
+  bool deleted = false;
   {
     ZkWaker& w = *waker;
     MutexLock lock(&w.mu);
-    if (w.cv.WaitUntil(ToSteady(until, clock_), stop,
-                       [&]() LH_REQUIRES(w.mu) { return w.fired; })) {
-      return Status();
+    fired = w.cv.WaitUntil(ToSteady(until, clock_), stop,
+                           [&]() LH_REQUIRES(w.mu) { return w.fired; });
+    deleted = fired && w.type == ZOO_DELETED_EVENT;
+  }
+  if (fired) {
+    // Read after the event was seen (it was recorded after any earlier event's).
+    if (kept_absent && deleted && session->epoch() == epoch &&
+        kept_watch->state.load(std::memory_order_acquire) == ZkNodeWatch::kLive) {
+      MutexLock lock(&mu_);
+      auto it = waiters_.find(*waiter);
+      if (it != waiters_.end() && it->second.session == session &&
+          it->second.path == dir + "/" + std::string(my_name) && it->second.watch != nullptr &&
+          it->second.watch_epoch == epoch &&
+          it->second.watch->state.load(std::memory_order_acquire) == ZkNodeWatch::kLive) {
+        it->second.handed = true;
+        it->second.handed_epoch = epoch;
+      }
     }
+    return Status();
   }
   if (stop.stop_requested()) {
     return Status::Cancelled("cancelled while waiting");

@@ -41,12 +41,20 @@
 // the session timeout the handle asks for; the server clamps it (by default to 2..20 ticks), and
 // the negotiated timeout is the Grant's ttl, so safe_until = t_send + negotiated - drift. One
 // session per distinct requested TTL, plus one "service" session for reads, watches and
-// deletes. A renewal is one exists round trip that proves the node is still ours (ephemeralOwner
-// is our session, czxid our fencing token): ZooKeeper expires a session no earlier than its
-// timeout after it last heard from the client, so a reply to a request sent at t_send proves the
-// node lives until t_send + negotiated. RenewMany pipelines one sync per session (through the
-// leader, so no exists is a stale read from a lagging or cut-off follower) and one exists per
-// lease: one round of latency. The C client pings by itself, so without renewals a node would live
+// deletes. ZooKeeper expires a session no earlier than its timeout after it last heard from the
+// client, so a reply to a request sent at t_send proves the session, and each of its ephemeral
+// nodes nobody deleted, lives until t_send + negotiated. A renewal round (RenewMany) is
+// therefore per session, not per lease: a sync (through the leader, so the read after it is not
+// stale from a lagging or cut-off follower) and one cheap read (exists of "/"), pipelined: one
+// round of latency, two requests per session. That a grant's node was not deleted is learnt from
+// a data watch on it (ZkNodeWatch), set with the grant and pipelined with the acquire's own
+// requests; on one connection the server sends a watch's event before any later reply, and the
+// C client runs events and completions on one thread in order, so once the read's reply has
+// been awaited every delete before it has been recorded. The watch counts only while the
+// session's connection epoch (ZkSession::epoch) is the one it was registered on: after a
+// reconnect the next round re-arms it with a watching get, whose reply (ephemeralOwner is our
+// session, czxid our fencing token) is that round's evidence for it; a round during which the
+// epoch moves confirms only the grants it re-armed. docs/impl.md gives the argument in full. The C client pings by itself, so without renewals a node would live
 // on: each grant therefore also has a local deadline (t_send of its last confirmed renewal + ttl,
 // read after the core's t_send, so never before the holder's safe_until), and a reaper thread
 // deletes the nodes of grants that pass it: a holder that stopped renewing, or was cut off longer
@@ -83,7 +91,15 @@
 // Waiting is the ZooKeeper lock recipe: a waiter (Store::Acquire, GrantRequest::waiter_id)
 // keeps its node between attempts and watches only its predecessor, so the key goes first come,
 // first served and a release wakes one waiter, not a herd. A TryAcquire without a waiter id that
-// is not lowest deletes its node and reports the holder.
+// is not lowest deletes its node and reports the holder. Handoff from the delete event: when the
+// predecessor a waiter watches is the lowest node (the holder) and there is no kept node, Wait
+// also sets an exists watch on <key>/kept, and if the predecessor's delete event comes with no
+// kept node seen before it (Finish creates the kept node in the same multi before the delete,
+// and events come in order), on the connection the watches were set on, the waiter is marked
+// handed: its next TryAcquire grants at once, with ttl = negotiated - (now - last_heard), where
+// last_heard is the latest t_send of a request the session had answered (ZkSession::NoteHeard:
+// the wait's listing, a renewal round), or goes the ordinary way if less than nine tenths is
+// left.
 //
 // Auth: with zk://user:pass@..., every session authenticates with `digest` and every node is
 // created with ZOO_CREATOR_ALL_ACL. Errors: connection loss and timeouts are kUnavailable;
@@ -111,6 +127,7 @@
 
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -137,6 +154,7 @@ namespace leasehold::internal {
 
 // zk_session.h: zookeeper.h stays out of this header.
 class ZkSession;
+struct ZkNodeWatch;
 
 // Opens the store named by `url` (scheme "zk") and checks it at once (one session, the chroot
 // created if missing). Returns kInvalidArgument for a bad URL; kUnavailable if no server answers
@@ -163,7 +181,9 @@ class ZkBackend final : public Backend {
 
   Status Renew(const RenewRequest& request) override;
 
-  // One pipelined exists per request, all sent before any reply is awaited.
+  // Per session: a sync and one read (plus a watching get per grant whose watch needs re-arming
+  // after a reconnect), all sent before any reply is awaited; each grant's node watch says
+  // whether it was deleted.
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
 
   Status Release(std::string_view key, std::string_view owner_token) override;
@@ -218,6 +238,16 @@ class ZkBackend final : public Backend {
   // if needed), and the loopback port of the server that session is connected to (-1 if none).
   Result<Duration> NegotiatedTimeoutForTesting(Duration ttl);
   int ConnectedPortForTesting(Duration ttl);
+  // For tests: how many requests RenewMany has sent in all (a round is a sync and one read per
+  // session, plus a watching get per grant whose watch needs re-arming after a reconnect).
+  [[nodiscard]] std::uint64_t RenewRequestsSentForTesting() const {
+    return renew_requests_sent_.load(std::memory_order_relaxed);
+  }
+  // For tests: how many grants TryAcquire made from a handoff (the predecessor's delete event)
+  // without a round trip.
+  [[nodiscard]] std::uint64_t HandedGrantsForTesting() const {
+    return handed_grants_.load(std::memory_order_relaxed);
+  }
 
  private:
   // A grant of this handle, by (key, owner token).
@@ -229,12 +259,27 @@ class ZkBackend final : public Backend {
     Duration ttl{};
     // t_send of the last confirmed renewal + ttl; the reaper deletes the node after it.
     SteadyTime deadline{};
+    // The node's watch (set with the grant, re-armed after a reconnect) and the session's
+    // connection epoch it is known to be registered on (0: not known; RenewMany re-arms it).
+    std::shared_ptr<ZkNodeWatch> watch;
+    std::uint64_t armed_epoch = 0;
   };
 
   // A queued waiter's node, by (key, waiter id).
   struct Queued {
     std::shared_ptr<ZkSession> session;
     std::string path;
+    // The node's watch, set when this call created it (nullptr for an adopted node), the
+    // connection epoch it is known registered on (0: not known), its czxid, and the owner token
+    // its data carries.
+    std::shared_ptr<ZkNodeWatch> watch;
+    std::uint64_t watch_epoch = 0;
+    FencingToken czxid = 0;
+    std::string token;
+    // Set by Wait from the predecessor's delete event alone, when that predecessor was the
+    // holder (WaitForTurn): the next TryAcquire of this waiter grants without a round trip.
+    bool handed = false;
+    std::uint64_t handed_epoch = 0;
   };
 
   // A node to delete in the background: by path, or (path empty) the child of `dir` whose name
@@ -303,8 +348,11 @@ class ZkBackend final : public Backend {
 
   // Waits until the child before `my_name` of `dir` (the lowest child if `my_name` is empty), or
   // a live kept grant, changes; `deadline` is on clock_.
+  // `waiter` (null for WaitForChange) names the waiter, whose Queued entry Wait marks handed
+  // when the predecessor's delete event alone proves the key is the waiter's.
   Status Wait(const std::shared_ptr<ZkSession>& session, const std::string& dir,
-              std::string_view my_name, SteadyTime deadline, std::stop_token stop) LH_EXCLUDES(mu_);
+              std::string_view my_name, SteadyTime deadline, std::stop_token stop,
+              const KeyAndId* waiter = nullptr) LH_EXCLUDES(mu_);
 
   // Immutable after construction.
   const ZkOptions options_;
@@ -322,6 +370,8 @@ class ZkBackend final : public Backend {
   std::map<KeyAndId, Held> grants_ LH_GUARDED_BY(mu_);
   std::map<KeyAndId, Queued> waiters_ LH_GUARDED_BY(mu_);
   std::vector<Doomed> doomed_ LH_GUARDED_BY(mu_);
+  std::atomic<std::uint64_t> renew_requests_sent_{0};
+  std::atomic<std::uint64_t> handed_grants_{0};
 
   std::jthread reaper_;  // last: joined first
 };

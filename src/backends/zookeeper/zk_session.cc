@@ -49,9 +49,12 @@ struct ZkReply {
   }
 };
 
+// Exactly one of waker (a wait's wake-up) and node (a grant's node watch) is set.
 struct ZkSession::WatchContext {
   std::shared_ptr<ZkWaker> waker;
+  std::shared_ptr<ZkNodeWatch> node;
   ZkSession* session = nullptr;
+  std::string exists_path;  // an exists watch's (ZkPending::WatchExists): its exists_watches_ key
 };
 
 namespace {
@@ -280,6 +283,7 @@ void ZkSession::Watcher(zhandle_t* /*zh*/, int type, int state, const char* /*pa
     return;
   }
   auto* self = static_cast<ZkSession*>(ctx);
+  self->epoch_.fetch_add(1, std::memory_order_acq_rel);
   MutexLock lock(&self->mu_);
   self->state_ = state;
   if (state == ZOO_EXPIRED_SESSION_STATE) {
@@ -296,12 +300,32 @@ void ZkSession::Watcher(zhandle_t* /*zh*/, int type, int state, const char* /*pa
 void ZkSession::NodeWatcher(zhandle_t* /*zh*/, int type, int state, const char* /*path*/,
                             void* ctx) {
   auto* watch = static_cast<WatchContext*>(ctx);
-  ZkWaker& waker = *watch->waker;
-  {
-    MutexLock lock(&waker.mu);
-    waker.fired = true;
+  if (watch->node != nullptr) {
+    // A grant's node: only a node event or the session's end says anything; a disconnect or a
+    // reconnect leaves the watch registered (the client re-registers it).
+    int seen = ZkNodeWatch::kLive;
+    if (type == ZOO_DELETED_EVENT) {
+      seen = ZkNodeWatch::kDeleted;
+    } else if (type != ZOO_SESSION_EVENT) {
+      seen = ZkNodeWatch::kChanged;  // a change, or the watch removed: no longer watched
+    } else if (state == ZOO_EXPIRED_SESSION_STATE || state == ZOO_AUTH_FAILED_STATE) {
+      seen = ZkNodeWatch::kSessionEnded;
+    }
+    if (seen != ZkNodeWatch::kLive) {
+      int live = ZkNodeWatch::kLive;
+      (void)watch->node->state.compare_exchange_strong(live, seen, std::memory_order_acq_rel);
+    }
+  } else {
+    ZkWaker& waker = *watch->waker;
+    {
+      MutexLock lock(&waker.mu);
+      if (!waker.fired) {
+        waker.type = type;
+      }
+      waker.fired = true;
+    }
+    waker.cv.NotifyAll();
   }
-  waker.cv.NotifyAll();
   if (type != ZOO_SESSION_EVENT || state == ZOO_EXPIRED_SESSION_STATE ||
       state == ZOO_AUTH_FAILED_STATE) {
     (void)watch->session->ReleaseWatch(watch);
@@ -324,9 +348,26 @@ bool ZkSession::ReleaseWatch(WatchContext* watch) {
     if (watches_.erase(watch) == 0) {
       return false;
     }
+    if (!watch->exists_path.empty()) {
+      auto it = exists_watches_.find(watch->exists_path);
+      if (it != exists_watches_.end() && it->second == watch) {
+        exists_watches_.erase(it);
+      }
+    }
   }
   delete watch;
   return true;
+}
+
+void ZkSession::NoteHeard(SteadyTime t_send) {
+  const std::int64_t t = t_send.time_since_epoch().count();
+  std::int64_t seen = last_heard_.load(std::memory_order_acquire);
+  while (seen < t && !last_heard_.compare_exchange_weak(seen, t, std::memory_order_acq_rel)) {
+  }
+}
+
+SteadyTime ZkSession::last_heard() const {
+  return SteadyTime(SteadyTime::duration(last_heard_.load(std::memory_order_acquire)));
 }
 
 int ZkSession::ConnectedPort() const {
@@ -393,6 +434,96 @@ ZkPending ZkPending::Sync(ZkSession& session) {
   return {session.clock(), StartReply([&](void* data) {
             return zoo_async(session.zh(), "/", StringCompletion, data);
           })};
+}
+
+namespace {
+
+// What a WatchGet's completion needs to free the watch context when no watch was left.
+struct WatchGetExtra {
+  ZkSession* session = nullptr;
+  void* context = nullptr;
+  bool (*release)(ZkSession*, void*) = nullptr;
+};
+
+void WatchGetCompletion(int rc, const char* value, int value_len, const struct Stat* stat,
+                        const void* data) {
+  ReplyPtr reply = Take(data);
+  if (rc == ZNONODE) {
+    // No watch was left with the client: its context goes now (the session outlives the
+    // completion thread, which zookeeper_close joins).
+    const auto* extra = static_cast<const WatchGetExtra*>(reply->extra.get());
+    (void)extra->release(extra->session, extra->context);
+  }
+  MutexLock lock(&reply->mu);
+  if (rc == ZOK) {
+    if (value != nullptr && value_len > 0) {
+      reply->answer.value.assign(value, static_cast<std::size_t>(value_len));
+    }
+    if (stat != nullptr) {
+      reply->answer.stat = *stat;
+    }
+  }
+  reply->Finish(rc);
+}
+
+}  // namespace
+
+ZkPending ZkPending::WatchGet(ZkSession& session, const std::string& path,
+                              const std::shared_ptr<ZkNodeWatch>& node) {
+  auto* watch = new ZkSession::WatchContext{.node = node, .session = &session};
+  session.AddWatch(watch);
+  auto reply = std::make_shared<ZkReply>();
+  auto extra = std::make_shared<WatchGetExtra>();
+  extra->session = &session;
+  extra->context = watch;
+  extra->release = [](ZkSession* s, void* w) {
+    return s->ReleaseWatch(static_cast<ZkSession::WatchContext*>(w));
+  };
+  reply->extra = extra;
+  void* data = Hold(reply);
+  if (int rc = zoo_awget(session.zh(), path.c_str(), &ZkSession::NodeWatcher, watch,
+                         WatchGetCompletion, data);
+      rc != ZOK) {
+    Take(data);
+    (void)session.ReleaseWatch(watch);
+    MutexLock lock(&reply->mu);
+    reply->Finish(rc);
+  }
+  return {session.clock(), std::move(reply)};
+}
+
+ZkPending ZkPending::WatchExists(ZkSession& session, const std::string& path,
+                                 std::shared_ptr<ZkNodeWatch>* node) {
+  auto reply = std::make_shared<ZkReply>();
+  void* data = Hold(reply);
+  // The session's lock is held across the send, so the context cannot fire and be freed
+  // between the lookup and the registration (the watcher takes this lock; zoo_awexists only
+  // queues the request).
+  int rc = ZOK;
+  {
+    MutexLock lock(&session.mu_);
+    ZkSession::WatchContext*& watch = session.exists_watches_[path];
+    const bool fresh = watch == nullptr;
+    if (fresh) {
+      watch = new ZkSession::WatchContext{
+          .node = std::make_shared<ZkNodeWatch>(), .session = &session, .exists_path = path};
+      session.watches_.insert(watch);
+    }
+    *node = watch->node;
+    rc = zoo_awexists(session.zh(), path.c_str(), &ZkSession::NodeWatcher, watch, StatCompletion,
+                      data);
+    if (rc != ZOK && fresh) {
+      session.watches_.erase(watch);
+      delete watch;
+      session.exists_watches_.erase(path);
+    }
+  }
+  if (rc != ZOK) {
+    Take(data);
+    MutexLock reply_lock(&reply->mu);  // alone: the session's lock is released
+    reply->Finish(rc);
+  }
+  return {session.clock(), std::move(reply)};
 }
 
 int ZkPending::Await(SteadyTime deadline, ZkAnswer* answer) {

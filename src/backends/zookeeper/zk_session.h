@@ -33,7 +33,10 @@
 
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <limits>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -53,11 +56,25 @@ namespace leasehold::internal {
 
 struct ZkReply;  // zk_session.cc
 
+// What a grant's node watch (ZkPending::WatchGet) has seen, shared by the backend's grant and
+// the watcher callback: kLive until a node event (the node deleted, or its data changed) or the
+// session's end. Set on the client's completion thread, which runs watch events and completions
+// in the order they came off the connection: so once the reply of a request sent after the
+// watch was set has been awaited, every event the server sent before that reply has been
+// recorded here.
+struct ZkNodeWatch {
+  enum State : int { kLive = 0, kDeleted = 1, kChanged = 2, kSessionEnded = 3 };
+
+  std::atomic<int> state{kLive};
+};
+
 // A watch's wake-up, shared by the waiting caller and the watcher callback.
 struct ZkWaker {
   Mutex mu;
   CondVar cv{&mu};
   bool fired LH_GUARDED_BY(mu) = false;
+  // The first event's type (ZOO_DELETED_EVENT, ZOO_SESSION_EVENT, ...), once fired.
+  int type LH_GUARDED_BY(mu) = 0;
 };
 
 // True for the rcs that may succeed if retried (connection loss, timeouts).
@@ -111,8 +128,22 @@ class ZkSession {
   // The port of the server the session is connected to; -1 if none.
   [[nodiscard]] int ConnectedPort() const;
 
+  // The connection epoch: bumped by every session event (a disconnect, a reconnect, expiry), on
+  // the completion thread, in order with the replies. Two reads that are equal, with a reply
+  // awaited between them, say that reply came over the same connection as every reply awaited
+  // after the first read: the watches set on it are still registered with the server (a
+  // reconnect re-registers them through the client, but not in a known order with our requests).
+  [[nodiscard]] std::uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+
+  // The latest t_send (on the session's clock, read before sending) of a request the server is
+  // known to have answered: the session cannot expire before it + negotiated(). NoteHeard keeps
+  // the latest; last_heard() is SteadyTime::min() until the first.
+  void NoteHeard(SteadyTime t_send);
+  [[nodiscard]] SteadyTime last_heard() const;
+
  private:
   friend class ZkRequests;  // registers watches
+  friend class ZkPending;   // registers node watches (WatchGet)
 
   // The context of one registered data watch (zk_session.cc). Owned by watches_: freed by the
   // watcher when the watch is done (a node event, or the session's end), or by the destructor
@@ -142,8 +173,13 @@ class ZkSession {
   int state_ LH_GUARDED_BY(mu_) = 0;
   bool expired_ LH_GUARDED_BY(mu_) = false;
   bool auth_failed_ LH_GUARDED_BY(mu_) = false;
-  // The contexts of the data watches still registered with the client (ZkRequests::Watch).
+  // The contexts of the data watches still registered with the client (ZkRequests::Watch,
+  // ZkPending::WatchGet).
   std::set<WatchContext*> watches_ LH_GUARDED_BY(mu_);
+  // The exists watches (ZkPending::WatchExists), one context per path, reused while unfired.
+  std::map<std::string, WatchContext*> exists_watches_ LH_GUARDED_BY(mu_);
+  std::atomic<std::uint64_t> epoch_{1};
+  std::atomic<std::int64_t> last_heard_{std::numeric_limits<std::int64_t>::min()};
 };
 
 // What a reply carries, where the request has it: a Stat, a node's data (get) or created path
@@ -169,6 +205,17 @@ class ZkPending {
                        int version);
   // A sync through the leader: the session's later reads are served no older than it.
   static ZkPending Sync(ZkSession& session);
+  // A get of `path` that leaves a one-shot data watch recording into `*node` (ZkNodeWatch):
+  // the node's delete or change, or the session's end. No watch is left if the node is absent
+  // (ZNONODE).
+  static ZkPending WatchGet(ZkSession& session, const std::string& path,
+                            const std::shared_ptr<ZkNodeWatch>& node);
+  // An exists of `path` that leaves a watch (also when the node is absent: it fires on its
+  // create) recording into `*node`. One context per path and session, reused while it has not
+  // fired (the client and the server keep one watch per path then), so waiting many times on a
+  // key adds no watches; it goes when it fires or the session ends.
+  static ZkPending WatchExists(ZkSession& session, const std::string& path,
+                               std::shared_ptr<ZkNodeWatch>* node);
 
   // Waits for the reply until `deadline` (on the session's clock). Returns its rc (the client's
   // own if the request could not even be queued), or ZOPERATIONTIMEOUT if no reply came in time;

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -304,6 +305,230 @@ TEST(ZkBackendTest, WaitersKeepOneNodeAndLeaveNothingBehind) {
   EXPECT_EQ((*info)->token_prefix, std::string(8, 'd')) << "status shows the granted token";
   EXPECT_TRUE(b->Release("job", std::string(32, 'd')).ok());
   EXPECT_EQ(CountNodes(hosts, key_dir), 0);
+}
+
+// A renewal round is the session's own liveness: a sync and one read per session however many
+// grants it holds (RenewRequestsSentForTesting counts them), and the watch on each grant's node
+// tells which one was deleted: force-releasing one node of a handle holding several loses that
+// lease only, in the very next round.
+TEST(ZkBackendTest, RenewalRoundIsTwoRequestsPerSessionAndForceReleaseLosesOnlyThatLease) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/beat");
+  auto a = OpenZk(url);
+  auto other = OpenZk(url);
+  ASSERT_TRUE(a && other);
+  constexpr int kLeases = 12;
+  std::vector<internal::RenewRequest> renewals;
+  for (int i = 0; i < kLeases; ++i) {
+    const std::string key = fmt::format("k{}", i);
+    const std::string token = fmt::format("{:032}", i);
+    auto grant = a->TryAcquire({key, token, "a", 5s, ""});
+    ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+    renewals.push_back({key, token, 5s});
+  }
+  const std::uint64_t before = a->RenewRequestsSentForTesting();
+  std::vector<Status> first = a->RenewMany(renewals);
+  for (const Status& s : first) {
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  EXPECT_EQ(a->RenewRequestsSentForTesting() - before, 2u)
+      << "one session: a sync and one read, not one request per lease";
+
+  // Deleted by another client: only that lease is lost, in the next round.
+  ASSERT_TRUE(other->ForceRelease("k1").ok());
+  const std::uint64_t mid = a->RenewRequestsSentForTesting();
+  std::vector<Status> second = a->RenewMany(renewals);
+  EXPECT_EQ(a->RenewRequestsSentForTesting() - mid, 2u);
+  for (int i = 0; i < kLeases; ++i) {
+    if (i == 1) {
+      EXPECT_EQ(second[1].code(), StatusCode::kLost) << second[1].ToString();
+    } else {
+      EXPECT_TRUE(second[i].ok()) << i << ": " << second[i].ToString();
+    }
+  }
+  // A lost grant stays lost; the others go on renewing.
+  std::vector<Status> third = a->RenewMany(renewals);
+  EXPECT_EQ(third[1].code(), StatusCode::kLost);
+  EXPECT_TRUE(third[0].ok() && third[2].ok() && third[kLeases - 1].ok());
+  // Another client now takes k1, while k0 is still held by a.
+  auto k1 = other->TryAcquire({"k1", std::string(32, 'o'), "other", 5s, ""});
+  ASSERT_TRUE(k1.ok()) << k1.status().ToString();
+  EXPECT_EQ(other->TryAcquire({"k0", std::string(32, 'p'), "other", 5s, ""}).status().code(),
+            StatusCode::kHeldByAnother);
+  // Released by the handle itself: not renewed afterwards (its node is gone).
+  ASSERT_TRUE(a->Release("k2", fmt::format("{:032}", 2)).ok());
+  std::vector<Status> fourth = a->RenewMany(renewals);
+  EXPECT_EQ(fourth[2].code(), StatusCode::kLost);
+  EXPECT_TRUE(fourth[3].ok()) << fourth[3].ToString();
+}
+
+// Through the public API: a handle's heartbeat renews its three leases in one round on one
+// session; force-releasing one (another handle deletes its node) loses that lease only.
+TEST(ZkBackendTest, ForceReleaseOfOneOfThreeLeasesLosesOnlyThatOne) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/three");
+  auto a = Store::Open(url);
+  auto b = Store::Open(url);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::atomic<int> lost{0};
+  std::vector<Lease> held;
+  for (const char* key : {"one", "two", "three"}) {
+    auto lease = (*a)->TryAcquire(
+        key, {.ttl = 3s, .renew_interval = 100ms, .on_lost = [&](const Status&) { ++lost; }});
+    ASSERT_TRUE(lease.ok()) << key << ": " << lease.status().ToString();
+    held.push_back(std::move(*lease));
+  }
+  auto forced = (*b)->ForceRelease("two");
+  ASSERT_TRUE(forced.ok());
+  EXPECT_TRUE(*forced);
+  const auto start = std::chrono::steady_clock::now();
+  while (!held[1].lost_token().stop_requested() &&
+         std::chrono::steady_clock::now() - start < 2s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_TRUE(held[1].lost_token().stop_requested()) << "lost at the next renewal, before the ttl";
+  std::this_thread::sleep_for(500ms);  // several more rounds
+  EXPECT_TRUE(held[0].valid()) << held[0].lost_reason().ToString();
+  EXPECT_TRUE(held[2].valid()) << held[2].lost_reason().ToString();
+  EXPECT_EQ(lost.load(), 1);
+  auto taken = (*b)->TryAcquire("two", {.ttl = 3s});
+  EXPECT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_EQ((*b)->TryAcquire("one", {.ttl = 3s}).status().code(), StatusCode::kHeldByAnother);
+  EXPECT_EQ(held[1].Release().code(), StatusCode::kLost);
+  EXPECT_TRUE(held[0].Release().ok());
+  EXPECT_TRUE(held[2].Release().ok());
+  if (taken.ok()) {
+    EXPECT_TRUE(taken->Release().ok());
+  }
+}
+
+// The server a session is connected to dies: the client reconnects to another within the
+// session, rounds meanwhile confirm nothing (at risk, never lost), and the first round that
+// confirms after the reconnect re-arms each grant's watch (one watching get per grant, once)
+// on the new connection; later rounds are two requests again.
+TEST(ZkEnsembleTest, ReconnectWithinTheSessionReArmsTheWatchesOnce) {
+  auto zk = ZkEnsemble::Start({.servers = 3, .tick_time = 1000ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/rearm") + "?command_timeout=1s";
+  auto a = OpenZk(url);
+  ASSERT_TRUE(a);
+  std::vector<internal::RenewRequest> renewals;
+  for (int i = 0; i < 3; ++i) {
+    const std::string key = fmt::format("r{}", i);
+    const std::string token = fmt::format("{:032}", i);
+    auto grant = a->TryAcquire({key, token, "a", 15s, ""});
+    ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+    renewals.push_back({key, token, 15s});
+  }
+  const int victim = (*zk)->IndexOfPort(a->ConnectedPortForTesting(15s));
+  ASSERT_GE(victim, 0);
+  (*zk)->Kill9(victim);
+  bool renewed = false;
+  std::uint64_t confirming_round = 0;
+  for (int i = 0; i < 200 && !renewed; ++i) {  // up to ~40 s
+    const std::uint64_t before = a->RenewRequestsSentForTesting();
+    std::vector<Status> after = a->RenewMany(renewals);
+    renewed = after[0].ok() && after[1].ok() && after[2].ok();
+    if (renewed) {
+      confirming_round = a->RenewRequestsSentForTesting() - before;
+    } else {
+      for (const Status& s : after) {
+        ASSERT_NE(s.code(), StatusCode::kLost) << s.ToString();
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  ASSERT_TRUE(renewed) << "the leases were not renewed after the reconnect";
+  EXPECT_NE(a->ConnectedPortForTesting(15s), (*zk)->client_port(victim));
+  EXPECT_EQ(confirming_round, 2u + 3u) << "the confirming round re-arms each watch";
+  const std::uint64_t before = a->RenewRequestsSentForTesting();
+  std::vector<Status> steady = a->RenewMany(renewals);
+  for (const Status& s : steady) {
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  EXPECT_EQ(a->RenewRequestsSentForTesting() - before, 2u) << "re-armed once, not every round";
+  // The re-armed watches work: a delete by another client is seen by the next round.
+  auto other = OpenZk(url);
+  ASSERT_TRUE(other);
+  ASSERT_TRUE(other->ForceRelease("r0").ok());
+  std::vector<Status> last = a->RenewMany(renewals);
+  EXPECT_EQ(last[0].code(), StatusCode::kLost) << last[0].ToString();
+  EXPECT_TRUE(last[1].ok() && last[2].ok());
+}
+
+// Handoff from the delete event: a waiter whose predecessor is the holder learns from that
+// node's delete alone that it holds the key, and the next attempt grants without a round trip
+// (HandedGrantsForTesting), with a ttl measured from an earlier send of its own (at most the
+// negotiated timeout); a waiter behind another waiter still lists the queue (not handed); and a
+// Finish with keep, which deletes the holder's node and creates <key>/kept in one multi, holds
+// the woken waiter off until the keep ends.
+TEST(ZkBackendTest, AWaiterBehindTheHolderIsHandedTheKeyByTheDeleteEventUnlessAKeptGrantAppears) {
+  // Sessions of 4 s (the most 200 ms ticks allow): the handed ttl is counted from the wait's own
+  // listing, so the wait here (about 100 ms) leaves more than the nine tenths the fast path
+  // asks for.
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/handed");
+  auto a = OpenZk(url);
+  auto b = OpenZk(url);
+  auto c = OpenZk(url);
+  ASSERT_TRUE(a && b && c);
+  const std::string ta(32, 'a');
+  const std::string tb(32, 'b');
+  const std::string tc(32, 'c');
+  auto held = a->TryAcquire({"job", ta, "a", 4s, ""});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  // b queues behind the holder, c behind b.
+  ASSERT_EQ(b->TryAcquire({"job", tb, "b", 4s, "wb"}).status().code(), StatusCode::kHeldByAnother);
+  ASSERT_EQ(c->TryAcquire({"job", tc, "c", 4s, "wc"}).status().code(), StatusCode::kHeldByAnother);
+  std::jthread release([&] {
+    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(a->Release("job", ta).ok());
+  });
+  ASSERT_TRUE(b->WaitForTurn("job", "wb", Clock::Real().Now() + 20s, {}).ok());
+  release.join();
+  const SteadyTime before = Clock::Real().Now();
+  auto granted = b->TryAcquire({"job", tb, "b", 4s, "wb"});
+  ASSERT_TRUE(granted.ok()) << granted.status().ToString();
+  EXPECT_EQ(b->HandedGrantsForTesting(), 1u) << "granted from the delete event alone";
+  EXPECT_GT(granted->fencing_token, held->fencing_token);
+  auto negotiated = b->NegotiatedTimeoutForTesting(4s);
+  ASSERT_TRUE(negotiated.ok());
+  EXPECT_LE(granted->ttl, *negotiated);
+  EXPECT_GT(granted->ttl, *negotiated / 2);
+  // The handed grant is a real one: c still waits, renewals work, a fenced write is accepted.
+  EXPECT_EQ(a->TryAcquire({"job", std::string(32, 'x'), "a", 4s, ""}).status().code(),
+            StatusCode::kHeldByAnother);
+  std::vector<internal::RenewRequest> renew{{"job", tb, 4s}};
+  EXPECT_TRUE(b->RenewMany(renew).front().ok());
+  std::printf("handed grant after %.3f ms, ttl %.0f ms of %.0f\n",
+              Ms(Clock::Real().Now() - before), Ms(granted->ttl), Ms(*negotiated));
+
+  // c's predecessor is b, the holder now: b finishes with keep, so c is woken by b's delete but
+  // must not be handed the key: the kept grant holds it until the keep ends.
+  std::jthread finish([&] {
+    std::this_thread::sleep_for(300ms);
+    EXPECT_TRUE(b->Finish({.key = "job", .owner_token = tb, .keep = 1500ms}).ok());
+  });
+  ASSERT_TRUE(c->WaitForTurn("job", "wc", Clock::Real().Now() + 20s, {}).ok());
+  finish.join();
+  auto refused = c->TryAcquire({"job", tc, "c", 4s, "wc"});
+  EXPECT_EQ(refused.status().code(), StatusCode::kHeldByAnother) << refused.status().ToString();
+  EXPECT_EQ(c->HandedGrantsForTesting(), 0u) << "a kept grant appeared with the delete";
+  // After the keep, c takes the key (the ordinary way: it waited on the kept node).
+  Result<internal::Grant> after_keep = Status::Internal("not run");
+  for (int i = 0; i < 50; ++i) {
+    (void)c->WaitForTurn("job", "wc", Clock::Real().Now() + 5s, {});
+    after_keep = c->TryAcquire({"job", tc, "c", 4s, "wc"});
+    if (after_keep.ok()) {
+      break;
+    }
+  }
+  ASSERT_TRUE(after_keep.ok()) << after_keep.status().ToString();
+  EXPECT_GT(after_keep->fencing_token, granted->fencing_token);
+  EXPECT_TRUE(c->Release("job", tc).ok());
 }
 
 // Finish keeps a grant as the persistent node <key>/kept (it outlives the holder's sessions) and
