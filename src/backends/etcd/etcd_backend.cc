@@ -198,13 +198,29 @@ class EtcdBackend::Impl {
     return true;
   }
 
-  // After a renewal round sent at `sent` found the grant ours and its lease alive.
-  void Confirm(std::string_view key, int64_t create_revision, SteadyTime sent)
+  // The lease id and create revision of the grant of `key` under `token` (a renewal needs no
+  // more: no string is copied), or nullopt.
+  std::optional<std::pair<int64_t, int64_t>> FindHeldIds(std::string_view key,
+                                                         std::string_view token)
       LH_EXCLUDES(held_mu_) {
     MutexLock lock(&held_mu_);
     auto it = held_.find(key);
-    if (it != held_.end() && it->second.create_revision == create_revision) {
-      it->second.confirmed = std::max(it->second.confirmed, sent);
+    if (it == held_.end() || it->second.owner_token != token) {
+      return std::nullopt;
+    }
+    return std::make_pair(it->second.lease_id, it->second.create_revision);
+  }
+
+  // After a renewal round sent at `sent` found these grants ours and their lease alive:
+  // (key, create revision) each.
+  void Confirm(const std::vector<std::pair<std::string_view, int64_t>>& grants, SteadyTime sent)
+      LH_EXCLUDES(held_mu_) {
+    MutexLock lock(&held_mu_);
+    for (const auto& [key, create_revision] : grants) {
+      auto it = held_.find(key);
+      if (it != held_.end() && it->second.create_revision == create_revision) {
+        it->second.confirmed = std::max(it->second.confirmed, sent);
+      }
     }
   }
 
@@ -501,24 +517,29 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
   std::vector<Status> results(requests.size());
   struct Item {
     std::size_t index;  // in `requests`
-    HeldGrant held;
+    int64_t lease_id;
+    int64_t create_revision;
     std::string etcd_key;
   };
   std::vector<Item> items;
   items.reserve(requests.size());
   std::vector<int64_t> ids;  // one keep-alive per lease
   for (std::size_t i = 0; i < requests.size(); ++i) {
-    std::optional<HeldGrant> held = impl.FindHeld(requests[i].key, requests[i].owner_token);
+    std::optional<std::pair<int64_t, int64_t>> held =
+        impl.FindHeldIds(requests[i].key, requests[i].owner_token);
     if (!held) {
       results[i] = Status::Lost(
           fmt::format("{} is not held by this owner token (released, lost or someone else's)",
                       requests[i].key));
       continue;
     }
-    if (std::find(ids.begin(), ids.end(), held->lease_id) == ids.end()) {
-      ids.push_back(held->lease_id);
+    if (std::find(ids.begin(), ids.end(), held->first) == ids.end()) {
+      ids.push_back(held->first);
     }
-    items.push_back({i, std::move(*held), KeyName(options_.prefix, requests[i].key)});
+    std::string etcd_key;
+    etcd_key.reserve(options_.prefix.size() + 1 + requests[i].key.size());
+    etcd_key.append(options_.prefix).append("/").append(requests[i].key);
+    items.push_back({i, held->first, held->second, std::move(etcd_key)});
   }
   // Every other lease of ours rides along (spares of idle classes, leases of grants not due in
   // this round), so they stay young enough to be used.
@@ -547,7 +568,7 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
   // The keys whose lease is alive are checked, kKeysPerCheck per Txn.
   std::vector<const Item*> to_check;
   for (const Item& item : items) {
-    const std::optional<int64_t>& ttl = ttl_of[item.held.lease_id];
+    const std::optional<int64_t>& ttl = ttl_of[item.lease_id];
     const RenewRequest& req = requests[item.index];
     if (!ttl) {
       results[item.index] = Status::Unavailable(
@@ -567,38 +588,50 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
       impl.DropAllOn(id);  // every grant on it is lost (its keys went with it)
     }
   }
+  std::vector<std::pair<std::string_view, int64_t>> confirmed;
+  confirmed.reserve(to_check.size());
   for (std::size_t begin = 0; begin < to_check.size(); begin += kKeysPerCheck) {
     const std::size_t end = std::min(to_check.size(), begin + kKeysPerCheck);
     pb::TxnRequest txn;
     for (std::size_t k = begin; k < end; ++k) {
-      CompareCreateRevision(&txn, to_check[k]->etcd_key, to_check[k]->held.create_revision);
-      pb::RangeRequest* r = txn.add_failure()->mutable_request_range();
-      r->set_key(to_check[k]->etcd_key);
-      r->set_keys_only(true);
+      CompareCreateRevision(&txn, to_check[k]->etcd_key, to_check[k]->create_revision);
     }
     pb::TxnResponse resp;
     Status s = impl.client.Txn("Txn (renewal check)", txn, &resp);
-    const bool answered =
-        s.ok() && (resp.succeeded() || resp.responses_size() == static_cast<int>(end - begin));
+    // A failed compare (rare: a key deleted or re-created) says only that one of them is not
+    // ours: one read-only Txn (a keys-only Range of each) then tells which. It is also sent
+    // after `sent`, so a key it finds ours was ours after t_send.
+    pb::TxnResponse which;
+    if (s.ok() && !resp.succeeded()) {
+      pb::TxnRequest read;
+      for (std::size_t k = begin; k < end; ++k) {
+        pb::RangeRequest* r = read.add_success()->mutable_request_range();
+        r->set_key(to_check[k]->etcd_key);
+        r->set_keys_only(true);
+      }
+      s = impl.client.Txn("Txn (renewal check, which keys)", read, &which);
+      if (s.ok() && which.responses_size() != static_cast<int>(end - begin)) {
+        s = Status::Internal("a reply with the wrong number of ranges");
+      }
+    }
     for (std::size_t k = begin; k < end; ++k) {
       const Item& item = *to_check[k];
       const RenewRequest& req = requests[item.index];
-      if (!answered) {
+      if (!s.ok()) {
         results[item.index] = Status::Unavailable(
             fmt::format("etcd did not answer the renewal check of {}", req.key),
-            s.ok() ? std::string("a reply with the wrong number of ranges")
-                   : std::string(s.message()));
+            std::string(s.message()));
         continue;
       }
       bool ours = resp.succeeded();
       if (!ours) {
-        const auto& kvs = resp.responses(static_cast<int>(k - begin)).response_range().kvs();
-        ours = !kvs.empty() && kvs[0].create_revision() == item.held.create_revision;
+        const auto& kvs = which.responses(static_cast<int>(k - begin)).response_range().kvs();
+        ours = !kvs.empty() && kvs[0].create_revision() == item.create_revision;
       }
       if (ours) {
-        impl.Confirm(req.key, item.held.create_revision, sent);
+        confirmed.emplace_back(req.key, item.create_revision);
       } else {
-        impl.DropHeld(req.key, item.held.create_revision);
+        impl.DropHeld(req.key, item.create_revision);
         results[item.index] = Status::Lost(
             fmt::format("{} is gone from etcd or re-created (force-released, deleted or taken "
                         "over) while its shared lease lives",
@@ -607,6 +640,7 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
       }
     }
   }
+  impl.Confirm(confirmed, sent);
   SweepLost();
   return results;
 }
