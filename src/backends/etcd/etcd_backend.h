@@ -20,7 +20,7 @@
 //                 next acquire or by the next renewal round.
 //   renew         RenewMany: one keep-alive per shared lease on the backend's one bidirectional
 //                 LeaseKeepAlive stream, plus one check Txn per 128 keys (compares
-//                 create_revision(key) == ours; failure branch a Range of each key). A grant is
+//                 create_revision(key) == ours; if one fails, a read Txn of the keys). A grant is
 //                 renewed only if its lease answered TTL > 0 and its key is still ours; TTL <= 0
 //                 loses every grant on that lease at once (kSessionLost), a key gone or
 //                 re-created loses that grant alone (kStoreSaidNo). Each round also deletes
