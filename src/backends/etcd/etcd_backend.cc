@@ -115,10 +115,27 @@ std::string TokenPrefixOf(std::string_view token) {
 // A grant this backend made and has not released: what renew and release need.
 struct HeldGrant {
   std::string owner_token;
-  int64_t lease_id = 0;
+  int64_t lease_id = 0;  // the shared lease the key is on
   int64_t create_revision = 0;
   std::string holder;  // the grant's value is re-Put with it when Finish keeps the grant
+  int64_t ttl_seconds = 0;  // the shared lease's TTL
+  // The send time of the last keep-alive (or grant) of its lease after which the key was found
+  // ours: etcd keeps the grant at least until confirmed + ttl_seconds, and the core's
+  // safe_until is never later (its t_send is no later). Past that, the core has lost it.
+  SteadyTime confirmed{};
 };
+
+// A grant whose acquire Txn got no answer: it may be on a shared lease, which the other grants'
+// keep-alives would keep alive. Deleted (if its value is still exactly this) before the next
+// acquire of its key, or by the next renewal round.
+struct Orphan {
+  std::string etcd_key;
+  std::string value;
+};
+
+// Keys checked per renewal Txn: etcd's --max-txn-ops (default 128) bounds a Txn's compares and
+// each branch's ops.
+constexpr std::size_t kKeysPerCheck = 128;
 
 }  // namespace
 
@@ -129,9 +146,10 @@ struct HeldGrant {
 class EtcdBackend::Impl {
  public:
   Impl(EtcdOptions options, Clock& clock)
-      : client(std::move(options), clock),
+      : keep_spare(options.spare_lease),
+        client(std::move(options), clock),
         keepalive(client),
-        spares(client),
+        shared(client, keep_spare),
         queue(client, keepalive) {}
 
   std::optional<HeldGrant> FindHeld(std::string_view key, std::string_view token)
@@ -144,29 +162,120 @@ class EtcdBackend::Impl {
     return it->second;
   }
 
+  // Records the grant of `key` (its key counted on its lease by the caller). A grant it
+  // replaces (lost, not yet dropped) is detached from its lease.
   void SetHeld(std::string_view key, HeldGrant grant) LH_EXCLUDES(held_mu_) {
-    MutexLock lock(&held_mu_);
-    held_[std::string(key)] = std::move(grant);
-  }
-
-  // Forgets the grant of `key` if it is still the one with `lease_id`.
-  void DropHeld(std::string_view key, int64_t lease_id) LH_EXCLUDES(held_mu_) {
-    MutexLock lock(&held_mu_);
-    auto it = held_.find(key);
-    if (it != held_.end() && it->second.lease_id == lease_id) {
-      held_.erase(it);
+    std::optional<int64_t> detach;
+    {
+      MutexLock lock(&held_mu_);
+      auto [it, inserted] = held_.try_emplace(std::string(key));
+      if (!inserted) {
+        // A lost grant not yet dropped, or the same grant again (a retried Txn): either way
+        // one key fewer on the lease the old entry counted.
+        detach = it->second.lease_id;
+      }
+      it->second = std::move(grant);
+    }
+    if (detach) {
+      shared.Detach(*detach);
     }
   }
 
+  // Forgets the grant of `key` if it is still the one created at `create_revision`, and
+  // detaches it from its lease. Returns whether it was known.
+  bool DropHeld(std::string_view key, int64_t create_revision) LH_EXCLUDES(held_mu_) {
+    int64_t lease_id = 0;
+    {
+      MutexLock lock(&held_mu_);
+      auto it = held_.find(key);
+      if (it == held_.end() || it->second.create_revision != create_revision) {
+        return false;
+      }
+      lease_id = it->second.lease_id;
+      held_.erase(it);
+    }
+    shared.Detach(lease_id);
+    return true;
+  }
+
+  // The lease id and create revision of the grant of `key` under `token` (a renewal needs no
+  // more: no string is copied), or nullopt.
+  std::optional<std::pair<int64_t, int64_t>> FindHeldIds(std::string_view key,
+                                                         std::string_view token)
+      LH_EXCLUDES(held_mu_) {
+    MutexLock lock(&held_mu_);
+    auto it = held_.find(key);
+    if (it == held_.end() || it->second.owner_token != token) {
+      return std::nullopt;
+    }
+    return std::make_pair(it->second.lease_id, it->second.create_revision);
+  }
+
+  // After a renewal round sent at `sent` found these grants ours and their lease alive:
+  // (key, create revision) each.
+  void Confirm(const std::vector<std::pair<std::string_view, int64_t>>& grants, SteadyTime sent)
+      LH_EXCLUDES(held_mu_) {
+    MutexLock lock(&held_mu_);
+    for (const auto& [key, create_revision] : grants) {
+      auto it = held_.find(key);
+      if (it != held_.end() && it->second.create_revision == create_revision) {
+        it->second.confirmed = std::max(it->second.confirmed, sent);
+      }
+    }
+  }
+
+  // Forgets every grant on lease `lease_id` (etcd says it is gone: its keys went with it).
+  void DropAllOn(int64_t lease_id) LH_EXCLUDES(held_mu_) {
+    MutexLock lock(&held_mu_);
+    std::erase_if(held_, [&](const auto& kv) { return kv.second.lease_id == lease_id; });
+  }
+
+  // The grants past confirmed + ttl at `now` (the core has declared them lost): (key, grant).
+  std::vector<std::pair<std::string, HeldGrant>> Stale(SteadyTime now) LH_EXCLUDES(held_mu_) {
+    MutexLock lock(&held_mu_);
+    std::vector<std::pair<std::string, HeldGrant>> out;
+    for (const auto& [key, grant] : held_) {
+      if (grant.confirmed + std::chrono::seconds(grant.ttl_seconds) < now) {
+        out.emplace_back(key, grant);
+      }
+    }
+    return out;
+  }
+
+  const bool keep_spare;
   EtcdClient client;
   EtcdKeepAlive keepalive;
-  EtcdSpareLeases spares;
+  EtcdSharedLeases shared;
   EtcdWaitQueue queue;
+
+  // Acquire Txns without an answer (Orphan), by lease key. Held across the delete that
+  // resolves one, so that a retried acquire of the key (same owner token, so the same value)
+  // never runs while a delete of the earlier attempt's value may still apply.
+  Mutex orphan_mu;
+  std::map<std::string, Orphan, std::less<>> orphans LH_GUARDED_BY(orphan_mu);
 
  private:
   Mutex held_mu_;
   std::map<std::string, HeldGrant, std::less<>> held_ LH_GUARDED_BY(held_mu_);
 };
+
+namespace {
+
+// Deletes `orphan`'s key if its value is still exactly the orphan's (the owner token in it is
+// unique to that acquire call). Returns OK once etcd answered (deleted or not there).
+Status DeleteOrphan(EtcdClient& client, const Orphan& orphan) {
+  pb::TxnRequest txn;
+  pb::Compare* cmp = txn.add_compare();
+  cmp->set_result(pb::Compare::EQUAL);
+  cmp->set_target(pb::Compare::VALUE);
+  cmp->set_key(orphan.etcd_key);
+  cmp->set_value(orphan.value);
+  txn.add_success()->mutable_request_delete_range()->set_key(orphan.etcd_key);
+  pb::TxnResponse resp;
+  return client.Txn("Txn (delete unanswered grant)", txn, &resp);
+}
+
+}  // namespace
 
 std::string EtcdBackend::KeyName(std::string_view prefix, std::string_view key) {
   return fmt::format("{}/{}", prefix, key);
@@ -223,6 +332,18 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
   // earlier than the core's, so the core's safe_until is never later than etcd's expiry.
   const SteadyTime now = clock_.Now();
   const int64_t seconds = LeaseSeconds(request.ttl);
+  const std::string etcd_key = KeyName(options_.prefix, request.key);
+  {
+    // An earlier acquire of this key whose Txn got no answer may have put a key on a shared
+    // lease: delete it first (only if it is still exactly that grant), under orphan_mu so that
+    // no round's delete of it can apply after this acquire's Txn.
+    MutexLock lock(&impl.orphan_mu);
+    auto it = impl.orphans.find(etcd_key);
+    if (it != impl.orphans.end()) {
+      LH_RETURN_IF_ERROR(DeleteOrphan(impl.client, it->second));
+      impl.orphans.erase(it);
+    }
+  }
   // fair=true: a waiter takes (or keeps) its place in the key's queue first. Its entry lives
   // max(ttl, 10 s) without the waiter's attempts (each refreshes it once a third has passed).
   std::optional<QueueEntry> entry;
@@ -230,35 +351,57 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
     LH_ASSIGN_OR_RETURN(entry, impl.queue.Enqueue(request.key, request.waiter_id,
                                                   std::max<int64_t>(seconds, kMinQueueTtlSeconds)));
   }
-  SpareLease lease;
-  std::optional<SpareLease> spare =
-      options_.spare_lease ? impl.spares.Take(seconds, now) : std::nullopt;
-  if (spare) {
-    lease = *spare;
+  // The key goes on the live shared lease of its TTL class (counted on it from here on; every
+  // path below that does not keep the grant detaches it again).
+  std::optional<SharedLease> attached = impl.shared.Attach(seconds);
+  if (attached && (now - attached->refreshed) * 3 > std::chrono::seconds(attached->ttl_seconds)) {
+    // Less than 2/3 of its TTL left (an idle spare: rounds run only while keys are held):
+    // refresh it first with one keep-alive, sent after `sent` (itself after the core's t_send).
+    const SteadyTime sent = clock_.Now();
+    std::vector<std::optional<int64_t>> ttl = impl.keepalive.KeepAlive({attached->id});
+    impl.shared.Renewed(attached->id, ttl[0], sent);
+    if (ttl[0] && *ttl[0] > 0) {
+      attached->refreshed = sent;
+    } else {
+      impl.shared.Detach(attached->id);
+      if (!ttl[0]) {
+        return Status::Unavailable(fmt::format(
+            "no etcd member of {} answered the keep-alive of the shared lease for {}",
+            options_.Address(), request.key));
+      }
+      attached.reset();  // gone in etcd (forgotten by Renewed): grant a new one
+    }
+  }
+  SharedLease lease;
+  if (attached) {
+    lease = *attached;
     impl.client.counters().spare_used.fetch_add(1, std::memory_order_relaxed);
   } else {
     pb::LeaseGrantRequest grant_req;
     grant_req.set_ttl(seconds);
     pb::LeaseGrantResponse grant_resp;
     LH_RETURN_IF_ERROR(impl.client.LeaseGrant("LeaseGrant", grant_req, &grant_resp));
-    lease = SpareLease{grant_resp.id(), grant_resp.ttl(), now};
+    lease = SharedLease{grant_resp.id(), grant_resp.ttl(), now};
     if (lease.id == 0 || lease.ttl_seconds <= 0) {
       return Status::Internal(
           fmt::format("etcd granted lease {} with TTL {} s", lease.id, lease.ttl_seconds),
           grant_resp.error());
     }
+    impl.client.counters().spare_grants.fetch_add(1, std::memory_order_relaxed);
+    impl.shared.AddCurrent(seconds, lease);
   }
   // What the core may count on: the lease's TTL less the time since it was last set (zero for
   // a lease granted just now: `now` was read before the grant was sent).
   const Duration reported =
       std::chrono::seconds(lease.ttl_seconds) - std::max(Duration::zero(), now - lease.refreshed);
 
-  const std::string etcd_key = KeyName(options_.prefix, request.key);
+  const std::string value =
+      EncodeValue({request.owner_token, lease.ttl_seconds * 1000, request.holder});
   pb::TxnRequest txn;
   CompareCreateRevision(&txn, etcd_key, 0);
   pb::PutRequest* put = txn.add_success()->mutable_request_put();
   put->set_key(etcd_key);
-  put->set_value(EncodeValue({request.owner_token, lease.ttl_seconds * 1000, request.holder}));
+  put->set_value(value);
   put->set_lease(lease.id);
   txn.add_failure()->mutable_request_range()->set_key(etcd_key);
   if (options_.fair) {
@@ -281,18 +424,28 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
   pb::TxnResponse txn_resp;
   Status s = impl.client.Txn("Txn (acquire)", txn, &txn_resp);
   if (!s.ok()) {
-    impl.client.RevokeInBackground(lease.id);  // the Txn may have attached it: never reuse it
+    impl.shared.Detach(lease.id);
+    if (s.detail().find("lease not found") != std::string_view::npos) {
+      impl.shared.Forget(lease.id);  // revoked behind our back: the next acquire grants anew
+      return s;
+    }
+    // Unknown outcome: the Put may have been applied, and the shared lease (kept alive for the
+    // other grants) would keep the key forever. Delete it if it is exactly our grant, now or,
+    // if etcd does not answer, before the next acquire of the key or in the next round.
+    Orphan orphan{etcd_key, value};
+    MutexLock lock(&impl.orphan_mu);
+    if (!DeleteOrphan(impl.client, orphan).ok()) {
+      impl.orphans[etcd_key] = std::move(orphan);
+    }
     return s;
   }
   if (txn_resp.succeeded()) {
     // The Put is the Txn's only write: the Txn's revision is the key's create revision.
     const int64_t revision = txn_resp.header().revision();
-    impl.SetHeld(request.key, {request.owner_token, lease.id, revision, request.holder});
+    impl.SetHeld(request.key, {request.owner_token, lease.id, revision, request.holder,
+                               lease.ttl_seconds, lease.refreshed});
     if (entry) {
       impl.queue.Dequeue(request.key, request.waiter_id);  // its key went with the grant
-    }
-    if (options_.spare_lease) {
-      impl.spares.Refill(seconds);
     }
     return Grant{.fencing_token = static_cast<FencingToken>(revision),
                  .ttl = reported,
@@ -302,46 +455,40 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
       txn_resp.responses_size() > 0 && txn_resp.responses(0).has_response_range()
           ? &txn_resp.responses(0).response_range()
           : nullptr;
+  if (range != nullptr && range->kvs_size() > 0) {
+    const mvccpb::KeyValue& kv = range->kvs(0);
+    std::optional<GrantValue> value_read = DecodeValue(kv.value());
+    if (value_read && value_read->token == request.owner_token && kv.lease() == lease.id) {
+      // An earlier attempt of this very Txn was applied before its reply was lost (a deadline
+      // or a failover): the grant is ours, on this lease.
+      impl.SetHeld(request.key, {request.owner_token, lease.id, kv.create_revision(),
+                                 request.holder, lease.ttl_seconds, lease.refreshed});
+      return Grant{.fencing_token = static_cast<FencingToken>(kv.create_revision()),
+                   .ttl = reported,
+                   .store_key = etcd_key};
+    }
+  }
+  // No key of ours was attached: the shared lease serves the next acquire (a conflict costs
+  // one Txn); without spares an empty lease is revoked.
+  impl.shared.Detach(lease.id);
   if (options_.fair && range != nullptr && range->kvs_size() == 0) {
     // Free, but waiters are queued ahead of us.
-    if (options_.spare_lease) {
-      impl.spares.Keep(seconds, lease);
-    } else {
-      impl.client.RevokeInBackground(lease.id);
-    }
     return Status::HeldByAnother(
         fmt::format("{} is free but waiters are queued for it (fair=true)", request.key));
   }
   if (range == nullptr || range->kvs_size() == 0) {
-    impl.client.RevokeInBackground(lease.id);
     return Status::Unavailable(
         fmt::format("etcd Txn for {} neither created the key nor returned its holder", etcd_key));
   }
   const mvccpb::KeyValue& kv = range->kvs(0);
-  std::optional<GrantValue> value = DecodeValue(kv.value());
-  if (value && value->token == request.owner_token && kv.lease() == lease.id) {
-    // An earlier attempt of this very Txn was applied before its reply was lost (a deadline
-    // or a failover): the grant is ours, on this lease.
-    impl.SetHeld(request.key,
-                 {request.owner_token, lease.id, kv.create_revision(), request.holder});
-    return Grant{.fencing_token = static_cast<FencingToken>(kv.create_revision()),
-                 .ttl = reported,
-                 .store_key = etcd_key};
-  }
-  // Held by another: the lease has no key attached, so it can serve the next acquire (a
-  // conflict costs one Txn when a spare exists); without spares it is revoked.
-  if (options_.spare_lease) {
-    impl.spares.Keep(seconds, lease);
-  } else {
-    impl.client.RevokeInBackground(lease.id);
-  }
+  std::optional<GrantValue> value_read = DecodeValue(kv.value());
   LeaseInfo holder;
   holder.key = request.key;
   holder.fencing_token = static_cast<FencingToken>(kv.create_revision());
-  if (value) {
-    holder.holder = value->holder;
-    holder.token_prefix = TokenPrefixOf(value->token);
-    holder.ttl = std::chrono::milliseconds(value->ttl_ms);
+  if (value_read) {
+    holder.holder = value_read->holder;
+    holder.token_prefix = TokenPrefixOf(value_read->token);
+    holder.ttl = std::chrono::milliseconds(value_read->ttl_ms);
     holder.remaining = holder.ttl;
   }
   // The grant's TTL bounds its time left; its age is not known here.
@@ -354,52 +501,174 @@ Status EtcdBackend::Renew(const RenewRequest& request) {
 }
 
 std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> requests) {
+  // SAFETY (docs/impl.md, "The etcd store"). The core read t_send before this call. A grant's
+  // key rides on a lease shared with the handle's other grants of its TTL, so renewing it takes
+  // two pieces of evidence, both obtained by requests sent after `sent` (itself after t_send):
+  //   1. the keep-alive of its lease answered TTL > 0: etcd keeps the lease, and so every key
+  //      still on it, until at least sent + ttl;
+  //   2. a Txn whose compare create_revision(key) == ours held when etcd applied it, after
+  //      `sent`: the key was still our grant then (not deleted, expired or re-created).
+  // Only a delete of the key after the Txn (release --force, etcdctl del) can end the grant
+  // before sent + ttl, as a revoke after the round could in the one-lease-per-grant design:
+  // the next round's compare fails and the grant is kLost. The keep-alive says nothing about
+  // one key, so a grant is never renewed on it alone. A lease answering TTL <= 0 loses every
+  // grant on it at once.
   Impl& impl = *impl_;
   std::vector<Status> results(requests.size());
-  std::vector<int64_t> ids;
-  std::vector<std::size_t> index_of;  // position in `requests` of each id sent
-  std::vector<int64_t> lease_of(requests.size(), 0);
+  struct Item {
+    std::size_t index;  // in `requests`
+    int64_t lease_id;
+    int64_t create_revision;
+    std::string etcd_key;
+  };
+  std::vector<Item> items;
+  items.reserve(requests.size());
+  std::vector<int64_t> ids;  // one keep-alive per lease
   for (std::size_t i = 0; i < requests.size(); ++i) {
-    std::optional<HeldGrant> held = impl.FindHeld(requests[i].key, requests[i].owner_token);
+    std::optional<std::pair<int64_t, int64_t>> held =
+        impl.FindHeldIds(requests[i].key, requests[i].owner_token);
     if (!held) {
       results[i] = Status::Lost(
           fmt::format("{} is not held by this owner token (released, lost or someone else's)",
                       requests[i].key));
       continue;
     }
-    lease_of[i] = held->lease_id;
-    ids.push_back(held->lease_id);
-    index_of.push_back(i);
+    if (std::find(ids.begin(), ids.end(), held->first) == ids.end()) {
+      ids.push_back(held->first);
+    }
+    std::string etcd_key;
+    etcd_key.reserve(options_.prefix.size() + 1 + requests[i].key.size());
+    etcd_key.append(options_.prefix).append("/").append(requests[i].key);
+    items.push_back({i, held->first, held->second, std::move(etcd_key)});
   }
-  // Spare leases ride along in the same round, so they stay young enough to be used.
-  const std::size_t held_count = ids.size();
-  std::vector<SpareLease> spares = impl.spares.Spares();
-  if (held_count > 0) {
-    for (const SpareLease& spare : spares) {
-      ids.push_back(spare.id);
+  // Every other lease of ours rides along (spares of idle classes, leases of grants not due in
+  // this round), so they stay young enough to be used.
+  const std::size_t held_leases = ids.size();
+  if (!items.empty()) {
+    for (const SharedLease& lease : impl.shared.All()) {
+      if (std::find(ids.begin(), ids.end(), lease.id) == ids.end()) {
+        ids.push_back(lease.id);
+      }
     }
   }
   const SteadyTime sent = clock_.Now();
   std::vector<std::optional<int64_t>> ttls = impl.keepalive.KeepAlive(ids);
-  for (std::size_t j = held_count; j < ids.size(); ++j) {
-    impl.spares.Renewed(ids[j], ttls[j], sent);
-  }
-  for (std::size_t j = 0; j < held_count; ++j) {
-    const std::size_t i = index_of[j];
-    if (!ttls[j]) {
-      results[i] = Status::Unavailable(fmt::format(
-          "no etcd member of {} answered the keep-alive of {} within {} ms", options_.Address(),
-          requests[i].key,
-          std::chrono::duration_cast<std::chrono::milliseconds>(options_.command_timeout).count()));
-    } else if (*ttls[j] <= 0) {
-      impl.DropHeld(requests[i].key, lease_of[i]);
-      results[i] = Status::Lost(
-          fmt::format("etcd lease of {} expired or was revoked (keep-alive answered TTL {})",
-                      requests[i].key, *ttls[j]),
-          LostCause::kSessionLost);
+  std::map<int64_t, std::optional<int64_t>> ttl_of;
+  for (std::size_t j = 0; j < ids.size(); ++j) {
+    impl.shared.Renewed(ids[j], ttls[j], sent);
+    if (j < held_leases) {
+      ttl_of[ids[j]] = ttls[j];
+    } else if (ttls[j] && *ttls[j] <= 0) {
+      impl.DropAllOn(ids[j]);
     }
   }
+  const auto ms = [](Duration d) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+  };
+  // The keys whose lease is alive are checked, kKeysPerCheck per Txn.
+  std::vector<const Item*> to_check;
+  for (const Item& item : items) {
+    const std::optional<int64_t>& ttl = ttl_of[item.lease_id];
+    const RenewRequest& req = requests[item.index];
+    if (!ttl) {
+      results[item.index] = Status::Unavailable(
+          fmt::format("no etcd member of {} answered the keep-alive of {} within {} ms",
+                      options_.Address(), req.key, ms(options_.command_timeout)));
+    } else if (*ttl <= 0) {
+      results[item.index] = Status::Lost(
+          fmt::format("etcd lease of {} expired or was revoked (keep-alive answered TTL {})",
+                      req.key, *ttl),
+          LostCause::kSessionLost);
+    } else {
+      to_check.push_back(&item);
+    }
+  }
+  for (const auto& [id, ttl] : ttl_of) {
+    if (ttl && *ttl <= 0) {
+      impl.DropAllOn(id);  // every grant on it is lost (its keys went with it)
+    }
+  }
+  std::vector<std::pair<std::string_view, int64_t>> confirmed;
+  confirmed.reserve(to_check.size());
+  for (std::size_t begin = 0; begin < to_check.size(); begin += kKeysPerCheck) {
+    const std::size_t end = std::min(to_check.size(), begin + kKeysPerCheck);
+    pb::TxnRequest txn;
+    for (std::size_t k = begin; k < end; ++k) {
+      CompareCreateRevision(&txn, to_check[k]->etcd_key, to_check[k]->create_revision);
+    }
+    pb::TxnResponse resp;
+    Status s = impl.client.Txn("Txn (renewal check)", txn, &resp);
+    // A failed compare (rare: a key deleted or re-created) says only that one of them is not
+    // ours: one read-only Txn (a keys-only Range of each) then tells which. It is also sent
+    // after `sent`, so a key it finds ours was ours after t_send.
+    pb::TxnResponse which;
+    if (s.ok() && !resp.succeeded()) {
+      pb::TxnRequest read;
+      for (std::size_t k = begin; k < end; ++k) {
+        pb::RangeRequest* r = read.add_success()->mutable_request_range();
+        r->set_key(to_check[k]->etcd_key);
+        r->set_keys_only(true);
+      }
+      s = impl.client.Txn("Txn (renewal check, which keys)", read, &which);
+      if (s.ok() && which.responses_size() != static_cast<int>(end - begin)) {
+        s = Status::Internal("a reply with the wrong number of ranges");
+      }
+    }
+    for (std::size_t k = begin; k < end; ++k) {
+      const Item& item = *to_check[k];
+      const RenewRequest& req = requests[item.index];
+      if (!s.ok()) {
+        results[item.index] = Status::Unavailable(
+            fmt::format("etcd did not answer the renewal check of {}", req.key),
+            std::string(s.message()));
+        continue;
+      }
+      bool ours = resp.succeeded();
+      if (!ours) {
+        const auto& kvs = which.responses(static_cast<int>(k - begin)).response_range().kvs();
+        ours = !kvs.empty() && kvs[0].create_revision() == item.create_revision;
+      }
+      if (ours) {
+        confirmed.emplace_back(req.key, item.create_revision);
+      } else {
+        impl.DropHeld(req.key, item.create_revision);
+        results[item.index] = Status::Lost(
+            fmt::format("{} is gone from etcd or re-created (force-released, deleted or taken "
+                        "over) while its shared lease lives",
+                        req.key),
+            LostCause::kStoreSaidNo);
+      }
+    }
+  }
+  impl.Confirm(confirmed, sent);
+  SweepLost();
   return results;
+}
+
+void EtcdBackend::SweepLost() {
+  // A grant the core declared lost (its safe_until passed: no confirmation for a whole TTL)
+  // would be kept in etcd by the other grants' keep-alives until its release: delete it (only
+  // that very grant: compare on its create revision). If etcd does not answer, the next round
+  // tries again; a lease that etcd no longer hears from expires with its keys.
+  Impl& impl = *impl_;
+  for (auto& [key, grant] : impl.Stale(clock_.Now())) {
+    const std::string etcd_key = KeyName(options_.prefix, key);
+    pb::TxnRequest txn;
+    CompareCreateRevision(&txn, etcd_key, grant.create_revision);
+    txn.add_success()->mutable_request_delete_range()->set_key(etcd_key);
+    pb::TxnResponse resp;
+    if (impl.client.Txn("Txn (delete lost grant)", txn, &resp).ok()) {
+      impl.DropHeld(key, grant.create_revision);
+    }
+  }
+  MutexLock lock(&impl.orphan_mu);
+  for (auto it = impl.orphans.begin(); it != impl.orphans.end();) {
+    if (DeleteOrphan(impl.client, it->second).ok()) {
+      it = impl.orphans.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 Status EtcdBackend::Release(std::string_view key, std::string_view owner_token) {
@@ -410,40 +679,21 @@ Status EtcdBackend::Release(std::string_view key, std::string_view owner_token) 
         "{} is not held by this owner token (already released, lost or someone else's)", key));
   }
   const std::string etcd_key = KeyName(options_.prefix, key);
-
-  // The revoke goes out first, without waiting: its lease carries only this key, so it can
-  // delete nothing of anyone else's, and the two round trips overlap.
-  std::future<grpc::Status> revoked = impl.client.StartRevoke(held->lease_id);
-
+  // One conditional delete (one raft entry): the lease is shared with the handle's other
+  // grants, so it is never revoked here. The compare is on this grant's create revision: a
+  // newer grant of the key (ours again, or anyone's) is never deleted by it.
   pb::TxnRequest txn;
   CompareCreateRevision(&txn, etcd_key, held->create_revision);
   pb::DeleteRangeRequest* del = txn.add_success()->mutable_request_delete_range();
   del->set_key(etcd_key);
   pb::TxnResponse txn_resp;
-  Status s = impl.client.Txn("Txn (release)", txn, &txn_resp);
-  const grpc::Status revoke_status = revoked.get();
-  if (s.ok() && txn_resp.succeeded()) {
-    impl.DropHeld(key, held->lease_id);
-    if (IsUnreachable(revoke_status)) {
-      impl.client.RevokeInBackground(held->lease_id);  // its member was down: the Txn failed over
-    }
+  LH_RETURN_IF_ERROR(impl.client.Txn("Txn (release)", txn, &txn_resp));
+  // Unknown outcome above: the grant stays known for a retry (and the round's sweep deletes it
+  // once its TTL has passed unconfirmed).
+  impl.DropHeld(key, held->create_revision);
+  if (txn_resp.succeeded()) {
     return Status();
   }
-  // The Txn found the key gone or re-created. If our revoke found the lease alive, the revoke
-  // was applied first and deleted our key with it: a live release all the same.
-  if (revoke_status.ok()) {
-    impl.DropHeld(key, held->lease_id);
-    return Status();
-  }
-  if (!s.ok()) {
-    if (revoke_status.error_code() == grpc::StatusCode::NOT_FOUND) {
-      impl.DropHeld(key, held->lease_id);
-      return Status::Lost(fmt::format("the etcd lease of {} had already expired", key),
-                          LostCause::kSessionLost);
-    }
-    return s;  // unknown outcome: keep the grant for a retry; it expires by itself otherwise
-  }
-  impl.DropHeld(key, held->lease_id);
   return Status::Lost(
       fmt::format("{} was no longer ours (expired, force-released or taken over)", key),
       LostCause::kSessionLost);
@@ -474,7 +724,7 @@ Result<FreshLease> GrantLease(EtcdClient& client, Duration ttl, std::string_view
 Status EtcdBackend::Finish(const FinishRequest& request) {
   LH_RETURN_IF_ERROR(CheckFinishRequest(request));
   if (request.keep == Duration::zero() && !request.record.has_value()) {
-    return Release(request.key, request.owner_token);  // its revoke overlaps its Txn
+    return Release(request.key, request.owner_token);
   }
   Impl& impl = *impl_;
   std::optional<HeldGrant> held = impl.FindHeld(request.key, request.owner_token);
@@ -506,8 +756,8 @@ Status EtcdBackend::Finish(const FinishRequest& request) {
 
   // One Txn, guarded by the grant's create revision (the owner check, as in Release). Keeping
   // re-Puts the key under the keep lease: a Put on an existing key keeps its create revision,
-  // so the holder and the fencing token stay, and nothing renews the new lease. The old lease
-  // then carries no key and is revoked below.
+  // so the holder and the fencing token stay, and nothing renews the new lease. The key then
+  // leaves the shared lease, which stays for the handle's other grants.
   const std::string etcd_key = KeyName(options_.prefix, request.key);
   const std::string record_key = RecordKey(options_.prefix, request.key);
   pb::TxnRequest txn;
@@ -546,7 +796,7 @@ Status EtcdBackend::Finish(const FinishRequest& request) {
     applied = keep_lease ? !grant_kvs.empty() && grant_kvs[0].lease() == keep_lease->id
                          : !record_kvs.empty() && record_kvs[0].lease() == record_lease->id;
   }
-  impl.DropHeld(request.key, held->lease_id);
+  impl.DropHeld(request.key, held->create_revision);  // off the shared lease either way
   if (!applied) {
     for (const auto& fresh : {keep_lease, record_lease}) {
       if (fresh) {
@@ -557,8 +807,6 @@ Status EtcdBackend::Finish(const FinishRequest& request) {
         fmt::format("{} was no longer ours (expired, force-released or taken over)", request.key),
         LostCause::kSessionLost);
   }
-  // The grant's own lease carries no key now (it moved to the keep lease, or was deleted).
-  impl.client.RevokeInBackground(held->lease_id);
   return Status();
 }
 
@@ -818,27 +1066,15 @@ Result<bool> EtcdBackend::ForceRelease(std::string_view key) {
     return false;
   }
   const mvccpb::KeyValue& kv = range_resp.kvs(0);
-  if (kv.lease() != 0) {
-    // Revoking the lease deletes the key in the same step, and the holder's next keep-alive
-    // answers TTL 0: it is lost at once instead of at safe_until.
-    pb::LeaseRevokeRequest req;
-    req.set_id(kv.lease());
-    pb::LeaseRevokeResponse resp;
-    Status s = impl.client.LeaseRevoke("LeaseRevoke", req, &resp);
-    if (s.ok()) {
-      return true;
-    }
-    if (s.detail().find("lease not found") == std::string_view::npos) {
-      return s;
-    }
-    // The lease expired between the Range and the revoke: fall through to delete what is left.
-  }
+  // Deletes the key only (that very grant: compare on its create revision), never its lease:
+  // the lease is shared by the holder's other grants, which a revoke would take with it. The
+  // holder's next renewal round finds the key gone (its compare fails) and loses this grant.
   pb::TxnRequest txn;
   CompareCreateRevision(&txn, etcd_key, kv.create_revision());
   txn.add_success()->mutable_request_delete_range()->set_key(etcd_key);
   pb::TxnResponse txn_resp;
   LH_RETURN_IF_ERROR(impl.client.Txn("Txn (force release)", txn, &txn_resp));
-  return txn_resp.succeeded() && kv.lease() == 0;
+  return txn_resp.succeeded();
 }
 
 namespace {

@@ -5,17 +5,28 @@
 // "<prefix>/<lease name>" put with an etcd lease; its value holds the owner token, the granted
 // TTL and the holder's identity ("v1\n<token>\n<ttl ms>\n<holder>").
 //
-//   try-acquire   LeaseGrant(ceil(ttl) s), then one Txn: if create_revision(key) == 0, Put the
-//                 key with the lease, else Range it (the holder). Fencing token = the key's
-//                 create revision (cluster-wide, only grows, survives restarts); Grant::store_key
-//                 (Lease::store_key) = the key, "<prefix>/<lease name>". The granted
-//                 TTL is the grant reply's (etcd raises anything below 2 s to 2 s). A lease
-//                 granted for a failed try is revoked at once (without waiting for the reply).
-//   renew         one bidirectional LeaseKeepAlive stream per backend carries every lease it
-//                 holds: RenewMany writes one request per lease and waits for all answers; an
-//                 answer with TTL <= 0 means the lease is gone: kLost at once.
-//   release       a Txn that deletes the key only if its create revision is still ours, sent
-//                 together with LeaseRevoke (one round trip of latency).
+//   leases        one etcd lease per TTL class (ceil(ttl) s) shared by every grant of this
+//                 backend with that TTL, as etcd's concurrency.Session does
+//                 (etcd_spare_leases.h); granted by the first acquire of the class, kept while
+//                 keys are on it (and, spare_lease=true, after), revoked when the backend closes.
+//   try-acquire   one Txn: if create_revision(key) == 0, Put the key with the class's shared
+//                 lease, else Range it (the holder). Fencing token = the key's create revision
+//                 (cluster-wide, only grows, survives restarts); Grant::store_key
+//                 (Lease::store_key) = the key, "<prefix>/<lease name>". The granted TTL is the
+//                 shared lease's TTL less the time since the request that last set it was sent
+//                 (etcd raises anything below 2 s to 2 s). A LeaseGrant first only if the class
+//                 has no lease yet; a keep-alive first if less than 2/3 of its TTL is left. An
+//                 unanswered acquire Txn's key is deleted (compare on its value) before the key's
+//                 next acquire or by the next renewal round.
+//   renew         RenewMany: one keep-alive per shared lease on the backend's one bidirectional
+//                 LeaseKeepAlive stream, plus one check Txn per 128 keys (compares
+//                 create_revision(key) == ours; if one fails, a read Txn of the keys). A grant is
+//                 renewed only if its lease answered TTL > 0 and its key is still ours; TTL <= 0
+//                 loses every grant on that lease at once (kSessionLost), a key gone or
+//                 re-created loses that grant alone (kStoreSaidNo). Each round also deletes
+//                 the grants unconfirmed for a whole TTL (the core has lost them).
+//   release       a Txn that deletes the key only if its create revision is still ours (the
+//                 lease is shared: never revoked here).
 //   wait          Range the key, then Watch it from the next revision for its delete.
 //   fair=true     waiters queue as keys "<prefix>\0queue/<name>\0<waiter id>" on leases of their
 //                 own; the acquire Txn also compares that no queue entry is older than ours
@@ -30,16 +41,16 @@
 //                 sent again elsewhere (it may have been applied; a copy could apply it twice).
 //                 This is the compare of fencing.h's EtcdFenceGuard, which other etcd clients
 //                 add to Txns of their own.
-//   force-release LeaseRevoke of the holder's lease (deletes the key with it, so the holder's
-//                 next keep-alive answer says TTL 0 and it is lost at once).
+//   force-release a Txn deleting the key if its create revision is still the one read (never a
+//                 revoke: the holder's lease carries its other grants); the holder's next
+//                 renewal round finds the key gone and loses that grant alone.
 //   finish        (Backend::Finish) LeaseGrant(ceil(keep) s) and/or LeaseGrant(ceil(record_ttl) s)
 //                 first, then one Txn guarded like release: keep > 0 re-Puts the key under the
 //                 keep lease (a Put keeps the create revision, so holder and fencing token stay;
 //                 nobody renews that lease, so the grant expires by itself with no session of
 //                 the caller), keep == 0 deletes it (waking waiters, fair queue included); the
-//                 record is Put under its own lease in the same Txn. The grant's old lease is
-//                 revoked afterwards (it carries no key by then); the new leases are revoked if
-//                 the Txn finds the grant gone.
+//                 record is Put under its own lease in the same Txn. The key leaves its shared
+//                 lease; the new leases are revoked if the Txn finds the grant gone.
 //   records       "<prefix>/\0record/<name>" (no lease name starts with NUL: never listed or
 //                 inspected as a grant, and untouched by grants' revokes and expiry), on an etcd
 //                 lease of record_ttl in whole seconds (at least etcd's minimum, 2 s). etcd
@@ -51,9 +62,8 @@
 //                 so WallClock is the Backend default: this host's clock, from_store = false.
 //
 // Renew and release only work for grants made through this backend object (it keeps the lease
-// id of each); a token it does not know gets kLost. An operator who deletes a key with
-// `etcdctl del` but leaves its lease alive is not noticed by the keep-alive: use
-// `leasehold release --force`, which revokes the lease.
+// id and create revision of each); a token it does not know gets kLost. A key deleted by
+// anything (`etcdctl del`, `leasehold release --force`) is noticed by the holder's next round.
 //
 // Endpoints: one channel per endpoint; calls go to the current one and move on to the next
 // when it answers UNAVAILABLE or not before the deadline (options.command_timeout, on every
@@ -123,8 +133,8 @@ class EtcdBackend final : public Backend {
     std::uint64_t watch_streams = 0;
     // Times a call moved on to the next endpoint.
     std::uint64_t failovers = 0;
-    // Spare leases granted in the background (also counted in lease_grant), and acquires that
-    // used one instead of a LeaseGrant of their own.
+    // Acquires that granted a shared lease for their TTL class (also counted in lease_grant),
+    // and acquires that put their key on a live shared lease instead.
     std::uint64_t spare_grants = 0;
     std::uint64_t spare_used = 0;
   };
@@ -149,14 +159,16 @@ class EtcdBackend final : public Backend {
 
   Status Renew(const RenewRequest& request) override;
 
-  // One keep-alive request per lease of ours on the one stream, then waits (at most
-  // command_timeout) for all answers. A stream that breaks is re-opened on the next endpoint
-  // and the unanswered requests are sent again, while the deadline lasts.
+  // One keep-alive request per shared lease of ours on the one stream, then waits (at most
+  // command_timeout) for all answers (a stream that breaks is re-opened on the next endpoint
+  // and the unanswered requests are sent again, while the deadline lasts); then one check Txn
+  // per 128 keys whose lease answered (see the file comment).
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
 
   Status Release(std::string_view key, std::string_view owner_token) override;
 
   // Two LeaseGrants at most (keep, record), then one Txn; keep == 0 without a record is Release.
+  // The key leaves its shared lease (never revoked here: other grants ride on it).
   // Returns kLost (revoking the leases it granted) if the grant is not ours any more; on an
   // unknown outcome (kUnavailable) the new leases are left to expire by themselves.
   Status Finish(const FinishRequest& request) override;
@@ -215,6 +227,10 @@ class EtcdBackend final : public Backend {
   class Impl;
 
   EtcdBackend(EtcdOptions options, Clock& clock, std::unique_ptr<Impl> impl);
+
+  // After a renewal round: deletes the grants the core has lost (no confirmation for a whole
+  // TTL) and the keys of unanswered acquire Txns, which the shared leases would keep alive.
+  void SweepLost();
 
   const EtcdOptions options_;
   Clock& clock_;

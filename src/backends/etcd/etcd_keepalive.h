@@ -1,8 +1,8 @@
 // File: backends/etcd/etcd_keepalive.h (internal)
 //
 // EtcdKeepAlive: the one bidirectional LeaseKeepAlive stream of an etcd:// backend, which
-// carries the keep-alives of every lease it holds (grants, spare leases, queue entries), and the
-// thread that reads it. KeepAlive(ids) writes one request per lease and waits (at most
+// carries the keep-alives of every lease it holds (its grants' shared leases, queue entries),
+// and the thread that reads it. KeepAlive(ids) writes one request per lease and waits (at most
 // command_timeout, on the client's Clock) for all the answers. Answers come back in request
 // order per lease id: the reader hands each to the oldest request waiting for that id. A stream
 // that breaks, or does not answer in time, is given up (its member is passed over) and the next

@@ -62,11 +62,11 @@ struct EtcdOptions {
   // URL: command_timeout=2s. Default: 2 s.
   Duration command_timeout = std::chrono::seconds(2);
 
-  // Keep one lease per TTL (in whole seconds) granted ahead of time, with no key attached,
-  // kept alive with the held leases: an acquire then needs only its Txn, and a conflict
-  // costs one Txn. The granted TTL reported for an acquire that used it is its TTL less its
-  // age (it is used only while that is at least 3/4 of its TTL). URL: spare_lease=false.
-  // Default: true.
+  // Grants share one etcd lease per TTL (in whole seconds) of the handle; with spare_lease
+  // the lease of a TTL stays (no key attached, kept alive in the renewal rounds) when its last
+  // grant goes, so the next acquire needs only its Txn; without, it is revoked then. The
+  // granted TTL reported for an acquire is the lease's TTL less its age (a lease with less
+  // than 2/3 of its TTL left is refreshed first). URL: spare_lease=false. Default: true.
   bool spare_lease = true;
 
   // Waiters queue in etcd beside the lease ("<prefix>\0queue/<name>\0<waiter id>", each on a

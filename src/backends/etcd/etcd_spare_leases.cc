@@ -1,116 +1,139 @@
 // File: backends/etcd/etcd_spare_leases.cc (internal)
 //
-// EtcdSpareLeases. See etcd_spare_leases.h.
+// EtcdSharedLeases. See etcd_spare_leases.h.
 
 #include "backends/etcd/etcd_spare_leases.h"
 
 #include <algorithm>
-#include <chrono>
 
 namespace leasehold::internal {
 
-EtcdSpareLeases::~EtcdSpareLeases() {
-  std::vector<int64_t> spares;
+EtcdSharedLeases::~EtcdSharedLeases() {
+  std::vector<int64_t> ids;
   {
     MutexLock lock(&mu_);
     closing_ = true;
-    for (const auto& [seconds, spare] : spares_) {
-      spares.push_back(spare.id);
+    for (const auto& [id, entry] : leases_) {
+      ids.push_back(id);
     }
-    spares_.clear();
+    leases_.clear();
+    current_.clear();
   }
-  for (int64_t id : spares) {
+  for (int64_t id : ids) {
     client_.RevokeInBackground(id);
   }
-  // A grant on its way calls Keep on this object: wait for it (Keep revokes it, closing_).
   client_.WaitForBackgroundCalls();
 }
 
-std::optional<SpareLease> EtcdSpareLeases::Take(int64_t seconds, SteadyTime now) {
-  std::optional<SpareLease> stale;
-  std::optional<SpareLease> taken;
-  {
-    MutexLock lock(&mu_);
-    auto it = spares_.find(seconds);
-    if (it == spares_.end()) {
-      return std::nullopt;
-    }
-    const Duration age = now - it->second.refreshed;
-    if (age >= Duration::zero() && age * 4 <= std::chrono::seconds(it->second.ttl_seconds)) {
-      taken = it->second;
-    } else {
-      stale = it->second;
-    }
-    spares_.erase(it);
+std::optional<SharedLease> EtcdSharedLeases::Attach(int64_t seconds) {
+  MutexLock lock(&mu_);
+  auto cur = current_.find(seconds);
+  if (cur == current_.end()) {
+    return std::nullopt;
   }
-  if (stale) {
-    client_.RevokeInBackground(stale->id);
+  auto it = leases_.find(cur->second);
+  if (it == leases_.end()) {
+    current_.erase(cur);
+    return std::nullopt;
   }
-  return taken;
+  ++it->second.keys;
+  return it->second.lease;
 }
 
-void EtcdSpareLeases::Keep(int64_t seconds, SpareLease spare) {
-  bool extra = false;
+void EtcdSharedLeases::AddCurrent(int64_t seconds, SharedLease lease) {
+  std::optional<int64_t> revoke;
   {
     MutexLock lock(&mu_);
-    if (closing_ || spares_.count(seconds) != 0 || spares_.size() >= kMaxSpares) {
-      extra = true;
+    if (closing_) {
+      revoke = lease.id;
     } else {
-      spares_[seconds] = spare;
+      auto cur = current_.find(seconds);
+      if (cur != current_.end() && cur->second != lease.id) {
+        auto old = leases_.find(cur->second);
+        if (old != leases_.end() && old->second.keys == 0) {
+          revoke = old->first;  // an empty spare replaced by the new lease
+          leases_.erase(old);
+        }
+      }
+      current_[seconds] = lease.id;
+      Entry& entry = leases_[lease.id];
+      entry.lease = lease;
+      ++entry.keys;
     }
   }
-  if (extra) {
-    client_.RevokeInBackground(spare.id);
+  if (revoke) {
+    client_.RevokeInBackground(*revoke);
   }
 }
 
-void EtcdSpareLeases::Refill(int64_t seconds) {
+void EtcdSharedLeases::Detach(int64_t id) {
+  bool revoke = false;
   {
     MutexLock lock(&mu_);
-    if (closing_ || spares_.count(seconds) != 0 || refilling_.count(seconds) != 0 ||
-        spares_.size() + refilling_.size() >= kMaxSpares) {
+    auto it = leases_.find(id);
+    if (it == leases_.end()) {
       return;
     }
-    refilling_.insert(seconds);
+    if (it->second.keys > 0) {
+      --it->second.keys;
+    }
+    if (it->second.keys > 0) {
+      return;
+    }
+    auto cur = current_.find(it->second.lease.ttl_seconds);
+    const bool is_current = cur != current_.end() && cur->second == id;
+    if (is_current && keep_spare_) {
+      return;  // the spare of its class
+    }
+    if (is_current) {
+      current_.erase(cur);
+    }
+    leases_.erase(it);
+    revoke = true;
   }
-  client_.counters().spare_grants.fetch_add(1, std::memory_order_relaxed);
-  // Read before the send: the lease lives at least until sent + ttl.
-  const SteadyTime sent = client_.clock().Now();
-  client_.GrantInBackground(
-      seconds,
-      [this, seconds, sent](const grpc::Status& s, const etcdserverpb::LeaseGrantResponse& resp) {
-        {
-          MutexLock lock(&mu_);
-          refilling_.erase(seconds);
-        }
-        if (s.ok() && resp.id() != 0 && resp.ttl() > 0) {
-          Keep(seconds, {resp.id(), resp.ttl(), sent});
-        }
-      });
+  if (revoke) {
+    client_.RevokeInBackground(id);
+  }
 }
 
-std::vector<SpareLease> EtcdSpareLeases::Spares() {
+void EtcdSharedLeases::Forget(int64_t id) {
   MutexLock lock(&mu_);
-  std::vector<SpareLease> out;
-  for (const auto& [seconds, spare] : spares_) {
-    out.push_back(spare);
+  auto it = leases_.find(id);
+  if (it == leases_.end()) {
+    return;
+  }
+  auto cur = current_.find(it->second.lease.ttl_seconds);
+  if (cur != current_.end() && cur->second == id) {
+    current_.erase(cur);
+  }
+  leases_.erase(it);
+}
+
+std::vector<SharedLease> EtcdSharedLeases::All() {
+  MutexLock lock(&mu_);
+  std::vector<SharedLease> out;
+  out.reserve(leases_.size());
+  for (const auto& [id, entry] : leases_) {
+    out.push_back(entry.lease);
   }
   return out;
 }
 
-void EtcdSpareLeases::Renewed(int64_t id, std::optional<int64_t> ttl, SteadyTime sent) {
-  MutexLock lock(&mu_);
-  for (auto it = spares_.begin(); it != spares_.end(); ++it) {
-    if (it->second.id != id) {
-      continue;
-    }
-    if (ttl && *ttl <= 0) {
-      spares_.erase(it);
-    } else if (ttl) {
-      it->second.refreshed = std::max(it->second.refreshed, sent);
-    }
+void EtcdSharedLeases::Renewed(int64_t id, std::optional<int64_t> ttl, SteadyTime sent) {
+  if (ttl && *ttl <= 0) {
+    Forget(id);
     return;
   }
+  MutexLock lock(&mu_);
+  auto it = leases_.find(id);
+  if (it != leases_.end() && ttl) {
+    it->second.lease.refreshed = std::max(it->second.lease.refreshed, sent);
+  }
+}
+
+std::size_t EtcdSharedLeases::size() const {
+  MutexLock lock(&mu_);
+  return leases_.size();
 }
 
 }  // namespace leasehold::internal

@@ -1,20 +1,27 @@
 // File: backends/etcd/etcd_spare_leases.h (internal)
 //
-// EtcdSpareLeases: the etcd leases an etcd:// backend grants ahead of time (spare_lease=true),
-// at most one per TTL in whole seconds and kMaxSpares in all, with no key attached, so that an
-// acquire needs only its Txn and a conflict costs one Txn (the lease of a failed try is kept
-// for the next one). They ride along in the keep-alive rounds of the held leases (Spares(),
-// then SpareRenewed() with each answer), so they stay young enough to be used: a spare is
-// taken only while its remaining TTL is at least 3/4 of its TTL.
+// EtcdSharedLeases: the etcd leases an etcd:// backend puts its grants' keys on: one live lease
+// per TTL class (the granted TTL in whole seconds) shared by every grant of that TTL, as etcd's
+// own concurrency.Session does. A renewal round is then one keep-alive per shared lease, however
+// many keys ride on it. Each lease counts the keys attached to it (Attach before the acquire's
+// Txn, Detach once the key is known not to be on it: a failed try, a release, a finish, a loss).
+//
+// The spare-lease trick is what this table does by itself: an acquire puts its key on the live
+// lease of its class, with no LeaseGrant on the acquire path. With spare_lease=true the lease of
+// a class stays (kept alive in the rounds, no key attached) when its last key goes, for the
+// next acquire; with spare_lease=false it is revoked then. A lease is used only while its
+// remaining TTL, judged from a time read after the core's t_send, is at least 2/3 of its TTL;
+// an older one is refreshed first (one keep-alive: the backend does it, see TryAcquire).
 //
 // Example:
 //
-//   std::optional<SpareLease> spare = spares.Take(seconds, now);
-//   ... Txn with spare->id, or a LeaseGrant of its own ...
-//   spares.Refill(seconds);      // grant the next one in the background
+//   std::optional<SharedLease> lease = leases.Attach(seconds);
+//   if (!lease) { ... LeaseGrant ...; leases.AddCurrent(seconds, granted); }
+//   ... Txn that puts the key with lease->id; on failure leases.Detach(lease->id) ...
 //
-// Thread safety: thread-safe (mu_). The background grants' callbacks run on gRPC threads; the
-// destructor waits for them.
+// Thread safety: thread-safe (mu_). Revokes are sent without waiting; the destructor revokes
+// every lease (the handle's close: every key still on them goes with them) and waits for the
+// background calls.
 
 #pragma once
 
@@ -22,7 +29,6 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <set>
 #include <vector>
 
 #include "leasehold/clock.h"
@@ -33,58 +39,65 @@
 
 namespace leasehold::internal {
 
-// An etcd lease with no key attached yet. `refreshed` is when the request that last set its TTL
-// (grant or keep-alive) was sent, on the client's Clock: etcd keeps the lease at least until
-// refreshed + ttl.
-struct SpareLease {
+// An etcd lease of this backend's. `refreshed` is when the request that last set its TTL (grant
+// or keep-alive) was sent, on the client's Clock: etcd keeps the lease at least until
+// refreshed + ttl_seconds.
+struct SharedLease {
   int64_t id = 0;
   int64_t ttl_seconds = 0;
   SteadyTime refreshed{};
 };
 
-class EtcdSpareLeases {
+class EtcdSharedLeases {
  public:
   // REQUIRES: `client` outlives this object.
-  explicit EtcdSpareLeases(EtcdClient& client) : client_(client) {}
+  EtcdSharedLeases(EtcdClient& client, bool keep_spare) : client_(client), keep_spare_(keep_spare) {}
 
-  EtcdSpareLeases(const EtcdSpareLeases&) = delete;
-  EtcdSpareLeases& operator=(const EtcdSpareLeases&) = delete;
-  EtcdSpareLeases(EtcdSpareLeases&&) = delete;
-  EtcdSpareLeases& operator=(EtcdSpareLeases&&) = delete;
+  EtcdSharedLeases(const EtcdSharedLeases&) = delete;
+  EtcdSharedLeases& operator=(const EtcdSharedLeases&) = delete;
+  EtcdSharedLeases(EtcdSharedLeases&&) = delete;
+  EtcdSharedLeases& operator=(EtcdSharedLeases&&) = delete;
 
-  // Revokes the spares (they carry no key: better than leaving them to expire) and waits for
-  // the background grants' callbacks.
-  ~EtcdSpareLeases();
+  // Revokes every lease and waits for the background calls.
+  ~EtcdSharedLeases();
 
-  // Takes the spare lease of `seconds` if it is young enough: its remaining TTL, judged from
-  // `now` (read after the core's t_send), must be at least 3/4 of its TTL. An older one is
-  // revoked.
-  std::optional<SpareLease> Take(int64_t seconds, SteadyTime now) LH_EXCLUDES(mu_);
+  // The current lease of `seconds`, with one more key counted on it; nullopt if the class has
+  // none (the caller grants one and calls AddCurrent).
+  std::optional<SharedLease> Attach(int64_t seconds) LH_EXCLUDES(mu_);
 
-  // Keeps `spare` (unused: no key attached) for the next acquire of `seconds`, unless one is
-  // kept already, in which case it is revoked.
-  void Keep(int64_t seconds, SpareLease spare) LH_EXCLUDES(mu_);
+  // Makes `lease` (granted just now) the current lease of `seconds`, with one key counted on
+  // it. A previous current lease stays while keys are on it (revoked when they are gone).
+  void AddCurrent(int64_t seconds, SharedLease lease) LH_EXCLUDES(mu_);
 
-  // Grants a spare lease of `seconds` in the background (no waiting for the reply), unless one
-  // is kept or on its way.
-  void Refill(int64_t seconds) LH_EXCLUDES(mu_);
+  // One key attached by Attach/AddCurrent is not on lease `id` (any more). An empty lease is
+  // revoked unless it is the current one of its class and spare_lease is on.
+  void Detach(int64_t id) LH_EXCLUDES(mu_);
 
-  // The spare leases, for a keep-alive round.
-  std::vector<SpareLease> Spares() LH_EXCLUDES(mu_);
+  // Forgets lease `id` (etcd said it is gone): the keys on it went with it.
+  void Forget(int64_t id) LH_EXCLUDES(mu_);
 
-  // After a keep-alive round sent at `sent`: moves a spare's refresh time forward, or drops it
-  // if etcd says it is gone.
+  // The leases to keep alive in a round: every lease of this backend.
+  std::vector<SharedLease> All() LH_EXCLUDES(mu_);
+
+  // After a keep-alive sent at `sent`: moves the lease's refresh time forward (ttl > 0), forgets
+  // it (ttl <= 0), or nothing (no answer).
   void Renewed(int64_t id, std::optional<int64_t> ttl, SteadyTime sent) LH_EXCLUDES(mu_);
 
+  // The number of leases (for tests).
+  std::size_t size() const LH_EXCLUDES(mu_);
+
  private:
-  // At most this many spare leases (one per distinct TTL in whole seconds).
-  static constexpr std::size_t kMaxSpares = 4;
+  struct Entry {
+    SharedLease lease;
+    std::size_t keys = 0;
+  };
 
   EtcdClient& client_;
+  const bool keep_spare_;
 
-  Mutex mu_;
-  std::map<int64_t, SpareLease> spares_ LH_GUARDED_BY(mu_);  // by TTL seconds
-  std::set<int64_t> refilling_ LH_GUARDED_BY(mu_);
+  mutable Mutex mu_;
+  std::map<int64_t, Entry> leases_ LH_GUARDED_BY(mu_);     // by lease id
+  std::map<int64_t, int64_t> current_ LH_GUARDED_BY(mu_);  // TTL seconds -> lease id
   bool closing_ LH_GUARDED_BY(mu_) = false;
 };
 

@@ -374,6 +374,43 @@ TEST_P(ConformanceTest, ForceReleaseFreesTheKeyAndTheHolderFindsOut) {
   EXPECT_EQ(held->Release().code(), StatusCode::kLost);
 }
 
+// A store that renews several grants of one handle together (etcd: one shared lease) must still
+// lose only the grant that was force-released.
+TEST_P(ConformanceTest, ForceReleaseOfOneKeyLeavesTheHoldersOtherLeasesHeld) {
+  if (GetParam().name == "postgres_advisory") {
+    // Documented exception: an advisory lock is released only by its own session, so
+    // `release --force` ends the holder's session, and every lock of that session dies with it.
+    GTEST_SKIP() << "postgres_advisory force-releases by ending the holder's session";
+  }
+  auto a = OpenHandle();
+  auto b = OpenHandle();
+  std::vector<Lease> held;
+  for (const char* key : {"one", "two", "three"}) {
+    auto lease = a->TryAcquire(key, {.ttl = 3s, .renew_interval = 100ms});
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    held.push_back(std::move(lease).value());
+  }
+  auto forced = b->ForceRelease("two");
+  ASSERT_TRUE(forced.ok() && *forced) << forced.status().ToString();
+  auto start = std::chrono::steady_clock::now();
+  while (!held[1].lost_token().stop_requested() &&
+         std::chrono::steady_clock::now() - start < 2s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_TRUE(held[1].lost_token().stop_requested()) << "lost at the next renewal";
+  // Past the 3 s TTL, the other two are alive only because they were renewed.
+  std::this_thread::sleep_for(3500ms);
+  EXPECT_TRUE(held[0].valid()) << held[0].lost_reason().ToString();
+  EXPECT_TRUE(held[2].valid()) << held[2].lost_reason().ToString();
+  EXPECT_EQ(b->TryAcquire("one", {.ttl = 3s}).status().code(), StatusCode::kHeldByAnother);
+  EXPECT_EQ(b->TryAcquire("three", {.ttl = 3s}).status().code(), StatusCode::kHeldByAnother);
+  auto two = b->TryAcquire("two", {.ttl = 3s});
+  EXPECT_TRUE(two.ok()) << two.status().ToString();
+  EXPECT_EQ(held[1].Release().code(), StatusCode::kLost);
+  EXPECT_TRUE(held[0].Release().ok());
+  EXPECT_TRUE(held[2].Release().ok());
+}
+
 TEST_P(ConformanceTest, HeartbeatKeepsALeaseBeyondItsTtl) {
   auto handle = OpenHandle();
   auto held = handle->TryAcquire("job", {.ttl = 300ms});

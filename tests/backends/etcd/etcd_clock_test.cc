@@ -90,7 +90,8 @@ TEST_F(EtcdClockTest, SpareLeaseAgeIsMeasuredOnTheBackendsClock) {
   auto backend = Open();
   ASSERT_NE(backend, nullptr);
   ASSERT_TRUE(backend->TryAcquire({"held", Token(1), "holder", 10s}).ok());
-  // A conflict keeps its lease as the spare; every spare is stamped with the (still) clock.
+  // The holder's shared lease serves the conflict and the next acquire; it is stamped with the
+  // (still) clock.
   EXPECT_EQ(backend->TryAcquire({"held", Token(2), "t", 10s}).status().code(),
             StatusCode::kHeldByAnother);
   clock_.Advance(2s);
@@ -98,21 +99,24 @@ TEST_F(EtcdClockTest, SpareLeaseAgeIsMeasuredOnTheBackendsClock) {
   auto grant = backend->TryAcquire({"other", Token(3), "t", 10s});
   ASSERT_TRUE(grant.ok()) << grant.status().ToString();
   EXPECT_EQ(backend->stats().spare_used - before.spare_used, 1u);
-  EXPECT_EQ(grant->ttl, 8s) << "the spare's TTL less its age on the backend's clock";
+  EXPECT_EQ(grant->ttl, 8s) << "the shared lease's TTL less its age on the backend's clock";
 }
 
-TEST_F(EtcdClockTest, ASpareOlderThanAQuarterOfItsTtlOnTheBackendsClockIsNotUsed) {
+TEST_F(EtcdClockTest, ASharedLeaseOlderThanAThirdOfItsTtlOnTheBackendsClockIsRefreshedFirst) {
   auto backend = Open();
   ASSERT_NE(backend, nullptr);
   ASSERT_TRUE(backend->TryAcquire({"held", Token(1), "holder", 10s}).ok());
   EXPECT_EQ(backend->TryAcquire({"held", Token(2), "t", 10s}).status().code(),
             StatusCode::kHeldByAnother);
-  clock_.Advance(3s);  // a spare of 10 s is used only while 3/4 of it is left
+  clock_.Advance(4s);  // a shared lease of 10 s is used as it is only while 2/3 of it is left
   const EtcdBackend::Stats before = backend->stats();
   auto grant = backend->TryAcquire({"other", Token(3), "t", 10s});
   ASSERT_TRUE(grant.ok()) << grant.status().ToString();
-  EXPECT_EQ(backend->stats().spare_used - before.spare_used, 0u);
-  EXPECT_EQ(grant->ttl, 10s) << "a lease granted on the spot reports its full TTL";
+  const EtcdBackend::Stats after = backend->stats();
+  EXPECT_EQ(after.spare_used - before.spare_used, 1u) << "still the shared lease";
+  EXPECT_EQ(after.lease_grant - before.lease_grant, 0u);
+  EXPECT_EQ(after.keepalive_requests - before.keepalive_requests, 1u) << "refreshed first";
+  EXPECT_EQ(grant->ttl, 10s) << "refreshed by a keep-alive sent after the call began";
 }
 
 }  // namespace
