@@ -333,9 +333,12 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
   LH_ASSIGN_OR_RETURN(const std::string waiter_id, internal::NewOwnerToken());
   // One owner token for every attempt too, so that a store that hands the key to the head of
   // its queue inside the holder's release grants it under the token this call will renew and
-  // release with. An attempt whose reply was lost may have been granted under it; every store
-  // answers a later attempt that finds such a grant as "held by another" (its expiry began
-  // before that attempt's t_send, so it must not become this call's lease), which only delays.
+  // release with. An attempt whose reply was lost may have been granted under it. A later
+  // attempt that finds such a grant either refuses it as "held by another" (Redis, SQL stores:
+  // its expiry began before that attempt's t_send) or adopts it with a Grant::ttl counted from
+  // a send time of its own before the store's expiry began (etcd: the shared lease's last
+  // refresh; ZooKeeper: the session's last answered request; Redis fair: the queue refresh a
+  // release handed the key on), never from that attempt's t_send alone.
   LH_ASSIGN_OR_RETURN(const std::string owner_token, internal::NewOwnerToken());
   struct LeaveQueueUnlessAcquired {
     internal::Backend& backend;

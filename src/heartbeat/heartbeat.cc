@@ -153,6 +153,16 @@ void Heartbeat::RenewLoop() {
       }
       batch[i]->OnRenewResult(t_send, result);
     }
+    // A renewal can move a lease's next check earlier than the watchdog planned for (at risk
+    // back to held: the overdue point comes before the old safe_until): re-plan it then.
+    SteadyTime earliest_check = SteadyTime::max();
+    for (const auto& lease : batch) {
+      earliest_check = std::min(earliest_check, lease->NextCheck());
+    }
+    MutexLock lock(&mu_);
+    if (earliest_check < watchdog_planned_) {
+      watchdog_wake_.request_stop();
+    }
   }
 }
 

@@ -131,7 +131,18 @@ struct HeldGrant {
 struct Orphan {
   std::string etcd_key;
   std::string value;
+  // A Txn that got no answer may still be on its way to the leader and be applied after a
+  // delete of it that found nothing: the renewal rounds keep deleting it until then (two
+  // command timeouts after the acquire), unless an acquire of the key by this handle resolves
+  // it first (which adopts a grant that is exactly ours, as a retry does).
+  SteadyTime retry_until{};
 };
+
+// Stale grants and orphans deleted per renewal round, at most: a handle that comes back from a
+// long pause with thousands of lost grants drains them over a few rounds, and a round (whose
+// results wait for the sweep) is never held up by more than this many fast calls, or one that
+// times out (the sweep stops at the first failure).
+constexpr std::size_t kSweepPerRound = 16;
 
 // Keys checked per renewal Txn: etcd's --max-txn-ops (default 128) bounds a Txn's compares and
 // each branch's ops.
@@ -432,11 +443,10 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
     // Unknown outcome: the Put may have been applied, and the shared lease (kept alive for the
     // other grants) would keep the key forever. Delete it if it is exactly our grant, now or,
     // if etcd does not answer, before the next acquire of the key or in the next round.
-    Orphan orphan{etcd_key, value};
+    Orphan orphan{etcd_key, value, clock_.Now() + 2 * options_.command_timeout};
     MutexLock lock(&impl.orphan_mu);
-    if (!DeleteOrphan(impl.client, orphan).ok()) {
-      impl.orphans[etcd_key] = std::move(orphan);
-    }
+    (void)DeleteOrphan(impl.client, orphan);
+    impl.orphans[etcd_key] = std::move(orphan);
     return s;
   }
   if (txn_resp.succeeded()) {
@@ -650,24 +660,39 @@ void EtcdBackend::SweepLost() {
   // would be kept in etcd by the other grants' keep-alives until its release: delete it (only
   // that very grant: compare on its create revision). If etcd does not answer, the next round
   // tries again; a lease that etcd no longer hears from expires with its keys.
+  // At most kSweepPerRound calls, stopping at the first failure, so that this round's results
+  // (which wait for the sweep) are not held up. The delete also compares the key's lease with
+  // the shared lease the grant was on: a grant a Finish kept (re-Put under its keep lease by a
+  // Txn whose answer was lost: same create revision) must outlive its holder, not be swept.
   Impl& impl = *impl_;
+  std::size_t budget = kSweepPerRound;
   for (auto& [key, grant] : impl.Stale(clock_.Now())) {
+    if (budget == 0) {
+      return;
+    }
+    --budget;
     const std::string etcd_key = KeyName(options_.prefix, key);
     pb::TxnRequest txn;
     CompareCreateRevision(&txn, etcd_key, grant.create_revision);
+    pb::Compare* on_lease = txn.add_compare();
+    on_lease->set_result(pb::Compare::EQUAL);
+    on_lease->set_target(pb::Compare::LEASE);
+    on_lease->set_key(etcd_key);
+    on_lease->set_lease(grant.lease_id);
     txn.add_success()->mutable_request_delete_range()->set_key(etcd_key);
     pb::TxnResponse resp;
-    if (impl.client.Txn("Txn (delete lost grant)", txn, &resp).ok()) {
-      impl.DropHeld(key, grant.create_revision);
+    if (!impl.client.Txn("Txn (delete lost grant)", txn, &resp).ok()) {
+      return;
     }
+    impl.DropHeld(key, grant.create_revision);
   }
   MutexLock lock(&impl.orphan_mu);
-  for (auto it = impl.orphans.begin(); it != impl.orphans.end();) {
-    if (DeleteOrphan(impl.client, it->second).ok()) {
-      it = impl.orphans.erase(it);
-    } else {
-      ++it;
+  const SteadyTime now = clock_.Now();
+  for (auto it = impl.orphans.begin(); it != impl.orphans.end() && budget > 0; --budget) {
+    if (!DeleteOrphan(impl.client, it->second).ok()) {
+      return;
     }
+    it = now >= it->second.retry_until ? impl.orphans.erase(it) : std::next(it);
   }
 }
 
@@ -1074,7 +1099,31 @@ Result<bool> EtcdBackend::ForceRelease(std::string_view key) {
   txn.add_success()->mutable_request_delete_range()->set_key(etcd_key);
   pb::TxnResponse txn_resp;
   LH_RETURN_IF_ERROR(impl.client.Txn("Txn (force release)", txn, &txn_resp));
-  return txn_resp.succeeded();
+  if (!txn_resp.succeeded()) {
+    return false;
+  }
+  // A holder of an older leasehold gives every grant an etcd lease of its own and learns of a
+  // force-release only from its keep-alive (TTL <= 0): deleting the key alone would leave it
+  // renewing, and believing it holds the key, while someone else takes it (a rollout runs old
+  // and new side by side). So revoke the grant's lease too when the deleted key was the only
+  // one on it: that is always the case for an old holder, and for a shared lease of ours it
+  // ends only a lease with no grant left (its holder grants a new one when it needs it; a grant
+  // put on it in between is lost by its holder's next round, as after any revoke). Best
+  // effort: the key is already deleted, which is what a new holder's renewal checks.
+  if (kv.lease() != 0) {
+    pb::LeaseTimeToLiveRequest ttl_req;
+    ttl_req.set_id(kv.lease());
+    ttl_req.set_keys(true);
+    pb::LeaseTimeToLiveResponse ttl_resp;
+    if (impl.client.LeaseTimeToLive("LeaseTimeToLive (force release)", ttl_req, &ttl_resp).ok() &&
+        ttl_resp.ttl() > 0 && ttl_resp.keys_size() == 0) {
+      pb::LeaseRevokeRequest revoke;
+      revoke.set_id(kv.lease());
+      pb::LeaseRevokeResponse revoke_resp;
+      (void)impl.client.LeaseRevoke("LeaseRevoke (force release)", revoke, &revoke_resp);
+    }
+  }
+  return true;
 }
 
 namespace {

@@ -88,9 +88,19 @@ timespec AbsoluteIn(clockid_t clock, Duration timeout) {
 
 }  // namespace
 
+// The inode number of this process's PID namespace (namespace inode numbers are 32-bit);
+// 0 if unreadable.
+std::uint32_t PidNamespace() {
+  struct stat ns {};
+  if (::stat("/proc/self/ns/pid", &ns) != 0) {
+    return 0;
+  }
+  return static_cast<std::uint32_t>(ns.st_ino);
+}
+
 struct SqliteHostQueue::Shared {
   std::uint32_t magic;
-  std::uint32_t reserved;
+  std::uint32_t pid_namespace;  // of the process that initialized the mutex
   char boot_id[kBootIdBytes];
   alignas(64) pthread_mutex_t mutex;
   alignas(64) std::atomic<std::uint32_t> generations[kSlots];
@@ -169,11 +179,14 @@ Result<std::unique_ptr<SqliteHostQueue>> SqliteHostQueue::Open(const std::string
       generation.store(0, std::memory_order_relaxed);
     }
     std::memcpy(shared->boot_id, id, kBootIdBytes);
+    shared->pid_namespace = PidNamespace();
     std::atomic_thread_fence(std::memory_order_seq_cst);
     shared->magic = kMagic;
   }
+  const std::uint32_t pid_namespace = PidNamespace();
+  const bool queue_usable = pid_namespace != 0 && shared->pid_namespace == pid_namespace;
   ::flock(fd, LOCK_UN);
-  return std::unique_ptr<SqliteHostQueue>(new SqliteHostQueue(fd, shared));
+  return std::unique_ptr<SqliteHostQueue>(new SqliteHostQueue(fd, shared, queue_usable));
 }
 
 SqliteHostQueue::~SqliteHostQueue() {
@@ -182,6 +195,9 @@ SqliteHostQueue::~SqliteHostQueue() {
 }
 
 Status SqliteHostQueue::Lock(Duration timeout) {
+  if (!queue_usable_) {
+    return Status::Ok();  // another PID namespace: SQLite's busy handler alone (see the header)
+  }
   int rc = 0;
   if (timeout <= Duration::zero()) {
     rc = pthread_mutex_trylock(&shared_->mutex);
@@ -209,7 +225,9 @@ Status SqliteHostQueue::Lock(Duration timeout) {
 }
 
 void SqliteHostQueue::Unlock() {
-  pthread_mutex_unlock(&shared_->mutex);
+  if (queue_usable_) {
+    pthread_mutex_unlock(&shared_->mutex);
+  }
 }
 
 std::uint32_t SqliteHostQueue::Generation(std::string_view key) const {

@@ -23,7 +23,12 @@
 //
 // The header records the boot id: a file from another boot (whose mutex may name a dead owner
 // that was never cleaned up) is initialized afresh, under flock, by the first process to map
-// it in this boot.
+// it in this boot. It also records the PID namespace of that process: a PI futex names its
+// owner by thread id, which means nothing in another PID namespace (two containers sharing the
+// file through a volume), so a process of another namespace does not take the write queue at
+// all (Lock returns at once; it meets SQLite's busy handler, as before the queue) and still
+// shares the change generations (plain futex words, which need no thread ids).
+
 //
 // Thread safety: thread-safe. Lock and Unlock must be called by the same thread.
 
@@ -77,10 +82,13 @@ class SqliteHostQueue {
  private:
   struct Shared;
 
-  SqliteHostQueue(int fd, Shared* shared) : fd_(fd), shared_(shared) {}
+  SqliteHostQueue(int fd, Shared* shared, bool queue_usable)
+      : fd_(fd), shared_(shared), queue_usable_(queue_usable) {}
 
   const int fd_;
   Shared* const shared_;
+  // False in a PID namespace other than the one that initialized the file: no write queue.
+  const bool queue_usable_;
 };
 
 }  // namespace leasehold::internal

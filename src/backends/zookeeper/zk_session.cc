@@ -502,20 +502,25 @@ ZkPending ZkPending::WatchExists(ZkSession& session, const std::string& path,
   int rc = ZOK;
   {
     MutexLock lock(&session.mu_);
-    ZkSession::WatchContext*& watch = session.exists_watches_[path];
-    const bool fresh = watch == nullptr;
-    if (fresh) {
-      watch = new ZkSession::WatchContext{
-          .node = std::make_shared<ZkNodeWatch>(), .session = &session, .exists_path = path};
-      session.watches_.insert(watch);
-    }
-    *node = watch->node;
-    rc = zoo_awexists(session.zh(), path.c_str(), &ZkSession::NodeWatcher, watch, StatCompletion,
-                      data);
-    if (rc != ZOK && fresh) {
-      session.watches_.erase(watch);
-      delete watch;
-      session.exists_watches_.erase(path);
+    if (session.exists_watches_.size() >= ZkSession::kMaxExistsWatches &&
+        session.exists_watches_.count(path) == 0) {
+      rc = ZNOWATCHER;  // none set (see kMaxExistsWatches): answered below
+    } else {
+      ZkSession::WatchContext*& watch = session.exists_watches_[path];
+      const bool fresh = watch == nullptr;
+      if (fresh) {
+        watch = new ZkSession::WatchContext{
+            .node = std::make_shared<ZkNodeWatch>(), .session = &session, .exists_path = path};
+        session.watches_.insert(watch);
+      }
+      *node = watch->node;
+      rc = zoo_awexists(session.zh(), path.c_str(), &ZkSession::NodeWatcher, watch, StatCompletion,
+                        data);
+      if (rc != ZOK && fresh) {
+        session.watches_.erase(watch);
+        delete watch;
+        session.exists_watches_.erase(path);
+      }
     }
   }
   if (rc != ZOK) {

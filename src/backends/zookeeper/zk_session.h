@@ -177,6 +177,11 @@ class ZkSession {
   // ZkPending::WatchGet).
   std::set<WatchContext*> watches_ LH_GUARDED_BY(mu_);
   // The exists watches (ZkPending::WatchExists), one context per path, reused while unfired.
+  // An unfired one stays until its node appears or the session ends, so a session that waits
+  // on ever new keys would grow them without end: past kMaxExistsWatches a new one is not set
+  // (WatchExists answers ZNOWATCHER, and the waiter takes the ordinary path: no handoff from
+  // the delete event for that wait).
+  static constexpr std::size_t kMaxExistsWatches = 4096;
   std::map<std::string, WatchContext*> exists_watches_ LH_GUARDED_BY(mu_);
   std::atomic<std::uint64_t> epoch_{1};
   std::atomic<std::int64_t> last_heard_{std::numeric_limits<std::int64_t>::min()};

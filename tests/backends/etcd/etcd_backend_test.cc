@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -423,6 +424,28 @@ TEST_F(EtcdBackendTest, ForceReleaseOfOneKeyLosesOnlyThatGrant) {
   auto info = other->Inspect("job1");
   ASSERT_TRUE(info.ok() && info->has_value()) << "the stale release deleted nothing";
   EXPECT_EQ((*info)->fencing_token, again->fencing_token);
+}
+
+// A holder of an older leasehold (one etcd lease per grant) learns of a force-release only from
+// its keep-alive: the force-release revokes a lease that carried nothing but the deleted key.
+TEST_F(EtcdBackendTest, ForceReleaseRevokesALeaseThatCarriedOnlyThatKey) {
+  auto admin = OpenBackend(Url());
+  ASSERT_NE(admin, nullptr);
+  auto granted = cluster_->Etcdctl({"lease", "grant", "60"});
+  ASSERT_TRUE(granted.ok()) << granted.status().ToString();
+  // "lease 694d7c8a1b2c3d4e granted with TTL(60s)"
+  std::istringstream words(*granted);
+  std::string word, id;
+  words >> word >> id;
+  ASSERT_EQ(word, "lease") << *granted;
+  const std::string key = admin->options().prefix + "/old-holder-job";
+  ASSERT_TRUE(cluster_->Etcdctl({"put", "--lease=" + id, key, "old"}).ok());
+  auto forced = admin->ForceRelease("old-holder-job");
+  ASSERT_TRUE(forced.ok() && *forced) << forced.status().ToString();
+  auto ttl = cluster_->Etcdctl({"lease", "timetolive", id});
+  ASSERT_TRUE(ttl.ok()) << ttl.status().ToString();
+  EXPECT_NE(ttl->find("already expired"), std::string::npos)
+      << "the old holder's lease still lives, so its keep-alive would keep saying yes: " << *ttl;
 }
 
 // A shared lease that etcd lets expire (nobody sent its keep-alive) takes every grant on it.
