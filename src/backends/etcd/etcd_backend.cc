@@ -338,6 +338,17 @@ EtcdBackend::Stats EtcdBackend::stats() const {
 }
 
 Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
+  Result<Grant> grant = TryAcquireOnce(request);
+  if (!grant.ok() && (grant.status().detail().find("lease not found") != std::string_view::npos ||
+                      grant.status().message().find("lease not found") != std::string_view::npos)) {
+    // The Txn was refused whole (its Put names a lease etcd no longer has): nothing was
+    // applied, and the lease is forgotten, so the second attempt grants a fresh one.
+    return TryAcquireOnce(request);
+  }
+  return grant;
+}
+
+Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
   Impl& impl = *impl_;
   // Read after the core read t_send: every TTL reported below is measured from a time no
   // earlier than the core's, so the core's safe_until is never later than etcd's expiry.
@@ -436,8 +447,9 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
   Status s = impl.client.Txn("Txn (acquire)", txn, &txn_resp);
   if (!s.ok()) {
     impl.shared.Detach(lease.id);
-    if (s.detail().find("lease not found") != std::string_view::npos) {
-      impl.shared.Forget(lease.id);  // revoked behind our back: the next acquire grants anew
+    if (s.detail().find("lease not found") != std::string_view::npos ||
+        s.message().find("lease not found") != std::string_view::npos) {
+      impl.shared.Forget(lease.id);  // revoked behind our back: TryAcquire tries once more
       return s;
     }
     // Unknown outcome: the Put may have been applied, and the shared lease (kept alive for the

@@ -155,6 +155,9 @@ class EtcdBackend final : public Backend {
   // Returns Grant::ttl = the TTL etcd granted (whole seconds, at least 2 s). Returns
   // kHeldByAnother with the holder's identity and fencing token (remaining is reported as
   // the holder's granted TTL, an upper bound: the conflict path makes no extra call).
+  // A shared lease revoked behind the handle's back (`release --force` of its last key, an
+  // `etcdctl lease revoke`) fails the Txn whole ("lease not found", nothing applied): the
+  // attempt is made once more on a fresh lease.
   Result<Grant> TryAcquire(const GrantRequest& request) override;
 
   Status Renew(const RenewRequest& request) override;
@@ -223,6 +226,9 @@ class EtcdBackend final : public Backend {
   static std::string KeyName(std::string_view prefix, std::string_view key);
 
  private:
+  // One attempt of TryAcquire.
+  Result<Grant> TryAcquireOnce(const GrantRequest& request);
+
   // The parts that touch gRPC (etcd_backend.cc).
   class Impl;
 
