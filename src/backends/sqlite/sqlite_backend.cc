@@ -278,24 +278,7 @@ Status FileSystemError(int err, std::string_view action, std::string_view what,
                                                       action, db_path, OsReason(err))
                                         : fmt::format("cannot {} {} for the sqlite database {}: {}",
                                                       action, what, db_path, OsReason(err));
-  switch (err) {
-    case ENOSPC:
-    case EDQUOT:
-    case EIO:
-    case ENOMEM:
-    case EMFILE:
-    case ENFILE:
-    case EINTR:
-      return Status::Unavailable(std::move(message));
-    case EISDIR:
-    case ENAMETOOLONG:
-    case ELOOP:
-      return Status::InvalidArgument(std::move(message));
-    default:
-      // EACCES, EPERM, EROFS, ENOTDIR (a path under a regular file), ENOENT (a directory that
-      // cannot hold new entries, such as /proc): the file system refuses us this path.
-      return Status::PermissionDenied(std::move(message));
-  }
+  return SqliteFileErrorStatus(err, std::move(message));
 }
 
 // Creates the missing directories leading to `path`, each 0700 whatever the umask. Existing

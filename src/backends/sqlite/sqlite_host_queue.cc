@@ -41,24 +41,8 @@ std::string Reason(int err) {
 }
 
 Status QueueFileError(int err, std::string_view action, const std::string& path) {
-  std::string message =
-      fmt::format("cannot {} the sqlite write-queue file {}: {}", action, path, Reason(err));
-  switch (err) {
-    case ENOSPC:
-    case EDQUOT:
-    case EIO:
-    case ENOMEM:
-    case EMFILE:
-    case ENFILE:
-    case EINTR:
-      return Status::Unavailable(std::move(message));
-    case EISDIR:
-    case ENAMETOOLONG:
-    case ELOOP:
-      return Status::InvalidArgument(std::move(message));
-    default:
-      return Status::PermissionDenied(std::move(message));
-  }
+  return SqliteFileErrorStatus(
+      err, fmt::format("cannot {} the sqlite write-queue file {}: {}", action, path, Reason(err)));
 }
 
 std::size_t SlotOf(std::string_view key) {
@@ -86,8 +70,6 @@ timespec AbsoluteIn(clockid_t clock, Duration timeout) {
   return ToTimespec(abs);
 }
 
-}  // namespace
-
 // The inode number of this process's PID namespace (namespace inode numbers are 32-bit);
 // 0 if unreadable.
 std::uint32_t PidNamespace() {
@@ -96,6 +78,29 @@ std::uint32_t PidNamespace() {
     return 0;
   }
   return static_cast<std::uint32_t>(ns.st_ino);
+}
+
+}  // namespace
+
+Status SqliteFileErrorStatus(int err, std::string message) {
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT:
+    case EIO:
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+    case EINTR:
+      return Status::Unavailable(std::move(message));
+    case EISDIR:
+    case ENAMETOOLONG:
+    case ELOOP:
+      return Status::InvalidArgument(std::move(message));
+    default:
+      // EACCES, EPERM, EROFS, ENOTDIR (a path under a regular file), ENOENT (a directory that
+      // cannot hold new entries, such as /proc): the file system refuses us this path.
+      return Status::PermissionDenied(std::move(message));
+  }
 }
 
 struct SqliteHostQueue::Shared {

@@ -44,6 +44,12 @@
 
 namespace leasehold::internal {
 
+// The status for a file-system error `err` (errno) on one of the store's files, with `message`:
+// kUnavailable for what may pass (no space, I/O, out of descriptors), kInvalidArgument for a
+// path that cannot name such a file, kPermissionDenied for a refusal of the path (EACCES,
+// EPERM, EROFS, ENOTDIR, ENOENT in a directory that cannot hold new entries, ...).
+Status SqliteFileErrorStatus(int err, std::string message);
+
 class SqliteHostQueue {
  public:
   // The number of change-generation slots.
