@@ -443,6 +443,23 @@ TEST(ZkEnsembleTest, ReconnectWithinTheSessionReArmsTheWatchesOnce) {
   ASSERT_TRUE(renewed) << "the leases were not renewed after the reconnect";
   EXPECT_NE(a->ConnectedPortForTesting(15s), (*zk)->client_port(victim));
   EXPECT_EQ(confirming_round, 2u + 3u) << "the confirming round re-arms each watch";
+  // Later rounds are two requests again. The ensemble may move the connection once more while
+  // it settles (the victim was the leader: the others drop their clients for the election),
+  // which re-arms once more; so allow a few rounds to reach two, then two must stay two.
+  std::uint64_t cost = 0;
+  for (int i = 0; i < 20; ++i) {
+    const std::uint64_t before = a->RenewRequestsSentForTesting();
+    std::vector<Status> steady = a->RenewMany(renewals);
+    for (const Status& s : steady) {
+      ASSERT_NE(s.code(), StatusCode::kLost) << s.ToString();
+    }
+    cost = a->RenewRequestsSentForTesting() - before;
+    if (cost == 2u && steady[0].ok() && steady[1].ok() && steady[2].ok()) {
+      break;
+    }
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_EQ(cost, 2u) << "re-armed on every round";
   const std::uint64_t before = a->RenewRequestsSentForTesting();
   std::vector<Status> steady = a->RenewMany(renewals);
   for (const Status& s : steady) {
