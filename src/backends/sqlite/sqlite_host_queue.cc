@@ -185,7 +185,8 @@ Result<std::unique_ptr<SqliteHostQueue>> SqliteHostQueue::Open(const std::string
     }
     std::memcpy(shared->boot_id, id, kBootIdBytes);
     shared->pid_namespace = PidNamespace();
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    // No fence needed: every process reads and writes this header only under flock(LOCK_EX),
+    // whose system calls order the memory accesses on either side of them.
     shared->magic = kMagic;
   }
   const std::uint32_t pid_namespace = PidNamespace();
