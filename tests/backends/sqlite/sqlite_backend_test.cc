@@ -461,6 +461,12 @@ TEST_F(SqliteBackendTest, WaitForChangeEndsAtTheDeadlineAndOnCancel) {
 }
 
 TEST_F(SqliteBackendTest, AWriteQueueHolderKilledWithSigkillDoesNotBlockOthers) {
+#if defined(__SANITIZE_THREAD__)
+  // gcc 12's ThreadSanitizer does not count a timed lock that returns EOWNERDEAD (the robust
+  // mutex handed on by the kernel) as taken, and reports its unlock; the normal and ASan runs
+  // test this.
+  GTEST_SKIP() << "ThreadSanitizer does not model a robust mutex's EOWNERDEAD from a timed lock";
+#endif
   auto backend = MustOpen(seconds(5));
   ASSERT_NE(backend, nullptr);
   int ready[2];
