@@ -83,8 +83,16 @@ Status EtcdClient::Connect() {
   grpc::ChannelArguments args;
   // Reconnect soon after a member comes back; the defaults wait up to two minutes.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // gRPC takes the "min reconnect backoff" as the shortest time it gives one connection attempt
+  // (TCP connect plus the TLS and HTTP/2 handshakes) before it cancels it ("handshaker
+  // shutdown") and fails the calls waiting on it. 100 ms failed a TLS connect on a busy machine;
+  // an attempt gets as long as a command.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              static_cast<int>(std::max<std::int64_t>(
+                  100, std::chrono::duration_cast<std::chrono::milliseconds>(
+                           options_.command_timeout)
+                           .count())));
   // Own connections per backend: counters and failures of one handle are its own.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   std::shared_ptr<grpc::ChannelCredentials> creds;
