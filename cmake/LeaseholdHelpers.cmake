@@ -14,15 +14,16 @@ if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
   target_compile_options(leasehold_build_flags INTERFACE -Wthread-safety -Werror=thread-safety)
 endif()
 
-# leasehold_cc_test(NAME name SRCS a.cc b.cc [DEPS ...] [LABELS ...])
+# leasehold_cc_test(NAME name SRCS a.cc b.cc [DEPS ...] [LABELS ...] [ENVIRONMENT VAR=value ...])
 # One gtest executable registered with CTest; tests see the internal src/ headers.
 function(leasehold_cc_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ENVIRONMENT" ${ARGN})
   add_executable(${T_NAME} ${T_SRCS})
   target_link_libraries(${T_NAME} PRIVATE leasehold_internal GTest::gtest GTest::gtest_main
                         GTest::gmock ${T_DEPS} leasehold_build_flags)
   target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-  gtest_discover_tests(${T_NAME} PROPERTIES LABELS "${T_LABELS}" DISCOVERY_TIMEOUT 60)
+  gtest_discover_tests(${T_NAME} PROPERTIES LABELS "${T_LABELS}" ENVIRONMENT "${T_ENVIRONMENT}"
+                       DISCOVERY_TIMEOUT 60)
 endfunction()
 
 # leasehold_store_definitions(target [PUBLIC|PRIVATE|INTERFACE])
