@@ -30,6 +30,9 @@ ICMP, TCP just retransmits), as a real partition is:
                        purely one-way.
   oneway-from-holder   IPv4 frames from the holder dropped (`iifname`): it hears the cluster,
                        the cluster never hears it.
+  leader-peers         cut the leader off from the other members only; every client still
+                       reaches it (Jepsen's favourite: a leader that clients can talk to but
+                       that has lost its quorum, and may not know it yet).
   oneway-to-leader     IPv4 frames toward the leader dropped: it hears nobody (peers, clients),
                        everybody hears it.
 
@@ -47,16 +50,18 @@ Event logs are files too, and CLOCK_BOOTTIME is one clock for every namespace.
 
 Takeover time, per partition: from the fault to the first grant by a worker other than the one
 that held at the fault, if one comes before the next fault ("kept" otherwise: the holder rode
-it out, e.g. by failing over to another member). A partition during which the holder released
-the key by itself is not counted. Figures are printed per kind:
+it out, e.g. by failing over to another member; "regained" if it lost the key and got it back
+first). A partition during which the holder released the key by itself is not counted. The
+time from the fault to the holder's own loss (lost or invalid) is printed too: the checker
+makes sure that it always comes before the next grant. Figures are printed per kind:
 
-  partition: store=<s> kind=<k> n=<n> takeovers=<n> kept=<n> holder_lost_first=<n>
-             takeover_ms p50=<n> max=<n>
+  partition: store=<s> kind=<k> n=<n> takeover=<n> regained=<n> kept=<n> released=<n>
+             after_heal=<n> lost_after_heal=<n> takeover_ms p50=<n> max=<n> holder_lost_ms p50=<n> max=<n>
 
 and one summary line:
 
-  partition: store=<s> partitions=<n> handoffs=<n> overlaps=<n> stale_accepted=<n>
-             violations=<n>
+  partition: store=<s> partitions=<n> takeovers=<n> overlaps=<n> stale_attempted=<n>
+             stale_accepted=<n> violations=<n>
 
 Exit status: 0 clean; 1 on any violation (the run directory is kept and named); 2 if the run
 could not have shown anything (the cluster never settled, no partition ended in a takeover, a
@@ -64,7 +69,7 @@ worker crashed); 77 (CTest's SKIP_RETURN_CODE) if network namespaces cannot be c
 (not root, no `ip netns`, no nft, no store binary), with the reason on stdout.
 
   partition.py --worker PATH --store etcd|zk [--store ...] --quick      (CTest, label partition)
-  partition.py --worker PATH --store etcd --store zk --partitions 54    (the long run, by hand)
+  partition.py --worker PATH --store etcd --store zk --partitions 56    (the long run, by hand)
 
 Cleanup: every process is started in its own session with PR_SET_PDEATHSIG=SIGKILL and is
 killed by pid; namespaces are deleted in try/finally, atexit and on SIGTERM/SIGINT/SIGHUP. A run
@@ -98,8 +103,9 @@ SUBNET = "10.213.0"
 HUB_IP = SUBNET + ".254"
 MEMBERS = ("m1", "m2", "m3")
 CLIENTS = ("c1", "c2")
-KINDS = ("member", "leader", "holder", "oneway-to-holder", "oneway-to-leader",
+KINDS = ("member", "leader", "holder", "oneway-to-holder", "leader-peers", "oneway-to-leader",
          "oneway-from-holder")
+QUICK_KINDS = KINDS[:5]
 NFT_TABLE = """table bridge lhp {
   chain filt { type filter hook forward priority 0; policy accept; }
 }
@@ -254,6 +260,10 @@ class Net:
 
     def drop_from(self, node):
         self._nft("iifname", node, "ether", "type", "ip", "drop")
+
+    def cut(self, a, b):
+        self._nft("iifname", a, "oifname", b, "drop")
+        self._nft("iifname", b, "oifname", a, "drop")
 
     def heal(self):
         sh("ip", "netns", "exec", self.hub, "nft", "flush", "chain", "bridge", "lhp", "filt")
@@ -568,6 +578,11 @@ class PartitionOrchestrator(chaos.Orchestrator):
         elif kind == "oneway-from-holder":
             target = self.slot[holder]
             self.net.drop_from(target)
+        elif kind == "leader-peers":
+            target = leader or MEMBERS[0]
+            for m in MEMBERS:
+                if m != target:
+                    self.net.cut(target, m)
         elif kind == "oneway-to-leader":
             target = leader or MEMBERS[0]
             self.net.drop_to(target)
@@ -617,8 +632,13 @@ class PartitionOrchestrator(chaos.Orchestrator):
 
 
 def takeovers(run_dir):
-    """Per partition: (kind, takeover ms or None, holder released by itself, holder saw the
-    loss before the takeover). Read from orch.log and the workers' logs."""
+    """Per partition, from orch.log and the workers' logs, between the fault and the next one:
+    dict(kind, outcome, takeover_ms, lost_ms, after_heal). outcome: 'takeover' (another worker
+    was granted the key), 'regained' (the holder lost it and was granted it again first), 'kept'
+    (the holder never lost it), 'released' (the holder released it by itself, still valid: not
+    a partition's doing, not counted). lost_ms: fault to the holder's loss (lost or invalid,
+    the earlier), if any; after_heal, lost_after_heal: the takeover, the loss came after the
+    heal (a cluster that re-elects when the cut member comes back)."""
     orch = []
     with open(os.path.join(run_dir, "orch.log")) as f:
         for line in f:
@@ -626,27 +646,42 @@ def takeovers(run_dir):
             if e:
                 orch.append(e)
     parts = [(t, f) for t, _, ev, f in orch if ev == "partition"]
+    heals = [t for t, _, ev, f in orch if ev == "heal"]
     end = max((t for t, *_ in orch), default=0)
-    events = []  # (t, worker, event)
+    events = []  # (t, worker, event, fields)
     for name in os.listdir(run_dir):
         if name.startswith("w") and name.endswith(".log"):
             with open(os.path.join(run_dir, name)) as f:
                 for line in f:
                     e = chaos.parse_line(line)
                     if e and e[2] in ("acquired", "release-sent", "lost", "invalid"):
-                        events.append((e[0], e[1], e[2]))
-    events.sort()
+                        events.append((e[0], e[1], e[2], e[3]))
+    events.sort(key=lambda e: e[0])
     out = []
     for i, (t, f) in enumerate(parts):
         t_next = parts[i + 1][0] if i + 1 < len(parts) else end
+        t_heal = next((h for h in heals if h >= t), end)
         holder = f["holder"]
-        window = [e for e in events if t <= e[0] < t_next]
-        took = next((e for e in window if e[2] == "acquired" and e[1] != holder), None)
-        before = [e for e in window if took is None or e[0] <= took[0]]
-        released = any(e[1] == holder and e[2] == "release-sent" for e in before)
-        lost_first = any(e[1] == holder and e[2] in ("lost", "invalid") for e in before)
-        out.append((f["kind"], (took[0] - t) / MS if took else None, released,
-                    lost_first and took is not None))
+        row = dict(kind=f["kind"], outcome="kept", takeover_ms=None, lost_ms=None,
+                   after_heal=False, lost_after_heal=False)
+        for et, w, ev, ef in events:
+            if not t <= et < t_next:
+                continue
+            if w == holder and ev in ("lost", "invalid") and row["lost_ms"] is None:
+                row["lost_ms"] = (et - t) / MS
+                row["lost_after_heal"] = et >= t_heal
+            elif w == holder and ev == "release-sent" and ef.get("after_invalid") != "1" \
+                    and row["lost_ms"] is None:
+                row["outcome"] = "released"
+                break
+            elif ev == "acquired" and w != holder:
+                row.update(outcome="takeover", takeover_ms=(et - t) / MS,
+                           after_heal=et >= t_heal)
+                break
+            elif ev == "acquired" and w == holder and row["lost_ms"] is not None:
+                row["outcome"] = "regained"
+                break
+        out.append(row)
     return out
 
 
@@ -679,17 +714,21 @@ def run_store(args, store_name, plan, rng):
         rows = takeovers(run_dir)
         handoffs = 0
         for kind in KINDS:
-            ks = [x for x in rows if x[0] == kind]
+            ks = [x for x in rows if x["kind"] == kind]
             if not ks:
                 continue
-            counted = [x for x in ks if not x[2]]
-            times = [x[1] for x in counted if x[1] is not None]
+            count = {o: sum(1 for x in ks if x["outcome"] == o)
+                     for o in ("takeover", "regained", "kept", "released")}
+            times = [x["takeover_ms"] for x in ks if x["outcome"] == "takeover"]
+            lost = [x["lost_ms"] for x in ks if x["lost_ms"] is not None]
             print(f"partition: store={store_name} kind={kind} n={len(ks)} "
-                  f"takeovers={len(times)} kept={sum(1 for x in counted if x[1] is None)} "
-                  f"self_released={len(ks) - len(counted)} "
-                  f"holder_lost_first={sum(1 for x in counted if x[3])} "
-                  f"takeover_ms p50={round(chaos.pct(times, 0.5))} "
-                  f"max={round(max(times, default=0))}", flush=True)
+                  + " ".join(f"{o}={c}" for o, c in count.items())
+                  + f" after_heal={sum(1 for x in ks if x['after_heal'])}"
+                  f" lost_after_heal={sum(1 for x in ks if x['lost_after_heal'])}"
+                  f" takeover_ms p50={round(chaos.pct(times, 0.5))} "
+                  f"max={round(max(times, default=0))} "
+                  f"holder_lost_ms p50={round(chaos.pct(lost, 0.5))} "
+                  f"max={round(max(lost, default=0))}", flush=True)
             handoffs += len(times)
         print(f"partition: store={store_name} partitions={len(rows)} takeovers={handoffs} "
               f"overlaps={r['overlaps']} stale_attempted={r['stale_attempted']} "
@@ -718,10 +757,10 @@ def main():
     ap.add_argument("--worker", required=True, help="path to chaos_worker")
     ap.add_argument("--store", action="append", choices=sorted(CLUSTERS), required=True)
     ap.add_argument("--quick", action="store_true",
-                    help="the CTest run: five partitions per store, one of each kind but "
-                         "oneway-from-holder")
+                    help="the CTest run: five partitions per store, one each of member, "
+                         "leader, holder, oneway-to-holder, leader-peers")
     ap.add_argument("--partitions", type=int, default=None,
-                    help="partitions per store (default: 5 with --quick, else 54), the kinds "
+                    help="partitions per store (default: 5 with --quick, else 56), the kinds "
                          "in turn")
     ap.add_argument("--hold-min-ms", type=int, default=20000,
                     help="a worker holds the key this long at least (long: the partitions, "
@@ -752,8 +791,8 @@ def main():
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     print(f"partition: seed={seed} (rerun with --seed {seed})", flush=True)
     rng = random.Random(seed)
-    n = args.partitions or (5 if args.quick else 54)
-    kinds = KINDS[:5] if args.quick else KINDS
+    n = args.partitions or (len(QUICK_KINDS) if args.quick else 8 * len(KINDS))
+    kinds = QUICK_KINDS if args.quick else KINDS
     plan = [kinds[i % len(kinds)] for i in range(n)]
     status = 0
     for s in args.store:
