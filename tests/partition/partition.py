@@ -561,10 +561,15 @@ class PartitionOrchestrator(chaos.Orchestrator):
         return best[1] if best else None
 
     def partition(self, kind, holder):
-        """Applies one partition; returns (target node, leader before it)."""
+        """Applies one partition; returns (target node, leader before it, how the target was
+        found)."""
         leader = self.cluster.leader()
+        how = "leader" if kind in ("leader", "leader-peers", "oneway-to-leader") else "holder"
         if kind == "member":
-            target = self.holder_member(holder) or MEMBERS[CLIENTS.index(self.slot[holder])]
+            target = self.holder_member(holder)
+            how = "ss"
+            if target is None:  # no connection seen: the first member of its URL
+                target, how = MEMBERS[CLIENTS.index(self.slot[holder])], "url-order"
             self.net.isolate(target)
         elif kind == "leader":
             target = leader or MEMBERS[0]
@@ -588,7 +593,7 @@ class PartitionOrchestrator(chaos.Orchestrator):
             self.net.drop_to(target)
         else:
             raise ValueError(kind)
-        return target, leader
+        return target, leader, how
 
     def run_partitions(self, plan, rng):
         self.faults = 0
@@ -610,11 +615,12 @@ class PartitionOrchestrator(chaos.Orchestrator):
                     self.liveness.append(f"no settled holder within 30 s before {kind}")
                     self.log("settle-timeout", kind=kind)
                     continue
-                target, leader = self.partition(kind, holder)
+                target, leader, how = self.partition(kind, holder)
                 self.faults += 1
                 dur = int(rng.uniform(2.5, 3.5) * self.ttl_ns)
                 self.log("partition", kind=kind, target=target, holder=holder,
-                         holder_ns=self.slot[holder], leader=leader or "-", dur_ms=dur // MS)
+                         holder_ns=self.slot[holder], leader=leader or "-", found_by=how,
+                         dur_ms=dur // MS)
                 self.pump(now_ns() + dur, end)
                 self.net.heal()
                 self.log("heal", kind=kind)
