@@ -553,6 +553,8 @@ class PartitionOrchestrator(chaos.Orchestrator):
             if peer is None or m is None:
                 continue
             host, _, port = peer.rpartition(":")
+            # gRPC's sockets are dual-stack: ss prints "[::ffff:10.213.0.1]:12379".
+            host = host.strip("[]").removeprefix("::ffff:")
             if port != str(self.cluster.client_port):
                 continue
             node = self.net.node_of_ip(host)
