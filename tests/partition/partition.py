@@ -350,13 +350,15 @@ class Cluster:
 class EtcdCluster(Cluster):
     """Three etcd 3.4 members, each in its namespace, listening on its own address only
     (client 12379, peer 12380; no other etcd can be there, the namespace is ours). Raft
-    timings are etcd's defaults (heartbeat 100 ms, election 1000 ms). TTL 2 s: etcd keeps no
-    lease shorter."""
+    timings are etcd's defaults (heartbeat 100 ms, election 1000 ms), and so is pre-vote (off
+    in 3.4: a member coming back from a partition with a higher term forces an election).
+    TTL 2 s: etcd keeps no lease shorter."""
 
     scheme = "etcd"
     ttl_ms = 2000
     client_port = 12379
     peer_port = 12380
+    pre_vote = False  # etcd 3.4's default; --etcd-pre-vote turns it on
 
     def start(self):
         ip = self.net.ip
@@ -369,7 +371,8 @@ class EtcdCluster(Cluster):
                             "--listen-client-urls", client, "--advertise-client-urls", client,
                             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                             "--initial-cluster", cluster, "--initial-cluster-state", "new",
-                            "--initial-cluster-token", self.net.tag],
+                            "--initial-cluster-token", self.net.tag]
+                        + (["--pre-vote=true"] if self.pre_vote else []),
                         f"etcd-{m}.log")
 
     def url(self, order):
@@ -768,19 +771,29 @@ def main():
                     help="the CTest run: five partitions per store, one each of member, "
                          "leader, holder, oneway-to-holder, leader-peers")
     ap.add_argument("--partitions", type=int, default=None,
-                    help="partitions per store (default: 5 with --quick, else 56), the kinds "
-                         "in turn")
+                    help="partitions per store (default: one of each kind with --quick, eight "
+                         "of each else: 56), the kinds in turn")
     ap.add_argument("--hold-min-ms", type=int, default=20000,
                     help="a worker holds the key this long at least (long: the partitions, "
                          "not releases, make the handoffs)")
     ap.add_argument("--hold-max-ms", type=int, default=40000)
     ap.add_argument("--write-gap-ms", type=int, default=15)
+    ap.add_argument("--etcd-pre-vote", action="store_true",
+                    help="start the etcd members with --pre-vote=true (off by default in 3.4)")
+    ap.add_argument("--kinds", default=None,
+                    help="comma-separated partition kinds to take in turn (default: all; "
+                         "--quick: the five CI ones)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--keep", action="store_true", help="keep run directories of clean runs")
     args = ap.parse_args()
     if not os.access(args.worker, os.X_OK):
         ap.error("--worker must name the chaos_worker executable")
+    kinds = QUICK_KINDS if args.quick else KINDS
+    if args.kinds:
+        kinds = tuple(args.kinds.split(","))
+        if not set(kinds) <= set(KINDS):
+            ap.error(f"--kinds: one of {', '.join(KINDS)}")
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     atexit.register(run_cleanups)
@@ -799,8 +812,8 @@ def main():
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     print(f"partition: seed={seed} (rerun with --seed {seed})", flush=True)
     rng = random.Random(seed)
-    n = args.partitions or (len(QUICK_KINDS) if args.quick else 8 * len(KINDS))
-    kinds = QUICK_KINDS if args.quick else KINDS
+    n = args.partitions or (len(kinds) if args.quick else 8 * len(kinds))
+    EtcdCluster.pre_vote = args.etcd_pre_vote
     plan = [kinds[i % len(kinds)] for i in range(n)]
     status = 0
     for s in args.store:
