@@ -626,6 +626,9 @@ class PartitionOrchestrator(chaos.Orchestrator):
                 self.log("partition", kind=kind, target=target, holder=holder,
                          holder_ns=self.slot[holder], leader=leader or "-", found_by=how,
                          dur_ms=dur // MS)
+                # The same as the checker's store faults, so that its false-loss figure knows
+                # of the partitions.
+                self.log("store-fault", kind="partition-" + kind, dur_ms=dur // MS)
                 self.pump(now_ns() + dur, end)
                 self.net.heal()
                 self.log("heal", kind=kind)
