@@ -70,9 +70,10 @@ worker crashed); 77 (CTest's SKIP_RETURN_CODE) if network namespaces cannot be c
 
   partition.py --worker PATH --store etcd|zk [--store ...] --quick      (CTest, label partition)
   partition.py --worker PATH --store etcd --store zk --partitions 56    (the long run, by hand)
+  ... --kinds member,leader --etcd-pre-vote   (only these kinds; etcd members with pre-vote on)
 
 Cleanup: every process is started in its own session with PR_SET_PDEATHSIG=SIGKILL and is
-killed by pid; namespaces are deleted in try/finally, atexit and on SIGTERM/SIGINT/SIGHUP. A run
+killed by its process group (its own pid); namespaces are deleted in try/finally, atexit and on SIGTERM/SIGINT/SIGHUP. A run
 killed with SIGKILL cannot clean up: the next run deletes namespaces lhp<pid>-* whose pid is
 gone (killing what still runs in them).
 """
