@@ -768,7 +768,7 @@ class Orchestrator:
         wid = f"w{self.next_id}"
         self.next_id += 1
         dur_ms = max(0, (end_ns - now_ns()) // MS)
-        cmd = [self.args.worker, f"--store={self.store.url()}",
+        cmd = [self.args.worker, f"--store={self.worker_url(wid)}",
                f"--keys={','.join(self.sc['keys'])}",
                f"--register={os.path.join(self.run_dir, 'register.db')}",
                f"--log={os.path.join(self.run_dir, wid + '.log')}", f"--id={wid}",
@@ -778,12 +778,25 @@ class Orchestrator:
                f"--seed={self.rng.getrandbits(63)}"] + self.worker_flags
         if self.args.ignore_sigpipe:
             cmd.append("--ignore-sigpipe=1")
+        cmd = self.wrap_worker(wid, cmd)
         err = open(os.path.join(self.run_dir, wid + ".stderr"), "wb")
-        p = subprocess.Popen(cmd, stdout=err, stderr=err, start_new_session=True)
+        p = subprocess.Popen(cmd, stdout=err, stderr=err, start_new_session=True,
+                             preexec_fn=self.worker_preexec)
         err.close()
         self.procs[p.pid] = (p, wid)
         self.holding[wid] = None
         self.log("spawn", pid=p.pid, worker=wid)
+
+    # Hooks for tests/partition/partition.py: each worker's own store URL (its endpoint
+    # order), its command wrapped (`ip netns exec NS ...`, which execs, so the pid is still the
+    # worker's) and a function run in the child before exec.
+    def worker_url(self, wid):
+        return self.store.url()
+
+    def wrap_worker(self, wid, cmd):
+        return cmd
+
+    worker_preexec = None
 
     def tail_logs(self):
         for _, wid in list(self.procs.values()):
