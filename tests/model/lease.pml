@@ -181,8 +181,11 @@ inline grant_ends(k) {
 }
 
 /* ---- Time: one tick of true time; every clock advances by a bounded-error amount. ---- */
+/* (Steps are an atomic choice followed by a d_step: the deterministic rest is one transition,
+ * which keeps the search shallow and quick.) */
 active proctype Time() {
   byte c, d, j, t, x, gj, gt;
+  byte ne[NH + 1];      /* the clocks' errors after this tick */
 end:
   do
   :: atomic {
@@ -190,38 +193,46 @@ end:
        do
        :: c <= NH ->
           /* new error in [max(0, e-1), EPS]: the clock never runs backwards */
-          x = (e[c] > 0 -> e[c] - 1 : 0);
+          ne[c] = (e[c] > 0 -> e[c] - 1 : 0);
           do
-          :: x < EPS -> x++
+          :: ne[c] < EPS -> ne[c]++
           :: break
           od;
-          d = 1 + x - e[c]; e[c] = x;
-          if
-          :: c < NH ->
-             j = 0;
-             do
-             :: j < NK ->
-                t = IX(c, j); DOWN(su[t], d); UP(aage[t], d); j++
-             :: else -> break
-             od;
-             UP(rage[c], d)
-          :: else ->
-             j = 0;
-             do
-             :: j < NK ->
-                if
-                :: sown[j] != 0 && sexp[j] <= d -> x = j; grant_ends(x)  /* expired */
-                :: sown[j] != 0 && sexp[j] > d -> sexp[j] = sexp[j] - d
-                :: else -> skip
-                fi;
-                j++
-             :: else -> break
-             od
-          fi;
           c++
        :: else -> break
        od;
-       c = 0; d = 0; j = 0; t = 0; x = 0
+       d_step {
+         c = 0;
+         do
+         :: c <= NH ->
+            d = 1 + ne[c] - e[c]; e[c] = ne[c]; ne[c] = 0;
+            if
+            :: c < NH ->
+               j = 0;
+               do
+               :: j < NK ->
+                  t = IX(c, j); DOWN(su[t], d); UP(aage[t], d); j++
+               :: else -> break
+               od;
+               UP(rage[c], d)
+            :: else ->
+               j = 0;
+               do
+               :: j < NK ->
+                  if
+                  :: sown[j] != 0 && sexp[j] <= d -> x = j; grant_ends(x)  /* expired */
+                  :: sown[j] != 0 && sexp[j] > d -> sexp[j] = sexp[j] - d
+                  :: else -> skip
+                  fi;
+                  j++
+               :: else -> break
+               od
+            fi;
+            c++
+         :: else -> break
+         od;
+         c = 0; d = 0; j = 0; t = 0; x = 0
+       }
      }
   od
 }
@@ -239,9 +250,9 @@ proctype Lease(byte i; byte k) {
 end:
   do
   /* Store::TryAcquireAs: read t_send, then send the request. */
-  :: atomic { ph[s] == NONE -> ph[s] = ACQ; aage[s] = 0; aq[s] = 1 }
+  :: d_step { ph[s] == NONE -> ph[s] = ACQ; aage[s] = 0; aq[s] = 1 }
   /* The acquire reply arrives: the LeaseCore is built, or the grant came too late. */
-  :: atomic {
+  :: d_step {
        ph[s] == ACQ && ar[s] != R_NONE ->
        if
        :: ar[s] == R_OK ->
@@ -263,9 +274,9 @@ end:
      }
   /* Expiry watchdog (Heartbeat::WatchdogLoop -> LeaseCore::CheckExpiry): lost at safe_until,
    * even if no reply ever arrives. */
-  :: atomic { ph[s] == ACTIVE && su[s] == 0 -> drop(s) }
+  :: d_step { ph[s] == ACTIVE && su[s] == 0 -> drop(s) }
   /* Lease::Release: invalid at once (LeaseCore::BeginRelease), then delete if ours. */
-  :: atomic { ph[s] == ACTIVE && su[s] > 0 -> drop(s) }
+  :: d_step { ph[s] == ACTIVE && su[s] > 0 -> drop(s) }
   od
 }
 
@@ -313,23 +324,32 @@ end:
        m = 0; k = 0;
        do
        :: k < NK ->
-          s = IX(i, k);
           if
-          :: ph[s] == ACTIVE -> m = m | (1 << k); rtok[s] = tok[s]
-          :: ph[s] == ACTIVE && NK > 1 -> skip   /* not due in this round */
+          :: ph[IX(i, k)] == ACTIVE -> m = m | (1 << k)
+          :: ph[IX(i, k)] == ACTIVE && NK > 1 -> skip   /* not due in this round */
           :: else -> skip
           fi;
           k++
        :: else -> break
        od;
-       if
-       :: m != 0 -> rage[i] = 0; rkeys[i] = m; rmask[i] = m; rb[i] = RB_SENT
-       :: else -> skip
-       fi;
-       m = 0; k = 0; s = 0
+       d_step {
+         if
+         :: m != 0 ->
+            k = 0;
+            do
+            :: k < NK ->
+               if :: m & (1 << k) -> rtok[IX(i, k)] = tok[IX(i, k)] :: else -> skip fi;
+               k++
+            :: else -> break
+            od;
+            rage[i] = 0; rkeys[i] = m; rmask[i] = m; rb[i] = RB_SENT
+         :: else -> skip
+         fi;
+         m = 0; k = 0; s = 0
+       }
      }
   /* RenewMany returned: apply every lease's result with the round's one t_send. */
-  :: atomic {
+  :: d_step {
        rb[i] == RB_REPLIED ->
        k = 0;
        do
@@ -350,10 +370,11 @@ end:
 proctype StoreConn(byte i; byte k) {
   byte s = IX(i, k);
   byte gj, gt;
+  bit ok;
 end:
   do
   /* try-acquire: create the grant only if no live grant exists (expired ones are gone). */
-  :: atomic {
+  :: d_step {
        aq[s] ->
        if
        :: sown[k] == 0 -> sown[k] = i + 1; sexp[k] = TTL; ar[s] = R_OK; artok[s] = REF_CUR
@@ -362,7 +383,7 @@ end:
        aq[s] = 0
      }
   /* release: delete only if the owner token still matches. */
-  :: atomic {
+  :: d_step {
        rl[s] != REF_NONE ->
        if
 #ifdef RELEASE_BY_KEY
@@ -378,17 +399,22 @@ end:
   :: atomic {
        rb[i] == RB_SENT && (rmask[i] & (1 << k)) ->
        if
-       :: rtok[s] == REF_CUR ->
-          if
-          :: sexp[k] = TTL; rres[s] = R_OK
+       :: rtok[s] == REF_CUR -> ok = 1
 #ifndef NO_TRANSIENT
-          :: rres[s] = R_UNAVAIL   /* the request was lost: the holder is at risk */
+       :: rtok[s] == REF_CUR -> ok = 0   /* the request was lost: the holder is at risk */
 #endif
-          fi
-       :: else -> rres[s] = R_LOST
+       :: else -> ok = 0
        fi;
-       rmask[i] = rmask[i] & ~(1 << k);
-       if :: rmask[i] == 0 -> rb[i] = RB_REPLIED :: else -> skip fi
+       d_step {
+         if
+         :: rtok[s] == REF_CUR && ok -> sexp[k] = TTL; rres[s] = R_OK
+         :: rtok[s] == REF_CUR && !ok -> rres[s] = R_UNAVAIL
+         :: else -> rres[s] = R_LOST
+         fi;
+         ok = 0;
+         rmask[i] = rmask[i] & ~(1 << k);
+         if :: rmask[i] == 0 -> rb[i] = RB_REPLIED :: else -> skip fi
+       }
      }
   od
 }
