@@ -71,7 +71,8 @@
  *   -DRELEASE_BY_KEY    release deletes the key's grant whoever owns it.
  * -DNO_TRANSIENT leaves out the lost renew request (and with it AT_RISK), to size the search;
  * -DBATCH_ONE (with NK=2) gives key 1 to holder 0 alone, so that its batch of two leases is
- * checked against a contender on key 0 in a state space that fits.
+ * checked against a contender on key 0 in a smaller state space (still far too large for CI:
+ * tests/chaos/RESULTS.md, "Model").
  */
 
 #ifndef NH
