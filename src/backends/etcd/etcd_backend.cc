@@ -31,6 +31,7 @@
 #include "backends/etcd/etcd_client.h"
 #include "backends/etcd/etcd_keepalive.h"
 #include "backends/etcd/etcd_spare_leases.h"
+#include "backends/etcd/etcd_value.h"
 #include "backends/etcd/etcd_wait_queue.h"
 #include "util/mutex.h"
 #include "util/thread_annotations.h"
@@ -44,9 +45,6 @@ namespace pb = etcdserverpb;
 
 // Shortest life of a queue entry (fair=true) without its waiter's attempts.
 constexpr int64_t kMinQueueTtlSeconds = 10;
-
-// Version of the value layout (EncodeValue).
-constexpr int64_t kValueVersion = 1;
 
 // Long waits are cut into pieces no longer than this (a gRPC deadline far in the future is
 // pointless, and the core calls again anyway).
@@ -63,43 +61,6 @@ std::string RecordKey(std::string_view prefix, std::string_view key) {
   r += "record/";
   r += key;
   return r;
-}
-
-// The value of a grant: "v1\n<owner token>\n<granted ttl ms>\n<holder>". The holder comes last
-// so it may contain anything, newlines included.
-struct GrantValue {
-  std::string token;
-  int64_t ttl_ms = 0;
-  std::string holder;
-};
-
-std::string EncodeValue(const GrantValue& v) {
-  return fmt::format("v{}\n{}\n{}\n{}", kValueVersion, v.token, v.ttl_ms, v.holder);
-}
-
-std::optional<GrantValue> DecodeValue(std::string_view text) {
-  GrantValue v;
-  std::string_view parts[3];
-  for (auto& part : parts) {
-    std::size_t nl = text.find('\n');
-    if (nl == std::string_view::npos) {
-      return std::nullopt;
-    }
-    part = text.substr(0, nl);
-    text.remove_prefix(nl + 1);
-  }
-  if (parts[0] != "v1") {
-    return std::nullopt;
-  }
-  v.token = std::string(parts[1]);
-  for (char c : parts[2]) {
-    if (c < '0' || c > '9') {
-      return std::nullopt;
-    }
-    v.ttl_ms = v.ttl_ms * 10 + (c - '0');
-  }
-  v.holder = std::string(text);
-  return v;
 }
 
 // An etcd lease TTL for `ttl`: whole seconds, rounded up (etcd raises small TTLs to its minimum,

@@ -141,6 +141,14 @@ std::string RecordData(Duration ttl, std::string_view record) {
   return fmt::format("{}\n{}", duration_cast<milliseconds>(ttl).count(), record);
 }
 
+std::optional<RecordNode> ParseRecordData(std::string_view data) {
+  std::int64_t ttl_ms = 0;
+  if (!TakeNumber(data, &ttl_ms)) {
+    return std::nullopt;
+  }
+  return RecordNode{.ttl = milliseconds(ttl_ms), .record = data};
+}
+
 SystemTime FromZkMillis(std::int64_t ms) {
   return SystemTime(duration_cast<SystemTime::duration>(milliseconds(ms)));
 }

@@ -71,6 +71,13 @@ std::optional<LeaseInfo> ParseKeptData(std::string_view key, std::string_view da
 
 // The record's node data, live until its mtime plus the TTL.
 std::string RecordData(Duration ttl, std::string_view record);
+// A record node's data as RecordData wrote it: the TTL, and the record (a view into `data`).
+struct RecordNode {
+  Duration ttl{};
+  std::string_view record;
+};
+// Reads a record node's data; nullopt if it is not in our layout.
+std::optional<RecordNode> ParseRecordData(std::string_view data);
 
 // Splits off the text up to the next '\n' as a number; false if there is none.
 bool TakeNumber(std::string_view& text, std::int64_t* value);
