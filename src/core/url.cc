@@ -132,7 +132,8 @@ std::string Url::Redacted() const {
   out += path;
   char sep = '?';
   for (const auto& [name, value] : query) {
-    bool secret = name == "password" || name == "pass" || name == "token";
+    // sslpassword is libpq's passphrase of the client key: as secret as the password.
+    bool secret = name == "password" || name == "pass" || name == "token" || name == "sslpassword";
     out += fmt::format("{}{}={}", sep, name, secret ? "***" : value);
     sep = '&';
   }

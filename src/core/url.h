@@ -30,7 +30,8 @@ struct Url {
   std::string path;
   std::map<std::string, std::string, std::less<>> query;
 
-  // Returns the URL with the password replaced by "***", for logs and errors.
+  // Returns the URL with the password, and the values of the parameters password, pass, token
+  // and sslpassword, replaced by "***", for logs and errors.
   [[nodiscard]] std::string Redacted() const;
 };
 
