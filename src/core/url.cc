@@ -107,6 +107,10 @@ Result<Url> ParseUrl(std::string_view text) {
     }
     std::size_t eq = pair.find('=');
     LH_ASSIGN_OR_RETURN(std::string name, PercentDecode(pair.substr(0, eq)));
+    if (name.empty()) {
+      // "?=true" would reach a store as the unknown parameter "", named by nothing.
+      return Status::InvalidArgument("invalid store URL: a parameter without a name ('=...')");
+    }
     std::string value;
     if (eq != std::string_view::npos) {
       LH_ASSIGN_OR_RETURN(value, PercentDecode(pair.substr(eq + 1)));

@@ -36,7 +36,7 @@ struct Url {
 };
 
 // Parses `text`. Returns kInvalidArgument (naming the problem, never echoing a password) for
-// a missing scheme, a bad percent-escape or a repeated query parameter.
+// a missing scheme, a bad percent-escape, a query parameter without a name or a repeated one.
 Result<Url> ParseUrl(std::string_view text);
 
 // Decodes %XX escapes. Returns kInvalidArgument on a malformed escape.

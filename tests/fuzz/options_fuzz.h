@@ -22,9 +22,13 @@ namespace leasehold::fuzz {
 inline constexpr std::string_view kSecretMarker = "\x01LH-SECRET\x02";
 
 // The input as a URL of one of `schemes`: a parsed URL of another scheme gets the first one, so
-// that the fuzzer's work is not spent on the scheme check. nullopt if the input is no URL.
+// that the fuzzer's work is not spent on the scheme check. nullopt if the input is no URL, or
+// holds the marker itself.
 inline std::optional<internal::Url> SteeredUrl(std::string_view text,
                                                std::initializer_list<std::string_view> schemes) {
+  if (Contains(text, kSecretMarker)) {
+    return std::nullopt;  // the marker must be what only the secrets hold
+  }
   Result<internal::Url> url = internal::ParseUrl(text);
   if (!url.ok()) {
     return std::nullopt;
