@@ -93,8 +93,14 @@ Result<Duration> ParseDuration(std::string_view text) {
     if (whole > std::numeric_limits<std::int64_t>::max() / nanos) {
       return bad("too large");
     }
-    std::int64_t part = whole * nanos + static_cast<std::int64_t>(
-                                            static_cast<long double>(frac_num) * nanos / frac_den);
+    // The fraction (less than one unit) can still carry whole * nanos past the maximum:
+    // "9223372036.854775808s".
+    const auto fraction =
+        static_cast<std::int64_t>(static_cast<long double>(frac_num) * nanos / frac_den);
+    if (whole * nanos > std::numeric_limits<std::int64_t>::max() - fraction) {
+      return bad("too large");
+    }
+    std::int64_t part = whole * nanos + fraction;
     if (total > std::numeric_limits<std::int64_t>::max() - part) {
       return bad("too large");
     }
