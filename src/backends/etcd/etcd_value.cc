@@ -2,6 +2,8 @@
 
 #include "backends/etcd/etcd_value.h"
 
+#include <limits>
+
 #include <fmt/format.h>
 
 namespace leasehold::internal {
@@ -33,7 +35,8 @@ std::optional<GrantValue> DecodeValue(std::string_view text) {
   }
   v.token = std::string(parts[1]);
   for (char c : parts[2]) {
-    if (c < '0' || c > '9') {
+    // A value any client may have put: more digits than int64 holds is not ours either.
+    if (c < '0' || c > '9' || v.ttl_ms > (std::numeric_limits<int64_t>::max() - (c - '0')) / 10) {
       return std::nullopt;
     }
     v.ttl_ms = v.ttl_ms * 10 + (c - '0');

@@ -28,7 +28,7 @@ struct GrantValue {
 std::string EncodeValue(const GrantValue& v);
 
 // Reads a value; nullopt if it is not in this layout (another version, a missing line, a ttl
-// that is not a whole number).
+// that is not a whole number or does not fit in 64 bits).
 std::optional<GrantValue> DecodeValue(std::string_view text);
 
 }  // namespace leasehold::internal
