@@ -15,12 +15,31 @@ namespace leasehold::internal::zk_layout {
 using std::chrono::duration_cast;
 using std::chrono::milliseconds;
 
+namespace {
+
+// True for the bytes EscapeKey keeps as they are.
+bool KeptAsIs(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '-';
+}
+
+int UpperHexValue(char c) {
+  if (c >= '0' && c <= '9') {
+    return c - '0';
+  }
+  if (c >= 'A' && c <= 'F') {
+    return c - 'A' + 10;
+  }
+  return -1;
+}
+
+}  // namespace
+
 std::string EscapeKey(std::string_view key) {
   std::string out;
   out.reserve(key.size());
   for (unsigned char c : key) {
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-        c == '-') {
+    if (KeptAsIs(c)) {
       out.push_back(static_cast<char>(c));
     } else {
       out += fmt::format("%{:02X}", c);
@@ -30,21 +49,26 @@ std::string EscapeKey(std::string_view key) {
 }
 
 std::optional<std::string> UnescapeKey(std::string_view name) {
+  // Only what EscapeKey writes: one name per key. "%41" or a literal '.' would be a second
+  // name for "A" or a key with '.', which List would show twice and no grant would use.
   std::string out;
   for (std::size_t i = 0; i < name.size(); ++i) {
     if (name[i] != '%') {
+      if (!KeptAsIs(static_cast<unsigned char>(name[i]))) {
+        return std::nullopt;
+      }
       out.push_back(name[i]);
       continue;
     }
     if (i + 2 >= name.size()) {
       return std::nullopt;
     }
-    unsigned value = 0;
-    auto [end, ec] = std::from_chars(name.data() + i + 1, name.data() + i + 3, value, 16);
-    if (ec != std::errc() || end != name.data() + i + 3) {
+    const int hi = UpperHexValue(name[i + 1]);
+    const int lo = UpperHexValue(name[i + 2]);
+    if (hi < 0 || lo < 0 || KeptAsIs(static_cast<unsigned char>(hi * 16 + lo))) {
       return std::nullopt;
     }
-    out.push_back(static_cast<char>(value));
+    out.push_back(static_cast<char>(hi * 16 + lo));
     i += 2;
   }
   return out;

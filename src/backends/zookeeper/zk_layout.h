@@ -42,7 +42,8 @@ inline constexpr std::string_view kRecordName = "record";
 // Node names: [A-Za-z0-9_-] stay, every other byte becomes %XX, so any key (with '/', '.',
 // control characters or bytes ZooKeeper refuses) is one valid node name.
 std::string EscapeKey(std::string_view key);
-// The key of a node name; nullopt if it is not an escaped key.
+// The key of a node name; nullopt if it is not an escaped key (EscapeKey's output exactly: no
+// other byte unescaped, upper-case hex, no escape of a byte EscapeKey keeps).
 std::optional<std::string> UnescapeKey(std::string_view name);
 
 // The keys among the key nodes `names` that start with `prefix`, in key order.
