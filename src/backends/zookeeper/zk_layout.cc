@@ -17,6 +17,12 @@ using std::chrono::milliseconds;
 
 namespace {
 
+// The longest TTL read from a node: half of Duration's range (~146 years), so that it converts
+// to nanoseconds (LeaseInfo users print it with FormatDuration) and adds to a node's mtime
+// without overflow. Any client with access to the chroot may have written the node.
+constexpr std::int64_t kMaxTtlMs =
+    std::chrono::duration_cast<milliseconds>(Duration::max()).count() / 2;
+
 // True for the bytes EscapeKey keeps as they are.
 bool KeptAsIs(unsigned char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
@@ -110,7 +116,9 @@ LeaseInfo ParseNodeData(std::string_view key, std::string_view data, FencingToke
   if (second != std::string_view::npos) {
     std::int64_t ms = 0;
     std::from_chars(data.data(), data.data() + first, ms);
-    info.ttl = milliseconds(ms);
+    // Any client with access may have written the node: a TTL out of range is as unknown as
+    // an unreadable one.
+    info.ttl = milliseconds(ms >= 0 && ms <= kMaxTtlMs ? ms : 0);
     info.remaining = info.ttl;
     info.token_prefix = std::string(data.substr(first + 1, second - first - 1));
     info.holder = std::string(data.substr(second + 1));
@@ -148,7 +156,10 @@ std::optional<LeaseInfo> ParseKeptData(std::string_view key, std::string_view da
   std::int64_t keep_ms = 0;
   std::int64_t fencing = 0;
   std::size_t nl = 0;
-  if (!TakeNumber(data, &keep_ms) || !TakeNumber(data, &fencing) ||
+  // Not ours either: a keep out of range, or a negative fencing token (tokens are czxids, > 0;
+  // cast to unsigned, "-3" would read as a token near 2^64).
+  if (!TakeNumber(data, &keep_ms) || !TakeNumber(data, &fencing) || keep_ms < 0 ||
+      keep_ms > kMaxTtlMs || fencing < 0 ||
       (nl = data.find('\n')) == std::string_view::npos) {
     return std::nullopt;
   }
@@ -167,7 +178,7 @@ std::string RecordData(Duration ttl, std::string_view record) {
 
 std::optional<RecordNode> ParseRecordData(std::string_view data) {
   std::int64_t ttl_ms = 0;
-  if (!TakeNumber(data, &ttl_ms)) {
+  if (!TakeNumber(data, &ttl_ms) || ttl_ms < 0 || ttl_ms > kMaxTtlMs) {
     return std::nullopt;
   }
   return RecordNode{.ttl = milliseconds(ttl_ms), .record = data};
