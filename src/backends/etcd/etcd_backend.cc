@@ -28,6 +28,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/common/time.h"
 #include "backends/etcd/etcd_client.h"
 #include "backends/etcd/etcd_keepalive.h"
 #include "backends/etcd/etcd_spare_leases.h"
@@ -471,7 +472,7 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
   if (value_read) {
     holder.holder = value_read->holder;
     holder.token_prefix = TokenPrefixOf(value_read->token);
-    holder.ttl = std::chrono::milliseconds(value_read->ttl_ms);
+    holder.ttl = StoreMillis(value_read->ttl_ms);
     holder.remaining = holder.ttl;
   }
   // The grant's TTL bounds its time left; its age is not known here.
@@ -997,7 +998,7 @@ Result<std::optional<LeaseInfo>> ToInfo(EtcdClient& client, std::string_view key
   if (std::optional<GrantValue> value = DecodeValue(kv.value())) {
     info.holder = value->holder;
     info.token_prefix = TokenPrefixOf(value->token);
-    info.ttl = std::chrono::milliseconds(value->ttl_ms);
+    info.ttl = StoreMillis(value->ttl_ms);
   }
   if (kv.lease() == 0) {
     return std::optional<LeaseInfo>();  // not a leasehold grant

@@ -424,7 +424,7 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
     Result<Grant> grant =
         TakeHanded(request, Handed{.fencing_token = static_cast<FencingToken>(fence),
                                    .t_q = SteadyTime(Duration(t_q)),
-                                   .ttl = milliseconds(handed_ttl)});
+                                   .ttl = StoreMillis(handed_ttl)});
     if (!grant.ok() && grant.status().code() == StatusCode::kLost) {
       return Status::HeldByAnother(fmt::format(
           "{}: the grant a release handed to this waiter ended before it was taken", request.key));
@@ -501,7 +501,7 @@ void RedisBackend::RecordHanded(std::string_view waiter_id, std::string_view pay
   MutexLock lock(&handed_mu_);
   handed_[std::string(waiter_id)] = Handed{.fencing_token = static_cast<FencingToken>(values[0]),
                                            .t_q = SteadyTime(Duration(values[1])),
-                                           .ttl = milliseconds(values[2])};
+                                           .ttl = StoreMillis(values[2])};
 }
 
 Result<long long> RedisBackend::FairEnd(std::string_view key, std::string_view who,

@@ -13,9 +13,10 @@
 
 #include <fmt/format.h>
 
+#include "backends/common/time.h"
+
 namespace leasehold::internal {
 
-using std::chrono::milliseconds;
 
 namespace {
 
@@ -91,8 +92,8 @@ Result<LeaseInfo> ParseLeaseInfo(std::string key, const redisReply* reply, std::
   LH_ASSIGN_OR_RETURN(long long pttl, ParseInteger(reply->element[first + 3]));
   Result<long long> ttl = ParseInteger(reply->element[first + 4]);
   info.fencing_token = static_cast<FencingToken>(fence);
-  info.remaining = milliseconds(std::max<long long>(0, pttl));
-  info.ttl = milliseconds(ttl.ok() ? *ttl : 0);
+  info.remaining = StoreMillis(pttl);
+  info.ttl = StoreMillis(ttl.ok() ? *ttl : 0);
   return info;
 }
 
@@ -143,7 +144,7 @@ std::optional<Duration> HandedToOther(std::string_view payload, std::string_view
   if (ec != std::errc() || end != ttl_text.data() + ttl_text.size() || ttl_ms <= 0) {
     return std::nullopt;
   }
-  return milliseconds(ttl_ms);
+  return StoreMillis(ttl_ms);
 }
 
 }  // namespace leasehold::internal
