@@ -5,13 +5,15 @@
 // redis_replies.h): integers, error replies, a script's error, the grant fields of the acquire
 // and inspect scripts, the acquire scripts' refusal, and the fair queue's "handed" message.
 // Invariants:
-// - A decoded grant has a remaining time and a TTL >= 0.
+// - A decoded grant has a remaining time and a TTL in [0, Duration's range] (printed with
+//   FormatDuration, in nanoseconds, without overflow).
 // - An error reply maps to kPermissionDenied, kUnavailable or kInternal, naming the server.
 // - A refusal decodes to kHeldByAnother or kInternal, never anything else.
 // - A handed-over TTL is > 0.
 
 #include <hiredis/hiredis.h>
 
+#include <chrono>
 #include <string>
 #include <string_view>
 
@@ -19,6 +21,7 @@
 #include "backends/redis/redis_replies.h"
 #include "backends/redis/redis_scripts.h"
 #include "fuzz_check.h"
+#include "leasehold/duration.h"
 
 namespace {
 
@@ -42,8 +45,14 @@ void CheckGrant(const redisReply* reply, std::size_t first) {
     FUZZ_CHECK(info.status().code() == StatusCode::kInternal, info.status().message());
     return;
   }
-  FUZZ_CHECK(info->remaining >= Duration::zero(), std::to_string(info->remaining.count()));
-  FUZZ_CHECK(info->ttl >= Duration::zero(), std::to_string(info->ttl.count()));
+  // In [0, Duration's range]: callers print them with FormatDuration (nanoseconds).
+  constexpr auto kMax = std::chrono::duration_cast<std::chrono::milliseconds>(Duration::max());
+  FUZZ_CHECK(info->remaining >= Duration::zero() && info->remaining <= kMax,
+             std::to_string(info->remaining.count()));
+  FUZZ_CHECK(info->ttl >= Duration::zero() && info->ttl <= kMax,
+             std::to_string(info->ttl.count()));
+  (void)leasehold::FormatDuration(info->ttl);
+  (void)leasehold::FormatDuration(info->remaining);
 }
 
 void CheckReply(const redisReply* reply, int depth) {
@@ -81,9 +90,32 @@ void CheckReply(const redisReply* reply, int depth) {
   }
 }
 
+// True if some "*<count>" header in `bytes` declares more than a million elements. hiredis
+// 0.14 allocates the element array as soon as it reads the header (it has no maxelements
+// limit, which hiredis 1.0 added), so a server can make a client allocate any amount: a
+// limitation of the Debian 12 hiredis, noted in tests/chaos/RESULTS.md, not a leasehold bug,
+// and not what this target looks for.
+bool DeclaresHugeArray(std::string_view bytes) {
+  for (std::size_t at = bytes.find('*'); at != std::string_view::npos;
+       at = bytes.find('*', at + 1)) {
+    std::size_t digits = 0;
+    while (at + 1 + digits < bytes.size() && bytes[at + 1 + digits] >= '0' &&
+           bytes[at + 1 + digits] <= '9') {
+      ++digits;
+    }
+    if (digits > 6) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (DeclaresHugeArray(leasehold::fuzz::AsText(data, size))) {
+    return 0;
+  }
   redisReader* reader = redisReaderCreate();
   FUZZ_CHECK(reader != nullptr, "out of memory");
   if (redisReaderFeed(reader, reinterpret_cast<const char*>(data), size) == REDIS_OK) {
