@@ -69,9 +69,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   leasehold::Result<Url> url = ParseUrl(text);
   if (!url.ok()) {
     // The same text with another password of the same length fails with the same message.
-    // Without '%' in it: another password would then not change how the text splits.
+    // Without '%' (an escape) or what splits a conninfo (space, quote, backslash, '=') in it:
+    // another password would then not change how the text splits.
     std::string_view password = WrittenPassword(text);
-    if (!password.empty() && password.find('%') == std::string_view::npos) {
+    if (!password.empty() && password.find_first_of("% \t\n\v\f\r'\\=") == std::string_view::npos) {
       std::string other(text);
       const std::size_t at = static_cast<std::size_t>(password.data() - text.data());
       other.replace(at, password.size(),
