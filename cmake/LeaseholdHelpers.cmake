@@ -5,6 +5,19 @@ target_compile_options(leasehold_build_flags INTERFACE -Wall -Wextra -Wpedantic 
 if(LEASEHOLD_WERROR)
   target_compile_options(leasehold_build_flags INTERFACE -Werror)
 endif()
+if(LEASEHOLD_BUILD_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "LEASEHOLD_BUILD_FUZZ needs clang (libFuzzer): CXX=clang++-14")
+  endif()
+  if(LEASEHOLD_SANITIZE)
+    message(FATAL_ERROR "LEASEHOLD_BUILD_FUZZ brings its own sanitizers: leave LEASEHOLD_SANITIZE empty")
+  endif()
+  # Coverage instrumentation (fuzzer-no-link) in every object, so the fuzzer sees inside the
+  # parsers; the fuzz targets themselves link with -fsanitize=fuzzer (tests/fuzz/).
+  target_compile_options(leasehold_build_flags INTERFACE
+    -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  target_link_options(leasehold_build_flags INTERFACE -fsanitize=address,undefined)
+endif()
 if(LEASEHOLD_SANITIZE)
   target_compile_options(leasehold_build_flags INTERFACE
     -fsanitize=${LEASEHOLD_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)

@@ -16,12 +16,13 @@ build_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
 )
 # The stores the tests start (redis-server, PostgreSQL, PgBouncer, etcd, ZooKeeper and its
-# JRE), the test frameworks, clang for the thread-safety build, promtool for the metrics test,
+# JRE), the test frameworks, clang for the thread-safety build and libFuzzer for the fuzz targets
+# built in it (tests/fuzz/, scripts/fuzz.sh), promtool for the metrics test,
 # and what the package test uses (dpkg-shlibdeps from dpkg-dev, groff and man-db for the man
 # page), iproute2 and nftables for the partition tests' network namespaces, and spin for the
 # model check (tests/model/; its verifier is compiled with gcc).
 test_packages=(
-  clang-14 python3 libgtest-dev libgmock-dev libbenchmark-dev
+  clang-14 libfuzzer-14-dev python3 libgtest-dev libgmock-dev libbenchmark-dev
   redis-server redis-tools postgresql pgbouncer prometheus
   etcd-server etcd-client zookeeper default-jre-headless iproute2 nftables
   openssl curl dpkg-dev groff-base man-db faketime spin gcc

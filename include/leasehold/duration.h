@@ -26,7 +26,8 @@ namespace leasehold {
 // missing unit, a negative sign, an unknown unit or overflow.
 Result<Duration> ParseDuration(std::string_view text);
 
-// Formats `d` compactly for people: "1.5s", "250ms", "2m0s", "12us".
+// Formats `d` compactly for people: "1.5s", "250ms", "2m0s", "12us", "1m1.5s". Exact to the
+// nanosecond ("1.000000001s", not "1s"): ParseDuration reads it back as the same value.
 std::string FormatDuration(Duration d);
 
 }  // namespace leasehold

@@ -93,8 +93,14 @@ Result<Duration> ParseDuration(std::string_view text) {
     if (whole > std::numeric_limits<std::int64_t>::max() / nanos) {
       return bad("too large");
     }
-    std::int64_t part = whole * nanos + static_cast<std::int64_t>(
-                                            static_cast<long double>(frac_num) * nanos / frac_den);
+    // The fraction (less than one unit) can still carry whole * nanos past the maximum:
+    // "9223372036.854775808s".
+    const auto fraction =
+        static_cast<std::int64_t>(static_cast<long double>(frac_num) * nanos / frac_den);
+    if (whole * nanos > std::numeric_limits<std::int64_t>::max() - fraction) {
+      return bad("too large");
+    }
+    std::int64_t part = whole * nanos + fraction;
     if (total > std::numeric_limits<std::int64_t>::max() - part) {
       return bad("too large");
     }
@@ -103,29 +109,55 @@ Result<Duration> ParseDuration(std::string_view text) {
   return Duration(total);
 }
 
-std::string FormatDuration(Duration d) {
-  using std::chrono::nanoseconds;
-  std::int64_t ns = d.count();
-  if (ns < 0) {
-    return "-" + FormatDuration(Duration(-ns));
+namespace {
+
+// "<whole>[.<fraction>]<unit>" for `count` in units of `per_unit` (1000, 10^6 or 10^9), the
+// fraction with as many digits as it needs and no trailing zeros, so that it reads back exact.
+std::string Decimal(std::uint64_t count, std::uint64_t per_unit, std::string_view unit) {
+  std::string out = fmt::format("{}", count / per_unit);
+  std::uint64_t rest = count % per_unit;
+  if (rest != 0) {
+    int digits = 0;
+    for (std::uint64_t p = per_unit; p > 1; p /= 10) {
+      ++digits;
+    }
+    std::string fraction = fmt::format("{:0{}}", rest, digits);
+    fraction.erase(fraction.find_last_not_of('0') + 1);
+    out += '.';
+    out += fraction;
   }
+  out += unit;
+  return out;
+}
+
+}  // namespace
+
+std::string FormatDuration(Duration d) {
+  // Exact to the nanosecond: a limit or default printed in a message reads back as the same
+  // value (ParseDuration(FormatDuration(d)) == d). The magnitude is unsigned: -INT64_MIN does
+  // not fit in int64.
+  const std::int64_t count = d.count();
+  std::uint64_t ns = count < 0 ? 0 - static_cast<std::uint64_t>(count) : static_cast<std::uint64_t>(count);
+  std::string sign = count < 0 ? "-" : "";
   if (ns < 1'000) {
-    return fmt::format("{}ns", ns);
+    return fmt::format("{}{}ns", sign, ns);
   }
   if (ns < 1'000'000) {
-    return fmt::format("{:g}us", static_cast<double>(ns) / 1e3);
+    return sign + Decimal(ns, 1'000, "us");
   }
   if (ns < 1'000'000'000) {
-    return fmt::format("{:g}ms", static_cast<double>(ns) / 1e6);
+    return sign + Decimal(ns, 1'000'000, "ms");
   }
-  if (ns < 60'000'000'000) {
-    return fmt::format("{:g}s", static_cast<double>(ns) / 1e9);
+  constexpr std::uint64_t kMinute = 60'000'000'000;
+  if (ns < kMinute) {
+    return sign + Decimal(ns, 1'000'000'000, "s");
   }
-  std::int64_t s = ns / 1'000'000'000;
+  const std::uint64_t s = ns / 1'000'000'000;
+  const std::string seconds = Decimal(ns % kMinute, 1'000'000'000, "s");
   if (s < 3600) {
-    return fmt::format("{}m{}s", s / 60, s % 60);
+    return fmt::format("{}{}m{}", sign, s / 60, seconds);
   }
-  return fmt::format("{}h{}m{}s", s / 3600, (s / 60) % 60, s % 60);
+  return fmt::format("{}{}h{}m{}", sign, s / 3600, (s / 60) % 60, seconds);
 }
 
 }  // namespace leasehold

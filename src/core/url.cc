@@ -107,6 +107,10 @@ Result<Url> ParseUrl(std::string_view text) {
     }
     std::size_t eq = pair.find('=');
     LH_ASSIGN_OR_RETURN(std::string name, PercentDecode(pair.substr(0, eq)));
+    if (name.empty()) {
+      // "?=true" would reach a store as the unknown parameter "", named by nothing.
+      return Status::InvalidArgument("invalid store URL: a parameter without a name ('=...')");
+    }
     std::string value;
     if (eq != std::string_view::npos) {
       LH_ASSIGN_OR_RETURN(value, PercentDecode(pair.substr(eq + 1)));
@@ -132,7 +136,8 @@ std::string Url::Redacted() const {
   out += path;
   char sep = '?';
   for (const auto& [name, value] : query) {
-    bool secret = name == "password" || name == "pass" || name == "token";
+    // sslpassword is libpq's passphrase of the client key: as secret as the password.
+    bool secret = name == "password" || name == "pass" || name == "token" || name == "sslpassword";
     out += fmt::format("{}{}={}", sep, name, secret ? "***" : value);
     sep = '&';
   }

@@ -30,12 +30,13 @@ struct Url {
   std::string path;
   std::map<std::string, std::string, std::less<>> query;
 
-  // Returns the URL with the password replaced by "***", for logs and errors.
+  // Returns the URL with the password, and the values of the parameters password, pass, token
+  // and sslpassword, replaced by "***", for logs and errors.
   [[nodiscard]] std::string Redacted() const;
 };
 
 // Parses `text`. Returns kInvalidArgument (naming the problem, never echoing a password) for
-// a missing scheme, a bad percent-escape or a repeated query parameter.
+// a missing scheme, a bad percent-escape, a query parameter without a name or a repeated one.
 Result<Url> ParseUrl(std::string_view text);
 
 // Decodes %XX escapes. Returns kInvalidArgument on a malformed escape.

@@ -9,6 +9,12 @@ long long CeilMillis(Duration d) {
   return std::max<long long>(1, std::chrono::ceil<std::chrono::milliseconds>(d).count());
 }
 
+std::chrono::milliseconds StoreMillis(long long ms) {
+  constexpr long long kMax =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Duration::max()).count() / 2;
+  return std::chrono::milliseconds(std::clamp<long long>(ms, 0, kMax));
+}
+
 Duration Jitter(Duration up_to) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   if (up_to <= Duration::zero()) {

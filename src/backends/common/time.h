@@ -23,6 +23,12 @@ namespace leasehold::internal {
 // down could expire a grant before the core's safe_until).
 long long CeilMillis(Duration d);
 
+// Returns a TTL or remaining time read back from a store, in milliseconds, clamped to
+// [0, half of Duration's range] (~146 years): any client with access to the store may have
+// written it, and LeaseInfo's users convert it to nanoseconds (FormatDuration) or add it to a
+// time point.
+std::chrono::milliseconds StoreMillis(long long ms);
+
 // Returns a uniformly random duration in [0, up_to] (zero for up_to <= 0).
 Duration Jitter(Duration up_to);
 

@@ -28,9 +28,11 @@
 
 #include <fmt/format.h>
 
+#include "backends/common/time.h"
 #include "backends/etcd/etcd_client.h"
 #include "backends/etcd/etcd_keepalive.h"
 #include "backends/etcd/etcd_spare_leases.h"
+#include "backends/etcd/etcd_value.h"
 #include "backends/etcd/etcd_wait_queue.h"
 #include "util/mutex.h"
 #include "util/thread_annotations.h"
@@ -44,9 +46,6 @@ namespace pb = etcdserverpb;
 
 // Shortest life of a queue entry (fair=true) without its waiter's attempts.
 constexpr int64_t kMinQueueTtlSeconds = 10;
-
-// Version of the value layout (EncodeValue).
-constexpr int64_t kValueVersion = 1;
 
 // Long waits are cut into pieces no longer than this (a gRPC deadline far in the future is
 // pointless, and the core calls again anyway).
@@ -63,43 +62,6 @@ std::string RecordKey(std::string_view prefix, std::string_view key) {
   r += "record/";
   r += key;
   return r;
-}
-
-// The value of a grant: "v1\n<owner token>\n<granted ttl ms>\n<holder>". The holder comes last
-// so it may contain anything, newlines included.
-struct GrantValue {
-  std::string token;
-  int64_t ttl_ms = 0;
-  std::string holder;
-};
-
-std::string EncodeValue(const GrantValue& v) {
-  return fmt::format("v{}\n{}\n{}\n{}", kValueVersion, v.token, v.ttl_ms, v.holder);
-}
-
-std::optional<GrantValue> DecodeValue(std::string_view text) {
-  GrantValue v;
-  std::string_view parts[3];
-  for (auto& part : parts) {
-    std::size_t nl = text.find('\n');
-    if (nl == std::string_view::npos) {
-      return std::nullopt;
-    }
-    part = text.substr(0, nl);
-    text.remove_prefix(nl + 1);
-  }
-  if (parts[0] != "v1") {
-    return std::nullopt;
-  }
-  v.token = std::string(parts[1]);
-  for (char c : parts[2]) {
-    if (c < '0' || c > '9') {
-      return std::nullopt;
-    }
-    v.ttl_ms = v.ttl_ms * 10 + (c - '0');
-  }
-  v.holder = std::string(text);
-  return v;
 }
 
 // An etcd lease TTL for `ttl`: whole seconds, rounded up (etcd raises small TTLs to its minimum,
@@ -510,7 +472,7 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
   if (value_read) {
     holder.holder = value_read->holder;
     holder.token_prefix = TokenPrefixOf(value_read->token);
-    holder.ttl = std::chrono::milliseconds(value_read->ttl_ms);
+    holder.ttl = StoreMillis(value_read->ttl_ms);
     holder.remaining = holder.ttl;
   }
   // The grant's TTL bounds its time left; its age is not known here.
@@ -1036,7 +998,7 @@ Result<std::optional<LeaseInfo>> ToInfo(EtcdClient& client, std::string_view key
   if (std::optional<GrantValue> value = DecodeValue(kv.value())) {
     info.holder = value->holder;
     info.token_prefix = TokenPrefixOf(value->token);
-    info.ttl = std::chrono::milliseconds(value->ttl_ms);
+    info.ttl = StoreMillis(value->ttl_ms);
   }
   if (kv.lease() == 0) {
     return std::optional<LeaseInfo>();  // not a leasehold grant

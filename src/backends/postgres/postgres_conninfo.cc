@@ -8,7 +8,8 @@ namespace leasehold::internal {
 
 namespace {
 
-// Returns true if `text` starts like a libpq key=value conninfo: "keyword =" with no "://".
+// Returns true if `text` starts like a libpq key=value conninfo: "keyword =". A URL never does
+// (its scheme is followed by "://"), so a value may hold "://" (application_name=http://x).
 bool LooksLikeConninfo(std::string_view text) {
   std::size_t i = text.find_first_not_of(" \t\n");
   std::size_t start = i;
@@ -20,8 +21,7 @@ bool LooksLikeConninfo(std::string_view text) {
     return false;
   }
   i = text.find_first_not_of(" \t\n", i);
-  return i != std::string_view::npos && text[i] == '=' &&
-         text.find("://") == std::string_view::npos;
+  return i != std::string_view::npos && text[i] == '=';
 }
 
 // Parses libpq's key=value form: values are bare words or single-quoted, with \\ and \' escapes.

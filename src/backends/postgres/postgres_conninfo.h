@@ -17,7 +17,7 @@
 
 namespace leasehold::internal {
 
-// Returns nullopt if `text` does not start like a conninfo ("keyword =", no "://"); else the
+// Returns nullopt if `text` does not start like a conninfo ("keyword ="); else the
 // postgres:// Url, or kInvalidArgument (never echoing the text, which may carry a password).
 // Values are bare words or single-quoted, with \\ and \' escapes.
 std::optional<Result<Url>> ParsePostgresConninfo(std::string_view text);

@@ -113,6 +113,12 @@ Result<PostgresOptions> PostgresOptions::FromUrl(const Url& url) {
     return Status::InvalidArgument(
         fmt::format("expected a postgres:// URL, got scheme \"{}\"", url.scheme));
   }
+  if (url.password && url.query.contains("password")) {
+    // libpq would take one and ScrubPassword would know only the other.
+    return Status::InvalidArgument(
+        fmt::format("{}:// URL gives the password twice (user:password@ and ?password=)",
+                    url.scheme));
+  }
   PostgresOptions options;
   options.display = url.Redacted();
   std::string hosts;

@@ -76,7 +76,7 @@ struct PostgresOptions {
 
   // Builds options from a "postgres" or "postgresql" URL (or a key=value conninfo, which
   // ParseUrl reads as one). Returns kInvalidArgument for another scheme, a bad mode, schema or
-  // timeout (named in the message).
+  // timeout (named in the message), or a password given both before '@' and as ?password=.
   static Result<PostgresOptions> FromUrl(const Url& url);
 };
 

@@ -69,7 +69,10 @@ constexpr Duration kWalRetryInterval = std::chrono::milliseconds(5);
 //   Never deleted, so tokens keep increasing across release, expiry, force-release and reboots.
 // grants: at most one row per key, the latest grant. A row is live only while its boot_id is the
 //   current boot's and expires_ns > now (CLOCK_BOOTTIME, ns); dead rows stay until the next
-//   acquire of the key replaces them, or a release deletes them.
+//   acquire of the key replaces them, or a release deletes them. The SQL compares
+//   CAST(expires_ns AS INTEGER), the value sqlite3_column_int64 reads: SQLite keeps a text that
+//   is no number as text in an INTEGER column, and text sorts after every integer, so a row
+//   written by another program with expires_ns 'x' would otherwise be live forever.
 //   token is the full owner token (the file is 0600); holder is the holder's free-form identity;
 //   ttl_ns is the TTL of the last acquire or renew.
 // records: at most one row per key, the key's record (Backend::Finish), live while
@@ -130,7 +133,7 @@ constexpr const char* kRollbackSql = "ROLLBACK";
 constexpr const char* kSelectLiveGrantSql = R"sql(
 SELECT key, holder, token, fencing_token, ttl_ns, expires_ns
 FROM grants
-WHERE key = ?1 AND boot_id = ?2 AND expires_ns > ?3
+WHERE key = ?1 AND boot_id = ?2 AND CAST(expires_ns AS INTEGER) > ?3
 )sql";
 
 // Bumps the fencing counter of ?1 (starting at 1) and returns the new value.
@@ -151,7 +154,7 @@ VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
 // and it is live at ?4 under boot ?6; sqlite3_changes() says whether it did.
 constexpr const char* kRenewGrantSql = R"sql(
 UPDATE grants SET ttl_ns = ?3, expires_ns = ?5
-WHERE key = ?1 AND token = ?2 AND boot_id = ?6 AND expires_ns > ?4
+WHERE key = ?1 AND token = ?2 AND boot_id = ?6 AND CAST(expires_ns AS INTEGER) > ?4
 )sql";
 
 // Any grant row of ?1, live or dead: explains a failed renew or release.
@@ -171,7 +174,7 @@ DELETE FROM grants WHERE key = ?1 AND token = ?2 RETURNING boot_id, expires_ns
 // behind this) no longer matches and cannot extend or shorten the kept grant.
 constexpr const char* kKeepGrantSql = R"sql(
 UPDATE grants SET ttl_ns = ?5, expires_ns = ?4, token = token || ':kept'
-WHERE key = ?1 AND token = ?2 AND boot_id = ?6 AND expires_ns > ?3
+WHERE key = ?1 AND token = ?2 AND boot_id = ?6 AND CAST(expires_ns AS INTEGER) > ?3
 )sql";
 
 // Replaces the record of ?1 with ?2, live until ?3 (CLOCK_REALTIME ns).
@@ -203,7 +206,7 @@ DELETE FROM grants WHERE key = ?1 RETURNING boot_id, expires_ns
 constexpr const char* kListLiveGrantsSql = R"sql(
 SELECT key, holder, token, fencing_token, ttl_ns, expires_ns
 FROM grants
-WHERE boot_id = ?1 AND expires_ns > ?2 AND key >= ?3 AND (?4 IS NULL OR key < ?4)
+WHERE boot_id = ?1 AND CAST(expires_ns AS INTEGER) > ?2 AND key >= ?3 AND (?4 IS NULL OR key < ?4)
 ORDER BY key
 )sql";
 

@@ -37,7 +37,6 @@ using zk_layout::ParseKeptData;
 using zk_layout::ParseNodeData;
 using zk_layout::RecordData;
 using zk_layout::SortBySequence;
-using zk_layout::TakeNumber;
 
 namespace {
 
@@ -1177,15 +1176,14 @@ Result<std::optional<std::string>> ZkBackend::ReadRecord(std::string_view key) {
   if (rc != ZOK) {
     return ZkErrorStatus(rc, fmt::format("reading the record of {}", key), options_);
   }
-  std::string_view text = data;
-  std::int64_t ttl_ms = 0;
-  if (!TakeNumber(text, &ttl_ms)) {
+  std::optional<zk_layout::RecordNode> node = zk_layout::ParseRecordData(data);
+  if (!node) {
     return Status::Internal(fmt::format("the record node of {} is not in leasehold's layout", key));
   }
-  if (FromZkMillis(stat.mtime) + milliseconds(ttl_ms) <= now) {
+  if (FromZkMillis(stat.mtime) + node->ttl <= now) {
     return std::optional<std::string>();  // expired (the node stays until replaced)
   }
-  return std::optional<std::string>(std::string(text));
+  return std::optional<std::string>(std::string(node->record));
 }
 
 Result<std::vector<std::pair<std::string, std::string>>> ZkBackend::ListRecords(
@@ -1223,16 +1221,15 @@ Result<std::vector<std::pair<std::string, std::string>>> ZkBackend::ListRecords(
     if (rcs[i] != ZOK) {
       return ZkErrorStatus(rcs[i], fmt::format("reading the record of {}", keys[i]), options_);
     }
-    std::string_view text = values[i];
-    std::int64_t ttl_ms = 0;
-    if (!TakeNumber(text, &ttl_ms)) {
+    std::optional<zk_layout::RecordNode> node = zk_layout::ParseRecordData(values[i]);
+    if (!node) {
       return Status::Internal(
           fmt::format("the record node of {} is not in leasehold's layout", keys[i]));
     }
-    if (FromZkMillis(stats[i].mtime) + milliseconds(ttl_ms) <= now) {
+    if (FromZkMillis(stats[i].mtime) + node->ttl <= now) {
       continue;  // expired, as ReadRecord judges it
     }
-    out.emplace_back(std::move(keys[i]), std::string(text));
+    out.emplace_back(std::move(keys[i]), std::string(node->record));
   }
   return out;
 }

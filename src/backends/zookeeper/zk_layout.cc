@@ -15,12 +15,37 @@ namespace leasehold::internal::zk_layout {
 using std::chrono::duration_cast;
 using std::chrono::milliseconds;
 
+namespace {
+
+// The longest TTL read from a node: half of Duration's range (~146 years), so that it converts
+// to nanoseconds (LeaseInfo users print it with FormatDuration) and adds to a node's mtime
+// without overflow. Any client with access to the chroot may have written the node.
+constexpr std::int64_t kMaxTtlMs =
+    std::chrono::duration_cast<milliseconds>(Duration::max()).count() / 2;
+
+// True for the bytes EscapeKey keeps as they are.
+bool KeptAsIs(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '-';
+}
+
+int UpperHexValue(char c) {
+  if (c >= '0' && c <= '9') {
+    return c - '0';
+  }
+  if (c >= 'A' && c <= 'F') {
+    return c - 'A' + 10;
+  }
+  return -1;
+}
+
+}  // namespace
+
 std::string EscapeKey(std::string_view key) {
   std::string out;
   out.reserve(key.size());
   for (unsigned char c : key) {
-    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-        c == '-') {
+    if (KeptAsIs(c)) {
       out.push_back(static_cast<char>(c));
     } else {
       out += fmt::format("%{:02X}", c);
@@ -30,21 +55,26 @@ std::string EscapeKey(std::string_view key) {
 }
 
 std::optional<std::string> UnescapeKey(std::string_view name) {
+  // Only what EscapeKey writes: one name per key. "%41" or a literal '.' would be a second
+  // name for "A" or a key with '.', which List would show twice and no grant would use.
   std::string out;
   for (std::size_t i = 0; i < name.size(); ++i) {
     if (name[i] != '%') {
+      if (!KeptAsIs(static_cast<unsigned char>(name[i]))) {
+        return std::nullopt;
+      }
       out.push_back(name[i]);
       continue;
     }
     if (i + 2 >= name.size()) {
       return std::nullopt;
     }
-    unsigned value = 0;
-    auto [end, ec] = std::from_chars(name.data() + i + 1, name.data() + i + 3, value, 16);
-    if (ec != std::errc() || end != name.data() + i + 3) {
+    const int hi = UpperHexValue(name[i + 1]);
+    const int lo = UpperHexValue(name[i + 2]);
+    if (hi < 0 || lo < 0 || KeptAsIs(static_cast<unsigned char>(hi * 16 + lo))) {
       return std::nullopt;
     }
-    out.push_back(static_cast<char>(value));
+    out.push_back(static_cast<char>(hi * 16 + lo));
     i += 2;
   }
   return out;
@@ -86,7 +116,9 @@ LeaseInfo ParseNodeData(std::string_view key, std::string_view data, FencingToke
   if (second != std::string_view::npos) {
     std::int64_t ms = 0;
     std::from_chars(data.data(), data.data() + first, ms);
-    info.ttl = milliseconds(ms);
+    // Any client with access may have written the node: a TTL out of range is as unknown as
+    // an unreadable one.
+    info.ttl = milliseconds(ms >= 0 && ms <= kMaxTtlMs ? ms : 0);
     info.remaining = info.ttl;
     info.token_prefix = std::string(data.substr(first + 1, second - first - 1));
     info.holder = std::string(data.substr(second + 1));
@@ -124,7 +156,10 @@ std::optional<LeaseInfo> ParseKeptData(std::string_view key, std::string_view da
   std::int64_t keep_ms = 0;
   std::int64_t fencing = 0;
   std::size_t nl = 0;
-  if (!TakeNumber(data, &keep_ms) || !TakeNumber(data, &fencing) ||
+  // Not ours either: a keep out of range, or a negative fencing token (tokens are czxids, > 0;
+  // cast to unsigned, "-3" would read as a token near 2^64).
+  if (!TakeNumber(data, &keep_ms) || !TakeNumber(data, &fencing) || keep_ms < 0 ||
+      keep_ms > kMaxTtlMs || fencing < 0 ||
       (nl = data.find('\n')) == std::string_view::npos) {
     return std::nullopt;
   }
@@ -139,6 +174,14 @@ std::optional<LeaseInfo> ParseKeptData(std::string_view key, std::string_view da
 
 std::string RecordData(Duration ttl, std::string_view record) {
   return fmt::format("{}\n{}", duration_cast<milliseconds>(ttl).count(), record);
+}
+
+std::optional<RecordNode> ParseRecordData(std::string_view data) {
+  std::int64_t ttl_ms = 0;
+  if (!TakeNumber(data, &ttl_ms) || ttl_ms < 0 || ttl_ms > kMaxTtlMs) {
+    return std::nullopt;
+  }
+  return RecordNode{.ttl = milliseconds(ttl_ms), .record = data};
 }
 
 SystemTime FromZkMillis(std::int64_t ms) {

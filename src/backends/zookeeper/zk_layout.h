@@ -42,7 +42,8 @@ inline constexpr std::string_view kRecordName = "record";
 // Node names: [A-Za-z0-9_-] stay, every other byte becomes %XX, so any key (with '/', '.',
 // control characters or bytes ZooKeeper refuses) is one valid node name.
 std::string EscapeKey(std::string_view key);
-// The key of a node name; nullopt if it is not an escaped key.
+// The key of a node name; nullopt if it is not an escaped key (EscapeKey's output exactly: no
+// other byte unescaped, upper-case hex, no escape of a byte EscapeKey keeps).
 std::optional<std::string> UnescapeKey(std::string_view name);
 
 // The keys among the key nodes `names` that start with `prefix`, in key order.
@@ -71,6 +72,13 @@ std::optional<LeaseInfo> ParseKeptData(std::string_view key, std::string_view da
 
 // The record's node data, live until its mtime plus the TTL.
 std::string RecordData(Duration ttl, std::string_view record);
+// A record node's data as RecordData wrote it: the TTL, and the record (a view into `data`).
+struct RecordNode {
+  Duration ttl{};
+  std::string_view record;
+};
+// Reads a record node's data; nullopt if it is not in our layout.
+std::optional<RecordNode> ParseRecordData(std::string_view data);
 
 // Splits off the text up to the next '\n' as a number; false if there is none.
 bool TakeNumber(std::string_view& text, std::int64_t* value);

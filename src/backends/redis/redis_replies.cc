@@ -1,0 +1,150 @@
+// File: backends/redis/redis_replies.cc (internal)
+//
+// Reading the replies of leasehold's Lua scripts and pub/sub messages (redis_replies.h).
+
+#include "backends/redis/redis_replies.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "backends/common/time.h"
+
+namespace leasehold::internal {
+
+
+namespace {
+
+// Returns the Redis command called on `line` (1-based) of `body`, upper-cased, or "".
+std::string CommandOnLine(std::string_view body, int line) {
+  std::size_t start = 0;
+  for (int i = 1; i < line && start != std::string_view::npos; ++i) {
+    start = body.find('\n', start);
+    start = start == std::string_view::npos ? start : start + 1;
+  }
+  if (start == std::string_view::npos) {
+    return {};
+  }
+  std::string_view text = body.substr(start, body.find('\n', start) - start);
+  constexpr std::string_view kCall = "redis.call('";
+  std::size_t at = text.find(kCall);
+  if (at == std::string_view::npos) {
+    return {};
+  }
+  text = text.substr(at + kCall.size());
+  std::string name(text.substr(0, text.find('\'')));
+  for (char& c : name) {
+    c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  return name;
+}
+
+}  // namespace
+
+// As ErrorReplyStatus, for an error raised inside `script`. Redis 7.0 reports an ACL refusal
+// inside a script as "ERR The user executing the script can't run this command or subcommand
+// script: <sha>, on @user_script:<line>." without the command's name: recover it from the
+// script's own text, so that the operator learns which command to grant.
+Status ScriptErrorStatus(std::string_view address, std::string_view what, std::string_view body,
+                         std::string_view error) {
+  Status status = ErrorReplyStatus(address, what, error);
+  constexpr std::string_view kLineTag = "@user_script:";
+  std::size_t at = error.find(kLineTag);
+  if (status.code() != StatusCode::kPermissionDenied || at == std::string_view::npos) {
+    return status;
+  }
+  int line = 0;
+  std::string_view digits = error.substr(at + kLineTag.size());
+  std::from_chars(digits.data(), digits.data() + digits.size(), line);
+  std::string command = CommandOnLine(body, line);
+  if (command.empty()) {
+    return status;
+  }
+  return Status::PermissionDenied(
+      fmt::format("redis at {} refused {}: the ACL user may not run the '{}' command (add "
+                  "+{} to the user's ACL rules)",
+                  address, what, command,
+                  [&] {
+                    std::string lower = command;
+                    for (char& c : lower) {
+                      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+                    }
+                    return lower;
+                  }()),
+      std::string(error));
+}
+
+// {holder, token_prefix, fence, pttl_ms, ttl_ms} starting at element `first` of `reply`.
+Result<LeaseInfo> ParseLeaseInfo(std::string key, const redisReply* reply, std::size_t first) {
+  if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY || reply->elements < first + 5) {
+    return Status::Internal("unexpected reply from redis: malformed grant");
+  }
+  LeaseInfo info;
+  info.key = std::move(key);
+  info.holder = std::string(ReplyText(reply->element[first]));
+  info.token_prefix = std::string(ReplyText(reply->element[first + 1]));
+  LH_ASSIGN_OR_RETURN(long long fence, ParseInteger(reply->element[first + 2]));
+  LH_ASSIGN_OR_RETURN(long long pttl, ParseInteger(reply->element[first + 3]));
+  Result<long long> ttl = ParseInteger(reply->element[first + 4]);
+  info.fencing_token = static_cast<FencingToken>(fence);
+  info.remaining = StoreMillis(pttl);
+  info.ttl = StoreMillis(ttl.ok() ? *ttl : 0);
+  return info;
+}
+
+// Turns the acquire scripts' refusal into kHeldByAnother: {0, holder fields (nil when the key is
+// free but others are queued ahead)[, next_prefix, queued, position]}.
+Status HeldReply(std::string_view key, const redisReply* reply) {
+  const bool fair = reply->elements >= 9;
+  std::optional<LeaseInfo> holder;
+  if (reply->elements >= 2 && reply->element[1]->type != REDIS_REPLY_NIL) {
+    LH_ASSIGN_OR_RETURN(holder, ParseLeaseInfo(std::string(key), reply, 1));
+  }
+  if (!fair) {
+    if (!holder) {
+      return Status::Internal("unexpected reply from redis to the acquire script");
+    }
+    return Status::HeldByAnother(*holder);
+  }
+  const std::string next(ReplyText(reply->element[6]));
+  LH_ASSIGN_OR_RETURN(long long queued, ParseInteger(reply->element[7]));
+  LH_ASSIGN_OR_RETURN(long long position, ParseInteger(reply->element[8]));
+  std::string queue = queued == 0 ? std::string("no waiters queued")
+                                  : fmt::format("{} waiter(s) queued, next {}", queued, next);
+  if (position >= 0) {
+    queue += fmt::format(", this waiter is #{}", position + 1);
+  }
+  if (holder) {
+    return Status::HeldByAnother(*holder, queue);
+  }
+  return Status::HeldByAnother(fmt::format("{} is free but queued for: {}", key, queue));
+}
+
+// The TTL of the grant a "handed <waiter id> <fencing token> <t_q> <ttl_ms>" message
+// (kFairEndScript) reports, if it went to a waiter other than `waiter_id`; nullopt otherwise
+// (ours, another kind of message, or unreadable).
+std::optional<Duration> HandedToOther(std::string_view payload, std::string_view waiter_id) {
+  if (!payload.starts_with("handed ")) {
+    return std::nullopt;
+  }
+  std::string_view rest = payload.substr(7);
+  const std::size_t id_end = rest.find(' ');
+  if (id_end == std::string_view::npos || rest.substr(0, id_end) == waiter_id) {
+    return std::nullopt;
+  }
+  const std::size_t ttl_at = rest.rfind(' ');
+  std::string_view ttl_text = rest.substr(ttl_at + 1);
+  long long ttl_ms = 0;
+  auto [end, ec] = std::from_chars(ttl_text.data(), ttl_text.data() + ttl_text.size(), ttl_ms);
+  if (ec != std::errc() || end != ttl_text.data() + ttl_text.size() || ttl_ms <= 0) {
+    return std::nullopt;
+  }
+  return StoreMillis(ttl_ms);
+}
+
+}  // namespace leasehold::internal
