@@ -27,7 +27,14 @@ namespace leasehold {
 Result<Duration> ParseDuration(std::string_view text);
 
 // Formats `d` compactly for people: "1.5s", "250ms", "2m0s", "12us", "1m1.5s". Exact to the
-// nanosecond ("1.000000001s", not "1s"): ParseDuration reads it back as the same value.
+// nanosecond ("1.000000001s", not "1s"): for d >= 0, ParseDuration reads it back as the same
+// value (ParseDuration refuses a sign).
 std::string FormatDuration(Duration d);
+
+// Rounds `d` (to the nearest, halves away from zero) for showing a measured or computed value:
+// to the second from a minute up, to the millisecond from a second, to the microsecond from a
+// millisecond; shorter values are returned as they are. FormatDuration(RoundForDisplay(d))
+// reads "3.333s" for ttl/3 of 10s, where FormatDuration(d) reads "3.333333333s".
+Duration RoundForDisplay(Duration d);
 
 }  // namespace leasehold

@@ -132,12 +132,38 @@ std::string Decimal(std::uint64_t count, std::uint64_t per_unit, std::string_vie
 
 }  // namespace
 
+Duration RoundForDisplay(Duration d) {
+  const std::int64_t count = d.count();
+  const std::uint64_t magnitude =
+      count < 0 ? 0 - static_cast<std::uint64_t>(count) : static_cast<std::uint64_t>(count);
+  std::uint64_t unit = 1;
+  if (magnitude >= 60'000'000'000) {
+    unit = 1'000'000'000;
+  } else if (magnitude >= 1'000'000'000) {
+    unit = 1'000'000;
+  } else if (magnitude >= 1'000'000) {
+    unit = 1'000;
+  }
+  if (unit == 1) {
+    return d;
+  }
+  std::uint64_t rounded = magnitude / unit * unit;
+  // Round half up on the magnitude, unless that would pass int64's range (then round down).
+  if (magnitude % unit >= unit / 2 &&
+      rounded <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) - unit) {
+    rounded += unit;
+  }
+  return count < 0 ? Duration(-static_cast<std::int64_t>(rounded))
+                   : Duration(static_cast<std::int64_t>(rounded));
+}
+
 std::string FormatDuration(Duration d) {
   // Exact to the nanosecond: a limit or default printed in a message reads back as the same
   // value (ParseDuration(FormatDuration(d)) == d). The magnitude is unsigned: -INT64_MIN does
   // not fit in int64.
   const std::int64_t count = d.count();
-  std::uint64_t ns = count < 0 ? 0 - static_cast<std::uint64_t>(count) : static_cast<std::uint64_t>(count);
+  const std::uint64_t ns =
+      count < 0 ? 0 - static_cast<std::uint64_t>(count) : static_cast<std::uint64_t>(count);
   std::string sign = count < 0 ? "-" : "";
   if (ns < 1'000) {
     return fmt::format("{}{}ns", sign, ns);

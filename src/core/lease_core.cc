@@ -127,7 +127,7 @@ bool LeaseCore::CheckExpiry() {
       t = SetStateLocked(LeaseState::kAtRisk,
                          Status::Unavailable(fmt::format(
                              "renewal of lease {} overdue: none confirmed for {}", params_.key,
-                             FormatDuration(now - last_renew_send_))));
+                             FormatDuration(RoundForDisplay(now - last_renew_send_)))));
     } else {
       t = SetStateLocked(
           LeaseState::kLost,

@@ -92,7 +92,7 @@ Status Status::HeldByAnother(const LeaseInfo& holder, std::string_view detail,
       holder.holder.empty() ? "another owner" : holder.holder, holder.fencing_token,
       holder.remaining > std::chrono::milliseconds::zero()
           ? fmt::format(", {}{} left", remaining_is_upper_bound ? "at most " : "",
-                        internal::FormatDuration(holder.remaining))
+                        internal::FormatDuration(internal::RoundForDisplay(holder.remaining)))
           : std::string());
   if (!detail.empty()) {
     fmt::format_to(std::back_inserter(message), "; {}", detail);

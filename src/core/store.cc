@@ -435,7 +435,7 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
     record_wait.outcome = internal::WaitOutcome::kDeadlineExceeded;
     Status out(StatusCode::kDeadlineExceeded,
                fmt::format("gave up waiting for {} after {}: {}", key,
-                           FormatDuration(clock.Now() - start), last.message()));
+                           FormatDuration(RoundForDisplay(clock.Now() - start)), last.message()));
     return out;
   }
   return last.WithContext(fmt::format("gave up waiting for {}", key));

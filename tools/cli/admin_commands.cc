@@ -110,7 +110,7 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     PrintLine(fmt::format("holder:        {}", l.holder));
     PrintLine(fmt::format("fencing token: {}", l.fencing_token));
     PrintLine(fmt::format("token prefix:  {}", l.token_prefix));
-    PrintLine(fmt::format("remaining:     {}", FormatDuration(l.remaining)));
+    PrintLine(fmt::format("remaining:     {}", FormatDuration(RoundForDisplay(l.remaining))));
     PrintLine(fmt::format("ttl:           {}", FormatDuration(l.ttl)));
   }
   for (std::size_t i = 0; runs.ok() && i < runs->size(); ++i) {
@@ -172,8 +172,9 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
                         holder_width, "FENCING_TOKEN", "REMAINING", "TTL", "TOKEN"));
   for (const LeaseInfo& l : *leases) {
     PrintLine(fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", l.key, key_width, l.holder,
-                          holder_width, l.fencing_token, FormatDuration(l.remaining),
-                          FormatDuration(l.ttl), l.token_prefix));
+                          holder_width, l.fencing_token,
+                          FormatDuration(RoundForDisplay(l.remaining)), FormatDuration(l.ttl),
+                          l.token_prefix));
   }
   // Then the last recorded schedule-slot run of every key that has one (run --once-per).
   std::size_t slot_key_width = 3;

@@ -128,7 +128,7 @@ int ElectCommand(const ElectFlags& flags) {
     const Lease& lease = leadership->lease();
     Info(fmt::format("elected leader of {} as {} (term {}, ttl {}, renew every {})", flags.name, id,
                      leadership->term(), FormatDuration(lease.ttl()),
-                     FormatDuration(lease.renew_interval())));
+                     FormatDuration(RoundForDisplay(lease.renew_interval()))));
     std::vector<std::string> env = LeaseChildEnvironment(
         lease, leadership->term(),
         {"LEASEHOLD_ELECTION=" + flags.name, fmt::format("LEASEHOLD_TERM={}", leadership->term()),
@@ -149,7 +149,7 @@ int ElectCommand(const ElectFlags& flags) {
     Info(fmt::format("campaigning again in {}{} (--again; the command ended: exit {})", flags.name,
                      pause > Duration::zero()
                          ? " after " + FormatDuration(pause) + " (its term lasted only " +
-                               FormatDuration(term) + ")"
+                               FormatDuration(RoundForDisplay(term)) + ")"
                          : std::string(),
                      exit_code));
     if (pause > Duration::zero() && WaitForInterrupt(sup.signal_fd.get(), pause)) {

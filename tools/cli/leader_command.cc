@@ -46,7 +46,7 @@ void PrintLeader(const std::string& name, const std::optional<LeaderInfo>& leade
     line = j.dump();
   } else if (leader.has_value()) {
     line = fmt::format("{}: leader {} (term {}, {} left)", name, leader->id, leader->term,
-                       FormatDuration(leader->remaining));
+                       FormatDuration(RoundForDisplay(leader->remaining)));
   } else {
     line = fmt::format("{}: no leader", name);
   }

@@ -38,7 +38,7 @@ int ReportFailure(const Status& status) {
 std::string DescribeHolder(const LeaseInfo& info) {
   return fmt::format("{} (fencing token {}, expires in {})",
                      info.holder.empty() ? std::string("an unnamed holder") : info.holder,
-                     info.fencing_token, FormatDuration(info.remaining));
+                     info.fencing_token, FormatDuration(RoundForDisplay(info.remaining)));
 }
 
 }  // namespace leasehold::cli

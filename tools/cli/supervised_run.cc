@@ -177,13 +177,13 @@ class LeaseGuard {
     const SteadyTime safe_until = lease_.safe_until();
     if (state != last_state_) {
       if (state == LeaseState::kAtRisk) {
-        Info(
-            fmt::format("renewals of {} are failing (at risk): SIGTERM to the command's tree {}, "
-                        "SIGKILL in {} unless a renewal succeeds",
-                        lease_.key(),
-                        term_on_risk_ ? std::string("now (--on-risk=term)")
-                                      : "in " + FormatDuration(safe_until - kill_grace_ - now),
-                        FormatDuration(safe_until - now)));
+        Info(fmt::format(
+            "renewals of {} are failing (at risk): SIGTERM to the command's tree {}, "
+            "SIGKILL in {} unless a renewal succeeds",
+            lease_.key(),
+            term_on_risk_ ? std::string("now (--on-risk=term)")
+                          : "in " + FormatDuration(RoundForDisplay(safe_until - kill_grace_ - now)),
+            FormatDuration(RoundForDisplay(safe_until - now))));
       } else if (state == LeaseState::kHeld) {
         Info(fmt::format("renewals of {} succeed again", lease_.key()));
       }
@@ -208,9 +208,9 @@ class LeaseGuard {
       SignalTree(SIGTERM, lost_      ? std::string("the lease is lost")
                           : term_now ? fmt::format("the lease is at risk (--on-risk=term); "
                                                    "SIGKILL in {}",
-                                                   FormatDuration(kill_at - now))
+                                                   FormatDuration(RoundForDisplay(kill_at - now)))
                                      : fmt::format("the lease cannot be confirmed; SIGKILL in {}",
-                                                   FormatDuration(kill_at - now)));
+                                                   FormatDuration(RoundForDisplay(kill_at - now))));
       term_sent_ = true;
     }
     // The keeper's dead man's switch follows the same schedule, a little behind on SIGTERM so
@@ -382,7 +382,7 @@ Result<RunSettings> ParseSettings(const RunFlags& flags) {
     return Status::InvalidArgument(fmt::format(
         "--kill-grace {} plus the renew interval {} must be less than --ttl {} minus the drift "
         "allowance {}: lower --kill-grace or --renew-every",
-        FormatDuration(s.kill_grace), FormatDuration(renew), FormatDuration(s.ttl),
+        FormatDuration(s.kill_grace), FormatDuration(RoundForDisplay(renew)), FormatDuration(s.ttl),
         FormatDuration(drift)));
   }
   return s;

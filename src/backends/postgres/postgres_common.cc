@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "backends/common/sql_statement.h"
+#include "backends/common/time.h"
 #include "backends/postgres/postgres_sql.h"
 #include "core/logging.h"
 #include "util/hex.h"
@@ -89,8 +90,8 @@ LeaseInfo PgLeaseInfo(const PgResult& r, int row) {
   info.holder = std::string(r.Get(row, 1));
   info.token_prefix = std::string(r.Get(row, 2));
   info.fencing_token = static_cast<FencingToken>(r.GetInt(row, 3));
-  info.ttl = milliseconds(r.GetInt(row, 4));
-  info.remaining = milliseconds(r.GetInt(row, 5));
+  info.ttl = StoreMillis(r.GetInt(row, 4));
+  info.remaining = StoreMillis(r.GetInt(row, 5));
   return info;
 }
 
@@ -100,8 +101,8 @@ LeaseInfo PgRefusedBy(std::string_view key, const PgResult& r) {
   info.fencing_token = static_cast<FencingToken>(r.GetInt(0, 1));
   info.holder = std::string(r.Get(0, 2));
   info.token_prefix = std::string(r.Get(0, 3));
-  info.ttl = milliseconds(r.GetInt(0, 4));
-  info.remaining = milliseconds(r.GetInt(0, 5));
+  info.ttl = StoreMillis(r.GetInt(0, 4));
+  info.remaining = StoreMillis(r.GetInt(0, 5));
   return info;
 }
 

@@ -463,16 +463,19 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
 Result<Grant> RedisBackend::TakeHanded(const GrantRequest& request, const Handed& handed) {
   const std::string lease_key = LeaseKeyName(options_.prefix, request.key);
   const SteadyTime now = clock_.Now();
-  const Duration age = now - handed.t_q;
-  const Duration left = handed.ttl - age;
-  if (options_.min_replicas == 0 && age >= Duration::zero() && handed.ttl > Duration::zero() &&
-      left * kHandedMinLeftDen >= handed.ttl * kHandedMinLeftNum) {
-    return Grant{.fencing_token = handed.fencing_token, .ttl = left, .store_key = lease_key};
+  const Duration requested = milliseconds(CeilMillis(request.ttl));
+  // t_q and the TTL came back through the store and a pub/sub message: they are judged by
+  // comparisons that cannot overflow before any arithmetic (a TTL above the one this waiter
+  // asked for, or a t_q after now or more than a TTL ago, is not a usable handover).
+  if (options_.min_replicas == 0 && handed.ttl > Duration::zero() && handed.ttl <= requested &&
+      handed.t_q <= now && handed.t_q >= now - handed.ttl) {
+    const Duration left = handed.ttl - (now - handed.t_q);
+    if (left >= handed.ttl / kHandedMinLeftDen * kHandedMinLeftNum) {
+      return Grant{.fencing_token = handed.fencing_token, .ttl = left, .store_key = lease_key};
+    }
   }
   LH_RETURN_IF_ERROR(Renew({request.key, request.owner_token, request.ttl}));
-  return Grant{.fencing_token = handed.fencing_token,
-               .ttl = milliseconds(CeilMillis(request.ttl)),
-               .store_key = lease_key};
+  return Grant{.fencing_token = handed.fencing_token, .ttl = requested, .store_key = lease_key};
 }
 
 void RedisBackend::RecordHanded(std::string_view waiter_id, std::string_view payload) {

@@ -184,14 +184,14 @@ INSERT OR REPLACE INTO records (key, value, expires_unix_ns) VALUES (?1, ?2, ?3)
 
 // The record of ?1 if it is live at ?2 (CLOCK_REALTIME ns).
 constexpr const char* kSelectRecordSql = R"sql(
-SELECT value FROM records WHERE key = ?1 AND expires_unix_ns > ?2
+SELECT value FROM records WHERE key = ?1 AND CAST(expires_unix_ns AS INTEGER) > ?2
 )sql";
 
 // Live records (at ?1, CLOCK_REALTIME ns) whose key is in the byte range [?2, ?3) (?3 NULL: no
 // upper bound), ordered by key: as kListLiveGrantsSql.
 constexpr const char* kListRecordsSql = R"sql(
 SELECT key, value FROM records
-WHERE expires_unix_ns > ?1 AND key >= ?2 AND (?3 IS NULL OR key < ?3)
+WHERE CAST(expires_unix_ns AS INTEGER) > ?1 AND key >= ?2 AND (?3 IS NULL OR key < ?3)
 ORDER BY key
 )sql";
 
