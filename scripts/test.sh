@@ -29,11 +29,11 @@ step "thread-safety analysis (clang 14, -Werror=thread-safety) and fuzz targets"
 CXX=clang++-14 BUILD_DIR="$root/build-clang" BUILD_TYPE=Debug scripts/build.sh \
   -DLEASEHOLD_WERROR=ON -DLEASEHOLD_BUILD_TESTS=OFF -DLEASEHOLD_BUILD_CLI=OFF \
   -DLEASEHOLD_BUILD_EXAMPLES=OFF -DLEASEHOLD_INSTALL=OFF -DLEASEHOLD_BUILD_FUZZ=ON
-step "fuzz every parser (ASan + UBSan, ${FUZZ_SECONDS:-10} s each)"
+step "fuzz every parser (ASan + UBSan, ${FUZZ_SECONDS:-5} s each)"
 # The seeds and regression inputs first (label fuzz), then new inputs for a bounded time; the
 # long run by hand is in tests/chaos/RESULTS.md ("Fuzzing").
 ctest --test-dir build-clang -L fuzz --timeout 120
-scripts/fuzz.sh --build-dir build-clang --seconds "${FUZZ_SECONDS:-10}"
+scripts/fuzz.sh --build-dir build-clang --seconds "${FUZZ_SECONDS:-5}"
 
 if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
   step "build with AddressSanitizer + UBSan"
