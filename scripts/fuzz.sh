@@ -7,6 +7,9 @@
 #
 #   --build-dir  the build with LEASEHOLD_BUILD_FUZZ=ON (default: build-fuzz/)
 #   --seconds    time per target (default: 15; $FUZZ_SECONDS)
+#   --seed N     libFuzzer's -seed (default: $FUZZ_SEED, else a random one): with a fixed seed a
+#                run repeats the same inputs in the same order (a slower machine runs a prefix
+#                of them), so a CI finding reproduces; exploring is the job of by-hand runs
 #   TARGET       names as in tests/fuzz/CMakeLists.txt (url, duration, ...); default: all built
 #
 # Each run starts from tests/fuzz/corpus/<target>/ (seeds and past findings) in a scratch
@@ -17,17 +20,24 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build_dir="$root/build-fuzz"
 seconds="${FUZZ_SECONDS:-15}"
+seed="${FUZZ_SEED:-}"
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) build_dir="$(cd "$2" && pwd)"; shift 2 ;;
     --seconds) seconds="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --seed) seed="$2"; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 64 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
 case "$seconds" in ''|*[!0-9]*|0) echo "fuzz.sh: --seconds wants a whole number > 0" >&2; exit 64 ;; esac
+seed_flag=()
+if [ -n "$seed" ]; then
+  case "$seed" in *[!0-9]*|0) echo "fuzz.sh: --seed wants a whole number > 0" >&2; exit 64 ;; esac
+  seed_flag=(-seed="$seed")
+fi
 list="$build_dir/tests/fuzz/targets.txt"
 if [ ! -f "$list" ]; then
   echo "fuzz.sh: no $list: configure with CXX=clang++-14 -DLEASEHOLD_BUILD_FUZZ=ON and build leasehold_fuzz_all" >&2
@@ -61,7 +71,7 @@ for t in "${targets[@]}"; do
   TMPDIR="$scratch" ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:${ASAN_OPTIONS:-}" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}" \
     "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
-    -print_final_stats=1 -artifact_prefix="$artifacts/$t/" "$work" >"$log" 2>&1
+    "${seed_flag[@]}" -print_final_stats=1 -artifact_prefix="$artifacts/$t/" "$work" >"$log" 2>&1
   rc=$?
   set -e
   tenths=$((($(date +%s%N) - start) / 100000000))

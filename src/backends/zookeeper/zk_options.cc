@@ -33,9 +33,12 @@ Result<std::string> ChrootOf(const Url& url) {
   if (chroot == "/") {
     chroot.clear();
   }
-  if (chroot.find("//") != std::string::npos || chroot.find('\0') != std::string::npos ||
-      chroot.find("/./") != std::string::npos || chroot.find("/../") != std::string::npos ||
-      chroot.ends_with("/.") || chroot.ends_with("/..")) {
+  // A zk:// URL's path always starts with '/'; a Url built otherwise (the fuzz target's
+  // steered URLs) must not give a relative chroot: ZooKeeper paths are absolute.
+  if ((!chroot.empty() && chroot.front() != '/') || chroot.find("//") != std::string::npos ||
+      chroot.find('\0') != std::string::npos || chroot.find("/./") != std::string::npos ||
+      chroot.find("/../") != std::string::npos || chroot.ends_with("/.") ||
+      chroot.ends_with("/..")) {
     return Status::InvalidArgument(
         fmt::format("zk:// URL chroot '{}' is not a valid ZooKeeper path", chroot));
   }
