@@ -12,6 +12,7 @@
 
 #pragma once
 
+#include "leasehold/check.h"
 #include "leasehold/clock.h"
 #include "leasehold/duration.h"
 #include "leasehold/election.h"

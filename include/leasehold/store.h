@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "leasehold/check.h"
 #include "leasehold/lease.h"
 #include "leasehold/lease_info.h"
 #include "leasehold/metrics.h"
@@ -113,6 +114,13 @@ class Store {
   // its next renewal and stops. The fencing counter is kept. Returns true if a live grant was
   // deleted, false if the key was free. The library never calls this itself.
   Result<bool> ForceRelease(std::string_view key);
+
+  // The store doctor (leasehold/check.h): times the store's round trip and a full acquire ->
+  // renew -> release cycle on a throwaway key, reads its clock, asks it about durability,
+  // topology and permissions, and advises a TTL. A store that cannot be reached, or refuses a
+  // step, is a finding of the report (kUnreachable, kPermissionDenied), not an error. Returns
+  // kInvalidArgument for bad options only.
+  Result<CheckReport> Check(const CheckOptions& options = {});
 
   // Blocks until the store reports that the grant of `key` may have changed (released or
   // expired; a store never reports "acquired"), `deadline` passes or `cancel` is requested.

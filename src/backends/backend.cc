@@ -70,6 +70,12 @@ Result<StoreTime> Backend::WallClock() {
   return StoreTime{.time = std::chrono::system_clock::now(), .from_store = false};
 }
 
+Status Backend::Ping() {
+  return Status::Unimplemented("this store has no round-trip probe");
+}
+
+Result<Diagnosis> Backend::Diagnose() { return Diagnosis{.probe = "round trip"}; }
+
 void Backend::AbandonWait(std::string_view /*key*/, std::string_view /*waiter_id*/) {}
 
 Status Backend::WaitForChange(std::string_view /*key*/, SteadyTime /*deadline*/,

@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "leasehold/check.h"
 #include "leasehold/clock.h"
 #include "leasehold/fenced_write.h"
 #include "leasehold/lease_info.h"
@@ -147,6 +148,24 @@ struct StoreTime {
   bool from_store = true;
 };
 
+// What a backend reports about its store for the store doctor (Backend::Diagnose, Store::Check,
+// `leasehold check`).
+struct Diagnosis {
+  // The name of Ping's round trip, as `leasehold check` prints it: "PING", "SELECT 1".
+  std::string probe;
+  // The step the store counts TTLs in (etcd: 1 s; ZooKeeper: its tickTime, where it can be
+  // learnt); zero if it has none. Store::Check rounds its TTL advice up to it.
+  Duration ttl_granularity{};
+  // Durability, topology and permission findings (CheckItem::area "durability", "topology",
+  // "permissions", "session"), each one line, with a fix where the verdict is not a pass. A
+  // setting the credentials may not read is a kWarn saying so, never a guess.
+  std::vector<CheckItem> items;
+  // One line naming what the credentials need for every operation of leasehold's (the Redis
+  // ACL command list, the PostgreSQL privileges, ...): Store::Check prints it as the fix when a
+  // step of its cycle is refused with kPermissionDenied.
+  std::string permissions_fix;
+};
+
 // Checks a FinishRequest's keep, record size and record_ttl (every backend's Finish calls it
 // before touching the store).
 Status CheckFinishRequest(const FinishRequest& request);
@@ -213,6 +232,19 @@ class Backend {
   // TIME, PostgreSQL clock_timestamp(), the ZooKeeper leader's transaction time); the default
   // returns the local wall clock with from_store = false.
   virtual Result<StoreTime> WallClock();
+
+  // Performs the store's cheapest round trip on the backend's own connection (the probe
+  // leasehold-bench calls the floor: Redis PING, PostgreSQL SELECT 1, an etcd Range of a missing
+  // key, a ZooKeeper exists, an empty SQLite transaction), for Store::Check to time. Exactly one
+  // round trip; no write. The default returns kUnimplemented.
+  virtual Status Ping();
+
+  // Reports what Store::Check cannot learn through the other methods: durability (will fencing
+  // counters survive a restart?), topology (replicas, members, leader, pooling), permissions
+  // beyond those the cycle exercises, session bounds. Bounded by the backend's timeouts; a
+  // finding the store will not disclose is an item, not an error. Returns kUnavailable if the
+  // store cannot be reached. The default reports no items and Ping's name as "round trip".
+  virtual Result<Diagnosis> Diagnose();
 
   // Returns the live grant of `key`, or nullopt if there is none.
   virtual Result<std::optional<LeaseInfo>> Inspect(std::string_view key) = 0;

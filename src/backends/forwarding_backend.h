@@ -54,6 +54,10 @@ class ForwardingBackend : public Backend {
 
   Result<StoreTime> WallClock() override { return inner_->WallClock(); }
 
+  Status Ping() override { return inner_->Ping(); }
+
+  Result<Diagnosis> Diagnose() override { return inner_->Diagnose(); }
+
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
     return inner_->Inspect(key);
   }

@@ -31,6 +31,9 @@ inline constexpr int kExitPermissionDenied = 77;
 inline constexpr int kExitLeaseLost = 79;
 // run --once-per: the schedule slot was already done (by this or another host).
 inline constexpr int kExitSlotDone = 80;
+// check: a finding says leases or fencing tokens would not be safe on this store (fencing
+// counters a restart resets, a TTL below the rule, a store that grants less than asked).
+inline constexpr int kExitCheckUnsafe = 81;
 // The command was found but could not be executed (as in a shell).
 inline constexpr int kExitCannotExecute = 126;
 // The command was not found (as in a shell).
@@ -77,6 +80,7 @@ inline constexpr std::string_view kExitCodeHelp =
     "  77      permission denied (store refused access, store directory not writable)\n"
     "  79      lease (or leadership) lost, command stopped\n"
     "  80      run --once-per: this schedule slot is already done (nothing run)\n"
+    "  81      check: a finding is unsafe (see its line for what to change)\n"
     "  126     run/elect: command found but not executable\n"
     "  127     run/elect: command not found\n"
     "  128+N   run/elect: the command died of signal N\n"

@@ -18,6 +18,7 @@
 #include "leasehold/version.h"
 
 #include "admin_commands.h"
+#include "check_command.h"
 #include "cli_log.h"
 #include "elect_command.h"
 #include "exit_codes.h"
@@ -103,6 +104,7 @@ struct Flags {
   ElectFlags elect;
   LeaseFlags elect_lease;
   bool watch = false;
+  CheckFlags check;
 };
 
 // The subcommands, to see which one was parsed.
@@ -114,6 +116,7 @@ struct Subcommands {
   CLI::App* list = nullptr;
   CLI::App* release = nullptr;
   CLI::App* schema = nullptr;
+  CLI::App* check = nullptr;
 };
 
 // --store and --quiet are accepted before and after the subcommand name.
@@ -299,6 +302,26 @@ void AddAdminCommands(CLI::App& app, Flags& flags, Subcommands& sub) {
       "first use when its role may), for a DBA to apply. Does not connect.");
   AddCommonOptions(*schema, flags);
   schema->footer(Footer());
+  CLI::App* check = app.add_subcommand(
+      "check",
+      "The store doctor: times the store's round trip (the probe leasehold-bench calls the "
+      "floor) and one acquire -> renew -> release cycle on a throwaway key, compares the "
+      "store's clock with this host's, reports durability (do fencing tokens survive a "
+      "restart?), topology and permissions, and recommends a --ttl and --renew-every from the "
+      "measured p99 (at least 10x it, in the store's own steps). Exit 0 when nothing is unsafe; "
+      "69 unreachable, 77 permission denied, 81 unsafe; one line per failure says what to "
+      "change");
+  AddCommonOptions(*check, flags);
+  check->add_option("--ttl", flags.check.ttl,
+                    "Judge this TTL: what the store grants for it, and whether it is at least 10x "
+                    "the measured p99. Default: judge none, recommend one")
+      ->type_name("DURATION");
+  check->add_option("--probes", flags.check.probes,
+                    "How many round trips to time (1..10000). Default: 50")
+      ->type_name("N");
+  check->add_flag("--json", flags.check.json, "Print one JSON object");
+  check->footer(Footer());
+  sub.check = check;
   sub.leader = leader;
   sub.status = status;
   sub.list = list;
@@ -371,6 +394,10 @@ int Dispatch(const Subcommands& sub, Flags& flags) {
       return kExitUsage;
     }
     return ReleaseCommand(flags.store_url, flags.key);
+  }
+  if (sub.check->parsed()) {
+    flags.check.store_url = flags.store_url;
+    return CheckCommand(flags.check);
   }
   if (sub.schema->parsed()) {
     return SchemaCommand(flags.store_url);

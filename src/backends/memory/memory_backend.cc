@@ -312,6 +312,20 @@ class MemoryBackend final : public Backend {
     return table_->ListRecords(prefix);
   }
 
+  // No round trip: the table is in this process.
+  Status Ping() override { return Status(); }
+
+  Result<Diagnosis> Diagnose() override {
+    return Diagnosis{
+        .probe = "in-process call",
+        .items = {{.area = "durability",
+                   .verdict = CheckVerdict::kUnsafe,
+                   .found = "memory:// keeps leases in this process only: they and their fencing "
+                            "counters end with it",
+                   .fix = "use memory:// for tests; use sqlite:// or a server store for real "
+                          "work"}}};
+  }
+
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
     return table_->Inspect(key);
   }
