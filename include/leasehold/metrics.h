@@ -104,8 +104,8 @@ class Metrics {
   Metrics& operator=(Metrics&&) = delete;
   ~Metrics();
 
-  // Returns every metric's current value. The gauges (leases held, smallest safe margin) are
-  // computed now from the leases of the stores that record here.
+  // Returns every metric's current value. The gauges (leases held, smallest safe margin, TTL
+  // headroom) are computed now from the leases of the stores that record here.
   [[nodiscard]] MetricsSnapshot Snapshot() const;
 
   // Returns FormatPrometheusText(Snapshot()).

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "core/duration.h"
 #include "core/logging.h"
 
 namespace leasehold::internal {
@@ -66,11 +67,18 @@ std::uint64_t Heartbeat::early_wakes() {
   return early_wakes_;
 }
 
+std::uint64_t Heartbeat::headroom_warnings() {
+  MutexLock lock(&mu_);
+  return headroom_warnings_;
+}
+
 HeldLeaseGauges Heartbeat::CollectGauges() {
   std::vector<std::shared_ptr<LeaseCore>> leases;
+  std::optional<Duration> p99;
   {
     MutexLock lock(&mu_);
     leases = leases_;
+    p99 = latencies_.P99();
   }
   HeldLeaseGauges out;
   const SteadyTime now = clock_.Now();
@@ -82,6 +90,12 @@ HeldLeaseGauges Heartbeat::CollectGauges() {
     const Duration left = lease->safe_until() - now;
     out.min_safe_remaining =
         out.min_safe_remaining.has_value() ? std::min(*out.min_safe_remaining, left) : left;
+    if (p99.has_value() && *p99 > Duration::zero()) {
+      const double ratio =
+          static_cast<double>(lease->ttl().count()) / static_cast<double>(p99->count());
+      out.min_ttl_headroom =
+          out.min_ttl_headroom.has_value() ? std::min(*out.min_ttl_headroom, ratio) : ratio;
+    }
   }
   return out;
 }
@@ -134,9 +148,15 @@ void Heartbeat::RenewLoop() {
     // Read t_send before sending: replies can be arbitrarily late.
     SteadyTime t_send = clock_.Now();
     std::vector<Status> results = backend_->RenewMany(requests);
+    const Duration latency = clock_.Now() - t_send;
     if (metrics_ != nullptr) {
-      metrics_->heartbeat_latency.Observe(clock_.Now() - t_send);
+      metrics_->heartbeat_latency.Observe(latency);
     }
+    Duration min_ttl = Duration::max();
+    for (const auto& request : requests) {
+      min_ttl = std::min(min_ttl, request.ttl);
+    }
+    JudgeHeadroom(latency, min_ttl);
     {
       MutexLock lock(&mu_);
       ++rounds_;
@@ -163,6 +183,50 @@ void Heartbeat::RenewLoop() {
     if (earliest_check < watchdog_planned_) {
       watchdog_wake_.request_stop();
     }
+  }
+}
+
+void Heartbeat::JudgeHeadroom(Duration latency, Duration min_ttl) {
+  std::optional<Duration> p99;
+  std::size_t samples = 0;
+  {
+    MutexLock lock(&mu_);
+    latencies_.Add(latency);
+    p99 = latencies_.P99();
+    samples = latencies_.count();
+    if (!p99.has_value() || *p99 * kTtlToP99 <= min_ttl) {
+      return;
+    }
+    const SteadyTime now = clock_.Now();
+    if (last_headroom_warning_.has_value() && now - *last_headroom_warning_ < kHeadroomWarnEvery) {
+      return;
+    }
+    last_headroom_warning_ = now;
+    ++headroom_warnings_;
+  }
+  if (metrics_ != nullptr) {
+    metrics_->ttl_headroom_warnings.Add();
+  }
+  if (LogEnabled(LogLevel::kWarning)) {
+    // A TTL that meets the rule, in whole 100 ms (whole seconds from 10 s).
+    const Duration step = *p99 * kTtlToP99 < std::chrono::seconds(10)
+                              ? Duration(std::chrono::milliseconds(100))
+                              : Duration(std::chrono::seconds(1));
+    const Duration wanted = *p99 * kTtlToP99;
+    const Duration advice = step * ((wanted.count() + step.count() - 1) / step.count());
+    const std::string p99_text = LogSeconds(*p99);
+    const std::string ttl_text = LogSeconds(min_ttl);
+    const std::string samples_text = std::to_string(samples);
+    const std::string advice_text = FormatDuration(advice);
+    LogEvent(LogLevel::kWarning, "ttl_headroom_low",
+             {{"backend", backend_->scheme()},
+              {"heartbeat_p99_seconds", p99_text, true},
+              {"ttl_seconds", ttl_text, true},
+              {"renewals", samples_text, true},
+              {"recommended_ttl", advice_text},
+              {"reason", "the heartbeat's p99 round trip exceeds a tenth of the TTL: a few slow "
+                         "renewals in a row would lose the lease (leasehold check measures the "
+                         "store)"}});
   }
 }
 

@@ -8,6 +8,11 @@
 //  - the expiry watchdog sleeps until the earliest safe_until and declares leases lost there,
 //    even while the renewer is stuck in a store call that never returns; it also marks a lease
 //    at risk once its renewal is overdue (two renew intervals without a confirmation).
+// The renewer also keeps the last round trips (LatencyWindow) and judges the TTL headroom: when
+// their p99 exceeds a tenth of the shortest TTL in a round, it logs one warning
+// ("ttl_headroom_low", at most once per kHeadroomWarnEvery per heartbeat) naming the figure and a
+// TTL that would meet the rule, and counts it (leasehold_ttl_headroom_warnings_total); the gauge
+// leasehold_ttl_headroom_ratio is the smallest TTL / p99 among held leases (the rule wants 10).
 // The watchdog is why a lease's lost signal fires at safe_until "even if no reply ever
 // arrives" (the safety rule of docs/impl.md, "safe_until"): a single thread blocked in I/O
 // could not promise that.
@@ -24,6 +29,7 @@
 
 #include "backends/backend.h"
 #include "core/lease_core.h"
+#include "heartbeat/latency_window.h"
 #include "leasehold/clock.h"
 #include "metrics/registry.h"
 #include "util/mutex.h"
@@ -59,12 +65,25 @@ class Heartbeat final : public GaugeSource {
   // no thread.
   std::uint64_t early_wakes() LH_EXCLUDES(mu_);
 
-  // The leases held (or at risk) and the smallest safe_until - now among them, for the gauges.
+  // How often, at most, one heartbeat warns that its TTL headroom is low.
+  static constexpr Duration kHeadroomWarnEvery = std::chrono::minutes(1);
+  // The rule: a TTL at least this many times the heartbeat's p99 round trip.
+  static constexpr int kTtlToP99 = 10;
+
+  // Returns how many headroom warnings this heartbeat has logged, for tests.
+  std::uint64_t headroom_warnings() LH_EXCLUDES(mu_);
+
+  // The leases held (or at risk), the smallest safe_until - now among them and the smallest
+  // TTL / heartbeat p99, for the gauges.
   HeldLeaseGauges CollectGauges() override LH_EXCLUDES(mu_);
 
  private:
   void RenewLoop() LH_EXCLUDES(mu_);
   void WatchdogLoop() LH_EXCLUDES(mu_);
+
+  // Adds a round's latency to the window and warns (rate-limited) if its p99 exceeds a tenth
+  // of `min_ttl`, the shortest TTL of the round.
+  void JudgeHeadroom(Duration latency, Duration min_ttl) LH_EXCLUDES(mu_);
 
   // Drops leases that are no longer active.
   void PruneLocked() LH_REQUIRES(mu_);
@@ -89,6 +108,9 @@ class Heartbeat final : public GaugeSource {
   bool shutdown_ LH_GUARDED_BY(mu_) = false;
   std::uint64_t rounds_ LH_GUARDED_BY(mu_) = 0;
   std::uint64_t early_wakes_ LH_GUARDED_BY(mu_) = 0;
+  LatencyWindow latencies_ LH_GUARDED_BY(mu_);
+  std::optional<SteadyTime> last_headroom_warning_ LH_GUARDED_BY(mu_);
+  std::uint64_t headroom_warnings_ LH_GUARDED_BY(mu_) = 0;
   // Started lazily by the first Add, so that handles used only for status/list stay cheap.
   std::jthread renewer_ LH_GUARDED_BY(mu_);
   std::jthread watchdog_ LH_GUARDED_BY(mu_);

@@ -30,6 +30,8 @@ enum class FamilyId : std::size_t {
   kHandoff,
   kLeasesHeld,
   kSafeRemaining,
+  kTtlHeadroom,
+  kTtlHeadroomWarnings,
   kBuildInfo,
   kCount,
 };
@@ -75,6 +77,13 @@ constexpr FamilySpec kFamilies[] = {
     {FamilyId::kSafeRemaining, "leasehold_lease_safe_remaining_seconds", MetricType::kGauge,
      "Smallest safe_until - now among held leases: how long the most endangered "
      "holder may still act without another confirmed renewal."},
+    {FamilyId::kTtlHeadroom, "leasehold_ttl_headroom_ratio", MetricType::kGauge,
+     "Smallest TTL / p99 heartbeat round trip (over its last 100 rounds) among held leases. "
+     "The rule wants at least 10; below it the heartbeat warns."},
+    {FamilyId::kTtlHeadroomWarnings, "leasehold_ttl_headroom_warnings_total",
+     MetricType::kCounter,
+     "Heartbeat warnings (at most one a minute per store handle) that the p99 round trip "
+     "exceeded a tenth of a lease's TTL."},
     {FamilyId::kBuildInfo, "leasehold_build_info", MetricType::kGauge,
      "Always 1; the labels say what the library was built from: version, git "
      "commit and the stores compiled in."},
@@ -204,6 +213,7 @@ MetricsSnapshot MetricsRegistry::Snapshot() {
   struct Gauges {
     std::uint64_t held = 0;
     std::optional<Duration> min_safe_remaining;
+    std::optional<double> min_ttl_headroom;
   };
   std::vector<Gauges> gauges(series.size());
   for (const auto& [owner, weak] : sources) {
@@ -219,6 +229,11 @@ MetricsSnapshot MetricsRegistry::Snapshot() {
       out.min_safe_remaining = out.min_safe_remaining.has_value()
                                    ? std::min(*out.min_safe_remaining, *g.min_safe_remaining)
                                    : *g.min_safe_remaining;
+    }
+    if (g.min_ttl_headroom.has_value()) {
+      out.min_ttl_headroom = out.min_ttl_headroom.has_value()
+                                 ? std::min(*out.min_ttl_headroom, *g.min_ttl_headroom)
+                                 : *g.min_ttl_headroom;
     }
     // Release the store reference here, not at the end: the last reference to a closed store
     // may be this one, and its heartbeat joins its threads when it goes.
@@ -275,6 +290,13 @@ MetricsSnapshot MetricsRegistry::Snapshot() {
           static_cast<double>(gauges[si].min_safe_remaining->count()) / kNanosPerSecond;
       f.Add(FamilyId::kSafeRemaining, std::move(margin));
     }
+    if (gauges[si].min_ttl_headroom.has_value()) {
+      MetricPoint headroom;
+      headroom.labels = {backend};
+      headroom.value = *gauges[si].min_ttl_headroom;
+      f.Add(FamilyId::kTtlHeadroom, std::move(headroom));
+    }
+    f.Add(FamilyId::kTtlHeadroomWarnings, CounterPoint({backend}, s.ttl_headroom_warnings));
   }
   return snap;
 }

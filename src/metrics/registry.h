@@ -130,6 +130,8 @@ struct LeaseMetrics {
   std::array<Counter, std::size(kReleaseOutcomeNames)> released;
   std::array<Counter, std::size(kRenewFailureNames)> renew_failures;
   std::array<Counter, std::size(kFencedWriteOutcomeNames)> fenced_writes;
+  // Heartbeat warnings that the p99 round trip exceeds a tenth of the TTL.
+  Counter ttl_headroom_warnings;
   std::array<Histogram, std::size(kAcquireOutcomeNames)> acquire_latency;
   Histogram heartbeat_latency;
   std::array<Histogram, std::size(kWaitOutcomeNames)> wait;
@@ -142,6 +144,8 @@ struct HeldLeaseGauges {
   std::uint64_t held = 0;
   // The smallest safe_until - now among them; nullopt if none.
   std::optional<Duration> min_safe_remaining;
+  // The smallest TTL / heartbeat p99 among them; nullopt if none, or too few round trips yet.
+  std::optional<double> min_ttl_headroom;
 };
 
 class GaugeSource {

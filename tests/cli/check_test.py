@@ -18,6 +18,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 import cli_harness
 from cli_harness import CliHarness, figure
@@ -138,7 +140,18 @@ class CommonCheckTest(CheckHarness, unittest.TestCase):
 
 
 def only(store):
-    return unittest.skipUnless(STORE == store, f"--store {store} only")
+    """Class decorator: the class's tests run only with --store `store` (judged when a test
+    starts: STORE is set by main() after the classes are made)."""
+    def decorate(cls):
+        set_up = cls.setUp
+
+        def setUp(self):
+            if STORE != store:
+                self.skipTest(f"--store {store} only")
+            set_up(self)
+        cls.setUp = setUp
+        return cls
+    return decorate
 
 
 @only("sqlite")
@@ -169,6 +182,71 @@ class EtcdCheckTest(CheckHarness, unittest.TestCase):
 @only("zk")
 class ZkCheckTest(CheckHarness, unittest.TestCase):
     pass
+
+
+@only("redis")
+class HeadroomWarningTest(CheckHarness, unittest.TestCase):
+    """The run-time half of the rule: `leasehold run` warns (once, rate-limited) when the
+    heartbeat's p99 round trip exceeds a tenth of the TTL, and counts it in /metrics; silent
+    otherwise. The store is reached through the chaos fault proxy, which, once the command has
+    started, holds every reply for 600 ms in the slow case: 3x the threshold of a 2 s TTL
+    (200 ms). Not 5x: renewals are serial, so a round trip of ttl/2 (1 s here) loses the lease
+    (each round confirms a send one round trip old: safe_until = t_send + 1.98 s, the next reply
+    comes at t_send + 2 s), and 4x (800 ms) is past the default kill-grace schedule (SIGTERM at
+    safe_until - 500 ms). At 600 ms the lease stays held: a round confirms every ~667 ms."""
+
+    TTL = "2s"
+    DELAY_S = 0.6
+
+    def store_url(self):
+        return SERVER.url()  # through the proxy
+
+    def tearDown(self):
+        SERVER.proxy.mode = "pass"
+        super().tearDown()
+
+    def run_job(self, delay):
+        port = cli_harness.free_port()
+        run = self.start("run", "--ttl", self.TTL, "--metrics-addr", f"127.0.0.1:{port}",
+                         f"headroom-{delay}", "--", "sleep", "9")
+        self.wait_until("the command starts", lambda: "started the command" in
+                        self.stderr_of(run), timeout=20)
+        if delay:
+            SERVER.proxy.delay_s = self.DELAY_S
+            SERVER.proxy.mode = "delay"
+        metrics = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and run.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    metrics = r.read().decode()
+            except OSError:
+                pass
+            if "ttl_headroom_low" in self.stderr_of(run) and "ttl_headroom_ratio{" in metrics:
+                break
+            time.sleep(0.2)
+        rc = self.wait_exit(run, 60)
+        SERVER.proxy.mode = "pass"
+        return rc, self.stderr_of(run), metrics
+
+    def test_slow_renewals_warn_once_and_count_it(self):
+        rc, err, metrics = self.run_job(delay=True)
+        self.assertEqual(rc, 0, err)
+        warnings = [line for line in err.splitlines() if "ttl_headroom_low" in line]
+        self.assertEqual(len(warnings), 1, err)
+        self.assertIn("ttl_seconds=2.000000", warnings[0])
+        self.assertIn("recommended_ttl=", warnings[0])
+        self.assertRegex(metrics, r'leasehold_ttl_headroom_warnings_total\{backend="redis"\} 1')
+        ratio = re.search(r'leasehold_ttl_headroom_ratio\{backend="redis"\} ([0-9.e+-]+)',
+                          metrics)
+        self.assertIsNotNone(ratio, metrics)
+        self.assertLess(float(ratio.group(1)), 10.0)
+
+    def test_fast_renewals_stay_silent(self):
+        rc, err, metrics = self.run_job(delay=False)
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("ttl_headroom_low", err)
+        self.assertRegex(metrics, r'leasehold_ttl_headroom_warnings_total\{backend="redis"\} 0')
 
 
 def setUpModule():

@@ -7,7 +7,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/forwarding_backend.h"
 #include "backends/memory/memory_backend.h"
+#include "core/logging.h"
 #include "core/url.h"
 #include "leasehold/store.h"
 #include "leasehold/testing/fake_clock.h"
@@ -101,6 +108,95 @@ TEST(HeartbeatTest, WakesItsThreadsOnlyForALeaseDueBeforeTheirPlan) {
   }
   EXPECT_EQ(heartbeat.rounds(), 1u) << "the early lease was not renewed at its due time";
   EXPECT_EQ(soon->state(), LeaseState::kHeld);
+}
+
+// A store whose every renewal round takes `latency` on the fake clock.
+class SlowRenewals final : public ForwardingBackend {
+ public:
+  SlowRenewals(std::shared_ptr<Backend> inner, testing::FakeClock& clock, Duration latency)
+      : ForwardingBackend(std::move(inner)), clock_(clock), latency_(latency) {}
+
+  std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override {
+    clock_.Advance(latency_);
+    return ForwardingBackend::RenewMany(requests);
+  }
+
+ private:
+  testing::FakeClock& clock_;
+  const Duration latency_;
+};
+
+// Runs `rounds` renewal rounds of one 3 s lease (renewed every 1 s) whose round trips take
+// `latency`; returns the headroom warnings logged and the heartbeat's count of them.
+struct HeadroomRun {
+  std::vector<std::string> warnings;
+  std::uint64_t counted = 0;
+  HeldLeaseGauges gauges;
+};
+
+HeadroomRun RunRounds(Duration latency, int rounds) {
+  testing::FakeClock clock;
+  auto memory = OpenMemoryBackend(Url{.scheme = "memory"}, clock);
+  EXPECT_TRUE(memory.ok());
+  auto backend = std::make_shared<SlowRenewals>(*memory, clock, latency);
+  HeadroomRun run;
+  std::mutex mu;
+  SetLogSink([&](LogLevel, std::string_view line) {
+    std::lock_guard lock(mu);
+    if (line.find("ttl_headroom_low") != std::string_view::npos) {
+      run.warnings.emplace_back(line);
+    }
+  });
+  {
+    Heartbeat heartbeat(backend, clock);
+    auto grant = backend->TryAcquire({"k", std::string(32, 'a'), "h", 3s});
+    EXPECT_TRUE(grant.ok());
+    auto lease = std::make_shared<LeaseCore>(
+        clock, LeaseParams{.key = "k",
+                           .owner_token = std::string(32, 'a'),
+                           .fencing_token = grant->fencing_token,
+                           .ttl = 3s,
+                           .renew_interval = 1s,
+                           .drift = 32ms,
+                           .t_send = clock.Now()});
+    heartbeat.Add(lease);
+    for (int i = 0; i < rounds; ++i) {
+      EXPECT_TRUE(clock.WaitForSleepers(2));
+      clock.Set(lease->NextRenewDue());
+      for (int w = 0; w < 400 && heartbeat.rounds() <= static_cast<std::uint64_t>(i); ++w) {
+        std::this_thread::sleep_for(5ms);
+      }
+    }
+    EXPECT_EQ(heartbeat.rounds(), static_cast<std::uint64_t>(rounds));
+    EXPECT_EQ(lease->state(), LeaseState::kHeld);
+    run.counted = heartbeat.headroom_warnings();
+    run.gauges = heartbeat.CollectGauges();
+  }
+  SetLogSink(nullptr);
+  return run;
+}
+
+// The rule "TTL at least 10x the heartbeat's p99": 400 ms round trips on a 3 s TTL (5 ms short of
+// a third over the tenth) warn once, naming the figures and a TTL that meets the rule; the gauge
+// is TTL / p99.
+TEST(HeartbeatTest, WarnsOnceAMinuteWhenTheP99ExceedsATenthOfTheTtl) {
+  HeadroomRun run = RunRounds(400ms, 12);
+  ASSERT_EQ(run.warnings.size(), 1u) << "rate-limited to one a minute";
+  EXPECT_EQ(run.counted, 1u);
+  const std::string& line = run.warnings.front();
+  EXPECT_NE(line.find("heartbeat_p99_seconds=0.400000"), std::string::npos) << line;
+  EXPECT_NE(line.find("ttl_seconds=3.000000"), std::string::npos) << line;
+  EXPECT_NE(line.find("recommended_ttl=4s"), std::string::npos) << line;
+  ASSERT_TRUE(run.gauges.min_ttl_headroom.has_value());
+  EXPECT_DOUBLE_EQ(*run.gauges.min_ttl_headroom, 7.5);
+}
+
+TEST(HeartbeatTest, StaysSilentWithinTheHeadroomRule) {
+  HeadroomRun run = RunRounds(250ms, 12);
+  EXPECT_TRUE(run.warnings.empty()) << run.warnings.front();
+  EXPECT_EQ(run.counted, 0u);
+  ASSERT_TRUE(run.gauges.min_ttl_headroom.has_value());
+  EXPECT_DOUBLE_EQ(*run.gauges.min_ttl_headroom, 12.0);
 }
 
 }  // namespace

@@ -100,7 +100,8 @@ TEST(MetricsRegistryTest, EveryFamilyIsListedEvenWithoutSeries) {
         "leasehold_acquire_latency_seconds",
         "leasehold_heartbeat_latency_seconds", "leasehold_wait_seconds",
         "leasehold_handoff_seconds", "leasehold_leases_held",
-        "leasehold_lease_safe_remaining_seconds"}) {
+        "leasehold_lease_safe_remaining_seconds", "leasehold_ttl_headroom_ratio",
+        "leasehold_ttl_headroom_warnings_total"}) {
     const MetricFamily* f = snap.Find(name);
     ASSERT_NE(f, nullptr) << name;
     EXPECT_TRUE(f->points.empty()) << name;
