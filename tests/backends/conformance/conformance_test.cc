@@ -111,6 +111,45 @@ TEST_P(ConformanceTest, MutualExclusionBetweenTwoHandles) {
   EXPECT_TRUE(b->TryAcquire("other-job", {.ttl = 5s}).ok()) << "keys are independent";
 }
 
+// The store doctor on a healthy store: every store has a round-trip probe (the bench's floor),
+// names it, and runs the whole cycle on a throwaway key it leaves free; nothing is refused or
+// unreachable, and the TTL advice is at least 10x the measured p99 and at least 1 s, in the
+// store's own steps. (A store's own findings, the unsafe and refused cases, are in
+// tests/cli/check_test.py.)
+TEST_P(ConformanceTest, CheckTimesTheStoreAndRunsAWholeCycleOnAThrowawayKey) {
+  auto store = OpenHandle();
+  ASSERT_NE(store, nullptr);
+  auto report = store->Check({.ttl = 30s, .probes = 20, .renewals = 5});
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  std::string items;
+  for (const auto& item : report->items) {
+    items += fmt::format("\n  {} {}: {} | {}", item.area, CheckVerdictName(item.verdict),
+                         item.found, item.fix);
+    EXPECT_LT(item.verdict, CheckVerdict::kPermissionDenied) << items;
+    EXPECT_EQ(item.found.find('\n'), std::string::npos) << items;
+    if (item.verdict != CheckVerdict::kPass) EXPECT_FALSE(item.fix.empty()) << items;
+  }
+  EXPECT_EQ(report->backend, backend_->scheme());
+  EXPECT_NE(report->probe, "round trip") << "no probe of its own" << items;
+  EXPECT_EQ(report->round_trip.count, 20) << items;
+  EXPECT_LE(report->round_trip.p50, report->round_trip.p99);
+  EXPECT_LE(report->round_trip.p99, report->round_trip.max);
+  ASSERT_TRUE(report->cycle_done) << items;
+  EXPECT_EQ(report->renew.count, 5);
+  EXPECT_GT(report->fencing_token, 0u);
+  EXPECT_EQ(report->ttl_requested, 30s);
+  EXPECT_GE(report->ttl_granted, std::min<Duration>(30s, 1s)) << items;
+  EXPECT_TRUE(report->ttl_judged);
+  EXPECT_GE(report->recommended_ttl, 1s);
+  EXPECT_GE(report->recommended_ttl, 10 * std::max(report->round_trip.p99, report->renew.p99));
+  if (report->ttl_granularity > Duration::zero()) {
+    EXPECT_EQ(report->recommended_ttl.count() % report->ttl_granularity.count(), 0) << items;
+  }
+  auto left = store->Inspect(report->cycle_key);
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  EXPECT_FALSE(left->has_value()) << "the throwaway key was left held";
+}
+
 // The core's clock and the store's agree on the time base: a FakeClock drives a store that keeps
 // no time of its own (its grants expire on that clock), and every other store refuses it with a
 // clear error instead of comparing fake deadlines with real ones.

@@ -11,7 +11,7 @@ _leasehold() {
     cword=$COMP_CWORD
   }
 
-  local subcommands="run elect leader status list release schema"
+  local subcommands="run elect leader status list release schema check"
   local common="--store --quiet -q --help -h"
   local tree="--ttl --renew-every --wait --kill-grace --contain --wait-children --metrics-addr --log-format --on-risk"
 
@@ -36,7 +36,7 @@ _leasehold() {
     --retry-failed) COMPREPLY=($(compgen -W "yes no" -- "$cur")); return ;;
     --slot-zone) COMPREPLY=($(cd /usr/share/zoneinfo 2>/dev/null && compgen -f -- "$cur")); return ;;
     --store) COMPREPLY=($(compgen -W "sqlite:// redis:// redis+unix:// postgres:// etcd:// etcds:// zk://" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
-    --ttl|--renew-every|--kill-grace|--holder|--id|--metrics-addr|--slot-offset|--slot-tolerance|--hold-at-least) return ;;
+    --ttl|--renew-every|--kill-grace|--holder|--id|--metrics-addr|--slot-offset|--slot-tolerance|--hold-at-least|--probes) return ;;
   esac
 
   local flags
@@ -48,6 +48,7 @@ _leasehold() {
     status|list) flags="$common --json" ;;
     release) flags="$common --force" ;;
     schema) flags="$common" ;;
+    check) flags="$common --ttl --probes --json" ;;
   esac
   if [[ "$cur" == -* ]]; then
     COMPREPLY=($(compgen -W "$flags --" -- "$cur"))
