@@ -395,9 +395,10 @@ class PostgresStore(RedisStore):
     tests/testing/postgres_server.cc starts it: initdb and postgres run as the `postgres` OS
     user when the harness runs as root (initdb refuses root), in a temporary directory of their
     own under /tmp (the run directory is root's, mode 0700), on a free 127.0.0.1 port (never
-    5432), the Unix socket in that directory. fsync=off (the OS never crashes here) but
-    synchronous_commit=on, so that a kill -9 of the server loses no committed fence. The
-    workers reach it through a FaultProxy. The server's log is copied to the run directory.
+    5432), the Unix socket in that directory. fsync=off (the OS never crashes here; see
+    `fsync` below) but synchronous_commit=on, so that a kill -9 of the server loses no committed
+    fence. The workers reach it through a FaultProxy. The server's log is copied to the run
+    directory.
 
     Server faults, as RedisStore's: store-pause SIGSTOPs the server's whole process group
     (postmaster and every backend); store-restart kill -9s the group and restarts on the same
@@ -415,6 +416,9 @@ class PostgresStore(RedisStore):
     server_faults = ("store-pause", "proxy-blackhole", "proxy-delay")
     session_faults = ("store-restart", "proxy-reset")
     quick_scale = 0.8  # initdb + start per scenario: keeps --quick under 60 s
+    # The fsync setting on the server's command line; None: none there (the default, on, which
+    # ALTER SYSTEM can then change: tests/cli/check_test.py judges a durable server).
+    fsync = "off"
 
     def start(self, run_dir):
         import pwd
@@ -444,8 +448,8 @@ class PostgresStore(RedisStore):
             self.proc = subprocess.Popen(
                 [f"{PG_BIN}/postgres", "-D", os.path.join(self.dir, "data"), "-p", str(self.port),
                  "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}",
-                 "-c", "fsync=off", "-c", "synchronous_commit=on", "-c", "max_connections=200",
-                 "-c", "shared_buffers=32MB"],
+                 "-c", "synchronous_commit=on", "-c", "max_connections=200",
+                 "-c", "shared_buffers=32MB"] + (["-c", f"fsync={self.fsync}"] if self.fsync else []),
                 stdout=self.log_f, stderr=self.log_f, user=self.user, cwd=self.dir,
                 start_new_session=True)
             deadline = time.time() + 30

@@ -164,14 +164,297 @@ class RedisCheckTest(CheckHarness, unittest.TestCase):
     pass
 
 
+# --- PostgreSQL (both modes) ------------------------------------------------------------------
+
+
+_PG_SEQ = [0]
+
+
+def pg_name(prefix):
+    """A role or schema name no other test (or run on the same server) uses."""
+    _PG_SEQ[0] += 1
+    return f"{prefix}_{os.getpid()}_{_PG_SEQ[0]}"
+
+
+def pg_url(user="postgres", port=None, **params):
+    """SERVER_URL as `user`, on `port` (default the server's), with leasehold's or libpq's
+    parameters added."""
+    base, _, query = SERVER_URL.partition("?")
+    base = base.replace("//postgres@", f"//{user}@", 1)
+    if port is not None:
+        base = base.replace(f":{SERVER.port}/", f":{port}/", 1)
+    pairs = [q for q in query.split("&") if q] + [f"{k}={v}" for k, v in params.items()]
+    return base + ("?" + "&".join(pairs) if pairs else "")
+
+
+def pg_set_system(setting, value):
+    """ALTER SYSTEM SET setting = value and reload; returns once new sessions see it (bounded)."""
+    SERVER._psql(f"ALTER SYSTEM SET {setting} = {value}")
+    SERVER._psql("SELECT pg_reload_conf()")
+    for _ in range(100):
+        if SERVER._psql(f"SHOW {setting}").strip() == value:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{setting} did not become {value} after pg_reload_conf()")
+
+
+class PgBouncer:
+    """PgBouncer 1.18 in transaction pooling in front of the check's server, as
+    tests/testing/postgres_server.cc starts it (trust auth, a throwaway directory, a free
+    loopback port), run as the `postgres` OS user when the harness is root (pgbouncer refuses
+    root). Started by the test that needs it; stop() in its finally."""
+
+    BIN = "/usr/sbin/pgbouncer"
+
+    def __init__(self):
+        import pwd
+        self.dir = tempfile.mkdtemp(prefix="leasehold-check-pgbouncer-")
+        self.port = cli_harness.free_port()
+        user = None
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+            user = "postgres"
+        with open(os.path.join(self.dir, "users.txt"), "w") as f:
+            f.write('"postgres" ""\n')
+        with open(os.path.join(self.dir, "pgbouncer.ini"), "w") as f:
+            f.write(f"[databases]\n* = host=127.0.0.1 port={SERVER.port}\n[pgbouncer]\n"
+                    f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+                    f"auth_type = trust\nauth_file = {self.dir}/users.txt\n"
+                    f"pool_mode = transaction\nmax_client_conn = 100\ndefault_pool_size = 10\n"
+                    f"ignore_startup_parameters = extra_float_digits\n"
+                    f"logfile = {self.dir}/pgbouncer.log\n")
+        self.log = open(os.path.join(self.dir, "pgbouncer.out"), "wb")
+        self.proc = subprocess.Popen([self.BIN, os.path.join(self.dir, "pgbouncer.ini")],
+                                     stdout=self.log, stderr=self.log, user=user, cwd=self.dir,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            r = subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+                                "-d", "postgres", "-X", "-q", "-A", "-t", "-c", "SELECT 1"],
+                               capture_output=True, text=True, timeout=10)
+            if r.returncode == 0:
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise AssertionError("pgbouncer did not come up")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PgStandby:
+    """A streaming standby of the check's server (pg_basebackup -R), on a free loopback port, run
+    as the `postgres` OS user when the harness is root, in a throwaway directory. Returns once
+    the server shows it streaming (bounded); stop() in the test's finally."""
+
+    def __init__(self):
+        import pwd
+        self.dir = tempfile.mkdtemp(prefix="leasehold-check-standby-")
+        user = None
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+            user = "postgres"
+        data = os.path.join(self.dir, "data")
+        r = subprocess.run([f"{chaos.PG_BIN}/pg_basebackup", "-h", "127.0.0.1", "-p",
+                            str(SERVER.port), "-U", "postgres", "-D", data, "-R", "-X", "stream"],
+                           capture_output=True, text=True, timeout=60, user=user, cwd=self.dir)
+        if r.returncode != 0:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise AssertionError(f"pg_basebackup failed: {r.stderr.strip()}")
+        self.port = cli_harness.free_port()
+        self.log = open(os.path.join(self.dir, "pg.log"), "wb")
+        # max_connections as the primary's (a standby may not have fewer).
+        self.proc = subprocess.Popen(
+            [f"{chaos.PG_BIN}/postgres", "-D", data, "-p", str(self.port), "-c",
+             "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}", "-c",
+             "max_connections=200", "-c", "shared_buffers=32MB"],
+            stdout=self.log, stderr=self.log, user=user, cwd=self.dir, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if SERVER._psql("SELECT count(*) FROM pg_stat_replication "
+                            "WHERE state = 'streaming'").strip() == "1":
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise AssertionError("the standby did not start streaming")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # fast shutdown
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        # Gone from the server's view too before the next test counts standbys.
+        for _ in range(100):
+            if SERVER._psql("SELECT count(*) FROM pg_stat_replication").strip() == "0":
+                break
+            time.sleep(0.1)
+
+
+class PostgresChecks(CheckHarness):
+    """What `leasehold check` finds on PostgreSQL, in both modes (the mode comes from the store:
+    postgres or postgres-table). The module turned fsync on for these runs (setUpModule)."""
+
+    TABLE = False
+
+    def test_healthy_server_reports_durability_topology_and_permissions(self):
+        rc, doc, err = self.check()
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["round_trip"]["probe"], "SELECT 1")
+        self.assert_item(doc, "durability", "pass",
+                         "fsync on, synchronous_commit on, full_page_writes on")
+        self.assert_item(doc, "topology", "pass", "a primary (not in recovery)")
+        if self.TABLE:
+            self.assert_item(doc, "topology", "pass", "pooler-safe")
+        else:
+            self.assert_item(doc, "topology", "pass", "a server session of its own")
+        self.assert_item(doc, "topology", "warn", "no standby streams from this server")
+        self.assert_item(doc, "permissions", "pass", 'role "postgres" has USAGE on schema')
+
+    def test_role_without_create_and_no_table_is_77_naming_create(self):
+        role = pg_name("nocreate")
+        SERVER._psql(f"CREATE ROLE {role} LOGIN")
+        # A schema that does not exist (CREATE on the database needed) and one that exists with
+        # USAGE but no CREATE (CREATE on the schema needed), neither with a table.
+        existing = pg_name("bare")
+        SERVER._psql(f"CREATE SCHEMA {existing}; GRANT USAGE ON SCHEMA {existing} TO {role}")
+        for schema in (pg_name("absent"), existing):
+            rc, doc, err = self.check(store=pg_url(role, schema=schema))
+            self.assertEqual(rc, EXIT_PERMISSION, (schema, json.dumps(doc, indent=1), err))
+            self.assertEqual(doc["verdict"], "permission")
+            denied = [i for i in doc["items"] if i["verdict"] == "permission"]
+            self.assertTrue(denied, doc)
+            self.assertIn("CREATE", denied[0]["found"], denied[0])
+            self.assertIn("leasehold schema", denied[0]["found"], denied[0])
+
+    def test_role_without_table_privileges_is_77_naming_the_grant(self):
+        schema = pg_name("granted")
+        rc, doc, err = self.check(store=pg_url(schema=schema))  # the superuser makes the tables
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        role = pg_name("noprivs")
+        SERVER._psql(f"CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA {schema} TO {role}; "
+                     f"GRANT SELECT ON {schema}.records TO {role}")
+        rc, doc, err = self.check(store=pg_url(role, schema=schema))
+        self.assertEqual(rc, EXIT_PERMISSION, json.dumps(doc, indent=1) + err)
+        item = self.assert_item(doc, "permissions", "permission",
+                                f'role "{role}" lacks SELECT, INSERT, UPDATE on "{schema}".leases')
+        self.assertEqual(item["fix"],
+                         f'GRANT SELECT, INSERT, UPDATE ON "{schema}".leases TO "{role}"')
+        self.assert_item(doc, "permissions", "permission",
+                         f'role "{role}" lacks INSERT, UPDATE on "{schema}".records')
+        # The cycle's refused acquire names every GRANT the role needs.
+        acquire = self.assert_item(doc, "permissions", "permission", "acquire failed")
+        self.assertIn(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"', acquire["fix"])
+        self.assertFalse(doc["cycle"]["done"])
+
+        SERVER._psql(f"GRANT SELECT, INSERT, UPDATE ON {schema}.leases, {schema}.records "
+                     f"TO {role}")
+        rc, doc, err = self.check(store=pg_url(role, schema=schema))
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        self.assert_item(doc, "permissions", "pass", f'role "{role}" has USAGE')
+
+    def test_synchronous_commit_off_for_the_role_is_unsafe(self):
+        # Per role: the setting leasehold's sessions really run with, and no reload.
+        role = pg_name("async")
+        SERVER._psql(f"CREATE ROLE {role} LOGIN; GRANT CREATE ON DATABASE postgres TO {role}; "
+                     f"ALTER ROLE {role} SET synchronous_commit = off")
+        rc, doc, err = self.check(store=pg_url(role, schema=pg_name("async")))
+        self.assertEqual(rc, EXIT_UNSAFE, json.dumps(doc, indent=1) + err)
+        item = self.assert_item(doc, "durability", "unsafe", "synchronous_commit is off")
+        self.assertIn("reuse a fencing token", item["found"])
+        self.assertIn("synchronous_commit", item["fix"])
+        self.assertTrue(doc["cycle"]["done"], doc)  # leases work; fencing is what is at risk
+
+    def test_fsync_off_is_unsafe(self):
+        pg_set_system("fsync", "off")
+        try:
+            rc, doc, err = self.check()
+        finally:
+            pg_set_system("fsync", "on")
+        self.assertEqual(rc, EXIT_UNSAFE, json.dumps(doc, indent=1) + err)
+        item = self.assert_item(doc, "durability", "unsafe", "fsync is off")
+        self.assertIn("a crash of the server host can lose or corrupt grants and fencing "
+                      "counters", item["found"])
+        self.assertIn("fsync = on", item["fix"])
+
+    def test_paused_server_is_unreachable_within_the_connect_timeout(self):
+        connect_timeout = 2  # libpq's least: it takes 1 as 2
+        url = pg_url(connect_timeout=connect_timeout, command_timeout="1s")
+        SERVER._signal(signal.SIGSTOP)
+        try:
+            t = time.monotonic()
+            rc, doc, err = self.check(store=url, timeout=60)
+            elapsed = time.monotonic() - t
+        finally:
+            SERVER._signal(signal.SIGCONT)
+        figure("postgres paused: check", elapsed, connect_timeout + 3.0)
+        self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["verdict"], "unreachable")
+        self.assert_item(doc, "connect", "unreachable", "timeout")
+        self.assertLess(elapsed, connect_timeout + 3.0)
+
+    def test_a_standby_is_unsafe_and_an_asynchronous_one_is_a_warning(self):
+        rc, doc, err = self.check()  # the tables exist before the base backup copies them
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        standby = PgStandby()
+        try:
+            rc, doc, err = self.check()
+            self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+            item = self.assert_item(doc, "topology", "warn", "1 standby(s), asynchronous")
+            self.assertIn("synchronous_standby_names", item["fix"])
+            rc, doc, err = self.check(store=pg_url(port=standby.port))
+        finally:
+            standby.stop()
+        self.assertEqual(rc, EXIT_UNSAFE, json.dumps(doc, indent=1) + err)
+        item = self.assert_item(doc, "topology", "unsafe", "is a standby (pg_is_in_recovery())")
+        self.assertIn("primary", item["fix"])
+        self.assertFalse(doc["cycle"]["done"], doc)  # it refuses the grant's write
+        self.assertFalse([i for i in self.items(doc, "topology") if "standby streams" in i["found"]])
+
+    def test_through_pgbouncer(self):
+        bouncer = PgBouncer()
+        try:
+            url = pg_url(port=bouncer.port, schema=pg_name("pooled"))
+            if self.TABLE:
+                rc, doc, err = self.check(store=url)
+                self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+                self.assert_item(doc, "topology", "pass", "through a connection pooler")
+                self.assert_item(doc, "topology", "pass", "pooler-safe")
+                self.assertTrue(doc["cycle"]["done"], doc)
+            else:
+                # Advisory mode refuses a pooler when the store opens, as every command does:
+                # a usage error naming the pooler and mode=table, not a report.
+                r = self.cli("check", "--store", url, store=False)
+                self.assertEqual(r.returncode, EXIT_USAGE, r.stdout + r.stderr)
+                self.assertIn("connection pooler", r.stderr)
+                self.assertIn("mode=table", r.stderr)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+        finally:
+            bouncer.stop()
+
+
 @only("postgres")
-class PostgresCheckTest(CheckHarness, unittest.TestCase):
-    pass
+class PostgresCheckTest(PostgresChecks, unittest.TestCase):
+    TABLE = False
 
 
 @only("postgres-table")
-class PostgresTableCheckTest(CheckHarness, unittest.TestCase):
-    pass
+class PostgresTableCheckTest(PostgresChecks, unittest.TestCase):
+    TABLE = True
 
 
 @only("etcd")
@@ -255,6 +538,11 @@ def setUpModule():
         return
     run_dir = tempfile.mkdtemp(prefix="leasehold-check-server-")
     store = chaos.STORES[STORE]()
+    if STORE.startswith("postgres"):
+        # The chaos server runs with fsync=off (its host never crashes), which the check rightly
+        # calls unsafe: these runs judge a server with the default (on), which ALTER SYSTEM can
+        # then turn off for the test that wants it.
+        store.fsync = None
     t = time.monotonic()
     try:
         store.start(run_dir)

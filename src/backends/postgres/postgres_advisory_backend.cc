@@ -752,16 +752,30 @@ Result<StoreTime> PostgresAdvisoryBackend::WallClock() {
   return PgStoreTime(r);
 }
 
+Status PostgresAdvisoryBackend::Ping() {
+  return RunOnPrimary("ping", std::string(sql::kPing), {}, /*retry=*/false).status();
+}
+
+Result<Diagnosis> PostgresAdvisoryBackend::Diagnose() {
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
+  MutexLock slock(&session->mu);
+  Result<Diagnosis> d = PgDiagnose(*session->conn, options_, clock_);
+  if (!d.ok() && session->conn->broken()) {
+    SessionLost(session, SessionEndReason(d.status(), session->conn->broken_reason()));
+  }
+  return d;
+}
+
 Result<PgResult> PostgresAdvisoryBackend::RunOnPrimary(std::string_view what,
                                                        const std::string& statement,
-                                                       const PgParams& params) {
+                                                       const PgParams& params, bool retry) {
   for (int attempt = 0;; ++attempt) {
     LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
     MutexLock slock(&session->mu);
     Result<PgResult> r = session->conn->Exec(what, statement, params, PgDeadline(options_, clock_));
     if (!r.ok() && session->conn->broken()) {
       SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
-      if (attempt == 0) {
+      if (attempt == 0 && retry) {
         continue;  // a fresh session: nothing of a lease depends on this read
       }
     }

@@ -51,6 +51,9 @@
 //   the lock is fenced out. A grant kept after its holder (Finish, keep > 0) has no session, so
 //   nobody writes under it.
 // Advisory mode needs a direct session; use mode=table through transaction poolers.
+// - The store doctor (Store::Check): Ping is SELECT 1 on the primary session; Diagnose reads the
+//   server's durability settings, topology (a pooler in between is unsafe here) and the role's
+//   privileges on that session too (PgDiagnose, shared with table mode).
 //
 // Time: a grant lives as long as its server session, bounded by the session limits above; the
 // local times (statement deadlines, each grant's local expiry, waits) are on the Clock the
@@ -128,6 +131,12 @@ class PostgresAdvisoryBackend final : public Backend {
       std::string_view prefix) override;
   // clock_timestamp(), one round trip on the primary session.
   Result<StoreTime> WallClock() override;
+  // SELECT 1 on the primary session, once (no second try on a fresh session), bounded by
+  // command_timeout (and connect_timeout if the primary session must be reopened).
+  Status Ping() override;
+  // PgDiagnose (postgres_common.h) on the primary session, once: durability, topology (a pooler
+  // in between is unsafe in this mode), permissions, the GRANT lines.
+  Result<Diagnosis> Diagnose() override;
   // Live grants and live kept grants.
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
@@ -188,9 +197,10 @@ class PostgresAdvisoryBackend final : public Backend {
   bool SessionAlive(const std::shared_ptr<Session>& session,
                     const std::shared_ptr<Session>& locked);
   Result<Grant> CompleteWaitedGrant(const GrantRequest& request, std::shared_ptr<Waiting> wait);
-  // Runs one statement on the primary session, once more on a fresh one if that broke.
+  // Runs one statement on the primary session, once more on a fresh one if that broke (unless
+  // `retry` is false: Ping and Diagnose, whose one round trip is the point).
   Result<PgResult> RunOnPrimary(std::string_view what, const std::string& statement,
-                                const PgParams& params);
+                                const PgParams& params, bool retry = true);
 
   const PostgresOptions options_;
   Clock& clock_;

@@ -2,10 +2,10 @@
 //
 // What the two postgres:// modes (postgres_table_backend.h, postgres_advisory_backend.h) share:
 // SQL templating, array literals, rows to LeaseInfo, records and the store's clock, statement
-// deadlines, and the schema check at open.
+// deadlines, the schema check at open, and the store doctor's findings (PgDiagnose).
 //
-// Thread safety: pure functions, except EnsureSchema (uses the connection it is given) and
-// PgDeadline (reads the clock it is given; Clock is thread-safe).
+// Thread safety: pure functions, except EnsureSchema and PgDiagnose (use the connection they are
+// given) and PgDeadline (reads the clock it is given; Clock is thread-safe).
 
 #pragma once
 
@@ -75,6 +75,16 @@ Status PgRecordsStatus(Status status, const PostgresOptions& options);
 
 // The deadline of one statement started now, on `clock` (the backend's: see backend.h).
 SteadyTime PgDeadline(const PostgresOptions& options, Clock& clock);
+
+// Backend::Diagnose of both modes, on `conn` (the backend's own connection or session): reads
+// the server's settings, role and privileges in one statement (kDiagnose; a second one only if
+// the role may not read pg_stat_replication) and turns them into the store doctor's items:
+// durability (fsync, synchronous_commit, full_page_writes), topology (primary or standby, the
+// version, a pooler in between: unsafe in mode=advisory, fine in mode=table; the standbys),
+// permissions (USAGE and CREATE on the schema, SELECT, INSERT, UPDATE on both tables), and the
+// GRANT lines the role needs. Each statement is bounded by the options' command_timeout on
+// `clock`. Returns the connection's error (kUnavailable if the server does not answer).
+Result<Diagnosis> PgDiagnose(PgConnection& conn, const PostgresOptions& options, Clock& clock);
 
 // Checks a fenced write's ops before anything is sent: Sql ops only, without NUL bytes (in the
 // statement or, since text cannot hold one, a parameter), none of them transaction control

@@ -43,6 +43,26 @@ std::string Trim(std::string text) {
   return text;
 }
 
+// libpq's connection errors run over several lines ("...failed: Connection refused\n\tIs the
+// server running on that host..."): joined into one sentence after another ("refused. Is the
+// server..."), as every leasehold message is one line.
+std::string OneLine(std::string text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\n' || text[i] == '\t') {
+      while (i + 1 < text.size() && (text[i + 1] == '\n' || text[i + 1] == '\t')) {
+        ++i;
+      }
+      const bool ends =
+          !out.empty() && std::string_view(".:;?!").find(out.back()) != std::string_view::npos;
+      out += ends ? " " : ". ";
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
 // The server's NOTICEs and WARNINGs (a fenced write's "relation ... already exists, skipping"):
 // into leasehold's log at debug level, never onto the application's stderr, where libpq's
 // default processor prints them.
@@ -123,7 +143,7 @@ Result<std::unique_ptr<PgConnection>> PgConnection::Connect(const PostgresOption
         fmt::format("cannot connect to postgres at {}: out of memory", options.display));
   }
   if (PQstatus(conn) != CONNECTION_OK) {
-    std::string reason = ScrubPassword(Trim(PQerrorMessage(conn)), options.password);
+    std::string reason = ScrubPassword(OneLine(Trim(PQerrorMessage(conn))), options.password);
     PQfinish(conn);
     std::string message =
         fmt::format("cannot connect to postgres at {}: {}", options.display, reason);

@@ -459,7 +459,52 @@ inline constexpr std::string_view kBegin = "BEGIN";
 inline constexpr std::string_view kCommit = "COMMIT";
 inline constexpr std::string_view kRollback = "ROLLBACK";
 
-// The benchmark's and tests' reference round trip.
+// The benchmark's and tests' reference round trip, and Backend::Ping's (both modes).
 inline constexpr std::string_view kPing = "SELECT 1";
+
+// Backend::Diagnose (both modes, PgDiagnose): what the store doctor asks the server, in one
+// round trip. $1 the schema's name (unquoted). Columns:
+//  0-3   fsync, synchronous_commit, full_page_writes, synchronous_standby_names: the session's
+//        values (a per-role or per-database setting included: the one leasehold's statements
+//        run with); current_setting(name, true) is NULL, not an error, where a server does not
+//        have the setting;
+//  4-5   server_version, server_version_num;
+//  6     pg_is_in_recovery(): a standby refuses every write;
+//  7     pg_backend_pid(), compared with the pid the connection got at startup (a pooler);
+//  8     current_user, for the GRANT lines;
+//  9-12  the schema exists; this role's USAGE and CREATE on it; CREATE on the database (to make
+//        the schema);
+//  13-16 leases exists; SELECT, INSERT, UPDATE on it (has_table_privilege with a list would be
+//        true if any one is held, hence one call each);
+//  17-20 the same for records;
+//  21    the standbys streaming from this server ({replicas}: a count of pg_stat_replication,
+//        whose rows every role sees, or NULL when the view is not readable at all).
+// The names are looked up in the catalogs rather than with to_regclass, which raises an error
+// for a schema the role has no USAGE on; the has_*_privilege functions return NULL for a NULL
+// oid (a missing object).
+inline constexpr std::string_view kDiagnose = R"sql(
+WITH s AS (SELECT oid FROM pg_namespace WHERE nspname = $1),
+t AS (SELECT c.relname, c.oid FROM pg_class c JOIN s ON c.relnamespace = s.oid
+      WHERE c.relname IN ('leases', 'records')),
+l AS (SELECT (SELECT oid FROM t WHERE relname = 'leases') AS oid),
+r AS (SELECT (SELECT oid FROM t WHERE relname = 'records') AS oid)
+SELECT current_setting('fsync', true), current_setting('synchronous_commit', true),
+       current_setting('full_page_writes', true),
+       current_setting('synchronous_standby_names', true),
+       current_setting('server_version', true), current_setting('server_version_num', true),
+       pg_is_in_recovery(), pg_backend_pid(), current_user,
+       (SELECT oid FROM s) IS NOT NULL, has_schema_privilege((SELECT oid FROM s), 'USAGE'),
+       has_schema_privilege((SELECT oid FROM s), 'CREATE'),
+       has_database_privilege(current_database(), 'CREATE'),
+       l.oid IS NOT NULL, has_table_privilege(l.oid, 'SELECT'),
+       has_table_privilege(l.oid, 'INSERT'), has_table_privilege(l.oid, 'UPDATE'),
+       r.oid IS NOT NULL, has_table_privilege(r.oid, 'SELECT'),
+       has_table_privilege(r.oid, 'INSERT'), has_table_privilege(r.oid, 'UPDATE'),
+       {replicas}
+FROM l, r)sql";
+
+// kDiagnose's {replicas}, and its stand-in for a role that may not read pg_stat_replication.
+inline constexpr std::string_view kDiagnoseReplicas = "(SELECT count(*) FROM pg_stat_replication)";
+inline constexpr std::string_view kDiagnoseNoReplicas = "NULL::bigint";
 
 }  // namespace leasehold::internal::postgres_sql

@@ -254,11 +254,11 @@ Capabilities PostgresTableBackend::capabilities() const {
 }
 
 Result<PgResult> PostgresTableBackend::Run(std::string_view what, const std::string& statement,
-                                           const PgParams& params) {
+                                           const PgParams& params, bool retry) {
   bool reused = false;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<PgConnection> conn, pool_->Borrow(&reused));
   Result<PgResult> r = conn->Exec(what, statement, params, PgDeadline(options_, clock_));
-  if (!r.ok() && conn->broken() && reused) {
+  if (!r.ok() && conn->broken() && reused && retry) {
     // An idle connection from the pool may have been closed by the server meanwhile (restart,
     // idle timeout): one more try on a fresh connection.
     LH_ASSIGN_OR_RETURN(conn, pool_->Connect());
@@ -376,6 +376,18 @@ Result<std::vector<std::pair<std::string, std::string>>> PostgresTableBackend::L
 Result<StoreTime> PostgresTableBackend::WallClock() {
   LH_ASSIGN_OR_RETURN(PgResult r, Run("clock", std::string(sql::kWallClock), {}));
   return PgStoreTime(r);
+}
+
+Status PostgresTableBackend::Ping() {
+  return Run("ping", std::string(sql::kPing), {}, /*retry=*/false).status();
+}
+
+Result<Diagnosis> PostgresTableBackend::Diagnose() {
+  bool reused = false;
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<PgConnection> conn, pool_->Borrow(&reused));
+  Result<Diagnosis> d = PgDiagnose(*conn, options_, clock_);
+  pool_->Return(std::move(conn));  // a broken one is dropped
+  return d;
 }
 
 Result<std::optional<LeaseInfo>> PostgresTableBackend::Inspect(std::string_view key) {

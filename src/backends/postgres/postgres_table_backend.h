@@ -12,6 +12,10 @@
 // Fenced writes (Lease::Write) run the caller's statements in one transaction that first reads
 // the key's row FOR SHARE: the grant cannot end or change hands until the write commits.
 //
+// The store doctor (Store::Check): Ping is SELECT 1 on a pooled connection; Diagnose reads the
+// server's durability settings, topology (a pooler in between is fine here) and the role's
+// privileges on one (PgDiagnose, shared with advisory mode).
+//
 // Time: grants expire on the server's clock; the local deadlines (statements, waits, the
 // LISTEN connection's reconnect pace) are on the Clock the backend was opened with (backend.h).
 //
@@ -72,6 +76,12 @@ class PostgresTableBackend final : public Backend {
       std::string_view prefix) override;
   // clock_timestamp(), one round trip.
   Result<StoreTime> WallClock() override;
+  // SELECT 1 on a pooled connection, once (no second try on a fresh connection), bounded by
+  // command_timeout (and connect_timeout if the pool has no idle connection).
+  Status Ping() override;
+  // PgDiagnose (postgres_common.h) on a pooled connection, once: durability, topology (a pooler
+  // in between is fine in this mode), permissions, the GRANT lines.
+  Result<Diagnosis> Diagnose() override;
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
   Result<bool> ForceRelease(std::string_view key) override;
@@ -99,7 +109,10 @@ class PostgresTableBackend final : public Backend {
   PostgresTableBackend(PostgresOptions options, Clock& clock, std::unique_ptr<Pool> pool,
                        bool pooled);
 
-  Result<PgResult> Run(std::string_view what, const std::string& sql, const PgParams& params);
+  // Runs one statement on a pooled connection, once more on a fresh one if a reused connection
+  // broke (unless `retry` is false: Ping, whose one round trip is the point).
+  Result<PgResult> Run(std::string_view what, const std::string& sql, const PgParams& params,
+                       bool retry = true);
 
   const PostgresOptions options_;
   Clock& clock_;

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include "leasehold/check.h"
 #include "leasehold/fenced_write.h"
 #include "leasehold/schedule.h"
 #include "leasehold/store.h"
@@ -735,6 +736,77 @@ TEST_F(PostgresBackendTest, AdvisoryFencedWriteOfATerminatedSessionIsFencedOutAn
   auto refused = lease->Write(Upsert(write, schema, "a", "1"));
   ASSERT_EQ(refused.status().code(), StatusCode::kLost) << refused.status().ToString();
   EXPECT_EQ(*server_->Psql(fmt::format("SELECT count(*) FROM {}", DataTable(schema))), "0");
+}
+
+// The store doctor's findings (Backend::Diagnose) that tests/cli/check_test.py cannot reach
+// through the command: a pooler in advisory mode (which Open refuses), and Ping of a session
+// that stopped answering.
+TEST_F(PostgresBackendTest, CheckInAdvisoryModeThroughAPoolerIsUnsafeNamingThePooler) {
+  // Open's own refusal turned off, to show that the doctor reports the pooler by itself.
+  internal::PostgresAdvisoryBackend::SkipPoolerCheckForTesting(true);
+  auto store = Store::Open(Url("advisory", /*through_bouncer=*/true));
+  internal::PostgresAdvisoryBackend::SkipPoolerCheckForTesting(false);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto report = (*store)->Check({.probes = 3, .renewals = 1});
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->probe, "SELECT 1");
+  bool named = false;
+  for (const CheckItem& item : report->items) {
+    if (item.area == "topology" && item.found.find("connection pooler") != std::string::npos) {
+      named = true;
+      EXPECT_EQ(item.verdict, CheckVerdict::kUnsafe) << item.found;
+      EXPECT_NE(item.fix.find("mode=table"), std::string::npos) << item.fix;
+    }
+  }
+  EXPECT_TRUE(named) << "no topology item names the pooler";
+  EXPECT_GE(report->verdict, CheckVerdict::kUnsafe);
+
+  // Table mode through the same pooler: pooler-safe, a pass.
+  auto table = Store::Open(Url("table", /*through_bouncer=*/true));
+  ASSERT_TRUE(table.ok()) << table.status().ToString();
+  auto pooled = (*table)->Check({.probes = 3, .renewals = 1});
+  ASSERT_TRUE(pooled.ok()) << pooled.status().ToString();
+  bool safe = false;
+  for (const CheckItem& item : pooled->items) {
+    if (item.area == "topology" && item.found.find("pooler-safe") != std::string::npos) {
+      safe = item.verdict == CheckVerdict::kPass &&
+             item.found.find("through a connection pooler") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(safe) << "no passing topology item says the pooler is safe in mode=table";
+}
+
+TEST_F(PostgresBackendTest, PingOfAStoppedSessionEndsWithinItsCommandTimeout) {
+  for (std::string_view mode : {"advisory", "table"}) {
+    SCOPED_TRACE(mode);
+    const std::string app = fmt::format("ping_{}_{}", mode, getpid());
+    auto url = ParseUrl(Url(mode) + "&command_timeout=1s&application_name=" + app);
+    ASSERT_TRUE(url.ok());
+    auto backend = internal::OpenPostgresBackend(*url);
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+    ASSERT_TRUE((*backend)->Ping().ok());
+    auto diagnosis = (*backend)->Diagnose();
+    ASSERT_TRUE(diagnosis.ok()) << diagnosis.status().ToString();
+    EXPECT_EQ(diagnosis->probe, "SELECT 1");
+    EXPECT_NE(diagnosis->permissions_fix.find("GRANT SELECT, INSERT, UPDATE"), std::string::npos)
+        << diagnosis->permissions_fix;
+    // Stop the server process of the backend's own connection (the postmaster still answers
+    // the cancel request): the statement gets no answer.
+    auto pid = server_->Psql(
+        fmt::format("SELECT pid FROM pg_stat_activity WHERE application_name = '{}' LIMIT 1", app));
+    ASSERT_TRUE(pid.ok() && !pid->empty()) << (pid.ok() ? "no session" : pid.status().ToString());
+    ASSERT_EQ(kill(std::stoi(*pid), SIGSTOP), 0);
+    const auto start = Clock::now();
+    Status pinged = (*backend)->Ping();
+    const double ms = MillisSince(start);
+    ASSERT_EQ(kill(std::stoi(*pid), SIGCONT), 0);
+    EXPECT_EQ(pinged.code(), StatusCode::kUnavailable) << pinged.ToString();
+    // command_timeout (1 s), then the cancel's grace (2 s) before the connection is given up;
+    // generous slack on top.
+    EXPECT_LT(ms, 1000 + 2000 + 3000);
+    // The next round trip runs on a fresh connection.
+    EXPECT_TRUE((*backend)->Diagnose().ok());
+  }
 }
 
 }  // namespace
