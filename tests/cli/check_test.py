@@ -547,6 +547,12 @@ def setUpModule():
     try:
         store.start(run_dir)
     except SystemExit as e:  # chaos's starters exit with a message
+        # tearDownModule does not run after a failed setUpModule: stop what did start.
+        try:
+            store.stop()
+        except Exception:  # noqa: BLE001 (a half-started store: best effort)
+            pass
+        shutil.rmtree(run_dir, ignore_errors=True)
         raise AssertionError(f"{STORE} server did not start: {e}") from None
     SERVER_URL = store.url().replace(f":{store.proxy.port}", f":{store.port}")
     store.run_dir_ = run_dir

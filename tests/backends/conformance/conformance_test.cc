@@ -127,7 +127,9 @@ TEST_P(ConformanceTest, CheckTimesTheStoreAndRunsAWholeCycleOnAThrowawayKey) {
                          item.found, item.fix);
     EXPECT_LT(item.verdict, CheckVerdict::kPermissionDenied) << items;
     EXPECT_EQ(item.found.find('\n'), std::string::npos) << items;
-    if (item.verdict != CheckVerdict::kPass) EXPECT_FALSE(item.fix.empty()) << items;
+    if (item.verdict != CheckVerdict::kPass) {
+      EXPECT_FALSE(item.fix.empty()) << items;
+    }
   }
   EXPECT_EQ(report->backend, backend_->scheme());
   EXPECT_NE(report->probe, "round trip") << "no probe of its own" << items;
