@@ -259,9 +259,8 @@ CheckItem DurabilityItem(const PersistenceConfig& config, std::optional<std::str
   item.fix = std::string(kAofFix);
   if (!config.save) {
     item.found = fmt::format(
-        "AOF off (INFO persistence): fencing counters go back to the last RDB "
-        "snapshot on restart, if any (save could not be read: CONFIG GET "
-        "refused ({}))",
+        "AOF off: fencing counters go back to the last RDB snapshot on restart, if there is "
+        "one at all (save could not be read: CONFIG GET refused ({}))",
         config.refusal);
   } else if (!config.save->empty()) {
     item.found = fmt::format(
