@@ -140,28 +140,252 @@ class CommonCheckTest(CheckHarness, unittest.TestCase):
 
 
 def only(store):
-    """Class decorator: the class's tests run only with --store `store` (judged when a test
-    starts: STORE is set by main() after the classes are made)."""
-    def decorate(cls):
+    """Runs the class's tests only with --store `store`. Judged in setUp, not when the class is
+    defined: main() sets STORE after this module (and its decorators) has run."""
+
+    def wrap(cls):
         set_up = cls.setUp
 
         def setUp(self):
             if STORE != store:
                 self.skipTest(f"--store {store} only")
             set_up(self)
+
         cls.setUp = setUp
         return cls
-    return decorate
+
+    return wrap
+
+
+def fs_type(path):
+    """The file system type name of path (`stat -f -c %T`), or None."""
+    r = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else None
 
 
 @only("sqlite")
 class SqliteCheckTest(CheckHarness, unittest.TestCase):
-    pass
+    """The file's durability (WAL, synchronous FULL, the file system), its single-host topology
+    and its permissions."""
+
+    def setUp(self):
+        self.undo = []  # run by kill_leftovers, before tearDown removes the temp dir
+        super().setUp()
+
+    def kill_leftovers(self):
+        for undo in reversed(self.undo):
+            undo()
+
+    def db(self):
+        return os.path.join(self.tmp, "leases.db")
+
+    def immutable(self, path):
+        """Makes path unwritable even for root (chattr +i; chmod for another user), undone in
+        tearDown; skips the test where neither can be done here."""
+        if os.geteuid() != 0:
+            mode = os.stat(path).st_mode
+            os.chmod(path, 0o500 if os.path.isdir(path) else 0o400)
+            self.undo.append(lambda: os.chmod(path, mode))
+            return
+        # root passes every mode check (access(2) says yes): only the immutable flag (or a
+        # read-only mount) refuses it.
+        r = subprocess.run(["chattr", "+i", path], capture_output=True, text=True)
+        if r.returncode != 0:
+            self.skipTest(f"chattr +i is not available here: {r.stderr.strip()}")
+        self.undo.append(lambda: subprocess.run(["chattr", "-i", path], capture_output=True))
+
+    def test_healthy_file_is_wal_full_on_a_local_disk_single_host_and_writable(self):
+        rc, doc, err = self.check()
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["round_trip"]["probe"], "BEGIN IMMEDIATE/COMMIT")
+        self.assert_item(doc, "durability", "pass", "journal_mode wal, synchronous FULL")
+        if fs_type(self.tmp) not in ("tmpfs", "ramfs"):
+            self.assert_item(doc, "durability", "pass", "is on a local file system")
+        self.assert_item(doc, "topology", "pass", "single host")
+        self.assert_item(doc, "permissions", "pass", "and its directory are writable")
+
+    def test_file_on_tmpfs_is_unsafe_its_fencing_counters_end_at_a_reboot(self):
+        if fs_type("/dev/shm") != "tmpfs":
+            self.skipTest("/dev/shm is not a tmpfs here")
+        shm = tempfile.mkdtemp(prefix="leasehold-check-", dir="/dev/shm")
+        self.addCleanup(shutil.rmtree, shm, True)
+        url = "sqlite://" + os.path.join(shm, "leases.db")
+        rc, doc, err = self.check(store=url)
+        self.assertEqual(rc, EXIT_UNSAFE, json.dumps(doc, indent=1) + err)
+        item = self.assert_item(doc, "durability", "unsafe", "is on tmpfs")
+        self.assertIn("fencing tokens start again at 1", item["found"])
+        self.assertIn("local disk file system", item["fix"])
+        self.assertTrue(doc["cycle"]["done"], doc)
+
+    def test_unwritable_file_is_permission_denied(self):
+        self.immutable(self.db())
+        rc, doc, err = self.check()
+        self.assertEqual(rc, EXIT_PERMISSION, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["verdict"], "permission")
+        item = self.assert_item(doc, "connect", "permission", self.db())
+        self.assertTrue(item["fix"], item)
+        text = self.cli("check")
+        self.assertEqual(text.returncode, EXIT_PERMISSION, text.stdout + text.stderr)
+        self.assertRegex(text.stdout, r"(?m)^connect +permission +.*leases\.db")
+
+    def test_unwritable_directory_is_permission_denied_naming_the_wal_file(self):
+        # The file stays writable: only the -wal and -shm files cannot be made beside it.
+        self.immutable(self.tmp)
+        rc, doc, err = self.check()
+        self.assertEqual(rc, EXIT_PERMISSION, json.dumps(doc, indent=1) + err)
+        self.assert_item(doc, "connect", "permission", "cannot create its -wal and -shm files")
+
+
+class RedisServerProcess:
+    """A throwaway redis-server with the given settings, on a free loopback port, its data in
+    dir; stop() kills it (after a SIGCONT, should a test have paused it)."""
+
+    def __init__(self, dir, *args):
+        self.port = chaos.free_port()
+        self.dir = dir
+        os.makedirs(dir)
+        self.log = open(os.path.join(dir, "redis.log"), "ab")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", dir,
+             "--daemonize", "no", *args], stdout=self.log, stderr=self.log,
+            start_new_session=True)
+        deadline = time.monotonic() + 10
+        while self.cli("PING") != "PONG":
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise AssertionError(f"redis-server {args} did not come up on {self.port}")
+            time.sleep(0.02)
+
+    def cli(self, *args):
+        r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args],
+                           capture_output=True, text=True, timeout=10)
+        return r.stdout.strip()
+
+    def url(self, userinfo="", query=""):
+        return f"redis://{userinfo}127.0.0.1:{self.port}{query}"
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        self.log.close()
+
+
+AOF_ALWAYS = ("--save", "", "--appendonly", "yes", "--appendfsync", "always")
 
 
 @only("redis")
 class RedisCheckTest(CheckHarness, unittest.TestCase):
-    pass
+    """Persistence settings, an ACL user without evalsha (and the ACL line that fixes it), a
+    paused server. Each test starts the servers it needs (RedisServerProcess) in its temp dir."""
+
+    def setUp(self):
+        self.servers = []
+        super().setUp()
+
+    def kill_leftovers(self):
+        for server in self.servers:
+            server.stop()
+
+    def server(self, *args):
+        s = RedisServerProcess(os.path.join(self.tmp, f"redis-{len(self.servers)}"), *args)
+        self.servers.append(s)
+        return s
+
+    def test_healthy_server_reports_aof_always_its_version_and_no_replicas(self):
+        rc, doc, err = self.check()
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["round_trip"]["probe"], "PING")
+        self.assert_item(doc, "durability", "pass", "AOF on, appendfsync always")
+        item = self.assert_item(doc, "topology", "warn", "no replicas")
+        self.assertRegex(item["found"], r"^redis \d+\.\d+\.\d+, a master")
+        self.assertIn("min_replicas", item["fix"])
+
+    def test_persistence_off_is_unsafe_fencing_does_not_survive_a_restart(self):
+        server = self.server("--save", "", "--appendonly", "no")
+        rc, doc, err = self.check(store=server.url())
+        self.assertEqual(rc, EXIT_UNSAFE, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["verdict"], "unsafe")
+        self.assertTrue(doc["cycle"]["done"], doc)
+        item = self.assert_item(doc, "durability", "unsafe", "fencing does not survive a restart")
+        self.assertIn("appendonly yes", item["fix"])
+        self.assertIn("appendfsync always", item["fix"])
+
+        text = self.cli("check", "--store", server.url(), store=False)
+        self.assertEqual(text.returncode, EXIT_UNSAFE, text.stdout + text.stderr)
+        self.assertRegex(text.stdout,
+                         r"(?m)^durability +unsafe +.*fencing does not survive a restart")
+        self.assertRegex(text.stdout, r"(?m)^FIX  durability: .*appendonly yes")
+        self.assertRegex(text.stdout, r"(?m)^verdict +unsafe$")
+
+    def test_each_persistence_setting_is_reported_as_what_a_restart_keeps(self):
+        cases = [
+            (("--save", "3600 1", "--appendonly", "no"), EXIT_UNSAFE, "unsafe",
+             "go back to the last snapshot on restart"),
+            (("--save", "", "--appendonly", "yes", "--appendfsync", "everysec"), 0, "pass",
+             "about the last second"),
+            (("--save", "", "--appendonly", "yes", "--appendfsync", "no"), 0, "warn",
+             "appendfsync no"),
+            (AOF_ALWAYS, 0, "pass", "appendfsync always"),
+        ]
+        for args, code, verdict, found in cases:
+            with self.subTest(args=args):
+                server = self.server(*args)
+                rc, doc, err = self.check(store=server.url())
+                self.assertEqual(rc, code, json.dumps(doc, indent=1) + err)
+                item = self.assert_item(doc, "durability", verdict, found)
+                self.assertEqual(bool(item["fix"]), verdict != "pass", item)
+
+    def test_acl_user_without_evalsha_is_named_and_the_fix_is_the_acl_line_that_works(self):
+        server = self.server(*AOF_ALWAYS)
+        self.assertEqual(server.cli("ACL", "SETUSER", "nolua", "on", ">s3cret-pw", "~*", "&*",
+                                    "+@all", "-evalsha"), "OK")
+        url = server.url("nolua:s3cret-pw@")
+        rc, doc, err = self.check(store=url)
+        self.assertEqual(rc, EXIT_PERMISSION, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["verdict"], "permission")
+        self.assertFalse(doc["cycle"]["done"])
+        item = self.assert_item(doc, "permissions", "permission", "evalsha")
+        fix = item["fix"]
+        self.assertTrue(fix.startswith("ACL SETUSER nolua on ~leasehold:* &leasehold:* -@all "),
+                        fix)
+        self.assertIn("+evalsha", fix.split())
+        self.assertNotIn("s3cret-pw", json.dumps(doc))
+
+        text = self.cli("check", "--store", url, store=False)
+        self.assertEqual(text.returncode, EXIT_PERMISSION, text.stdout + text.stderr)
+        self.assertRegex(text.stdout, r"(?m)^permissions +permission +.*'evalsha'")
+        self.assertIn("FIX  permissions: " + fix, text.stdout.splitlines())
+        self.assertNotIn("s3cret-pw", text.stdout + text.stderr)
+
+        # The line is exact: a user with nothing but its rules passes the whole check.
+        rules = fix[len("ACL SETUSER nolua "):fix.index(" (optional:")].split()
+        self.assertEqual(server.cli("ACL", "SETUSER", "lean", "reset", ">pw2", *rules), "OK")
+        rc, doc, err = self.check(store=server.url("lean:pw2@"))
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        self.assertTrue(doc["cycle"]["done"], doc)
+        self.assertFalse(self.items(doc, "permissions"), doc)
+        # What the rules leave out (CONFIG GET, INFO) is said, not guessed.
+        self.assert_item(doc, "durability", "warn", "could not be read")
+        self.assert_item(doc, "topology", "warn", "could not be read")
+
+    def test_paused_server_is_unreachable_within_the_connect_timeout(self):
+        server = self.server(*AOF_ALWAYS)
+        timeout = 1.0
+        url = server.url(query="?connect_timeout=1s&command_timeout=1s")
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            t = time.monotonic()
+            rc, doc, err = self.check(store=url, timeout=30)
+            elapsed = time.monotonic() - t
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        figure("check of a paused redis", elapsed, timeout + 3.0)
+        self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["verdict"], "unreachable")
+        self.assert_item(doc, "connect", "unreachable", "within connect_timeout (1s)")
+        self.assertLess(elapsed, timeout + 3.0)
 
 
 # --- PostgreSQL (both modes) ------------------------------------------------------------------

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -125,6 +126,238 @@ void WarnPersistenceOffOnce(const std::string& address) {
                   "a stale holder's token may be accepted. Turn on AOF (appendonly yes) for "
                   "fencing that survives restarts",
                   address));
+}
+
+// The server's persistence settings, as CONFIG GET reads them. Each is unset if the server
+// would not say (CONFIG is often denied to application users), with the reason in `refusal`.
+struct PersistenceConfig {
+  std::optional<std::string> appendonly;
+  std::optional<std::string> save;
+  std::optional<std::string> appendfsync;
+  // The first error reply (e.g. "NOPERM ... 'config|get' command"), or "no answer".
+  std::string refusal;
+
+  // Whether AOF and RDB snapshots are both known.
+  [[nodiscard]] bool known() const { return appendonly && save; }
+
+  // Known to be off: no AOF and no RDB snapshots, so a restart forgets everything.
+  [[nodiscard]] bool off() const { return appendonly == "no" && save && save->empty(); }
+};
+
+// The CONFIG GET commands ParsePersistence reads, in its order: one per setting, so that a
+// server older than 7.0 (one parameter per CONFIG GET) answers them too.
+std::vector<Command> PersistenceCommands() {
+  return {
+      {"CONFIG", "GET", "appendonly"}, {"CONFIG", "GET", "save"}, {"CONFIG", "GET", "appendfsync"}};
+}
+
+// Reads the replies to PersistenceCommands() (the first three of `replies`).
+PersistenceConfig ParsePersistence(std::span<const ReplyPtr> replies) {
+  PersistenceConfig config;
+  auto value = [&](std::size_t i) -> std::optional<std::string> {
+    const redisReply* r = i < replies.size() ? replies[i].get() : nullptr;
+    if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements < 2) {
+      if (config.refusal.empty()) {
+        config.refusal = IsError(r) ? std::string(ReplyText(r)) : "no answer";
+      }
+      return std::nullopt;
+    }
+    return std::string(ReplyText(r->element[1]));
+  };
+  config.appendonly = value(0);
+  config.save = value(1);
+  config.appendfsync = value(2);
+  return config;
+}
+
+// The value of `field` in an INFO reply ("field:value" lines), or nullopt.
+std::optional<std::string> InfoField(std::string_view info, std::string_view field) {
+  std::size_t pos = 0;
+  while (pos < info.size()) {
+    std::size_t end = info.find('\n', pos);
+    if (end == std::string_view::npos) {
+      end = info.size();
+    }
+    std::string_view line = info.substr(pos, end - pos);
+    if (!line.empty() && line.back() == '\r') {
+      line.remove_suffix(1);
+    }
+    if (line.size() > field.size() && line.starts_with(field) && line[field.size()] == ':') {
+      return std::string(line.substr(field.size() + 1));
+    }
+    pos = end + 1;
+  }
+  return std::nullopt;
+}
+
+// The text of an INFO reply, or nullopt with the error (or "no answer") in `*refusal`.
+std::optional<std::string_view> InfoText(const redisReply* reply, std::string* refusal) {
+  if (reply != nullptr &&
+      (reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_STATUS)) {
+    return ReplyText(reply);
+  }
+  *refusal = IsError(reply) ? std::string(ReplyText(reply)) : "no answer";
+  return std::nullopt;
+}
+
+// Diagnose's durability finding: will grants and fencing counters survive a restart? From
+// CONFIG GET where the ACL allows it, else from INFO persistence's aof_enabled, which tells AOF
+// but not RDB snapshots (either way AOF off is unsafe: counters go back to the last snapshot, or
+// to nothing).
+CheckItem DurabilityItem(const PersistenceConfig& config, std::optional<std::string_view> info,
+                         const std::string& info_refusal) {
+  constexpr std::string_view kAofFix =
+      "turn on AOF: CONFIG SET appendonly yes and CONFIG SET appendfsync always (or everysec), "
+      "and the same in redis.conf";
+  CheckItem item{.area = "durability"};
+  std::optional<std::string> aof_enabled;
+  if (info) {
+    aof_enabled = InfoField(*info, "aof_enabled");
+  }
+  const bool aof_on = config.appendonly ? *config.appendonly == "yes" : aof_enabled == "1";
+  if (!config.appendonly && !aof_enabled) {
+    item.verdict = CheckVerdict::kWarn;
+    item.found = fmt::format(
+        "persistence could not be read: CONFIG GET refused ({}), INFO persistence refused ({})",
+        config.refusal, info ? "no aof_enabled field" : info_refusal);
+    item.fix =
+        "grant the user +config|get (or +info) so that leasehold check can read it, or "
+        "check appendonly yes and appendfsync always|everysec on the server yourself";
+    return item;
+  }
+  if (aof_on) {
+    const std::string fsync = config.appendfsync.value_or("");
+    if (fsync == "always") {
+      item.found =
+          "AOF on, appendfsync always: every grant and fencing counter bump is on disk "
+          "before its reply";
+    } else if (fsync == "everysec") {
+      item.found =
+          "AOF on, appendfsync everysec: a host crash or power loss can lose about the "
+          "last second of grants and fencing counter bumps";
+    } else if (fsync == "no") {
+      item.verdict = CheckVerdict::kWarn;
+      item.found =
+          "AOF on, appendfsync no: the OS decides when the log reaches the disk, so a "
+          "host crash can lose many seconds of grants and fencing counter bumps";
+      item.fix =
+          "CONFIG SET appendfsync always (or everysec: about 1 s at risk), and the same in "
+          "redis.conf";
+    } else {
+      item.verdict = CheckVerdict::kWarn;
+      item.found = fmt::format(
+          "AOF on (INFO persistence); appendfsync could not be read: CONFIG "
+          "GET refused ({})",
+          config.refusal);
+      item.fix =
+          "grant the user +config|get so that leasehold check can read it, or check "
+          "appendfsync always|everysec on the server yourself";
+    }
+    return item;
+  }
+  item.verdict = CheckVerdict::kUnsafe;
+  item.fix = std::string(kAofFix);
+  if (!config.save) {
+    item.found = fmt::format(
+        "AOF off: fencing counters go back to the last RDB snapshot on restart, if there is "
+        "one at all (save could not be read: CONFIG GET refused ({}))",
+        config.refusal);
+  } else if (!config.save->empty()) {
+    item.found = fmt::format(
+        "RDB snapshots only (save \"{}\", appendonly no): fencing counters "
+        "go back to the last snapshot on restart",
+        *config.save);
+  } else {
+    item.found =
+        "persistence off (appendonly no, save \"\"): fencing does not survive a restart "
+        "(leases are forgotten and fencing tokens start again at 1)";
+  }
+  return item;
+}
+
+// Diagnose's topology finding, from INFO server (version, mode) and INFO replication (role,
+// replicas), judged against the URL's min_replicas.
+CheckItem TopologyItem(const RedisOptions& options, std::optional<std::string_view> server,
+                       std::optional<std::string_view> replication, const std::string& refusal) {
+  CheckItem item{.area = "topology"};
+  std::string version = "redis";
+  if (server) {
+    version += " " + InfoField(*server, "redis_version").value_or("(version unknown)");
+  }
+  if (server && InfoField(*server, "redis_mode") == "cluster") {
+    item.verdict = CheckVerdict::kWarn;
+    item.found = version +
+                 " in cluster mode: this store talks to one node, and keys of other "
+                 "slots get MOVED";
+    item.fix =
+        "Redis Cluster is not supported yet: use one server, or a proxy in front of one "
+        "primary";
+    return item;
+  }
+  std::optional<std::string> role;
+  if (replication) {
+    role = InfoField(*replication, "role");
+  }
+  if (!role) {
+    item.verdict = CheckVerdict::kWarn;
+    item.found = fmt::format("{}; replication could not be read: INFO replication refused ({})",
+                             version, replication ? "no role field" : refusal);
+    item.fix = "grant the user +info so that leasehold check can read it";
+    return item;
+  }
+  if (*role != "master") {
+    item.verdict = CheckVerdict::kUnsafe;
+    item.found = fmt::format(
+        "{} is a replica (role:{}) of {}:{}: leasehold's scripts write, which a replica refuses "
+        "(READONLY), and what it holds lags its master",
+        version, *role, InfoField(*replication, "master_host").value_or("?"),
+        InfoField(*replication, "master_port").value_or("?"));
+    item.fix = "point the URL at the master";
+    return item;
+  }
+  long long replicas = 0;
+  const std::string count = InfoField(*replication, "connected_slaves").value_or("0");
+  std::from_chars(count.data(), count.data() + count.size(), replicas);
+  if (replicas == 0) {
+    item.verdict = CheckVerdict::kWarn;
+    item.found = fmt::format("{}, a master with no replicas (connected_slaves:0): no failover copy",
+                             version);
+    item.fix = options.min_replicas > 0
+                   ? fmt::format(
+                         "min_replicas={} with no replica connected: every acquire is "
+                         "undone; add replicas or lower min_replicas",
+                         options.min_replicas)
+                   : "fine with AOF on one server; add a replica for a failover copy (replication "
+                     "is asynchronous: see min_replicas in the README)";
+    if (options.min_replicas > 0) {
+      item.verdict = CheckVerdict::kUnsafe;
+    }
+    return item;
+  }
+  if (options.min_replicas == 0) {
+    item.verdict = CheckVerdict::kWarn;
+    item.found = fmt::format(
+        "{}, a master with {} replica(s); replication is asynchronous: a failover can lose an "
+        "acknowledged grant (min_replicas is 0)",
+        version, replicas);
+    item.fix =
+        "add min_replicas=1 to the URL: each acquire and renew then WAITs for a replica "
+        "(fencing tokens cover what is left)";
+  } else if (replicas < options.min_replicas) {
+    item.verdict = CheckVerdict::kUnsafe;
+    item.found = fmt::format(
+        "{}, a master with {} replica(s), fewer than min_replicas={}: every "
+        "acquire is undone",
+        version, replicas, options.min_replicas);
+    item.fix = "add replicas or lower min_replicas";
+  } else {
+    item.found = fmt::format(
+        "{}, a master with {} replica(s); min_replicas={}: each acquire and renew waits for them "
+        "(replication stays asynchronous: a failover to one that had not confirmed can still "
+        "lose a grant, which fencing tokens cover)",
+        version, replicas, options.min_replicas);
+  }
+  return item;
 }
 
 // How long a queue entry outlives the waiter's latest attempt: max(ttl, kFairEntryBase), plus
@@ -292,25 +525,17 @@ Result<std::shared_ptr<RedisBackend>> RedisBackend::Open(RedisOptions options, C
     LH_ASSIGN_OR_RETURN(pool->shas_, LoadScripts(*pool, connection.get()));
     // Persistence check. CONFIG is often denied to application users: then say nothing more
     // than a debug line, since the server may well persist.
-    std::vector<Command> config = {{"CONFIG", "GET", "appendonly"}, {"CONFIG", "GET", "save"}};
+    std::vector<Command> config = PersistenceCommands();
     pool->round_trips_.fetch_add(1, std::memory_order_relaxed);
     LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
                         connection->Pipeline(config, options.Address()));
-    auto value = [](const redisReply* r) -> std::optional<std::string> {
-      if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements < 2) {
-        return std::nullopt;
-      }
-      return std::string(ReplyText(r->element[1]));
-    };
-    std::optional<std::string> aof = value(replies[0].get());
-    std::optional<std::string> save = value(replies[1].get());
-    if (aof && save) {
-      persistence_off = *aof == "no" && save->empty();
+    const PersistenceConfig persistence = ParsePersistence(replies);
+    if (persistence.known()) {
+      persistence_off = persistence.off();
     } else {
       Log(LogLevel::kDebug,
           fmt::format("redis at {}: cannot check persistence with CONFIG GET ({}); assuming on",
-                      options.Address(),
-                      IsError(replies[0].get()) ? ReplyText(replies[0].get()) : "no answer"));
+                      options.Address(), persistence.refusal));
     }
   }
   if (persistence_off) {
@@ -867,6 +1092,76 @@ Result<StoreTime> RedisBackend::WallClock() {
   return StoreTime{.time = SystemTime(std::chrono::duration_cast<SystemTime::duration>(
                        std::chrono::seconds(seconds) + std::chrono::microseconds(micros))),
                    .from_store = true};
+}
+
+Status RedisBackend::Ping() {
+  std::vector<Command> ping = {{"PING"}};
+  LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
+  pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
+  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
+                      connection->Pipeline(ping, options_.Address()));
+  if (IsError(replies[0].get())) {
+    return ErrorReplyStatus(options_.Address(), "PING", ReplyText(replies[0].get()));
+  }
+  return Status();
+}
+
+// The commands, as sent: Connect's AUTH (always allowed), SELECT (db != 0) and PING; Open's
+// SCRIPT LOAD; EVALSHA of every operation (never EVAL); WAIT with min_replicas; SCAN and GET
+// (List, ListRecords, ReadRecord); TIME (WallClock); the subscriber's SUBSCRIBE and
+// UNSUBSCRIBE. Inside the scripts (redis_scripts.h), which the ACL checks too: EXISTS HMGET HGET
+// HSET INCR PEXPIRE PTTL DEL PUBLISH SET, and with fair=true TIME ZADD ZREM ZRANGE ZRANGEBYSCORE
+// ZREMRANGEBYSCORE ZSCORE ZRANK ZCARD PEXPIREAT HDEL. CONFIG GET (Open's persistence warning)
+// and INFO (Diagnose) are optional: refused, they are reported, never fatal.
+std::string RedisBackend::PermissionsFix() const {
+  const std::string keys = GlobEscape(options_.prefix) + ":*";
+  std::string commands = "-@all +ping";
+  if (options_.db != 0) {
+    commands += " +select";
+  }
+  commands +=
+      " +evalsha +script|load +scan +subscribe +unsubscribe +exists +hmget +hget +hset +incr "
+      "+pexpire +pttl +del +publish +get +set +time";
+  if (options_.fair) {
+    commands +=
+        " +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore +zrank +zcard "
+        "+pexpireat +hdel";
+  }
+  if (options_.min_replicas > 0) {
+    commands += " +wait";
+  }
+  return fmt::format(
+      "ACL SETUSER {} on ~{} &{} {} (optional: +config|get +info, for the persistence check and "
+      "leasehold check; fenced writes also need their data keys and, for HashSet, +type)",
+      options_.user.value_or("default"), keys, keys, commands);
+}
+
+// One round trip: CONFIG GET (as Open reads it) and INFO server, persistence and replication,
+// as separate commands so that a server older than 7.0 (one INFO section per call) answers
+// them and a refusal of one leaves the others readable.
+Result<Diagnosis> RedisBackend::Diagnose() {
+  std::vector<Command> commands = PersistenceCommands();
+  const std::size_t info_at = commands.size();
+  commands.push_back({"INFO", "server"});
+  commands.push_back({"INFO", "persistence"});
+  commands.push_back({"INFO", "replication"});
+  LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
+  pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
+  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
+                      connection->Pipeline(commands, options_.Address()));
+  const PersistenceConfig persistence = ParsePersistence(replies);
+  std::string server_refusal;
+  std::string persistence_refusal;
+  std::string replication_refusal;
+  std::optional<std::string_view> server = InfoText(replies[info_at].get(), &server_refusal);
+  std::optional<std::string_view> persistence_info =
+      InfoText(replies[info_at + 1].get(), &persistence_refusal);
+  std::optional<std::string_view> replication =
+      InfoText(replies[info_at + 2].get(), &replication_refusal);
+  Diagnosis diagnosis{.probe = "PING", .permissions_fix = PermissionsFix()};
+  diagnosis.items.push_back(DurabilityItem(persistence, persistence_info, persistence_refusal));
+  diagnosis.items.push_back(TopologyItem(options_, server, replication, replication_refusal));
+  return diagnosis;
 }
 
 Result<std::optional<LeaseInfo>> RedisBackend::Inspect(std::string_view key) {

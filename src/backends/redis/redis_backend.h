@@ -25,6 +25,10 @@
 // allows it and warns once per server and process. Fenced writes are not affected: they compare
 // the owner token, which never repeats, so a restart ends every grant's right to write.
 //
+// The store doctor (leasehold check): Ping is one PING; Diagnose reads the same CONFIG GET
+// settings (with appendfsync) and INFO's version and replication in one round trip, and names
+// the exact ACL the backend needs (PermissionsFix).
+//
 // Example:
 //
 //   LH_ASSIGN_OR_RETURN(Url url, ParseUrl("redis://app:secret@127.0.0.1:6379/0"));
@@ -149,6 +153,21 @@ class RedisBackend final : public Backend {
 
   // The server's TIME, one round trip.
   Result<StoreTime> WallClock() override;
+
+  // PING on a pooled command connection: one round trip, bounded by command_timeout (plus
+  // connect_timeout if the pool has to open a connection first).
+  Status Ping() override;
+
+  // One pipelined round trip: CONFIG GET appendonly/save/appendfsync (as Open) and INFO server,
+  // persistence and replication. Items: durability (AOF and its appendfsync, RDB only, or
+  // nothing), topology (version, role, replicas against min_replicas); a setting the ACL user
+  // may not read is a kWarn naming it. permissions_fix is PermissionsFix(). Returns kUnavailable
+  // if the server does not answer.
+  Result<Diagnosis> Diagnose() override;
+
+  // The ACL SETUSER line that grants this handle's user (URL user, else "default") every
+  // command the backend sends, for its prefix, db, fair and min_replicas.
+  [[nodiscard]] std::string PermissionsFix() const;
 
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
 

@@ -92,12 +92,10 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Connect(const RedisOpt
         fmt::format("cannot connect to redis at {}: {}", options.Address(), context->errstr),
         context->errstr);
   }
-  // A WAIT may legitimately take replica_timeout on top of the command's own time.
-  Duration io_timeout = options.command_timeout;
-  if (options.min_replicas > 0) {
-    io_timeout += options.replica_timeout;
-  }
-  if (redisSetTimeout(context.get(), ToTimeval(io_timeout)) != REDIS_OK) {
+  // AUTH, SELECT and PING are part of establishing the connection: connect_timeout bounds
+  // them too, so that a server that accepts but does not answer (SIGSTOPped: the kernel still
+  // completes the TCP handshake) is "unreachable" within connect_timeout.
+  if (redisSetTimeout(context.get(), ToTimeval(options.connect_timeout)) != REDIS_OK) {
     return Status::Unavailable(
         fmt::format("cannot set timeouts on redis connection to {}", options.Address()));
   }
@@ -114,13 +112,34 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Connect(const RedisOpt
     hello.push_back({"SELECT", std::to_string(options.db)});
   }
   hello.push_back({"PING"});
-  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
-                      connection->Pipeline(hello, options.Address()));
+  Result<std::vector<ReplyPtr>> answered = connection->Pipeline(hello, options.Address());
+  if (!answered.ok()) {
+    std::string names;
+    for (const Command& command : hello) {
+      names += names.empty() ? command[0] : "/" + command[0];
+    }
+    return Status::Unavailable(
+        fmt::format("redis at {} took the connection but its first round trip ({}) failed "
+                    "within connect_timeout ({}): {}",
+                    options.Address(), names, FormatDuration(options.connect_timeout),
+                    answered.status().detail()),
+        std::string(answered.status().detail()));
+  }
+  std::vector<ReplyPtr> replies = std::move(answered).value();
   for (std::size_t i = 0; i < replies.size(); ++i) {
     if (IsError(replies[i].get())) {
       // Name the command, never its arguments (AUTH's are credentials).
       return ErrorReplyStatus(options.Address(), hello[i][0], ReplyText(replies[i].get()));
     }
+  }
+  // A WAIT may legitimately take replica_timeout on top of the command's own time.
+  Duration io_timeout = options.command_timeout;
+  if (options.min_replicas > 0) {
+    io_timeout += options.replica_timeout;
+  }
+  if (redisSetTimeout(connection->context(), ToTimeval(io_timeout)) != REDIS_OK) {
+    return Status::Unavailable(
+        fmt::format("cannot set timeouts on redis connection to {}", options.Address()));
   }
   return connection;
 }

@@ -32,6 +32,8 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <span>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -41,6 +43,7 @@
 
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 
 #include "backends/common/sql_statement.h"
 #include "backends/sqlite/sqlite_host_queue.h"
@@ -274,6 +277,21 @@ bool IsPermissionErrno(int err) {
   return err == EACCES || err == EPERM || err == EROFS || err == ENOTDIR;
 }
 
+// The directory that holds `path` (and its -wal, -shm and -lhq files).
+std::string DirectoryOf(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  if (slash == std::string::npos) {
+    return ".";
+  }
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// 0 if this process may create files in the directory of `path` (access(2) W_OK | X_OK), else
+// the errno.
+int DirectoryWriteErrno(const std::string& path) {
+  return ::access(DirectoryOf(path).c_str(), W_OK | X_OK) == 0 ? 0 : errno;
+}
+
 // Maps a failed file-system call on `what` to a Status naming both `what` and the database.
 Status FileSystemError(int err, std::string_view action, std::string_view what,
                        std::string_view db_path) {
@@ -457,6 +475,22 @@ class SqliteConnection {
     return Status::Ok();
   }
 
+  // What grants and renewals commit with (Diagnose): the journal mode and PRAGMA synchronous
+  // (0 OFF, 1 NORMAL, 2 FULL, 3 EXTRA), read after SetDurable(true), the setting of every
+  // transaction but a release's (WriteTransaction::Begin).
+  struct Durability {
+    std::string journal_mode;
+    std::int64_t synchronous = 0;
+  };
+
+  Result<Durability> ReadDurability() {
+    LH_RETURN_IF_ERROR(SetDurable(true));
+    Durability durability;
+    LH_ASSIGN_OR_RETURN(durability.journal_mode, QueryText("PRAGMA journal_mode", "diagnose"));
+    LH_ASSIGN_OR_RETURN(durability.synchronous, QueryInt("PRAGMA synchronous", "diagnose"));
+    return durability;
+  }
+
   [[nodiscard]] Clock& clock() const { return clock_; }
 
   // Sets SQLite's busy handler to wait at most `timeout` (the part of busy_timeout the write
@@ -601,6 +635,16 @@ class SqliteConnection {
         if (IsPermissionErrno(sys)) {
           return Status::PermissionDenied(
               fmt::format("sqlite database {}: {}: {}", path_, operation, OsReason(sys)),
+              std::move(detail));
+        }
+        // SQLite reports a -wal or -shm file it may not create in a read-only (or immutable)
+        // directory with the errno of its last probe (often ENOENT): ask the directory itself.
+        if (const int dir_err = DirectoryWriteErrno(path_);
+            (rc & 0xff) == SQLITE_CANTOPEN && IsPermissionErrno(dir_err)) {
+          return Status::PermissionDenied(
+              fmt::format("sqlite database {}: {}: cannot create its -wal and -shm files in "
+                          "{}: {}",
+                          path_, operation, DirectoryOf(path_), OsReason(dir_err)),
               std::move(detail));
         }
         return Status::Unavailable(fmt::format("sqlite database {}: {}: {}", path_, operation,
@@ -1127,6 +1171,156 @@ Status CheckTtl(std::string_view key, Duration ttl) {
   return Status::Ok();
 }
 
+// The file systems a database must not be on, by statfs f_type (linux/magic.h; spelt out so
+// that no kernel header is needed). SQLite's locking (POSIX advisory locks) and WAL's shared
+// memory (an mmap of the -shm file) are only as good as the file system's: on network file
+// systems locks are often broken or missing, and WAL does not work across hosts at all
+// (https://www.sqlite.org/lockingv3.html, "How To Corrupt Your Database Files";
+// https://www.sqlite.org/wal.html). Two holders of one key are then possible. FUSE is listed
+// because its locking and mmap are the FUSE daemon's own and most FUSE file systems in use for
+// databases are network ones (sshfs, s3fs, GlusterFS); the f_type does not say which.
+struct FileSystemKind {
+  std::int64_t magic;
+  std::string_view name;
+};
+
+constexpr FileSystemKind kNetworkFileSystems[] = {
+    {0x6969, "NFS"},        {0x517B, "SMB"},      {0xFF534D42, "CIFS"}, {0xFE534D42, "SMB2"},
+    {0x65735546, "FUSE"},   {0x01021997, "9p"},   {0x00C36400, "Ceph"}, {0x5346414F, "AFS"},
+    {0x0BD00BD0, "Lustre"}, {0x73757245, "Coda"}, {0x01161970, "GFS2"}, {0x7461636F, "OCFS2"},
+};
+
+// File systems that do not outlive a reboot: the fencing counters would start again at 1.
+constexpr FileSystemKind kVolatileFileSystems[] = {
+    {0x01021994, "tmpfs"},
+    {0x858458F6, "ramfs"},
+};
+
+constexpr FileSystemKind kLocalFileSystems[] = {
+    {0xEF53, "ext2/3/4"}, {0x58465342, "xfs"},       {0x9123683E, "btrfs"},
+    {0x2FC12FC1, "zfs"},  {0x794C7630, "overlayfs"}, {0xF2F52010, "f2fs"},
+};
+
+std::optional<std::string_view> FileSystemName(std::span<const FileSystemKind> kinds,
+                                               std::int64_t magic) {
+  for (const FileSystemKind& kind : kinds) {
+    if (kind.magic == magic) {
+      return kind.name;
+    }
+  }
+  return std::nullopt;
+}
+
+// Diagnose's finding about the file system that holds `path`.
+CheckItem FileSystemItem(const std::string& path) {
+  CheckItem item{.area = "durability"};
+
+  struct statfs fs {};
+
+  if (::statfs(path.c_str(), &fs) != 0) {
+    item.verdict = CheckVerdict::kWarn;
+    item.found = fmt::format("the file system of {} could not be read: {}", path, OsReason(errno));
+    item.fix = "make sure it is a local disk file system (not NFS, SMB, FUSE or tmpfs)";
+    return item;
+  }
+  const auto magic = static_cast<std::int64_t>(static_cast<std::uint32_t>(fs.f_type));
+  constexpr std::string_view kLocalFix =
+      "move the database to a local disk file system (ext4, xfs, btrfs): sqlite:///path/on/disk";
+  if (auto name = FileSystemName(kNetworkFileSystems, magic)) {
+    item.verdict = CheckVerdict::kUnsafe;
+    item.found = fmt::format(
+        "{} is on {} (a network or FUSE file system): SQLite's locking is "
+        "unreliable there, so two holders of one key are possible",
+        path, *name);
+    item.fix = std::string(kLocalFix);
+  } else if (auto name = FileSystemName(kVolatileFileSystems, magic)) {
+    item.verdict = CheckVerdict::kUnsafe;
+    item.found = fmt::format(
+        "{} is on {}: the file, and with it every fencing counter, is gone "
+        "after a reboot, so fencing tokens start again at 1",
+        path, *name);
+    item.fix = std::string(kLocalFix);
+  } else {
+    auto local = FileSystemName(kLocalFileSystems, magic);
+    item.found = local ? fmt::format("{} is on a local file system ({})", path, *local)
+                       : fmt::format(
+                             "{} is on a file system (f_type {:#x}) that is not a known "
+                             "network or volatile one",
+                             path, magic);
+  }
+  return item;
+}
+
+// Diagnose's finding about journal_mode and synchronous.
+CheckItem JournalItem(const std::string& journal_mode, std::int64_t synchronous) {
+  CheckItem item{.area = "durability"};
+  constexpr std::string_view kNames[] = {"OFF", "NORMAL", "FULL", "EXTRA"};
+  const std::string_view level =
+      synchronous >= 0 && synchronous <= 3 ? kNames[synchronous] : std::string_view("unknown");
+  if (journal_mode != "wal") {
+    // Open switches every file to WAL and refuses one that will not switch: not expected here.
+    item.verdict = CheckVerdict::kUnsafe;
+    item.found =
+        fmt::format("journal_mode {} (synchronous {}): leasehold expects WAL", journal_mode, level);
+    item.fix =
+        "reopen the store (leasehold switches the file to WAL) and keep other programs "
+        "from changing its journal mode";
+    return item;
+  }
+  if (synchronous >= 2) {
+    item.found = fmt::format(
+        "journal_mode wal, synchronous {}: every grant, renewal and fencing counter bump is on "
+        "disk before it returns",
+        level);
+    return item;
+  }
+  // NORMAL is unsafe, not a warning: in WAL mode a power loss may roll back the last commits,
+  // and with them a fencing counter bump, so after the reboot the same fencing token is handed
+  // out again (check.h: "fencing counters that a restart resets"). OFF is worse. Configure sets
+  // FULL and no URL parameter lowers it, so this reports a connection changed behind our back.
+  item.verdict = CheckVerdict::kUnsafe;
+  item.found = fmt::format(
+      "journal_mode wal, synchronous {}: a power loss can lose the last grants and fencing "
+      "counter bumps, so a fencing token can be handed out twice",
+      level);
+  item.fix =
+      "unexpected, since leasehold sets synchronous = FULL on its own connection: report it "
+      "with the output of --json";
+  return item;
+}
+
+// Diagnose's permission finding: access(2) for the file (read and write), its host queue file
+// and its directory (write and search: the -wal, -shm and -lhq files are made there).
+CheckItem AccessItem(const std::string& path, const std::string& fix) {
+  CheckItem item{.area = "permissions"};
+  const std::string dir = DirectoryOf(path);
+
+  struct Need {
+    std::string what;
+    int mode;
+    bool optional;
+  };
+
+  const Need needs[] = {
+      {path, R_OK | W_OK, false}, {path + "-lhq", R_OK | W_OK, true}, {dir, W_OK | X_OK, false}};
+  for (const Need& need : needs) {
+    if (::access(need.what.c_str(), need.mode) != 0) {
+      const int err = errno;
+      if (need.optional && err == ENOENT) {
+        continue;
+      }
+      item.verdict = CheckVerdict::kPermissionDenied;
+      item.found = fmt::format("{} is not writable by this user (uid {}): {}", need.what,
+                               ::geteuid(), OsReason(err));
+      item.fix = fix;
+      return item;
+    }
+  }
+  item.found =
+      fmt::format("{} and its directory are writable by this user (uid {})", path, ::geteuid());
+  return item;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -1455,6 +1649,32 @@ Result<StoreTime> SqliteBackend::WallClock() {
   // different time base from the Clock's: StoreTime dates records and names slots, it never
   // drives safety.
   return StoreTime{.time = std::chrono::system_clock::now(), .from_store = true};
+}
+
+Status SqliteBackend::Ping() {
+  MutexLock lock(&mu_);
+  // Through the host's write queue, as every lease operation: the probe measures what a
+  // renewal's transaction costs, minus its statement. An empty transaction writes nothing.
+  WriteTransaction transaction(*connection_);
+  LH_RETURN_IF_ERROR(transaction.Begin("ping"));
+  return transaction.Commit("ping");
+}
+
+Result<Diagnosis> SqliteBackend::Diagnose() {
+  const std::string fix =
+      fmt::format("the file {} and its directory must be writable by this user", path_);
+  Diagnosis diagnosis{.probe = "BEGIN IMMEDIATE/COMMIT", .permissions_fix = fix};
+  {
+    MutexLock lock(&mu_);
+    LH_ASSIGN_OR_RETURN(SqliteConnection::Durability durability, connection_->ReadDurability());
+    diagnosis.items.push_back(JournalItem(durability.journal_mode, durability.synchronous));
+  }
+  diagnosis.items.push_back(FileSystemItem(path_));
+  diagnosis.items.push_back(
+      {.area = "topology",
+       .found = "single host: every process of this host shares it (other hosts cannot)"});
+  diagnosis.items.push_back(AccessItem(path_, fix));
+  return diagnosis;
 }
 
 Result<std::optional<LeaseInfo>> SqliteBackend::Inspect(std::string_view key) {

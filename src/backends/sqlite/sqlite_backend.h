@@ -28,6 +28,10 @@
 //   Result<Grant> grant = backend->TryAcquire(
 //       {.key = "job:x", .owner_token = token, .holder = "web-3:42", .ttl = 10s});
 //
+// The store doctor (leasehold check): Ping is an empty BEGIN IMMEDIATE / COMMIT on the
+// backend's own connection; Diagnose reads the journal mode and synchronous level, the file
+// system under the file (statfs) and whether the file and its directory are writable.
+//
 // Thread safety: thread-safe. One SQLite connection per SqliteBackend, used under a mutex;
 // other processes (and other SqliteBackend objects) are serialized by SQLite's file locks.
 
@@ -114,6 +118,15 @@ class SqliteBackend final : public Backend {
 
   // This host's wall clock, which is the store's (from_store true).
   Result<StoreTime> WallClock() override;
+
+  // An empty BEGIN IMMEDIATE / COMMIT, through the host's write queue as every mutation: the
+  // write lock's round trip. Writes nothing. kUnavailable if the file stays locked.
+  Status Ping() override;
+
+  // Items: durability (journal_mode and the synchronous level grants commit with; the file
+  // system, by statfs: a network, FUSE or volatile one is kUnsafe), topology (single host) and
+  // permissions (access(2) on the file, its -lhq queue file and its directory).
+  Result<Diagnosis> Diagnose() override;
 
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
 

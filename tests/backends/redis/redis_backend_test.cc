@@ -12,6 +12,7 @@
 #include <chrono>
 #include <future>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -429,6 +430,109 @@ TEST(RedisBackendTest, PersistenceOffIsDetectedAndWarnedOnce) {
   auto restricted = OpenUrl(fmt::format("redis://app:pw@127.0.0.1:{}", acl_server->port()));
   ASSERT_TRUE(restricted.ok()) << restricted.status().ToString();
   EXPECT_EQ(log.Count("persistence off"), 1);
+}
+
+// The item of `diagnosis` in `area`, or nullptr.
+const CheckItem* ItemIn(const Diagnosis& diagnosis, std::string_view area) {
+  for (const CheckItem& item : diagnosis.items) {
+    if (item.area == area) {
+      return &item;
+    }
+  }
+  return nullptr;
+}
+
+TEST(RedisBackendTest, DiagnoseSaysPersistenceOffIsUnsafeAndAofAlwaysIsNot) {
+  auto volatile_server = StartServer({.aof = false});
+  ASSERT_NE(volatile_server, nullptr);
+  auto off = OpenUrl(volatile_server->Url() + "?command_timeout=300ms&connect_timeout=300ms");
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  EXPECT_TRUE((*off)->Ping().ok());
+  auto diagnosis = (*off)->Diagnose();
+  ASSERT_TRUE(diagnosis.ok()) << diagnosis.status().ToString();
+  EXPECT_EQ(diagnosis->probe, "PING");
+  const CheckItem* durability = ItemIn(*diagnosis, "durability");
+  ASSERT_NE(durability, nullptr);
+  EXPECT_EQ(durability->verdict, CheckVerdict::kUnsafe);
+  EXPECT_NE(durability->found.find("fencing does not survive a restart"), std::string::npos)
+      << durability->found;
+  EXPECT_NE(durability->fix.find("appendonly yes"), std::string::npos) << durability->fix;
+  const CheckItem* topology = ItemIn(*diagnosis, "topology");
+  ASSERT_NE(topology, nullptr);
+  EXPECT_EQ(topology->verdict, CheckVerdict::kWarn);
+  EXPECT_EQ(topology->found.rfind("redis ", 0), 0u) << topology->found;
+  EXPECT_NE(topology->found.find("no replicas"), std::string::npos) << topology->found;
+
+  auto durable_server = StartServer({.aof = true});
+  ASSERT_NE(durable_server, nullptr);
+  auto on = OpenUrl(durable_server->Url());
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  auto durable = (*on)->Diagnose();
+  ASSERT_TRUE(durable.ok()) << durable.status().ToString();
+  durability = ItemIn(*durable, "durability");
+  ASSERT_NE(durability, nullptr);
+  EXPECT_EQ(durability->verdict, CheckVerdict::kPass) << durability->found;
+  EXPECT_NE(durability->found.find("appendfsync always"), std::string::npos) << durability->found;
+  EXPECT_TRUE(durability->fix.empty()) << durability->fix;
+
+  // A paused server: Ping gives up within command_timeout.
+  volatile_server->Pause();
+  EXPECT_EQ((*off)->Ping().code(), StatusCode::kUnavailable);
+  volatile_server->Resume();
+}
+
+TEST(RedisBackendTest, PermissionsFixIsTheReadmeListAndAUserWithOnlyItPassesACheck) {
+  // The default handle's line names every command of the README's list (SELECT only for a db
+  // other than 0).
+  auto server = StartServer({.acl_users = {"user app on >pw ~* &* +@all"}});
+  ASSERT_NE(server, nullptr);
+  auto plain = OpenUrl(fmt::format("redis://app:pw@127.0.0.1:{}", server->port()));
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  const std::string line = (*plain)->PermissionsFix();
+  EXPECT_EQ(line.rfind("ACL SETUSER app on ~leasehold:* &leasehold:* -@all ", 0), 0u) << line;
+  std::istringstream needed(kNeededCommands);
+  for (std::string command; needed >> command;) {
+    if (command != "+select") {
+      EXPECT_NE(line.find(" " + command + " "), std::string::npos) << command << " in " << line;
+    }
+  }
+
+  // Each variant's line, applied to a user that had everything, leaves it enough for the whole
+  // cycle of a check (acquire, renew, inspect, list, the record, release, the wait).
+  for (const std::string query : {"", "?fair=true", "?prefix=other"}) {
+    for (const std::string db : {"", "/3"}) {
+      SCOPED_TRACE(db + query);
+      const std::string url =
+          fmt::format("redis://app:pw@127.0.0.1:{}{}{}", server->port(), db, query);
+      ASSERT_TRUE(
+          server->Cli({"ACL", "SETUSER", "app", "reset", "on", ">pw", "~*", "&*", "+@all"}).ok());
+      auto opened = OpenUrl(url);
+      ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+      std::string fix = (*opened)->PermissionsFix();
+      const std::size_t optional = fix.find(" (optional:");
+      ASSERT_NE(optional, std::string::npos) << fix;
+      std::istringstream rules(fix.substr(std::string_view("ACL SETUSER app ").size(),
+                                          optional - std::string_view("ACL SETUSER app ").size()));
+      std::vector<std::string> acl = {"ACL", "SETUSER", "app", "reset", ">pw"};
+      for (std::string rule; rules >> rule;) {
+        acl.push_back(rule);
+      }
+      auto set = server->Cli(acl);
+      ASSERT_TRUE(set.ok() && *set == "OK") << (set.ok() ? *set : set.status().ToString());
+      auto store = Store::Open(url);
+      ASSERT_TRUE(store.ok()) << store.status().ToString();
+      auto report = (*store)->Check({.probes = 3, .renewals = 2});
+      ASSERT_TRUE(report.ok()) << report.status().ToString();
+      EXPECT_TRUE(report->cycle_done);
+      // Only what the line leaves out on purpose (CONFIG GET, INFO) is a warning; the clock
+      // (TIME) and everything the cycle did pass.
+      for (const CheckItem& item : report->items) {
+        if (item.area != "durability" && item.area != "topology") {
+          EXPECT_EQ(item.verdict, CheckVerdict::kPass) << item.area << ": " << item.found;
+        }
+      }
+    }
+  }
 }
 
 // Runs `call` until it gives something other than kUnavailable (the first calls after a
