@@ -799,6 +799,10 @@ def main():
     args, rest = parser.parse_known_args()
     cli_harness.use_leasehold(args.leasehold, "check_test")
     STORE = args.store
+    # The sqlite store lives in each test's temp dir, and a file on tmpfs is (rightly) reported
+    # unsafe: its fencing counters end at a reboot. Keep the temp dirs on a disk.
+    if fs_type(tempfile.gettempdir()) in ("tmpfs", "ramfs") and os.path.isdir("/var/tmp"):
+        tempfile.tempdir = "/var/tmp"
     unittest.main(argv=[sys.argv[0]] + rest)
 
 

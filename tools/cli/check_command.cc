@@ -118,7 +118,8 @@ CheckReport OpenFailure(const std::string& url, const Status& status) {
       break;
     case StatusCode::kPermissionDenied:
       item.verdict = CheckVerdict::kPermissionDenied;
-      item.fix = "check the credentials in the URL and what they may do";
+      item.fix = "check the credentials in the URL and what they may do (sqlite://: that the "
+                 "file and its directory are writable by this user)";
       break;
     default:
       item.verdict = CheckVerdict::kUnsafe;
