@@ -197,6 +197,9 @@ class EtcdCheckTest(CheckHarness, unittest.TestCase):
         item = self.assert_item(doc, "session", "warn", "a TTL of 2.5s is granted as 3s")
         self.assertIn("ask for 3s", item["fix"])
         self.assertTrue(doc["ttl"]["safe"], doc)
+        # No advice below what etcd grants.
+        self.assertGreaterEqual(doc["ttl"]["min_ms"], 2000, doc["ttl"])
+        self.assertGreaterEqual(doc["ttl"]["recommended_ms"], 2000, doc["ttl"])
 
     def test_endpoint_that_is_not_a_member_warns(self):
         # The fault proxy reaches the member, but it is not a member's client URL.
@@ -312,6 +315,9 @@ class ZkCheckTest(CheckHarness, unittest.TestCase):
                          "the server grants session timeouts (TTLs) in [4s, 40s], in ticks of 2s")
         self.assertEqual(doc["ttl"]["granularity_ms"], 2000)
         self.assertEqual(doc["ttl"]["recommended_ms"] % 2000, 0, doc["ttl"])
+        # No advice below what the server grants: minSessionTimeout, 4 s.
+        self.assertGreaterEqual(doc["ttl"]["min_ms"], 4000, doc["ttl"])
+        self.assertGreaterEqual(doc["ttl"]["recommended_ms"], 4000, doc["ttl"])
         self.assert_item(doc, "durability", "pass", "czxids")
         text = self.cli("check", "--ttl", "2s", "--store", self.zk2000.url(), store=False)
         self.assertIn("a TTL of 2s is granted as 4s", text.stdout)

@@ -1086,6 +1086,7 @@ Result<Diagnosis> EtcdBackend::Diagnose() {
   Status granted = client.LeaseGrant("LeaseGrant (1 s)", grant_req, &grant);
   if (granted.ok() && grant.error().empty()) {
     client.RevokeInBackground(grant.id());
+    d.shortest_ttl = std::chrono::seconds(grant.ttl());
     d.items.push_back(
         {.area = "session",
          .found = fmt::format("etcd counts lease TTLs in whole seconds and grants at least {} s "

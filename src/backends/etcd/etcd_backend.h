@@ -203,10 +203,11 @@ class EtcdBackend final : public Backend {
   // client's failover, bounded by command_timeout.
   Status Ping() override;
 
-  // Probe "Range (missing key)", TTL granularity 1 s; items: durability (revisions persist),
-  // session (the shortest TTL etcd grants), topology (MemberList: member count; Status of the
-  // member that answers: leader, raft term, version, alarms; the URL's endpoints against the
-  // members' client URLs), permissions (auth on or off). kUnavailable if no member answers.
+  // Probe "Range (missing key)", TTL granularity 1 s, shortest_ttl learnt by a LeaseGrant of
+  // 1 s (revoked at once); items: durability (revisions persist), session (that shortest TTL),
+  // topology (MemberList: member count; Status of the member that answers: leader, raft term,
+  // version, alarms; the URL's endpoints against the members' client URLs), permissions (auth
+  // on or off). kUnavailable if no member answers.
   Result<Diagnosis> Diagnose() override;
 
   // One Range plus one LeaseTimeToLive (remaining in whole seconds, as etcd reports it).

@@ -1744,6 +1744,9 @@ Result<Diagnosis> ZkBackend::Diagnose() {
     }
   }
   const bool lo_exact = lo && *lo > kShortestAsk;
+  if (lo_exact) {
+    d.shortest_ttl = *lo;
+  }
 
   // What the server the service session is connected to says of itself (4lw srvr and conf:
   // only srvr is in ZooKeeper's default 4lw.commands.whitelist).

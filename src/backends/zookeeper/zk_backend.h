@@ -225,7 +225,8 @@ class ZkBackend final : public Backend {
   // Probe "exists (missing node)". Learns the session bounds by opening two short-lived
   // sessions that ask for 100 ms and for a day (the negotiated timeouts are minSessionTimeout and
   // maxSessionTimeout); ttl_granularity is tickTime from the `conf` four-letter word, or min / 2
-  // when the bounds are the default 2 and 20 ticks, else zero. Topology from `srvr` (and the
+  // when the bounds are the default 2 and 20 ticks, else zero; shortest_ttl the minimum (when
+  // it is above 100 ms, so known exactly). Topology from `srvr` (and the
   // ensemble's size from `conf`) on the server the service session is connected to; a word
   // outside the server's whitelist is a kWarn item. Permissions: the ACL of <chroot>/leasehold
   // (getACL) must grant this handle's identity (digest user, or world:anyone) cdrw.
