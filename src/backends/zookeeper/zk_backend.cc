@@ -1757,9 +1757,10 @@ Result<Diagnosis> ZkBackend::Diagnose() {
   const std::int64_t tick = conf_ok ? FourLetterNumber(*conf, "tickTime").value_or(0) : 0;
 
   if (lo && hi) {
-    std::string found =
-        fmt::format("the server grants session timeouts (TTLs) in [{}{}, {}]",
-                    lo_exact ? "" : "at most ", FormatDuration(*lo), FormatDuration(*hi));
+    std::string found = fmt::format(
+        "the server grants session timeouts (TTLs) in [{}, {}]{}", FormatDuration(*lo),
+        FormatDuration(*hi),
+        lo_exact ? "" : " (the minimum may be lower: a session asking for that got it)");
     if (tick > 0) {
       d.ttl_granularity = milliseconds(tick);
       d.items.push_back({.area = "session",
@@ -1790,15 +1791,6 @@ Result<Diagnosis> ZkBackend::Diagnose() {
          .fix = "minSessionTimeout and maxSessionTimeout (default 2 and 20 ticks) "
                 "clamp every TTL: check them in zoo.cfg"});
   }
-  if (conf_ok && FourLetterField(*conf, "forceSync") == std::optional<std::string>("no")) {
-    d.items.push_back(
-        {.area = "durability",
-         .verdict = CheckVerdict::kWarn,
-         .found = "forceSync=no: the transaction log is not fsynced, so a power loss of the "
-                  "ensemble can lose recent writes (and reuse their zxids)",
-         .fix = "leave forceSync at its default (yes) on a store leases depend on"});
-  }
-
   if (!srvr.ok()) {
     d.items.push_back(
         {.area = "topology",
