@@ -1720,10 +1720,10 @@ Result<Diagnosis> ZkBackend::Diagnose() {
 
   // The session bounds, learnt: the server clamps a requested timeout to [min, max], so ask for
   // very little and for a day, and read what each short-lived session was granted. "Very
-  // little" is kShortestAsk, not 1 ms: the C client also times its handshake by the requested
-  // timeout (two thirds of it), and cannot connect at all asking for a few ms. A server whose
-  // minimum is below it grants kShortestAsk itself: the minimum is then known only to be at most
-  // that.
+  // little" is kShortestAsk, not 1 ms: the C client also times its connection attempts by the
+  // requested timeout, and asking for 1 ms it never connected (3.8.0, on loopback). A server
+  // whose minimum is below kShortestAsk grants kShortestAsk itself: the minimum is then known
+  // only to be at most that.
   constexpr Duration kShortestAsk = milliseconds(100);
   std::optional<Duration> lo;
   std::optional<Duration> hi;
