@@ -156,6 +156,9 @@ struct Diagnosis {
   // The step the store counts TTLs in (etcd: 1 s; ZooKeeper: its tickTime, where it can be
   // learnt); zero if it has none. Store::Check rounds its TTL advice up to it.
   Duration ttl_granularity{};
+  // The shortest TTL the store grants (etcd: its minimum lease TTL, 2 s by default; ZooKeeper:
+  // minSessionTimeout), where it can be learnt; zero if not. Store::Check advises no TTL below it.
+  Duration shortest_ttl{};
   // Durability, topology and permission findings (CheckItem::area "durability", "topology",
   // "permissions", "session"), each one line, with a fix where the verdict is not a pass. A
   // setting the credentials may not read is a kWarn saying so, never a guess.

@@ -266,9 +266,10 @@ class Checker {
 };
 
 // The TTL advice and its items, from the figures measured.
-void Advise(const CheckOptions& options, CheckReport& report) {
+// `shortest` is the shortest TTL the store grants (Diagnosis::shortest_ttl; zero if unknown).
+void Advise(const CheckOptions& options, Duration shortest, CheckReport& report) {
   Duration p99 = std::max(report.round_trip.p99, report.renew.p99);
-  Duration floor = RoundUp(RoundTtl(p99 * kTtlToP99), report.ttl_granularity);
+  Duration floor = std::max(RoundUp(RoundTtl(p99 * kTtlToP99), report.ttl_granularity), shortest);
   report.min_ttl = floor;
   Duration recommended = std::max(floor, RoundUp(kMinRecommendedTtl, report.ttl_granularity));
   report.recommended_ttl = recommended;
@@ -278,6 +279,9 @@ void Advise(const CheckOptions& options, CheckReport& report) {
                                   Ms(p99 * kTtlToP99));
   if (report.ttl_granularity > Duration::zero()) {
     basis += fmt::format(", in steps of {}", FormatDuration(report.ttl_granularity));
+  }
+  if (shortest > Duration::zero()) {
+    basis += fmt::format(", at least the store's shortest, {}", FormatDuration(shortest));
   }
 
   if (report.cycle_done && report.ttl_granted != report.ttl_requested) {
@@ -385,7 +389,9 @@ Result<CheckReport> Store::Check(const CheckOptions& options) {
     checker.ReadClock();
   }
   for (auto& item : found.items) report.items.push_back(std::move(item));
-  if (reachable && report.round_trip.count + report.renew.count > 0) Advise(options, report);
+  if (reachable && report.round_trip.count + report.renew.count > 0) {
+    Advise(options, found.shortest_ttl, report);
+  }
 
   for (const auto& item : report.items) report.verdict = std::max(report.verdict, item.verdict);
   return report;

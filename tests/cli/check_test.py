@@ -140,18 +140,18 @@ class CommonCheckTest(CheckHarness, unittest.TestCase):
 
 
 def only(store):
-    """Runs the class's tests only with --store `store`. Judged in setUp, not when the class is
-    defined: main() sets STORE after this module (and its decorators) has run."""
+    """Runs the class only with --store `store`. Judged when the class starts, not at import:
+    main() sets STORE after the module (and its decorators) ran."""
 
     def wrap(cls):
-        set_up = cls.setUp
+        inner = cls.setUpClass.__func__
 
-        def setUp(self):
+        def setUpClass(klass):
             if STORE != store:
-                self.skipTest(f"--store {store} only")
-            set_up(self)
+                raise unittest.SkipTest(f"--store {store} only")
+            inner(klass)
 
-        cls.setUp = setUp
+        cls.setUpClass = classmethod(setUpClass)
         return cls
 
     return wrap
@@ -683,12 +683,164 @@ class PostgresTableCheckTest(PostgresChecks, unittest.TestCase):
 
 @only("etcd")
 class EtcdCheckTest(CheckHarness, unittest.TestCase):
-    pass
+    """The chaos EtcdStore is one member: a warning, not a failure. etcd leases are whole
+    seconds (at least 2 s)."""
+
+    def test_single_member_warns_and_ttls_are_whole_seconds(self):
+        rc, doc, err = self.check("--ttl", "2500ms")
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["verdict"], "warn", doc)
+        self.assertEqual(doc["round_trip"]["probe"], "Range (missing key)")
+        self.assertEqual(doc["ttl"]["granularity_ms"], 1000)
+        self.assert_item(doc, "topology", "warn", "1 member: no fault tolerance")
+        self.assert_item(doc, "topology", "pass", "raft term")
+        self.assert_item(doc, "topology", "pass", "the URL names 1 of the 1 members")
+        self.assert_item(doc, "session", "pass", "at least 2 s")
+        self.assert_item(doc, "durability", "pass", "revisions")
+        self.assert_item(doc, "permissions", "pass", "auth: no user")
+        self.assertEqual(doc["cycle"]["ttl_requested_ms"], 2500)
+        self.assertEqual(doc["cycle"]["ttl_granted_ms"], 3000)
+        item = self.assert_item(doc, "session", "warn", "a TTL of 2.5s is granted as 3s")
+        self.assertIn("ask for 3s", item["fix"])
+        self.assertTrue(doc["ttl"]["safe"], doc)
+        # No advice below what etcd grants.
+        self.assertGreaterEqual(doc["ttl"]["min_ms"], 2000, doc["ttl"])
+        self.assertGreaterEqual(doc["ttl"]["recommended_ms"], 2000, doc["ttl"])
+
+    def test_endpoint_that_is_not_a_member_warns(self):
+        # The fault proxy reaches the member, but it is not a member's client URL.
+        url = SERVER.url()
+        rc, doc, err = self.check(store=url)
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        item = self.assert_item(doc, "topology", "warn",
+                                f"127.0.0.1:{SERVER.proxy.port} is not among the members")
+        self.assertIn("fail-over needs them", item["fix"])
+
+    def test_paused_etcd_is_unreachable_within_the_command_timeout(self):
+        url = SERVER_URL.replace("command_timeout=500ms", "command_timeout=1s")
+        self.assertIn("command_timeout=1s", url)
+        SERVER._signal(signal.SIGSTOP)
+        try:
+            t = time.monotonic()
+            rc, doc, err = self.check(store=url, timeout=30)
+            elapsed = time.monotonic() - t
+        finally:
+            SERVER._signal(signal.SIGCONT)
+        figure("paused etcd check", elapsed, 1.0 + 3.0)
+        self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["verdict"], "unreachable")
+        self.assertLess(elapsed, 1.0 + 3.0)
+
+
+class Zk2000Store(chaos.ZkStore):
+    """A standalone ZooKeeper as chaos.ZkStore starts it, but with tickTime 2000 and the default
+    session bounds (2 and 20 ticks: 4 s and 40 s), conf in the 4lw whitelist, and no proxy."""
+
+    def start(self, run_dir):
+        self.run_dir = run_dir
+        self.dir = tempfile.mkdtemp(prefix="leasehold-check-zk2000-")
+        os.makedirs(os.path.join(self.dir, "data"))
+        self.port = chaos.free_port()
+        while self.port in (2181, 2888, 3888, 8080):
+            self.port = chaos.free_port()
+        with open(os.path.join(self.dir, "zoo.cfg"), "w") as f:
+            f.write(f"tickTime=2000\ninitLimit=10\nsyncLimit=5\n"
+                    f"dataDir={self.dir}/data\nclientPort={self.port}\n"
+                    "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
+                    "4lw.commands.whitelist=ruok,srvr,conf\nmaxClientCnxns=0\n"
+                    "preAllocSize=1024\n")
+        with open(os.path.join(self.dir, "log4j.properties"), "w") as f:
+            f.write("log4j.rootLogger=WARN, CONSOLE\n"
+                    "log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender\n"
+                    "log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout\n"
+                    "log4j.appender.CONSOLE.layout.ConversionPattern=%d %-5p %c{1} - %m%n\n")
+        self._launch()
+
+    def url(self):
+        return f"zk://127.0.0.1:{self.port}/check"
+
+    def stop(self):
+        try:
+            self._signal(signal.SIGCONT)
+            self._signal(signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.log_f.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @only("zk")
 class ZkCheckTest(CheckHarness, unittest.TestCase):
-    pass
+    """ZooKeeper clamps a session timeout (the TTL) to [minSessionTimeout, maxSessionTimeout]:
+    the chaos ZkStore (tickTime 100, max 120 s, srvr only in the 4lw whitelist) and a second
+    server with tickTime 2000 (4 s .. 40 s, conf whitelisted) started once for the class."""
+
+    zk2000 = None
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.zk2000 = Zk2000Store()
+        t = time.monotonic()
+        try:
+            cls.zk2000.start(SERVER.run_dir_)
+        except SystemExit as e:
+            cls.zk2000 = None
+            raise AssertionError(f"the tickTime-2000 ZooKeeper did not start: {e}") from None
+        figure("zk tickTime=2000 start", time.monotonic() - t, 60.0)
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.zk2000 is not None:
+            cls.zk2000.stop()
+            cls.zk2000 = None
+        super().tearDownClass()
+
+    def test_healthy_reports_bounds_mode_and_acl(self):
+        rc, doc, err = self.check()
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["round_trip"]["probe"], "exists (missing node)")
+        self.assert_item(doc, "session", "warn",
+                         "the server grants session timeouts (TTLs) in [200ms, 2m0s]")
+        # conf is not in this server's whitelist: no tickTime, so no granularity.
+        self.assert_item(doc, "session", "warn", "tickTime could not be read")
+        self.assertEqual(doc["ttl"]["granularity_ms"], 0)
+        self.assert_item(doc, "topology", "warn", "is standalone: no fault tolerance")
+        self.assert_item(doc, "permissions", "pass", "grants world:anyone cdrwa")
+        self.assert_item(doc, "durability", "pass", "czxids")
+
+    def test_tick_2000_grants_a_2s_ttl_as_4s(self):
+        rc, doc, err = self.check("--ttl", "2s", store=self.zk2000.url())
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["cycle"]["ttl_requested_ms"], 2000)
+        self.assertEqual(doc["cycle"]["ttl_granted_ms"], 4000, doc)
+        item = self.assert_item(doc, "session", "warn", "a TTL of 2s is granted as 4s")
+        self.assertIn("ask for 4s", item["fix"])
+        self.assert_item(doc, "session", "pass",
+                         "the server grants session timeouts (TTLs) in [4s, 40s], in ticks of 2s")
+        self.assertEqual(doc["ttl"]["granularity_ms"], 2000)
+        self.assertEqual(doc["ttl"]["recommended_ms"] % 2000, 0, doc["ttl"])
+        # No advice below what the server grants: minSessionTimeout, 4 s.
+        self.assertGreaterEqual(doc["ttl"]["min_ms"], 4000, doc["ttl"])
+        self.assertGreaterEqual(doc["ttl"]["recommended_ms"], 4000, doc["ttl"])
+        self.assert_item(doc, "durability", "pass", "czxids")
+        text = self.cli("check", "--ttl", "2s", "--store", self.zk2000.url(), store=False)
+        self.assertIn("a TTL of 2s is granted as 4s", text.stdout)
+
+    def test_paused_zookeeper_is_unreachable_within_the_connect_timeout(self):
+        url = SERVER_URL + "?connect_timeout=1s&command_timeout=1s"
+        SERVER._signal(signal.SIGSTOP)
+        try:
+            t = time.monotonic()
+            rc, doc, err = self.check(store=url, timeout=30)
+            elapsed = time.monotonic() - t
+        finally:
+            SERVER._signal(signal.SIGCONT)
+        figure("paused zk check", elapsed, 1.0 + 3.0)
+        self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["verdict"], "unreachable")
+        self.assertLess(elapsed, 1.0 + 3.0)
 
 
 @only("redis")

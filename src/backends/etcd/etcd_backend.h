@@ -57,6 +57,10 @@
 //                 deletes keys of expired leases in its leader's periodic check (every 500 ms),
 //                 so a record may be read (or listed) for up to about half a second past its
 //                 TTL. ListRecords is one Range over "<prefix>/\0record/<user prefix>".
+//   check         Ping is one Range of a key no lease can have ("<prefix>/\0ping"); Diagnose
+//                 (for `leasehold check`) reads Cluster MemberList and Maintenance Status
+//                 (members, leader, raft term, version, endpoints against members) and learns
+//                 etcd's shortest lease TTL by a LeaseGrant of 1 s (revoked at once).
 //   wall clock    etcd exposes no server wall clock (ResponseHeader carries cluster and member
 //                 ids, revision and raft term; KeyValue only revisions; lease TTLs are relative),
 //                 so WallClock is the Backend default: this host's clock, from_store = false.
@@ -194,6 +198,17 @@ class EtcdBackend final : public Backend {
   // whole answer must fit gRPC's 4 MiB message limit, about 1000 records of kMaxRecordBytes).
   Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
       std::string_view prefix) override;
+
+  // One Range of "<prefix>/\0ping" (no lease's key: lease names have no NUL), through the
+  // client's failover, bounded by command_timeout.
+  Status Ping() override;
+
+  // Probe "Range (missing key)", TTL granularity 1 s, shortest_ttl learnt by a LeaseGrant of
+  // 1 s (revoked at once); items: durability (revisions persist), session (that shortest TTL),
+  // topology (MemberList: member count; Status of the member that answers: leader, raft term,
+  // version, alarms; the URL's endpoints against the members' client URLs), permissions (auth
+  // on or off). kUnavailable if no member answers.
+  Result<Diagnosis> Diagnose() override;
 
   // One Range plus one LeaseTimeToLive (remaining in whole seconds, as etcd reports it).
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;

@@ -123,6 +123,8 @@ Status EtcdClient::Connect() {
     e->lease = pb::Lease::NewStub(e->channel);
     e->watch = pb::Watch::NewStub(e->channel);
     e->auth = pb::Auth::NewStub(e->channel);
+    e->cluster = pb::Cluster::NewStub(e->channel);
+    e->maintenance = pb::Maintenance::NewStub(e->channel);
     endpoints_.push_back(std::move(e));
   }
   if (options_.user) {
@@ -181,6 +183,21 @@ Status EtcdClient::LeaseTimeToLive(std::string_view what, const pb::LeaseTimeToL
   return Call(what, counters_.lease_time_to_live, [&](Endpoint& e, grpc::ClientContext& ctx) {
     return e.lease->LeaseTimeToLive(&ctx, req, resp);
   });
+}
+
+Status EtcdClient::MemberList(std::string_view what, const pb::MemberListRequest& req,
+                              pb::MemberListResponse* resp) {
+  return Call(what, counters_.diagnose, [&](Endpoint& e, grpc::ClientContext& ctx) {
+    return e.cluster->MemberList(&ctx, req, resp);
+  });
+}
+
+Status EtcdClient::MaintenanceStatus(std::string_view what, const pb::StatusRequest& req,
+                                     pb::StatusResponse* resp, std::size_t* used_endpoint) {
+  return Call(
+      what, counters_.diagnose,
+      [&](Endpoint& e, grpc::ClientContext& ctx) { return e.maintenance->Status(&ctx, req, resp); },
+      used_endpoint);
 }
 
 void EtcdClient::MoveOn(std::size_t failed) {

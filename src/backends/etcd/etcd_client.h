@@ -1,8 +1,8 @@
 // File: backends/etcd/etcd_client.h (internal)
 //
-// EtcdClient: the gRPC side of the etcd:// store. It owns one channel (and the KV, Lease, Watch
-// and Auth stubs) per endpoint, the index of the current endpoint, the auth token, and the call
-// helpers every part of the store uses:
+// EtcdClient: the gRPC side of the etcd:// store. It owns one channel (and the KV, Lease,
+// Watch, Auth, Cluster and Maintenance stubs) per endpoint, the index of the current endpoint,
+// the auth token, and the call helpers every part of the store uses:
 //
 //   Range, Txn, LeaseGrant, LeaseRevoke, LeaseTimeToLive
 //                        one unary call with the deadline (command_timeout) and the token,
@@ -27,6 +27,8 @@
 //   req.set_key(key);
 //   etcdserverpb::RangeResponse resp;
 //   LH_RETURN_IF_ERROR(client.Range("Range (inspect)", req, &resp));
+//
+// MemberList and MaintenanceStatus (Cluster and Maintenance services) serve Diagnose only.
 //
 // Thread safety: thread-safe. gRPC stubs are; the current endpoint is an atomic, the token and
 // the auth backoff are guarded by auth_mu_, the count of background calls by async_mu_.
@@ -67,6 +69,8 @@ struct EtcdCounters {
   std::atomic<std::uint64_t> lease_revoke{0};
   std::atomic<std::uint64_t> lease_time_to_live{0};
   std::atomic<std::uint64_t> authenticate{0};
+  // Cluster MemberList and Maintenance Status (Diagnose only).
+  std::atomic<std::uint64_t> diagnose{0};
   std::atomic<std::uint64_t> keepalive_streams{0};
   std::atomic<std::uint64_t> keepalive_requests{0};
   std::atomic<std::uint64_t> keepalive_responses{0};
@@ -107,6 +111,8 @@ class EtcdClient {
     std::unique_ptr<etcdserverpb::Lease::Stub> lease;
     std::unique_ptr<etcdserverpb::Watch::Stub> watch;
     std::unique_ptr<etcdserverpb::Auth::Stub> auth;
+    std::unique_ptr<etcdserverpb::Cluster::Stub> cluster;
+    std::unique_ptr<etcdserverpb::Maintenance::Stub> maintenance;
   };
 
   // `clock` paces the Authenticate backoff. REQUIRES: `clock` outlives the client.
@@ -143,6 +149,12 @@ class EtcdClient {
                      etcdserverpb::LeaseRevokeResponse* resp);
   Status LeaseTimeToLive(std::string_view what, const etcdserverpb::LeaseTimeToLiveRequest& req,
                          etcdserverpb::LeaseTimeToLiveResponse* resp);
+  // Cluster MemberList and Maintenance Status (of the member that answers: *used_endpoint),
+  // for Diagnose.
+  Status MemberList(std::string_view what, const etcdserverpb::MemberListRequest& req,
+                    etcdserverpb::MemberListResponse* resp);
+  Status MaintenanceStatus(std::string_view what, const etcdserverpb::StatusRequest& req,
+                           etcdserverpb::StatusResponse* resp, std::size_t* used_endpoint);
 
   // Moves the current endpoint past `failed` (unless another thread already did).
   void MoveOn(std::size_t failed);

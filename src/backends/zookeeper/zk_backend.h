@@ -37,6 +37,11 @@
 // (its transaction time): one round trip, and one write. Expiry of kept grants and records is
 // judged on it, so it moves by the skew between two servers' clocks if the leader changes.
 //
+// The store doctor (`leasehold check`): Ping is one exists of a node that is never created, on
+// the service session; Diagnose learns the session bounds (two short-lived sessions asking for
+// 100 ms and a day), asks the connected server `srvr` and `conf` (four-letter words) and reads
+// the ACL of <chroot>/leasehold.
+//
 // Sessions: an ephemeral node lives as long as the session that created it. A lease's TTL is
 // the session timeout the handle asks for; the server clamps it (by default to 2..20 ticks), and
 // the negotiated timeout is the Grant's ttl, so safe_until = t_send + negotiated - drift. One
@@ -213,6 +218,19 @@ class ZkBackend final : public Backend {
 
   // The leader's transaction time of a setData on the clock node; from_store = true.
   Result<StoreTime> WallClock() override;
+
+  // One exists of "<chroot>/leasehold-clock/ping" (a node never created) on the service session.
+  Status Ping() override;
+
+  // Probe "exists (missing node)". Learns the session bounds by opening two short-lived
+  // sessions that ask for 100 ms and for a day (the negotiated timeouts are minSessionTimeout and
+  // maxSessionTimeout); ttl_granularity is tickTime from the `conf` four-letter word, or min / 2
+  // when the bounds are the default 2 and 20 ticks, else zero; shortest_ttl the minimum (when
+  // it is above 100 ms, so known exactly). Topology from `srvr` (and the
+  // ensemble's size from `conf`) on the server the service session is connected to; a word
+  // outside the server's whitelist is a kWarn item. Permissions: the ACL of <chroot>/leasehold
+  // (getACL) must grant this handle's identity (digest user, or world:anyone) cdrw.
+  Result<Diagnosis> Diagnose() override;
 
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
 

@@ -5,6 +5,10 @@
 
 #include "backends/zookeeper/zk_session.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -155,6 +159,25 @@ void StringStatCompletion(int rc, const char* value, const struct Stat* stat, co
   if (rc == ZOK) {
     if (value != nullptr) {
       reply->answer.value = value;
+    }
+    if (stat != nullptr) {
+      reply->answer.stat = *stat;
+    }
+  }
+  reply->Finish(rc);
+}
+
+void AclCompletion(int rc, struct ACL_vector* acl, struct Stat* stat, const void* data) {
+  ReplyPtr reply = Take(data);
+  MutexLock lock(&reply->mu);
+  if (rc == ZOK) {
+    if (acl != nullptr) {
+      for (int i = 0; i < acl->count; ++i) {
+        const struct ACL& a = acl->data[i];
+        reply->answer.acl.push_back({.perms = a.perms,
+                                     .scheme = a.id.scheme != nullptr ? a.id.scheme : "",
+                                     .id = a.id.id != nullptr ? a.id.id : ""});
+      }
     }
     if (stat != nullptr) {
       reply->answer.stat = *stat;
@@ -389,9 +412,103 @@ int ZkSession::ConnectedPort() const {
 
 // ---- ZkPending ----
 
+Result<std::string> ZkSession::FourLetterWord(std::string_view word, Duration timeout) const {
+  const SteadyTime deadline = clock_.Now() + timeout;
+
+  struct sockaddr_storage addr {};
+
+  socklen_t len = sizeof(addr);
+  if (zookeeper_get_connected_host(zh_, reinterpret_cast<struct sockaddr*>(&addr), &len) ==
+      nullptr) {
+    return Status::Unavailable("the session is not connected to a ZooKeeper server");
+  }
+  const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return Status::Unavailable(fmt::format("socket: {}", std::strerror(errno)));
+  }
+
+  struct Closer {
+    int fd;
+
+    ~Closer() { close(fd); }
+  } closer{fd};
+
+  // Waits for `events` on the socket until the deadline: false if it passed first.
+  auto wait = [&](short events) {
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_.Now()).count();
+      if (left <= 0) {
+        return false;
+      }
+      struct pollfd p {
+        .fd = fd, .events = events, .revents = 0
+      };
+      const int n = poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left, 1000)));
+      if (n > 0) {
+        return true;
+      }
+      if (n < 0 && errno != EINTR) {
+        return false;
+      }
+    }
+  };
+  const std::string what = fmt::format("the four-letter word {}", word);
+  if (connect(fd, reinterpret_cast<struct sockaddr*>(&addr), len) != 0) {
+    int err = errno;
+    if (err == EINPROGRESS) {
+      if (!wait(POLLOUT)) {
+        return Status::Unavailable(fmt::format("{}: no connection in time", what));
+      }
+      socklen_t err_len = sizeof(err);
+      getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len);
+    }
+    if (err != 0 && err != EINPROGRESS) {
+      return Status::Unavailable(fmt::format("{}: connect: {}", what, std::strerror(err)));
+    }
+  }
+  std::string_view rest = word;
+  while (!rest.empty()) {
+    const ssize_t n = send(fd, rest.data(), rest.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      rest.remove_prefix(static_cast<std::size_t>(n));
+    } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      if (!wait(POLLOUT)) {
+        return Status::Unavailable(fmt::format("{}: not sent in time", what));
+      }
+    } else {
+      return Status::Unavailable(fmt::format("{}: send: {}", what, std::strerror(errno)));
+    }
+  }
+  constexpr std::size_t kMaxAnswer = 64 * 1024;
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (out.size() < kMaxAnswer) {
+    const ssize_t n = recv(fd, buf.data(), buf.size(), 0);
+    if (n > 0) {
+      out.append(buf.data(), static_cast<std::size_t>(n));
+    } else if (n == 0) {
+      break;  // the server closes the connection after its answer
+    } else if (errno == EAGAIN || errno == EINTR) {
+      if (!wait(POLLIN)) {
+        return Status::Unavailable(fmt::format("{}: no answer in time", what));
+      }
+    } else {
+      return Status::Unavailable(fmt::format("{}: recv: {}", what, std::strerror(errno)));
+    }
+  }
+  return out;
+}
+
 ZkPending ZkPending::Exists(ZkSession& session, const std::string& path) {
   return {session.clock(), StartReply([&](void* data) {
             return zoo_aexists(session.zh(), path.c_str(), 0, StatCompletion, data);
+          })};
+}
+
+ZkPending ZkPending::GetAcl(ZkSession& session, const std::string& path) {
+  return {session.clock(), StartReply([&](void* data) {
+            return zoo_aget_acl(session.zh(), path.c_str(), AclCompletion, data);
           })};
 }
 

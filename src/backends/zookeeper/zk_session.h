@@ -128,6 +128,14 @@ class ZkSession {
   // The port of the server the session is connected to; -1 if none.
   [[nodiscard]] int ConnectedPort() const;
 
+  // Sends the four-letter word `word` ("srvr", "conf") to the server the session is connected
+  // to, on a TCP connection of its own, and returns what the server wrote before closing it
+  // (at most 64 KiB), all within `timeout` on the session's clock. A word outside the server's
+  // 4lw.commands.whitelist is answered "... is not executed because it is not in the
+  // whitelist.": the caller reads the text. Returns kUnavailable if there is no connected
+  // server or it did not answer in time.
+  Result<std::string> FourLetterWord(std::string_view word, Duration timeout) const;
+
   // The connection epoch: bumped by every session event (a disconnect, a reconnect, expiry), on
   // the completion thread, in order with the replies. Two reads that are equal, with a reply
   // awaited between them, say that reply came over the same connection as every reply awaited
@@ -187,13 +195,22 @@ class ZkSession {
   std::atomic<std::int64_t> last_heard_{std::numeric_limits<std::int64_t>::min()};
 };
 
+// One entry of a node's ACL (ZkPending::GetAcl): ZOO_PERM_* bits, scheme ("world", "digest",
+// "ip", ...) and id ("anyone", "user:hash", ...).
+struct ZkAclEntry {
+  int perms = 0;
+  std::string scheme;
+  std::string id;
+};
+
 // What a reply carries, where the request has it: a Stat, a node's data (get) or created path
-// (create), a node's children (get children).
+// (create), a node's children (get children), a node's ACL (get ACL).
 struct ZkAnswer {
   struct Stat stat {};
 
   std::string value;
   std::vector<std::string> strings;
+  std::vector<ZkAclEntry> acl;
 };
 
 // One request sent through a session and not yet awaited, so that several (over several
@@ -203,6 +220,7 @@ class ZkPending {
   static ZkPending Exists(ZkSession& session, const std::string& path);
   static ZkPending Get(ZkSession& session, const std::string& path);
   static ZkPending Children(ZkSession& session, const std::string& path);
+  static ZkPending GetAcl(ZkSession& session, const std::string& path);
   static ZkPending Create(ZkSession& session, const std::string& path, std::string_view value,
                           const struct ACL_vector* acl, int mode);
   static ZkPending Delete(ZkSession& session, const std::string& path, int version);

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "leasehold/check.h"
 #include "leasehold/fencing.h"
 #include "leasehold/store.h"
 
@@ -913,6 +914,71 @@ TEST(EtcdTlsTest, EtcdsUrlsTalkTlsWithClientCertificates) {
 // fencing token.
 // The victim is the leader or a follower, killed with SIGKILL or paused with SIGSTOP (a member
 // that stops answering without closing its connections: only deadlines notice).
+// The store doctor's view of a three-member cluster: Ping is one Range, Diagnose counts the
+// members, names the leader, and says when the URL's endpoints are fewer than a quorum.
+const CheckItem* FindItem(const internal::Diagnosis& d, std::string_view area,
+                          std::string_view contains) {
+  for (const CheckItem& item : d.items) {
+    if (item.area == area && item.found.find(contains) != std::string::npos) {
+      return &item;
+    }
+  }
+  return nullptr;
+}
+
+std::string Items(const internal::Diagnosis& d) {
+  std::string out;
+  for (const CheckItem& item : d.items) {
+    out += fmt::format("  {} {} {} | {}\n", item.area, CheckVerdictName(item.verdict), item.found,
+                       item.fix);
+  }
+  return out;
+}
+
+TEST(EtcdDiagnoseTest, ThreeMembersAndTheEndpointsThatReachThem) {
+  auto started = EtcdCluster::Start({.members = 3});
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  EtcdCluster& cluster = **started;
+  const std::string query = fmt::format("?prefix=diagnose-{}&command_timeout=2s", getpid());
+
+  auto one = OpenBackend(fmt::format("etcd://{}{}", cluster.Endpoint(1), query));
+  ASSERT_NE(one, nullptr);
+  EXPECT_TRUE(one->Ping().ok());
+  const std::uint64_t ranges = one->stats().range;
+  EXPECT_TRUE(one->Ping().ok());
+  EXPECT_EQ(one->stats().range, ranges + 1) << "Ping is exactly one Range";
+  auto d = one->Diagnose();
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  std::printf("[ figure ] Diagnose of one endpoint of three:\n%s", Items(*d).c_str());
+  EXPECT_EQ(d->probe, "Range (missing key)");
+  EXPECT_EQ(d->ttl_granularity, 1s);
+  const CheckItem* members = FindItem(*d, "topology", "3 members: tolerates 1 failed");
+  ASSERT_NE(members, nullptr) << Items(*d);
+  EXPECT_EQ(members->verdict, CheckVerdict::kPass);
+  const CheckItem* quorum = FindItem(*d, "topology", "fewer than a quorum (2)");
+  ASSERT_NE(quorum, nullptr) << Items(*d);
+  EXPECT_EQ(quorum->verdict, CheckVerdict::kWarn);
+  EXPECT_NE(quorum->fix.find("fail-over needs them"), std::string::npos);
+  const CheckItem* leader = FindItem(*d, "topology", "raft term");
+  ASSERT_NE(leader, nullptr) << Items(*d);
+  EXPECT_EQ(leader->verdict, CheckVerdict::kPass);
+  EXPECT_NE(leader->found.find(cluster.Endpoint(1)), std::string::npos) << leader->found;
+  const CheckItem* shortest = FindItem(*d, "session", "at least 2 s");
+  ASSERT_NE(shortest, nullptr) << Items(*d);
+  EXPECT_NE(d->permissions_fix.find("readwrite diagnose-"), std::string::npos)
+      << d->permissions_fix;
+
+  auto all = OpenBackend(fmt::format("etcd://{}{}", cluster.Endpoints(), query));
+  ASSERT_NE(all, nullptr);
+  auto d_all = all->Diagnose();
+  ASSERT_TRUE(d_all.ok()) << d_all.status().ToString();
+  EXPECT_NE(FindItem(*d_all, "topology", "the URL names 3 of the 3 members"), nullptr)
+      << Items(*d_all);
+  for (const CheckItem& item : d_all->items) {
+    EXPECT_EQ(item.verdict, CheckVerdict::kPass) << Items(*d_all);
+  }
+}
+
 struct Failure {
   bool leader = true;
   bool pause = false;

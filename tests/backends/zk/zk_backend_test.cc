@@ -28,6 +28,7 @@
 #include <sys/socket.h>
 #include <zookeeper/zookeeper.h>
 
+#include "leasehold/check.h"
 #include "leasehold/store.h"
 
 #include "backends/registry.h"
@@ -132,6 +133,58 @@ TEST(ZkBackendTest, SessionTimeoutIsClampedAndShownInStatus) {
   EXPECT_EQ((*long_info)->ttl, 40s);
   EXPECT_TRUE(short_lease->Release().ok());
   EXPECT_TRUE(long_lease->Release().ok());
+}
+
+std::string Items(const internal::Diagnosis& d) {
+  std::string out;
+  for (const CheckItem& item : d.items) {
+    out += fmt::format("  {} {} {} | {}\n", item.area, CheckVerdictName(item.verdict), item.found,
+                       item.fix);
+  }
+  return out;
+}
+
+const CheckItem* FindItem(const internal::Diagnosis& d, std::string_view area,
+                          std::string_view contains) {
+  for (const CheckItem& item : d.items) {
+    if (item.area == area && item.found.find(contains) != std::string::npos) {
+      return &item;
+    }
+  }
+  return nullptr;
+}
+
+// The store doctor's view of a standalone server with tickTime 200 ms and the default bounds
+// (2 and 20 ticks), reached with digest credentials: the bounds are learnt from two sessions,
+// the tick inferred from their 1:10 ratio (conf is not in this server's whitelist), the mode read
+// with srvr, and the ACL of <chroot>/leasehold grants the digest user what leasehold needs.
+TEST(ZkBackendTest, DiagnoseLearnsTheSessionBoundsTheModeAndTheAcl) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  std::string hosts = (*zk)->Url().substr(5);  // after "zk://"
+  auto backend = OpenZk(fmt::format("zk://app:right@{}/diagnose", hosts));
+  ASSERT_NE(backend, nullptr);
+  EXPECT_TRUE(backend->Ping().ok());
+  auto d = backend->Diagnose();
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  std::printf("[ figure ] Diagnose of a standalone server, tickTime 200 ms:\n%s",
+              Items(*d).c_str());
+  EXPECT_EQ(d->probe, "exists (missing node)");
+  const CheckItem* bounds =
+      FindItem(*d, "session", "the server grants session timeouts (TTLs) in [400ms, 4s]");
+  ASSERT_NE(bounds, nullptr) << Items(*d);
+  EXPECT_EQ(bounds->verdict, CheckVerdict::kPass);
+  EXPECT_EQ(d->ttl_granularity, 200ms) << "the default 2 and 20 ticks of 200 ms";
+  const CheckItem* mode = FindItem(*d, "topology", "is standalone: no fault tolerance");
+  ASSERT_NE(mode, nullptr) << Items(*d);
+  EXPECT_EQ(mode->verdict, CheckVerdict::kWarn);
+  const CheckItem* acl =
+      FindItem(*d, "permissions", "the ACL of /diagnose/leasehold grants digest user app cdrwa");
+  ASSERT_NE(acl, nullptr) << Items(*d);
+  EXPECT_EQ(acl->verdict, CheckVerdict::kPass);
+  EXPECT_NE(d->permissions_fix.find("addauth digest app:<password>"), std::string::npos)
+      << d->permissions_fix;
+  EXPECT_EQ(d->permissions_fix.find("right"), std::string::npos) << "never the password";
 }
 
 // zk://user:pass@: nodes are created with ZOO_CREATOR_ALL_ACL, so another identity (or none)
