@@ -285,17 +285,25 @@ void Advise(const CheckOptions& options, Duration shortest, CheckReport& report)
   }
 
   if (report.cycle_done && report.ttl_granted != report.ttl_requested) {
-    bool less = report.ttl_granted < report.ttl_requested;
+    const bool less = report.ttl_granted < report.ttl_requested;
+    // What decides the granted TTL, for the fix line: the two stores that change it.
+    const std::string_view why = report.backend == "zk"
+                                     ? "the ZooKeeper server's minSessionTimeout and "
+                                       "maxSessionTimeout (2 and 20 ticks by default)"
+                                 : report.backend == "etcd"
+                                     ? "etcd, which grants whole seconds, at least 2 s"
+                                     : "the store";
     report.items.push_back(
         {.area = "session",
          .verdict = less ? CheckVerdict::kUnsafe : CheckVerdict::kWarn,
          .found = fmt::format("a TTL of {} is granted as {}", FormatDuration(report.ttl_requested),
                               FormatDuration(report.ttl_granted)),
-         .fix = less ? "the store caps the TTL below the one asked for: raise its upper bound "
-                       "(ZooKeeper maxSessionTimeout) or ask for less"
-                     : fmt::format("ask for {} to get what you will be granted, or lower the "
-                                   "store's lower bound (ZooKeeper minSessionTimeout, tickTime)",
-                                   FormatDuration(report.ttl_granted))});
+         .fix = less ? fmt::format("the TTL is capped by {}: raise the upper bound or ask for "
+                                   "at most {}",
+                                   why, FormatDuration(report.ttl_granted))
+                     : fmt::format("the TTL is set by {}: ask for {}, what you will be granted "
+                                   "(a takeover after a crash waits that long)",
+                                   why, FormatDuration(report.ttl_granted))});
   }
 
   if (!options.ttl) {
@@ -309,7 +317,20 @@ void Advise(const CheckOptions& options, Duration shortest, CheckReport& report)
   report.ttl_judged = true;
   Duration judged = report.cycle_done ? report.ttl_granted : *options.ttl;
   report.ttl_safe = judged >= floor;
-  if (report.ttl_safe) {
+  if (report.ttl_safe && judged < kMinRecommendedTtl) {
+    // Meets the rule, but leaves no room for pauses of the holder's own process.
+    report.items.push_back(
+        {.area = "ttl",
+         .verdict = CheckVerdict::kWarn,
+         .found = fmt::format("--ttl {} meets the rule ({}) but is under {}",
+                              FormatDuration(judged), basis,
+                              FormatDuration(kMinRecommendedTtl)),
+         .fix = fmt::format("a GC pause, CPU throttling or a busy host of a few hundred ms would "
+                            "lose the lease: use --ttl {} --renew-every {} unless a takeover "
+                            "that fast matters and the job's process never pauses",
+                            FormatDuration(recommended),
+                            FormatDuration(report.recommended_renew_every))});
+  } else if (report.ttl_safe) {
     report.items.push_back(
         {.area = "ttl",
          .found = fmt::format("--ttl {} is safe ({}); recommended --ttl {} --renew-every {}",

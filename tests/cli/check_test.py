@@ -125,6 +125,20 @@ class CommonCheckTest(CheckHarness, unittest.TestCase):
         self.assertEqual(doc["cycle"]["ttl_requested_ms"], 30000)
         self.assert_item(doc, "ttl", "pass", "--ttl 30s is safe")
 
+    def test_short_ttls_are_judged_by_the_rule_and_the_one_second_floor(self):
+        if STORE in ("etcd", "zk"):
+            self.skipTest("the store grants short TTLs as longer ones: see its own class")
+        # Shorter than the cycle itself: the grant expires within it.
+        rc, doc, err = self.check("--ttl", "1ms")
+        self.assertEqual(rc, EXIT_UNSAFE, json.dumps(doc, indent=1) + err)
+        self.assertFalse(doc["ttl"]["safe"], doc)
+        # Meets 10x the p99 on any machine that can run these tests, but under 1 s: a warning.
+        rc, doc, err = self.check("--ttl", "900ms")
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        self.assertTrue(doc["ttl"]["safe"], doc)
+        item = self.assert_item(doc, "ttl", "warn", "--ttl 900ms meets the rule")
+        self.assertIn("--ttl 1s --renew-every 333ms", item["fix"])
+
     def test_bad_flags_are_one_line_and_exit_64(self):
         for args in (["--ttl", "0s"], ["--ttl", "soon"], ["--probes", "0"],
                      ["--probes", "10001"]):
