@@ -55,6 +55,11 @@ class Store {
   // sqlite://$XDG_STATE_HOME/leasehold/leases.db (or ~/.local/state/leasehold/leases.db).
   static Result<std::string> DefaultUrl();
 
+  // Returns `url` with any password masked, as display_url() shows it, without connecting; a URL
+  // that does not parse is returned as "(a URL that does not parse)", never as given (it may
+  // hold a secret). For messages about a store that could not be opened.
+  static std::string RedactUrl(std::string_view url);
+
   // Returns the URL schemes compiled into the linked library, e.g. {"memory", "sqlite",
   // "redis"}: the stores Open accepts.
   static std::vector<std::string> CompiledSchemes();
@@ -118,8 +123,10 @@ class Store {
   // The store doctor (leasehold/check.h): times the store's round trip and a full acquire ->
   // renew -> release cycle on a throwaway key, reads its clock, asks it about durability,
   // topology and permissions, and advises a TTL. A store that cannot be reached, or refuses a
-  // step, is a finding of the report (kUnreachable, kPermissionDenied), not an error. Returns
-  // kInvalidArgument for bad options only.
+  // step, is a finding of the report (kUnreachable, kPermissionDenied), not an error. Its calls
+  // share the handle's connections: on a handle that holds postgres:// advisory leases, they can
+  // delay those leases' renewals by up to two command timeouts (run it on a handle of its own).
+  // Returns kInvalidArgument for bad options only.
   Result<CheckReport> Check(const CheckOptions& options = {});
 
   // Blocks until the store reports that the grant of `key` may have changed (released or

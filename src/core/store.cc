@@ -218,6 +218,11 @@ std::string_view Store::backend_name() const { return core_->backend->scheme(); 
 
 const std::string& Store::display_url() const { return core_->display_url; }
 
+std::string Store::RedactUrl(std::string_view url) {
+  auto parsed = internal::ParseUrl(url);
+  return parsed.ok() ? parsed->Redacted() : std::string("(a URL that does not parse)");
+}
+
 const std::shared_ptr<Metrics>& Store::metrics() const { return core_->metrics; }
 
 Clock& Store::clock() const { return core_->clock; }

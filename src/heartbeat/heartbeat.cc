@@ -152,11 +152,6 @@ void Heartbeat::RenewLoop() {
     if (metrics_ != nullptr) {
       metrics_->heartbeat_latency.Observe(latency);
     }
-    Duration min_ttl = Duration::max();
-    for (const auto& request : requests) {
-      min_ttl = std::min(min_ttl, request.ttl);
-    }
-    JudgeHeadroom(latency, min_ttl);
     {
       MutexLock lock(&mu_);
       ++rounds_;
@@ -179,10 +174,19 @@ void Heartbeat::RenewLoop() {
     for (const auto& lease : batch) {
       earliest_check = std::min(earliest_check, lease->NextCheck());
     }
-    MutexLock lock(&mu_);
-    if (earliest_check < watchdog_planned_) {
-      watchdog_wake_.request_stop();
+    {
+      MutexLock lock(&mu_);
+      if (earliest_check < watchdog_planned_) {
+        watchdog_wake_.request_stop();
+      }
     }
+    // Last: the results above are judged against the time they are handled at, so nothing that
+    // may block (a log line) comes before them.
+    Duration min_ttl = Duration::max();
+    for (const auto& request : requests) {
+      min_ttl = std::min(min_ttl, request.ttl);
+    }
+    JudgeHeadroom(latency, min_ttl);
   }
 }
 

@@ -2,8 +2,10 @@
 //
 // LatencyWindow: the last kSize round trips of a heartbeat, and their p99 (nearest rank). The
 // heartbeat judges its TTL headroom by it: the rule "TTL at least 10x the heartbeat's p99"
-// (leasehold/check.h) warns when a window's p99 exceeds a tenth of a lease's TTL. With 100
-// samples the p99 is the second-slowest of them: one stall alone does not warn, two do.
+// (leasehold/check.h) warns when a window's p99 exceeds a tenth of a lease's TTL. Once the window
+// holds 100 samples its p99 is the second-slowest of them (one stall alone does not warn, two
+// do); until then (the first 5.5 minutes at the default 3.3 s heartbeat) it is the slowest, so
+// one slow round among the first 100 warns.
 //
 // Thread safety: none; the heartbeat guards it with its mutex.
 

@@ -42,6 +42,10 @@ EXIT_USAGE = 64
 EXIT_UNAVAILABLE = 69
 EXIT_PERMISSION = 77
 EXIT_UNSAFE = 81
+# A paused store must be "unreachable" within its timeout: the bound is the timeout plus this, for
+# two process starts on a busy machine (a check that hangs takes far longer: libpq's cancel of a
+# stopped server blocks until it resumes, a client without a bound forever).
+SLACK_S = 8.0
 
 
 class CheckHarness(CliHarness):
@@ -132,12 +136,28 @@ class CommonCheckTest(CheckHarness, unittest.TestCase):
         rc, doc, err = self.check("--ttl", "1ms")
         self.assertEqual(rc, EXIT_UNSAFE, json.dumps(doc, indent=1) + err)
         self.assertFalse(doc["ttl"]["safe"], doc)
-        # Meets 10x the p99 on any machine that can run these tests, but under 1 s: a warning.
+        # Under 1 s: a warning if it meets 10x the p99 measured (nearly always), else unsafe;
+        # judged from the report's own figures, not from a guess about the machine.
         rc, doc, err = self.check("--ttl", "900ms")
-        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
-        self.assertTrue(doc["ttl"]["safe"], doc)
-        item = self.assert_item(doc, "ttl", "warn", "--ttl 900ms meets the rule")
-        self.assertIn("--ttl 1s --renew-every 333ms", item["fix"])
+        p99 = max(doc["round_trip"]["p99_ms"], doc["cycle"]["renew"]["p99_ms"])
+        if 10 * p99 <= 900:
+            self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+            self.assertTrue(doc["ttl"]["safe"], doc)
+            item = self.assert_item(doc, "ttl", "warn", "--ttl 900ms meets the rule")
+            self.assertIn("--ttl 1s --renew-every 333ms", item["fix"])
+        else:
+            self.assertEqual(rc, EXIT_UNSAFE, json.dumps(doc, indent=1) + err)
+            self.assert_item(doc, "ttl", "unsafe", "--ttl 900ms is too short")
+
+    def test_a_store_that_cannot_be_opened_is_unreachable_and_its_password_is_masked(self):
+        port = cli_harness.free_port()  # nothing listens there
+        for url in (f"redis://app:s3cret-pw@127.0.0.1:{port}",
+                    f"postgres://app:s3cret-pw@127.0.0.1:{port}/db?connect_timeout=2"):
+            for json_flag in ([], ["--json"]):
+                r = self.cli("check", "--store", url, *json_flag, store=False)
+                self.assertEqual(r.returncode, EXIT_UNAVAILABLE, (url, r.stdout, r.stderr))
+                self.assertNotIn("s3cret-pw", r.stdout + r.stderr, url)
+                self.assertIn("unreachable", r.stdout, url)
 
     def test_bad_flags_are_one_line_and_exit_64(self):
         for args in (["--ttl", "0s"], ["--ttl", "soon"], ["--probes", "0"],
@@ -395,11 +415,11 @@ class RedisCheckTest(CheckHarness, unittest.TestCase):
             elapsed = time.monotonic() - t
         finally:
             server.proc.send_signal(signal.SIGCONT)
-        figure("check of a paused redis", elapsed, timeout + 3.0)
+        figure("check of a paused redis", elapsed, timeout + SLACK_S)
         self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
         self.assertEqual(doc["verdict"], "unreachable")
-        self.assert_item(doc, "connect", "unreachable", "within connect_timeout (1s)")
-        self.assertLess(elapsed, timeout + 3.0)
+        self.assert_item(doc, "connect", "unreachable", "bounded by connect_timeout, 1s")
+        self.assertLess(elapsed, timeout + SLACK_S)
 
 
 # --- PostgreSQL (both modes) ------------------------------------------------------------------
@@ -639,11 +659,11 @@ class PostgresChecks(CheckHarness):
             elapsed = time.monotonic() - t
         finally:
             SERVER._signal(signal.SIGCONT)
-        figure("postgres paused: check", elapsed, connect_timeout + 3.0)
+        figure("postgres paused: check", elapsed, connect_timeout + SLACK_S)
         self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
         self.assertEqual(doc["verdict"], "unreachable")
         self.assert_item(doc, "connect", "unreachable", "timeout")
-        self.assertLess(elapsed, connect_timeout + 3.0)
+        self.assertLess(elapsed, connect_timeout + SLACK_S)
 
     def test_a_standby_is_unsafe_and_an_asynchronous_one_is_a_warning(self):
         rc, doc, err = self.check()  # the tables exist before the base backup copies them
@@ -740,10 +760,10 @@ class EtcdCheckTest(CheckHarness, unittest.TestCase):
             elapsed = time.monotonic() - t
         finally:
             SERVER._signal(signal.SIGCONT)
-        figure("paused etcd check", elapsed, 1.0 + 3.0)
+        figure("paused etcd check", elapsed, 1.0 + SLACK_S)
         self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
         self.assertEqual(doc["verdict"], "unreachable")
-        self.assertLess(elapsed, 1.0 + 3.0)
+        self.assertLess(elapsed, 1.0 + SLACK_S)
 
 
 class Zk2000Store(chaos.ZkStore):
@@ -851,10 +871,10 @@ class ZkCheckTest(CheckHarness, unittest.TestCase):
             elapsed = time.monotonic() - t
         finally:
             SERVER._signal(signal.SIGCONT)
-        figure("paused zk check", elapsed, 1.0 + 3.0)
+        figure("paused zk check", elapsed, 1.0 + SLACK_S)
         self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
         self.assertEqual(doc["verdict"], "unreachable")
-        self.assertLess(elapsed, 1.0 + 3.0)
+        self.assertLess(elapsed, 1.0 + SLACK_S)
 
 
 @only("redis")
@@ -865,8 +885,10 @@ class HeadroomWarningTest(CheckHarness, unittest.TestCase):
     started, holds every reply for 600 ms in the slow case: 3x the threshold of a 2 s TTL
     (200 ms). Not 5x: renewals are serial, so a round trip of ttl/2 (1 s here) loses the lease
     (each round confirms a send one round trip old: safe_until = t_send + 1.98 s, the next reply
-    comes at t_send + 2 s), and 4x (800 ms) is past the default kill-grace schedule (SIGTERM at
-    safe_until - 500 ms). At 600 ms the lease stays held: a round confirms every ~667 ms."""
+    comes at t_send + 2 s). At 600 ms the lease stays held: a round confirms every ~667 ms, each
+    a send 1.27 s after the one before; --kill-grace 100ms puts the SIGTERM at safe_until -
+    100 ms = t_send + 1.88 s, 0.6 s after the next confirmation (the default 500 ms grace would
+    leave 0.2 s: too little for a busy machine)."""
 
     TTL = "2s"
     DELAY_S = 0.6
@@ -880,8 +902,8 @@ class HeadroomWarningTest(CheckHarness, unittest.TestCase):
 
     def run_job(self, delay):
         port = cli_harness.free_port()
-        run = self.start("run", "--ttl", self.TTL, "--metrics-addr", f"127.0.0.1:{port}",
-                         f"headroom-{delay}", "--", "sleep", "9")
+        run = self.start("run", "--ttl", self.TTL, "--kill-grace", "100ms", "--metrics-addr",
+                         f"127.0.0.1:{port}", f"headroom-{delay}", "--", "sleep", "9")
         self.wait_until("the command starts", lambda: "started the command" in
                         self.stderr_of(run), timeout=20)
         if delay:

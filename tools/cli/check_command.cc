@@ -106,24 +106,19 @@ int ExitCodeFor(CheckVerdict verdict) {
   return kExitInternal;
 }
 
-// A store that Open could not reach, as a report of one finding.
+// A store that Open could not reach (kUnavailable, kDeadlineExceeded) or that refused access
+// (kPermissionDenied), as a report of one finding. The URL is shown with its password masked.
 CheckReport OpenFailure(const std::string& url, const Status& status) {
   CheckReport r;
-  r.store = url.empty() ? "(default store)" : url;
+  r.store = url.empty() ? "(default store)" : Store::RedactUrl(url);
   CheckItem item{.area = "connect", .found = Describe(status)};
-  switch (status.code()) {
-    case StatusCode::kUnavailable:
-      item.verdict = CheckVerdict::kUnreachable;
-      item.fix = "check the address, the network and that the store is running";
-      break;
-    case StatusCode::kPermissionDenied:
-      item.verdict = CheckVerdict::kPermissionDenied;
-      item.fix = "check the credentials in the URL and what they may do (sqlite://: that the "
-                 "file and its directory are writable by this user)";
-      break;
-    default:
-      item.verdict = CheckVerdict::kUnsafe;
-      item.fix = "this is unexpected: report it with the output of --json";
+  if (status.code() == StatusCode::kPermissionDenied) {
+    item.verdict = CheckVerdict::kPermissionDenied;
+    item.fix = "check the credentials in the URL and what they may do (sqlite://: that the "
+               "file and its directory are writable by this user)";
+  } else {
+    item.verdict = CheckVerdict::kUnreachable;
+    item.fix = "check the address, the network and that the store is running";
   }
   r.verdict = item.verdict;
   r.items.push_back(std::move(item));
@@ -146,9 +141,12 @@ int CheckCommand(const CheckFlags& flags) {
   CheckReport report;
   auto store = OpenStoreFromFlag(flags.store_url);
   if (!store.ok()) {
-    // Bad input (a malformed URL, a backend not built in) is a usage error, not a finding.
-    if (store.error().code() == StatusCode::kInvalidArgument ||
-        store.error().code() == StatusCode::kUnimplemented) {
+    // Only "cannot reach" and "refused" are findings; anything else (a malformed URL, a backend
+    // not built in, a URL leasehold refuses such as advisory mode through a pooler) is reported
+    // as every subcommand reports it, with its exit code.
+    const StatusCode code = store.error().code();
+    if (code != StatusCode::kUnavailable && code != StatusCode::kDeadlineExceeded &&
+        code != StatusCode::kPermissionDenied) {
       return ReportFailure(store.error());
     }
     report = OpenFailure(flags.store_url, store.error());

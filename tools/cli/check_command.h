@@ -13,9 +13,10 @@
 //    "items": [{"area": "durability", "verdict": "unsafe", "found": "...", "fix": "..."}, ...]}
 //
 // Exit codes: 0 when every finding is a pass or a warning; 69 when the store cannot be reached
-// (it is the only finding then); 77 when a step was refused for lack of permission; 81 when a
-// finding is unsafe (fencing that does not survive a restart, a TTL below the rule, ...); 64 for
-// bad flags. The worst finding decides.
+// (not at all, or a step of the check was not answered within the store's timeouts); 77 when a
+// step was refused for lack of permission; 81 when a finding is unsafe (fencing that does not
+// survive a restart, a TTL below the rule, ...); 64 for bad flags or a URL leasehold refuses. The
+// worst finding decides.
 //
 // Thread safety: call from the main thread.
 

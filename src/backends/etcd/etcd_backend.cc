@@ -1079,7 +1079,8 @@ Result<Diagnosis> EtcdBackend::Diagnose() {
                 "revisions) only grow, across restarts"});
 
   // The shortest TTL: ask for 1 s and read what etcd grants (its minimum, 2 s with 3.4's
-  // defaults), then revoke the lease.
+  // defaults), then revoke the lease. A grant whose reply was lost is not revoked: it has no
+  // keys and lapses by itself within its few seconds.
   pb::LeaseGrantRequest grant_req;
   grant_req.set_ttl(1);
   pb::LeaseGrantResponse grant;

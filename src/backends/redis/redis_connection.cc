@@ -92,9 +92,10 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Connect(const RedisOpt
         fmt::format("cannot connect to redis at {}: {}", options.Address(), context->errstr),
         context->errstr);
   }
-  // AUTH, SELECT and PING are part of establishing the connection: connect_timeout bounds
-  // them too, so that a server that accepts but does not answer (SIGSTOPped: the kernel still
-  // completes the TCP handshake) is "unreachable" within connect_timeout.
+  // AUTH, SELECT and PING are part of establishing the connection: connect_timeout bounds each
+  // read of their replies too (SO_RCVTIMEO), so that a server that accepts but does not answer
+  // (SIGSTOPped: the kernel still completes the TCP handshake) is "unreachable" after the TCP
+  // connect plus one connect_timeout (at most about twice connect_timeout in all).
   if (redisSetTimeout(context.get(), ToTimeval(options.connect_timeout)) != REDIS_OK) {
     return Status::Unavailable(
         fmt::format("cannot set timeouts on redis connection to {}", options.Address()));
@@ -119,8 +120,8 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Connect(const RedisOpt
       names += names.empty() ? command[0] : "/" + command[0];
     }
     return Status::Unavailable(
-        fmt::format("redis at {} took the connection but its first round trip ({}) failed "
-                    "within connect_timeout ({}): {}",
+        fmt::format("redis at {} took the connection but its first round trip ({}) did not "
+                    "succeed (each read bounded by connect_timeout, {}): {}",
                     options.Address(), names, FormatDuration(options.connect_timeout),
                     answered.status().detail()),
         std::string(answered.status().detail()));

@@ -91,7 +91,8 @@ class RedisConnection {
   explicit RedisConnection(ContextPtr context) : context_(std::move(context)) {}
 
   // Connects, then AUTH, SELECT and PING in one round trip. Returns kUnavailable if the server
-  // cannot be reached within connect_timeout, and the mapped error reply if it refuses one of
+  // cannot be reached (the connect, and each read of that round trip's replies, bounded by
+  // connect_timeout), and the mapped error reply if it refuses one of
   // those commands (named, never with its arguments).
   static Result<std::unique_ptr<RedisConnection>> Connect(const RedisOptions& options);
 

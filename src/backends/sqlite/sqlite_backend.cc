@@ -1311,13 +1311,13 @@ CheckItem AccessItem(const std::string& path, const std::string& fix) {
       }
       item.verdict = CheckVerdict::kPermissionDenied;
       item.found = fmt::format("{} is not writable by this user (uid {}): {}", need.what,
-                               ::geteuid(), OsReason(err));
+                               ::getuid(), OsReason(err));
       item.fix = fix;
       return item;
     }
   }
   item.found =
-      fmt::format("{} and its directory are writable by this user (uid {})", path, ::geteuid());
+      fmt::format("{} and its directory are writable by this user (uid {})", path, ::getuid());
   return item;
 }
 

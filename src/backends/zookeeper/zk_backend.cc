@@ -1648,7 +1648,8 @@ std::optional<std::int64_t> FourLetterNumber(std::string_view text, std::string_
   return n;
 }
 
-// The servers of an ensemble in a `conf` answer: its "server.N=" lines (3.5 and later).
+// The voting servers of an ensemble in a `conf` answer: its "server.N=" lines (3.5 and later)
+// that are not observers.
 int CountServers(std::string_view text) {
   int n = 0;
   std::size_t at = 0;
@@ -1656,7 +1657,10 @@ int CountServers(std::string_view text) {
     if (at == 0 || text[at - 1] == '\n') {
       std::size_t eq = text.find('=', at);
       std::size_t nl = text.find('\n', at);
-      if (eq != std::string_view::npos && (nl == std::string_view::npos || eq < nl)) {
+      // server.N=host:peer:election[:participant|:observer][;client]: observers do not vote.
+      std::string_view line = text.substr(at, nl == std::string_view::npos ? nl : nl - at);
+      if (eq != std::string_view::npos && (nl == std::string_view::npos || eq < nl) &&
+          line.find(":observer") == std::string_view::npos) {
         ++n;
       }
     }
@@ -1718,36 +1722,6 @@ Result<Diagnosis> ZkBackend::Diagnose() {
        .found = "ZooKeeper persists its transaction log: czxids (fencing tokens) only grow, "
                 "across restarts"});
 
-  // The session bounds, learnt: the server clamps a requested timeout to [min, max], so ask for
-  // very little and for a day, and read what each short-lived session was granted. "Very
-  // little" is kShortestAsk, not 1 ms: the C client also times its connection attempts by the
-  // requested timeout, and asking for 1 ms it never connected (3.8.0, on loopback). A server
-  // whose minimum is below kShortestAsk grants kShortestAsk itself: the minimum is then known
-  // only to be at most that.
-  constexpr Duration kShortestAsk = milliseconds(100);
-  std::optional<Duration> lo;
-  std::optional<Duration> hi;
-  std::string bounds_error;
-  for (auto [asked, out] : {std::pair{kShortestAsk, &lo}, std::pair{Duration(hours(24)), &hi}}) {
-    auto session = ZkSession::Open(options_, asked, clock_);
-    if (session.ok()) {
-      *out = (*session)->negotiated();
-    } else if (session.status().code() == StatusCode::kUnavailable && !service->Expired() &&
-               asked == kShortestAsk) {
-      // The service session is fine: the short session's handshake did not fit its timeout.
-      bounds_error = fmt::format("a session asking for {} did not connect: {}",
-                                 FormatDuration(asked), session.status().ToString());
-    } else if (session.status().code() == StatusCode::kUnavailable) {
-      return session.status();
-    } else {
-      bounds_error = session.status().ToString();
-    }
-  }
-  const bool lo_exact = lo && *lo > kShortestAsk;
-  if (lo_exact) {
-    d.shortest_ttl = *lo;
-  }
-
   // What the server the service session is connected to says of itself (4lw srvr and conf:
   // only srvr is in ZooKeeper's default 4lw.commands.whitelist).
   auto srvr = service->FourLetterWord("srvr", options_.command_timeout);
@@ -1755,6 +1729,52 @@ Result<Diagnosis> ZkBackend::Diagnose() {
   const bool conf_ok = conf.ok() && !NotWhitelisted(*conf) && !conf->empty();
   // tickTime in ms; 0 if conf did not say.
   const std::int64_t tick = conf_ok ? FourLetterNumber(*conf, "tickTime").value_or(0) : 0;
+
+  // The session bounds: the server clamps a requested timeout to [min, max]. conf prints them
+  // where it is allowed; otherwise they are learnt by asking for very little and for a day, and
+  // reading what each short-lived session was granted. "Very little" is kShortestAsk, not 1 ms:
+  // the C client also times its connection attempts by the requested timeout, and asking for
+  // 1 ms it never connected (3.8.0, on loopback); for the same reason the short session is
+  // tried up to three times (a busy machine can miss a 100 ms handshake). A server whose minimum
+  // is below kShortestAsk grants kShortestAsk itself: the minimum is then known only to be at
+  // most that. A bounds session that does not connect while the service session is connected
+  // is a warning, not "unreachable".
+  constexpr Duration kShortestAsk = milliseconds(100);
+  constexpr int kShortTries = 3;
+  std::optional<Duration> lo;
+  std::optional<Duration> hi;
+  bool lo_exact = false;
+  std::string bounds_error;
+  const std::optional<std::int64_t> conf_min =
+      conf_ok ? FourLetterNumber(*conf, "minSessionTimeout") : std::nullopt;
+  const std::optional<std::int64_t> conf_max =
+      conf_ok ? FourLetterNumber(*conf, "maxSessionTimeout") : std::nullopt;
+  if (conf_min && conf_max && *conf_min > 0 && *conf_max >= *conf_min) {
+    lo = milliseconds(*conf_min);
+    hi = milliseconds(*conf_max);
+    lo_exact = true;
+  } else {
+    for (auto [asked, out] :
+         {std::pair{kShortestAsk, &lo}, std::pair{Duration(hours(24)), &hi}}) {
+      const int tries = asked == kShortestAsk ? kShortTries : 1;
+      for (int i = 0; i < tries && !out->has_value(); ++i) {
+        auto session = ZkSession::Open(options_, asked, clock_);
+        if (session.ok()) {
+          *out = (*session)->negotiated();
+        } else if (session.status().code() == StatusCode::kUnavailable &&
+                   service->ConnectedPort() < 0) {
+          return session.status();  // the server is not answering: the check says so
+        } else {
+          bounds_error = fmt::format("a session asking for {} did not connect: {}",
+                                     FormatDuration(asked), session.status().ToString());
+        }
+      }
+    }
+    lo_exact = lo && *lo > kShortestAsk;
+  }
+  if (lo_exact) {
+    d.shortest_ttl = *lo;
+  }
 
   if (lo && hi) {
     std::string found = fmt::format(
@@ -1767,10 +1787,12 @@ Result<Diagnosis> ZkBackend::Diagnose() {
                          .found = fmt::format("{}, in ticks of {} (conf)", found,
                                               FormatDuration(d.ttl_granularity))});
     } else if (lo_exact && *hi == *lo * 10) {
-      // ZooKeeper's defaults are 2 and 20 ticks: bounds 1:10 are those of tickTime = min / 2.
+      // ZooKeeper's defaults are 2 and 20 ticks: bounds 1:10 are those of tickTime = min / 2,
+      // if the bounds are the defaults (a zoo.cfg could set others in that ratio: a guess, said).
       d.ttl_granularity = *lo / 2;
       d.items.push_back({.area = "session",
-                         .found = fmt::format("{}: the default 2 and 20 ticks of a tickTime of {}",
+                         .found = fmt::format("{}: as ZooKeeper's default 2 and 20 ticks, so "
+                                              "taken as a tickTime of {} (conf could not be read)",
                                               found, FormatDuration(d.ttl_granularity))});
     } else {
       d.items.push_back(
