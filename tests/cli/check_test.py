@@ -69,6 +69,23 @@ class CheckHarness(CliHarness):
             self.fail(f"check --json printed no JSON: {r.stdout!r} {r.stderr!r}")
         return r.returncode, doc, r.stderr
 
+    def check_paused(self, what, pause, resume, url, timeout_s):
+        """Runs `check` on `url` while the store is paused (pause(), then resume() whatever
+        happens): it must say "unreachable" (exit 69) within the store's timeout `timeout_s` plus
+        SLACK_S. Returns the report."""
+        pause()
+        try:
+            t = time.monotonic()
+            rc, doc, err = self.check(store=url, timeout=60)
+            elapsed = time.monotonic() - t
+        finally:
+            resume()
+        figure(f"check of a paused {what}", elapsed, timeout_s + SLACK_S)
+        self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
+        self.assertEqual(doc["verdict"], "unreachable")
+        self.assertLess(elapsed, timeout_s + SLACK_S)
+        return doc
+
     def items(self, doc, area):
         return [i for i in doc["items"] if i["area"] == area]
 
@@ -406,20 +423,10 @@ class RedisCheckTest(CheckHarness, unittest.TestCase):
 
     def test_paused_server_is_unreachable_within_the_connect_timeout(self):
         server = self.server(*AOF_ALWAYS)
-        timeout = 1.0
         url = server.url(query="?connect_timeout=1s&command_timeout=1s")
-        server.proc.send_signal(signal.SIGSTOP)
-        try:
-            t = time.monotonic()
-            rc, doc, err = self.check(store=url, timeout=30)
-            elapsed = time.monotonic() - t
-        finally:
-            server.proc.send_signal(signal.SIGCONT)
-        figure("check of a paused redis", elapsed, timeout + SLACK_S)
-        self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
-        self.assertEqual(doc["verdict"], "unreachable")
+        doc = self.check_paused("redis", lambda: server.proc.send_signal(signal.SIGSTOP),
+                                lambda: server.proc.send_signal(signal.SIGCONT), url, 1.0)
         self.assert_item(doc, "connect", "unreachable", "bounded by connect_timeout, 1s")
-        self.assertLess(elapsed, timeout + SLACK_S)
 
 
 # --- PostgreSQL (both modes) ------------------------------------------------------------------
@@ -652,18 +659,9 @@ class PostgresChecks(CheckHarness):
     def test_paused_server_is_unreachable_within_the_connect_timeout(self):
         connect_timeout = 2  # libpq's least: it takes 1 as 2
         url = pg_url(connect_timeout=connect_timeout, command_timeout="1s")
-        SERVER._signal(signal.SIGSTOP)
-        try:
-            t = time.monotonic()
-            rc, doc, err = self.check(store=url, timeout=60)
-            elapsed = time.monotonic() - t
-        finally:
-            SERVER._signal(signal.SIGCONT)
-        figure("postgres paused: check", elapsed, connect_timeout + SLACK_S)
-        self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
-        self.assertEqual(doc["verdict"], "unreachable")
+        doc = self.check_paused("postgres", lambda: SERVER._signal(signal.SIGSTOP),
+                                lambda: SERVER._signal(signal.SIGCONT), url, connect_timeout)
         self.assert_item(doc, "connect", "unreachable", "timeout")
-        self.assertLess(elapsed, connect_timeout + SLACK_S)
 
     def test_a_standby_is_unsafe_and_an_asynchronous_one_is_a_warning(self):
         rc, doc, err = self.check()  # the tables exist before the base backup copies them
@@ -753,17 +751,8 @@ class EtcdCheckTest(CheckHarness, unittest.TestCase):
     def test_paused_etcd_is_unreachable_within_the_command_timeout(self):
         url = SERVER_URL.replace("command_timeout=500ms", "command_timeout=1s")
         self.assertIn("command_timeout=1s", url)
-        SERVER._signal(signal.SIGSTOP)
-        try:
-            t = time.monotonic()
-            rc, doc, err = self.check(store=url, timeout=30)
-            elapsed = time.monotonic() - t
-        finally:
-            SERVER._signal(signal.SIGCONT)
-        figure("paused etcd check", elapsed, 1.0 + SLACK_S)
-        self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
-        self.assertEqual(doc["verdict"], "unreachable")
-        self.assertLess(elapsed, 1.0 + SLACK_S)
+        self.check_paused("etcd", lambda: SERVER._signal(signal.SIGSTOP),
+                          lambda: SERVER._signal(signal.SIGCONT), url, 1.0)
 
 
 class Zk2000Store(chaos.ZkStore):
@@ -864,17 +853,8 @@ class ZkCheckTest(CheckHarness, unittest.TestCase):
 
     def test_paused_zookeeper_is_unreachable_within_the_connect_timeout(self):
         url = SERVER_URL + "?connect_timeout=1s&command_timeout=1s"
-        SERVER._signal(signal.SIGSTOP)
-        try:
-            t = time.monotonic()
-            rc, doc, err = self.check(store=url, timeout=30)
-            elapsed = time.monotonic() - t
-        finally:
-            SERVER._signal(signal.SIGCONT)
-        figure("paused zk check", elapsed, 1.0 + SLACK_S)
-        self.assertEqual(rc, EXIT_UNAVAILABLE, json.dumps(doc, indent=1) + err)
-        self.assertEqual(doc["verdict"], "unreachable")
-        self.assertLess(elapsed, 1.0 + SLACK_S)
+        self.check_paused("zk", lambda: SERVER._signal(signal.SIGSTOP),
+                          lambda: SERVER._signal(signal.SIGCONT), url, 1.0)
 
 
 @only("redis")
