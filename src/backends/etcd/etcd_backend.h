@@ -128,7 +128,9 @@ class EtcdBackend final : public Backend {
     std::uint64_t lease_revoke = 0;
     std::uint64_t lease_time_to_live = 0;
     std::uint64_t authenticate = 0;
-    // LeaseKeepAlive streams opened, requests written on them, answers read.
+    // LeaseKeepAlive streams opened and used (one opened by two threads at once is counted
+    // once: the loser is cancelled before it carries anything), requests written on them,
+    // answers read.
     std::uint64_t keepalive_streams = 0;
     std::uint64_t keepalive_requests = 0;
     std::uint64_t keepalive_responses = 0;

@@ -92,7 +92,6 @@ std::shared_ptr<EtcdKeepAlive::Stream> EtcdKeepAlive::EnsureStream() {
   fresh->endpoint = client_.current();
   client_.AddToken(fresh->context);
   EtcdClient::Endpoint& e = client_.endpoint(fresh->endpoint);
-  client_.counters().keepalive_streams.fetch_add(1, std::memory_order_relaxed);
   fresh->rw = e.lease->LeaseKeepAlive(&fresh->context);
   Stream* raw = fresh.get();
   fresh->reader = std::jthread([this, raw] { ReadStream(raw); });
@@ -102,6 +101,8 @@ std::shared_ptr<EtcdKeepAlive::Stream> EtcdKeepAlive::EnsureStream() {
     retired_.push_back(std::move(fresh));
     return stream_;
   }
+  // Counted here, once adopted: a stream that lost the race above carried nothing.
+  client_.counters().keepalive_streams.fetch_add(1, std::memory_order_relaxed);
   stream_ = fresh;
   return fresh;
 }
