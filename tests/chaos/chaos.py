@@ -600,24 +600,34 @@ class ZkStore(RedisStore):
     CLASSPATH = ("/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:"
                  "/usr/share/java/log4j-1.2.jar")
 
-    def start(self, run_dir):
-        self.run_dir = run_dir
-        self.dir = tempfile.mkdtemp(prefix="leasehold-chaos-zk-")
+    # zoo.cfg: a subclass may change these (tests/cli/check_test.py's Zk2000Store).
+    TICK_MS = 100
+    FOUR_LETTER_WORDS = "ruok,srvr"
+    EXTRA_CFG = "maxSessionTimeout=120000\nforceSync=no\n"
+    DIR_PREFIX = "leasehold-chaos-zk-"
+
+    def configure(self):
+        """Makes the server's directory, port, zoo.cfg and log4j.properties."""
+        self.dir = tempfile.mkdtemp(prefix=self.DIR_PREFIX)
         os.makedirs(os.path.join(self.dir, "data"))
         self.port = free_port()
         while self.port in (2181, 2888, 3888, 8080):
             self.port = free_port()
         with open(os.path.join(self.dir, "zoo.cfg"), "w") as f:
-            f.write(f"tickTime=100\ninitLimit=10\nsyncLimit=5\n"
+            f.write(f"tickTime={self.TICK_MS}\ninitLimit=10\nsyncLimit=5\n"
                     f"dataDir={self.dir}/data\nclientPort={self.port}\n"
                     "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
-                    "4lw.commands.whitelist=ruok,srvr\nmaxClientCnxns=0\n"
-                    "maxSessionTimeout=120000\nforceSync=no\npreAllocSize=1024\n")
+                    f"4lw.commands.whitelist={self.FOUR_LETTER_WORDS}\nmaxClientCnxns=0\n"
+                    f"{self.EXTRA_CFG}preAllocSize=1024\n")
         with open(os.path.join(self.dir, "log4j.properties"), "w") as f:
             f.write("log4j.rootLogger=WARN, CONSOLE\n"
                     "log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender\n"
                     "log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout\n"
                     "log4j.appender.CONSOLE.layout.ConversionPattern=%d %-5p %c{1} - %m%n\n")
+
+    def start(self, run_dir):
+        self.run_dir = run_dir
+        self.configure()
         self._launch()
         self.proxy = FaultProxy(self.port)
         self.undo = []

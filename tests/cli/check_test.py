@@ -759,24 +759,14 @@ class Zk2000Store(chaos.ZkStore):
     """A standalone ZooKeeper as chaos.ZkStore starts it, but with tickTime 2000 and the default
     session bounds (2 and 20 ticks: 4 s and 40 s), conf in the 4lw whitelist, and no proxy."""
 
+    TICK_MS = 2000
+    FOUR_LETTER_WORDS = "ruok,srvr,conf"
+    EXTRA_CFG = ""
+    DIR_PREFIX = "leasehold-check-zk2000-"
+
     def start(self, run_dir):
         self.run_dir = run_dir
-        self.dir = tempfile.mkdtemp(prefix="leasehold-check-zk2000-")
-        os.makedirs(os.path.join(self.dir, "data"))
-        self.port = chaos.free_port()
-        while self.port in (2181, 2888, 3888, 8080):
-            self.port = chaos.free_port()
-        with open(os.path.join(self.dir, "zoo.cfg"), "w") as f:
-            f.write(f"tickTime=2000\ninitLimit=10\nsyncLimit=5\n"
-                    f"dataDir={self.dir}/data\nclientPort={self.port}\n"
-                    "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
-                    "4lw.commands.whitelist=ruok,srvr,conf\nmaxClientCnxns=0\n"
-                    "preAllocSize=1024\n")
-        with open(os.path.join(self.dir, "log4j.properties"), "w") as f:
-            f.write("log4j.rootLogger=WARN, CONSOLE\n"
-                    "log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender\n"
-                    "log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout\n"
-                    "log4j.appender.CONSOLE.layout.ConversionPattern=%d %-5p %c{1} - %m%n\n")
+        self.configure()
         self._launch()
 
     def url(self):
