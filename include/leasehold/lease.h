@@ -76,6 +76,14 @@ class Lease {
   // Returns the fencing token of this grant: higher than any earlier grant of the same key.
   [[nodiscard]] FencingToken fencing_token() const;
 
+  // Returns the grant's slot (LeaseInfo::slot): 0..limit-1 for a semaphore (a worker index no
+  // other live holder of the key has), 0 for an exclusive lease.
+  [[nodiscard]] std::uint32_t slot() const;
+
+  // Returns how the grant shares its key, and its limit (LeaseOptions::mode, ::limit).
+  [[nodiscard]] LeaseMode mode() const;
+  [[nodiscard]] std::uint32_t limit() const;
+
   // Returns where the store keeps this grant, for tools and for data placed beside it: the
   // Redis hash ("<prefix>:{<hex key>}", whose "{...}" is the key's cluster hash tag), the etcd
   // key ("<prefix>/<key>"), the ZooKeeper node of this grant, the SQL row's key (the lease key).

@@ -10,8 +10,26 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace leasehold {
+
+// How a grant shares its key (LeaseOptions::mode and LeaseOptions::limit):
+//   exclusive  one holder (limit 1, LeaseMode::kExclusive): the plain lease, and the writer of
+//              a read/write key;
+//   shared     any number of shared holders at once, while no exclusive one holds the key;
+//   semaphore  at most `limit` holders at once (limit > 1), each with a slot 0..limit-1.
+enum class LeaseMode {
+  kExclusive,
+  kShared,
+};
+
+// The largest LeaseOptions::limit.
+inline constexpr std::uint32_t kMaxLeaseLimit = 1024;
+
+// Returns "exclusive", "shared" or "semaphore" for a grant of `mode` and `limit` (the `kind`
+// label of the metrics, the mode column of `leasehold status`).
+std::string_view LeaseKindName(LeaseMode mode, std::uint32_t limit);
 
 // A fencing token: strictly increasing per key across every grant the store ever made.
 // Attach it to every write the lease guards; a storage layer rejects writes whose token is
@@ -33,6 +51,14 @@ struct LeaseInfo {
   std::chrono::milliseconds remaining{0};
   // The TTL the grant was made or last renewed with.
   std::chrono::milliseconds ttl{0};
+  // How the grant shares its key, and the limit its holder asked for (1 for an exclusive or
+  // shared grant, N for a semaphore of N).
+  LeaseMode mode = LeaseMode::kExclusive;
+  std::uint32_t limit = 1;
+  // The grant's slot: the smallest number no other live grant of the key had when it was made
+  // (0 for an exclusive grant; 0..limit-1 for a semaphore, a worker index; for shared grants,
+  // the smallest free among the shared holders).
+  std::uint32_t slot = 0;
 };
 
 }  // namespace leasehold

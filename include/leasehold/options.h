@@ -60,6 +60,20 @@ struct LeaseOptions {
   // Default: kWaitForever.
   Duration wait = kWaitForever;
 
+  // How many holders the key admits at once. 1: an exclusive (or, with mode kShared, a shared)
+  // lease. N > 1: a counting semaphore: at most N live grants of the key, each a full lease of
+  // its own (owner token, TTL, heartbeat, fencing token) with a slot 0..N-1 (Lease::slot()).
+  // Every holder of a key must ask for the same limit: an acquire that disagrees with a live
+  // grant is refused with kInvalidArgument naming both, never admitted.
+  // REQUIRES: 1 <= limit <= kMaxLeaseLimit; limit == 1 when mode is kShared. Default: 1.
+  std::uint32_t limit = 1;
+
+  // kShared: a read lease: any number of shared holders at once, while no exclusive holder has
+  // the key; an exclusive lease of the same key waits for every shared one to end, and a waiting
+  // exclusive Acquire keeps new shared holders out meanwhile (writer preference: a stream of
+  // readers cannot starve it). kExclusive: one holder. Default: kExclusive.
+  LeaseMode mode = LeaseMode::kExclusive;
+
   // The identity other processes see for this holder (status, list, kHeldByAnother).
   // Default: DefaultHolder(), i.e. "<hostname>:<pid>".
   std::string holder;

@@ -109,16 +109,27 @@ class Store {
   // (held or free), ordered by key.
   Result<std::vector<KeySlotRuns>> ListSlotRuns(std::string_view prefix = {});
 
-  // Returns the live grant of `key`, or nullopt if the key is free.
+  // Returns the live grant of `key` (of a shared or semaphore key: its holder of the lowest
+  // slot), or nullopt if the key is free.
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key);
 
-  // Returns the live grants whose keys start with `prefix`, ordered by key.
+  // Returns every live grant of `key`, ordered by slot: one for an exclusive lease, each
+  // holder of a shared or semaphore key. Empty if the key is free.
+  Result<std::vector<LeaseInfo>> Holders(std::string_view key);
+
+  // Returns the live grants whose keys start with `prefix`, ordered by key, then slot.
   Result<std::vector<LeaseInfo>> List(std::string_view prefix = {});
 
-  // Operator break-glass: deletes the grant of `key` whoever holds it. The holder finds out at
-  // its next renewal and stops. The fencing counter is kept. Returns true if a live grant was
-  // deleted, false if the key was free. The library never calls this itself.
+  // Operator break-glass: deletes every grant of `key` whoever holds it. The holders find out
+  // at their next renewal and stop. The fencing counter is kept. Returns true if a live grant
+  // was deleted, false if the key was free. The library never calls this itself.
   Result<bool> ForceRelease(std::string_view key);
+
+  // As ForceRelease, for the one grant of `key` whose owner token starts with `token_prefix`
+  // (LeaseInfo::token_prefix): the key's other holders keep theirs. Returns true if it was
+  // deleted, false if no live grant of the key has that prefix; kInvalidArgument for a prefix
+  // that is not 1..32 lowercase hex digits.
+  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix);
 
   // The store doctor (leasehold/check.h): times the store's round trip and a full acquire ->
   // renew -> release cycle on a throwaway key, reads its clock, asks it about durability,

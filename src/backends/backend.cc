@@ -61,6 +61,44 @@ Status FencedOut(std::string_view key, FencingToken token, std::string_view why)
   return Status::Lost(fmt::format("fenced out: lease {} (fencing token {}) {}", key, token, why));
 }
 
+namespace {
+
+std::string DescribeKind(LeaseMode mode, std::uint32_t limit) {
+  if (mode == LeaseMode::kShared) {
+    return "a shared lease";
+  }
+  if (limit > 1) {
+    return fmt::format("a semaphore of limit {}", limit);
+  }
+  return "an exclusive lease";
+}
+
+}  // namespace
+
+Status LimitMismatch(std::string_view key, LeaseMode held_mode, std::uint32_t held_limit,
+                     std::string_view holder, LeaseMode asked_mode, std::uint32_t asked_limit) {
+  return Status::InvalidArgument(fmt::format(
+      "lease {} is held as {}{}{}; this acquire asked for {}: every holder of a key must ask "
+      "for the same kind and limit",
+      key, DescribeKind(held_mode, held_limit), holder.empty() ? "" : " by ", holder,
+      DescribeKind(asked_mode, asked_limit)));
+}
+
+Result<std::vector<LeaseInfo>> Backend::Holders(std::string_view key) {
+  LH_ASSIGN_OR_RETURN(std::optional<LeaseInfo> info, Inspect(key));
+  std::vector<LeaseInfo> out;
+  if (info.has_value()) {
+    out.push_back(std::move(*info));
+  }
+  return out;
+}
+
+Result<bool> Backend::ForceReleaseGrant(std::string_view /*key*/,
+                                        std::string_view /*token_prefix*/) {
+  return Status::Unimplemented(
+      fmt::format("the {} store cannot force-release one grant of a key", scheme()));
+}
+
 Result<std::vector<std::int64_t>> Backend::FencedWrite(const FencedWriteRequest& /*request*/) {
   return Status::Unimplemented(
       fmt::format("the {} store cannot write data under a lease", scheme()));

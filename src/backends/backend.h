@@ -55,10 +55,49 @@ struct Capabilities {
   bool fair_queue = false;
   // The op kinds Backend::FencedWrite takes: bit (1 << FencedOp::Kind) per kind.
   unsigned fenced_ops = 0;
+  // TryAcquire honours GrantRequest::mode and GrantRequest::limit ("Shared leases" below);
+  // false: the core refuses a shared or semaphore lease with kUnimplemented before calling it.
+  bool shared_leases = false;
 };
 
 // The Capabilities::fenced_ops bit of `kind`.
 constexpr unsigned FencedOpBit(FencedOp::Kind kind) { return 1U << static_cast<unsigned>(kind); }
+
+// Shared leases. A key's live grants are all of one family: read/write (exclusive and shared
+// grants, limit 1) or one semaphore (limit N > 1, every grant asking the same N). TryAcquire
+// admits a request, in the same atomic step that creates its grant, when:
+//   exclusive (limit 1)  the key has no live grant at all;
+//   shared               the key has no live exclusive grant and no live writer intent of
+//                        another waiter (below);
+//   semaphore N          the key has fewer than N live grants.
+// It refuses with kHeldByAnother (holder: the live grant with the lowest slot, or for a
+// writer intent the waiting writer's identity) when the family matches but there is no room,
+// and with LimitMismatch (kInvalidArgument) when a live grant is of the other family or asks
+// another N: a semaphore and an exclusive or shared grant, or two semaphores of different N.
+// Each admitted grant gets the smallest slot no live grant of the key has, and a fencing token
+// from the key's one counter (strictly increasing across every grant of every kind).
+//
+// Writer preference. An exclusive request with a waiter_id (a waiting Store::Acquire) that is
+// refused records a writer intent for the key in the same step: {waiter_id, holder, expiry =
+// now + ttl}, unless a live intent of another waiter exists (one intent per key: the first
+// waiting writer's). The intent is refreshed by every attempt of its waiter (the core retries
+// at least every ttl/3 while it waits), deleted when that waiter is granted the key or calls
+// AbandonWait, and otherwise expires by itself: a writer that crashed while waiting holds
+// readers off for at most its ttl. Plain TryAcquire (no waiter_id) records no intent.
+// On a fair store (Capabilities::fair_queue) the queue gives the same order instead: a request
+// is admitted only if the grants above allow it and every waiter ahead of it in the queue is
+// admitted with it (for a semaphore: it is among the first N - live waiters; shared: every
+// waiter ahead is shared); an exclusive waiter ahead keeps later shared ones out.
+//
+// Renew, RenewMany, Release, Finish and FencedWrite name a grant by (key, owner_token) as
+// before, whatever its kind: one of several grants of the key. Inspect returns the live grant
+// of the lowest slot; Holders every live grant of the key; List every live grant of every key.
+
+// The message of a TryAcquire refused because the key's live grants disagree with the request:
+// kInvalidArgument "lease <key> is held as <held kind/limit> by <holder>; this acquire asked for
+// <asked>: every holder of a key must ask for the same kind and limit". `holder` may be empty.
+Status LimitMismatch(std::string_view key, LeaseMode held_mode, std::uint32_t held_limit,
+                     std::string_view holder, LeaseMode asked_mode, std::uint32_t asked_limit);
 
 struct GrantRequest {
   std::string key;
@@ -70,6 +109,11 @@ struct GrantRequest {
   // Set by Store::Acquire: the same random id for every attempt of one waiting call, so that a
   // fair store can keep the caller's place in its queue. Empty for a plain TryAcquire.
   std::string waiter_id;
+  // How the grant shares the key ("Shared leases" above). Validated by the core:
+  // 1 <= limit <= kMaxLeaseLimit, limit == 1 for kShared, and only when
+  // Capabilities::shared_leases, else always {kExclusive, 1}.
+  LeaseMode mode = LeaseMode::kExclusive;
+  std::uint32_t limit = 1;
 };
 
 struct Grant {
@@ -81,6 +125,8 @@ struct Grant {
   // Where the store keeps this grant (Lease::store_key): the Redis hash, the etcd key, the
   // ZooKeeper node of this grant. Empty: the lease key itself (the SQL stores, memory://).
   std::string store_key;
+  // The grant's slot (LeaseInfo::slot): 0 for an exclusive grant, 0..limit-1 for a semaphore.
+  std::uint32_t slot = 0;
 };
 
 struct RenewRequest {
@@ -249,15 +295,27 @@ class Backend {
   // store cannot be reached. The default reports no items and Ping's name as "round trip".
   virtual Result<Diagnosis> Diagnose();
 
-  // Returns the live grant of `key`, or nullopt if there is none.
+  // Returns the live grant of `key` with the lowest slot, or nullopt if there is none.
   virtual Result<std::optional<LeaseInfo>> Inspect(std::string_view key) = 0;
 
-  // Returns the live grants whose keys start with `prefix`, ordered by key.
+  // Returns every live grant of `key`, ordered by slot (empty if the key is free). The default
+  // returns Inspect's one grant: right only for a backend without shared_leases.
+  virtual Result<std::vector<LeaseInfo>> Holders(std::string_view key);
+
+  // Returns the live grants whose keys start with `prefix`, ordered by key, then slot: every
+  // holder of a shared or semaphore key.
   virtual Result<std::vector<LeaseInfo>> List(std::string_view prefix) = 0;
 
-  // Deletes the grant of `key` whoever holds it; the fencing counter is kept.
-  // Returns true if a live grant was deleted, false if the key was free.
+  // Deletes every live grant of `key` whoever holds it; the fencing counter is kept (and a
+  // writer intent is left to expire). Returns true if a live grant was deleted, false if the key
+  // was free.
   virtual Result<bool> ForceRelease(std::string_view key) = 0;
+
+  // Deletes the one live grant of `key` whose owner token starts with `token_prefix`
+  // (LeaseInfo::token_prefix, 8 hex digits), whoever holds it, in one atomic step; the others
+  // and the fencing counter are kept. Wakes waiters as Release. Returns true if it was deleted,
+  // false if no live grant of the key has that prefix. The default returns kUnimplemented.
+  virtual Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix);
 
   // Withdraws `waiter_id` from the key's wait queue, if the store keeps one: Store::Acquire calls
   // it when it gives up (deadline, cancellation, error). Best effort; the default does nothing.

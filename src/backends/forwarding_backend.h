@@ -66,7 +66,15 @@ class ForwardingBackend : public Backend {
     return inner_->List(prefix);
   }
 
+  Result<std::vector<LeaseInfo>> Holders(std::string_view key) override {
+    return inner_->Holders(key);
+  }
+
   Result<bool> ForceRelease(std::string_view key) override { return inner_->ForceRelease(key); }
+
+  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override {
+    return inner_->ForceReleaseGrant(key, token_prefix);
+  }
 
   void AbandonWait(std::string_view key, std::string_view waiter_id) override {
     inner_->AbandonWait(key, waiter_id);

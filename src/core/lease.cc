@@ -53,6 +53,12 @@ FencingToken Lease::fencing_token() const { return core_ ? core_->fencing_token(
 
 const std::string& Lease::store_key() const { return core_ ? core_->store_key() : kEmpty; }
 
+std::uint32_t Lease::slot() const { return core_ ? core_->slot() : 0; }
+
+LeaseMode Lease::mode() const { return core_ ? core_->mode() : LeaseMode::kExclusive; }
+
+std::uint32_t Lease::limit() const { return core_ ? core_->limit() : 1; }
+
 const char* FencedOpKindName(FencedOp::Kind kind) {
   switch (kind) {
     case FencedOp::Kind::kPut:

@@ -37,6 +37,9 @@ struct LeaseParams {
   std::string holder;         // LeaseOptions::holder, or the default "<hostname>:<pid>"
   FencingToken fencing_token = 0;
   std::string store_key;      // Grant::store_key, or the key where the store returned none
+  std::uint32_t slot = 0;     // Grant::slot
+  LeaseMode mode = LeaseMode::kExclusive;
+  std::uint32_t limit = 1;
   Duration ttl{};             // as granted by the store
   Duration renew_interval{};  // validated: 0 < renew_interval < ttl - drift
   Duration drift{};           // validated: 0 <= drift < ttl
@@ -69,6 +72,9 @@ class LeaseCore {
 
   FencingToken fencing_token() const { return params_.fencing_token; }
   const std::string& store_key() const { return params_.store_key; }
+  std::uint32_t slot() const { return params_.slot; }
+  LeaseMode mode() const { return params_.mode; }
+  std::uint32_t limit() const { return params_.limit; }
 
   Duration ttl() const { return params_.ttl; }
 

@@ -51,6 +51,13 @@ std::string_view LostCauseName(LostCause cause) {
   return "unknown";
 }
 
+std::string_view LeaseKindName(LeaseMode mode, std::uint32_t limit) {
+  if (mode == LeaseMode::kShared) {
+    return "shared";
+  }
+  return limit > 1 ? "semaphore" : "exclusive";
+}
+
 std::string_view LeaseStateName(LeaseState state) {
   switch (state) {
     case LeaseState::kHeld:

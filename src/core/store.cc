@@ -41,6 +41,8 @@ struct ResolvedOptions {
   std::optional<Duration> renew_interval;
   std::optional<Duration> drift;
   std::string holder;
+  LeaseMode mode;
+  std::uint32_t limit;
 };
 
 // Checks the options against a TTL (the requested one, and later the granted one).
@@ -81,8 +83,21 @@ Result<ResolvedOptions> Resolve(std::string_view key, const LeaseOptions& option
   if (options.holder.size() > 256) {
     return Status::InvalidArgument("holder identity is longer than 256 bytes");
   }
-  return ResolvedOptions{options.ttl, options.renew_interval, options.drift,
-                         options.holder.empty() ? LeaseOptions::DefaultHolder() : options.holder};
+  if (options.limit < 1 || options.limit > kMaxLeaseLimit) {
+    return Status::InvalidArgument(
+        fmt::format("limit must be 1..{}, got {}", kMaxLeaseLimit, options.limit));
+  }
+  if (options.mode == LeaseMode::kShared && options.limit != 1) {
+    return Status::InvalidArgument(fmt::format(
+        "a shared lease has no limit (any number of shared holders): got limit {}",
+        options.limit));
+  }
+  return ResolvedOptions{options.ttl,
+                         options.renew_interval,
+                         options.drift,
+                         options.holder.empty() ? LeaseOptions::DefaultHolder() : options.holder,
+                         options.mode,
+                         options.limit};
 }
 
 // Returns true if `s` is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
@@ -252,11 +267,21 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
   LH_ASSIGN_OR_RETURN(ResolvedOptions resolved, Resolve(key, options));
   const std::string& token = owner_token;
   internal::Backend& backend = *core_->backend;
+  const bool plain = resolved.mode == LeaseMode::kExclusive && resolved.limit == 1;
+  if (!plain && !backend.capabilities().shared_leases) {
+    return Status::Unimplemented(fmt::format("the {} store has no {} leases", backend.scheme(),
+                                             LeaseKindName(resolved.mode, resolved.limit)));
+  }
   internal::LeaseMetrics* metrics = core_->lease_metrics;
   // Read t_send before sending: the grant cannot have started earlier than this.
   SteadyTime t_send = core_->clock.Now();
-  Result<internal::Grant> granted =
-      backend.TryAcquire({std::string(key), token, resolved.holder, resolved.ttl, waiter_id});
+  Result<internal::Grant> granted = backend.TryAcquire({.key = std::string(key),
+                                                        .owner_token = token,
+                                                        .holder = resolved.holder,
+                                                        .ttl = resolved.ttl,
+                                                        .waiter_id = waiter_id,
+                                                        .mode = resolved.mode,
+                                                        .limit = resolved.limit});
   const Duration latency = core_->clock.Now() - t_send;
   if (!granted.ok()) {
     if (metrics != nullptr) {
@@ -282,6 +307,9 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
       .holder = resolved.holder,
       .fencing_token = grant.fencing_token,
       .store_key = grant.store_key.empty() ? std::string(key) : grant.store_key,
+      .slot = grant.slot,
+      .mode = resolved.mode,
+      .limit = resolved.limit,
       .ttl = ttl,
       .renew_interval = resolved.renew_interval.value_or(ttl / 3),
       .drift = resolved.drift.value_or(LeaseOptions::DefaultDrift(ttl)),
@@ -319,6 +347,8 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
                         {"fencing_token", fencing, true},
                         {"token", prefix},
                         {"backend", backend.scheme()},
+                        {"kind", LeaseKindName(resolved.mode, resolved.limit)},
+                        {"slot", std::to_string(grant.slot), true},
                         {"latency_seconds", latency_s, true},
                         {"ttl_seconds", ttl_s, true},
                         {"renew_interval_seconds", renew_s, true}});
@@ -383,6 +413,13 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
   // optional's value may be read uninitialised.)
   SteadyTime notified_at{};
   bool notified = false;
+  // An exclusive waiter's attempts refresh its writer intent (Backend, "Writer preference"),
+  // which lives one ttl: re-check at least every ttl/3 so that it never lapses while we wait.
+  const Duration recheck_every =
+      options.mode == LeaseMode::kExclusive && options.limit == 1
+          ? std::min<Duration>(kNotificationSafetyNet, std::max<Duration>(options.ttl / 3,
+                                                                          kPollCap))
+          : kNotificationSafetyNet;
   bool waited = false;
   Status last;
   while (true) {
@@ -410,7 +447,7 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
         break;
       }
       if (waiter.notifies()) {
-        Status w = waiter.AwaitStore(std::min(deadline, now + kNotificationSafetyNet), cancel);
+        Status w = waiter.AwaitStore(std::min(deadline, now + recheck_every), cancel);
         if (w.ok()) {
           notified_at = clock.Now();
           notified = true;
@@ -486,6 +523,27 @@ Result<std::vector<LeaseInfo>> Store::List(std::string_view prefix) {
     return Status::InvalidArgument("prefix is longer than the longest key");
   }
   return core_->backend->List(prefix);
+}
+
+Result<std::vector<LeaseInfo>> Store::Holders(std::string_view key) {
+  LH_RETURN_IF_ERROR(ValidateKey(key));
+  return core_->backend->Holders(key);
+}
+
+Result<bool> Store::ForceReleaseGrant(std::string_view key, std::string_view token_prefix) {
+  LH_RETURN_IF_ERROR(ValidateKey(key));
+  if (token_prefix.empty() || token_prefix.size() > 32 ||
+      token_prefix.find_first_not_of("0123456789abcdef") != std::string_view::npos) {
+    return Status::InvalidArgument(
+        "a token prefix is 1..32 lowercase hex digits (the token column of leasehold status)");
+  }
+  LH_ASSIGN_OR_RETURN(bool existed, core_->backend->ForceReleaseGrant(key, token_prefix));
+  internal::LogEvent(internal::LogLevel::kInfo, "force_released",
+                     {{"key", key},
+                      {"token", token_prefix},
+                      {"backend", backend_name()},
+                      {"result", existed ? "grant deleted" : "no such grant"}});
+  return existed;
 }
 
 Result<bool> Store::ForceRelease(std::string_view key) {
