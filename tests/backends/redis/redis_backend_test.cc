@@ -1309,9 +1309,6 @@ TEST(RedisBackendTest, FairQueueLetsNoWaiterStarveUnderContention) {
   EXPECT_LE(worst_bypass, 4 * (kParticipants - 1));
 }
 
-}  // namespace
-}  // namespace leasehold::internal
-
 // Shared leases (backends/backend.h, "Shared leases"; layout in redis_scripts.h).
 
 GrantRequest SemaphoreRequest(char token, std::string holder, std::uint32_t limit, Duration ttl,
@@ -1572,3 +1569,6 @@ TEST(RedisBackendTest, FairEndHandsTheRoomToAsManyHeadsAsItAdmits) {
   ASSERT_TRUE((*backend)->Release("doc", Token('w')).ok());
   EXPECT_EQ(LiveHolder(**backend, "doc"), "r2") << "then to the reader";
 }
+
+}  // namespace
+}  // namespace leasehold::internal
