@@ -118,7 +118,7 @@ end
 local function lh_none()
   return {false, false, false, -2, false, false, false, false}
 end
-local function lh_admits(st, kind, limit)
+local function lh_admits(st, kind, limit, tok)
   if st.kind == 'none' then
     return 'ok'
   end
@@ -126,9 +126,15 @@ local function lh_admits(st, kind, limit)
     if kind ~= st.kind or limit ~= st.limit then
       return 'mismatch'
     end
-    return #st.grants < limit and 'ok' or 'full'
+  elseif kind ~= 'shared' or st.kind ~= 'shared' then
+    return 'full'
   end
-  return (kind == 'shared' and st.kind == 'shared') and 'ok' or 'full'
+  for _, g in ipairs(st.grants) do
+    if g.tok == tok then
+      return 'full'
+    end
+  end
+  return (kind == 'shared' or #st.grants < limit) and 'ok' or 'full'
 end
 local function lh_grant(key, fence_key, st, kind, limit, tok, holder, ttl, now, w, q)
   local fence = redis.call('INCR', fence_key)
@@ -204,6 +210,10 @@ end
 //             token, time left, TTL, kind, limit, slot.
 //   lh_admits The admission rules of backend.h, "Shared leases": 'ok', 'full' (held by
 //             another), or 'mismatch' (a semaphore and a read/write request, or two limits).
+//             A live grant that already holds the request's owner token (an earlier attempt of
+//             the same Store::Acquire whose reply was lost) makes it 'full', as an exclusive
+//             grant of one's own token always did: its expiry began before this attempt's
+//             t_send, so it must not be reported as a fresh grant, nor overwritten.
 //   lh_grant  Bump the key's one fencing counter first (it survives release, expiry and
 //             force-release, so every grant's token is above every earlier one of any kind).
 //             Exclusive: the earlier layout exactly, with PEXPIRE. Shared/semaphore: the
@@ -226,7 +236,7 @@ inline constexpr std::string_view kAcquireScript = R"lua(
 local now = lh_now()
 local st = lh_state(KEYS[1], now, true)
 local kind, limit = ARGV[4], tonumber(ARGV[5])
-local admits = lh_admits(st, kind, limit)
+local admits = lh_admits(st, kind, limit, ARGV[1])
 if admits == 'mismatch' then
   return {3, st.kind, st.limit, st.grants[1].h}
 end
@@ -295,7 +305,7 @@ if ARGV[4] ~= '' then
     end
   end
 end
-local admits = lh_admits(st, kind, limit)
+local admits = lh_admits(st, kind, limit, ARGV[1])
 if admits == 'mismatch' then
   return {3, st.kind, st.limit, st.grants[1].h}
 end
@@ -502,7 +512,7 @@ while true do
     break
   end
   local kind, limit = e[5] or 'exclusive', tonumber(e[6]) or 1
-  local admits = lh_admits(st, kind, limit)
+  local admits = lh_admits(st, kind, limit, e[1])
   if admits ~= 'ok' then
     stuck = admits == 'mismatch'
     break
