@@ -647,16 +647,15 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
     // t_q: this attempt's send time, read after the core's t_send and before sending. The
     // queue entry keeps it; a release that hands us the key copies it (kFairEndScript).
     const SteadyTime t_q = clock_.Now();
-    call.push_back({"EVALSHA", pool_->shas_[kFairAcquire], "6", lease_key,
-                    FenceKeyName(options_.prefix, request.key),
-                    QueueKeyName(options_.prefix, request.key),
-                    QueueExpiryKeyName(options_.prefix, request.key),
-                    QueueSeqKeyName(options_.prefix, request.key),
-                    QueueDataKeyName(options_.prefix, request.key), request.owner_token,
-                    request.holder, std::to_string(ttl_ms), request.waiter_id,
-                    std::to_string(CeilMillis(FairEntryLifetime(options_, request.ttl))),
-                    std::to_string(t_q.time_since_epoch().count()), kind,
-                    std::to_string(request.limit)});
+    call.push_back(
+        {"EVALSHA", pool_->shas_[kFairAcquire], "6", lease_key,
+         FenceKeyName(options_.prefix, request.key), QueueKeyName(options_.prefix, request.key),
+         QueueExpiryKeyName(options_.prefix, request.key),
+         QueueSeqKeyName(options_.prefix, request.key),
+         QueueDataKeyName(options_.prefix, request.key), request.owner_token, request.holder,
+         std::to_string(ttl_ms), request.waiter_id,
+         std::to_string(CeilMillis(FairEntryLifetime(options_, request.ttl))),
+         std::to_string(t_q.time_since_epoch().count()), kind, std::to_string(request.limit)});
   } else {
     call.push_back({"EVALSHA", pool_->shas_[kAcquire], "3", lease_key,
                     FenceKeyName(options_.prefix, request.key),
@@ -675,7 +674,8 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
   }
   LH_ASSIGN_OR_RETURN(long long granted, ParseInteger(reply->element[0]));
   if (granted == 0) {
-    if (!options_.fair && reply->elements >= 10 && ParseInteger(reply->element[9]).value_or(0) == 1) {
+    if (!options_.fair && reply->elements >= 10 &&
+        ParseInteger(reply->element[9]).value_or(0) == 1) {
       // Our writer intent lives: AbandonWait clears it if this call gives up.
       MutexLock lock(&intents_mu_);
       intents_.insert(request.waiter_id);
@@ -800,11 +800,11 @@ void RedisBackend::RecordHanded(std::string_view waiter_id, std::string_view pay
     }
   }
   MutexLock lock(&handed_mu_);
-  handed_[std::string(waiter_id)] = Handed{.fencing_token = static_cast<FencingToken>(values[0]),
-                                           .t_q = SteadyTime(Duration(values[1])),
-                                           .ttl = StoreMillis(values[2]),
-                                           .slot = static_cast<std::uint32_t>(
-                                               std::clamp<long long>(values[3], 0, kMaxLeaseLimit))};
+  handed_[std::string(waiter_id)] = Handed{
+      .fencing_token = static_cast<FencingToken>(values[0]),
+      .t_q = SteadyTime(Duration(values[1])),
+      .ttl = StoreMillis(values[2]),
+      .slot = static_cast<std::uint32_t>(std::clamp<long long>(values[3], 0, kMaxLeaseLimit))};
 }
 
 Result<long long> RedisBackend::FairEnd(std::string_view key, std::string_view who,
@@ -862,8 +862,8 @@ std::vector<Status> RedisBackend::RenewMany(std::span<const RenewRequest> reques
     const redisReply* reply = out->replies[i].get();
     if (IsError(reply)) {
       results.push_back(ScriptErrorStatus(options_.Address(),
-                                          fmt::format("renewing {}", requests[i].key), ScriptText(kRenew),
-                                          ReplyText(reply)));
+                                          fmt::format("renewing {}", requests[i].key),
+                                          ScriptText(kRenew), ReplyText(reply)));
       continue;
     }
     Result<long long> renewed = ParseInteger(reply);
@@ -903,8 +903,8 @@ Status RedisBackend::Release(std::string_view key, std::string_view owner_token)
   LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
-    return ScriptErrorStatus(options_.Address(), fmt::format("releasing {}", key), ScriptText(kRelease),
-                             ReplyText(reply));
+    return ScriptErrorStatus(options_.Address(), fmt::format("releasing {}", key),
+                             ScriptText(kRelease), ReplyText(reply));
   }
   LH_ASSIGN_OR_RETURN(long long released, ParseInteger(reply));
   if (released == 0) {
@@ -1389,10 +1389,9 @@ void RedisBackend::AbandonWait(std::string_view key, std::string_view waiter_id)
     Result<ScriptReplies> out = RunScripts(*pool_, std::move(call), false);
     // Best effort: if this fails, the intent expires by itself within the waiter's TTL.
     if (!out.ok() || IsError(out->replies[0].get())) {
-      Log(LogLevel::kDebug,
-          fmt::format("clearing the writer intent of {}: {}", key,
-                      out.ok() ? std::string(ReplyText(out->replies[0].get()))
-                               : out.status().ToString()));
+      Log(LogLevel::kDebug, fmt::format("clearing the writer intent of {}: {}", key,
+                                        out.ok() ? std::string(ReplyText(out->replies[0].get()))
+                                                 : out.status().ToString()));
     }
     return;
   }
@@ -1462,9 +1461,8 @@ Result<std::optional<Duration>> RedisBackend::TimeToRecheck(std::string_view key
     // If the release message is missed, the first grant to end still ends by itself (and
     // another writer's intent, which keeps readers out, expires): wake then, spread out a
     // little so that many waiters do not retry in the same instant.
-    Duration remaining = milliseconds(left >= 0 && (intent_left < 0 || left < intent_left)
-                                          ? left
-                                          : intent_left);
+    Duration remaining =
+        milliseconds(left >= 0 && (intent_left < 0 || left < intent_left) ? left : intent_left);
     return std::optional<Duration>(
         remaining + Jitter(std::min(remaining / 10 + milliseconds(1), kMaxExpiryJitter)));
   }

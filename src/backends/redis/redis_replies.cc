@@ -102,8 +102,8 @@ Result<LeaseInfo> ParseLeaseInfo(std::string key, const redisReply* reply, std::
     info.mode = kind == "shared" ? LeaseMode::kShared : LeaseMode::kExclusive;
     info.limit = static_cast<std::uint32_t>(
         std::clamp<long long>(limit.ok() ? *limit : 1, 1, kMaxLeaseLimit));
-    info.slot = static_cast<std::uint32_t>(
-        std::clamp<long long>(slot.ok() ? *slot : 0, 0, kMaxLeaseLimit));
+    info.slot =
+        static_cast<std::uint32_t>(std::clamp<long long>(slot.ok() ? *slot : 0, 0, kMaxLeaseLimit));
   }
   return info;
 }

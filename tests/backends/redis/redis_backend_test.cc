@@ -1369,7 +1369,8 @@ TEST(RedisBackendTest, SemaphoreGrantsAreFieldsOfTheOneGrantHashEachAcquireOneSc
     names.push_back(name);
   }
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{hash, RedisBackend::FenceKeyName("leasehold", "pool")}))
+  EXPECT_EQ(names,
+            (std::vector<std::string>{hash, RedisBackend::FenceKeyName("leasehold", "pool")}))
       << "only the grant hash and the fence counter";
 
   // Full: the holder of the lowest slot; another limit or an exclusive request: a mismatch.
@@ -1450,9 +1451,9 @@ TEST(RedisBackendTest, AnOldLayoutExclusiveGrantAndAnOldClientSeeTheOtherFamily)
   auto backend = OpenUrl(server->Url());
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
   const std::string hash = RedisBackend::LeaseKeyName("leasehold", "pool");
-  ASSERT_TRUE(server->Cli({"HSET", hash, "token", Token('o'), "holder", "old", "fence", "7",
-                           "ttl", "5000"})
-                  .ok());
+  ASSERT_TRUE(
+      server->Cli({"HSET", hash, "token", Token('o'), "holder", "old", "fence", "7", "ttl", "5000"})
+          .ok());
   ASSERT_TRUE(server->Cli({"PEXPIRE", hash, "5000"}).ok());
   auto info = (*backend)->Inspect("pool");
   ASSERT_TRUE(info.ok() && info->has_value());
@@ -1464,9 +1465,11 @@ TEST(RedisBackendTest, AnOldLayoutExclusiveGrantAndAnOldClientSeeTheOtherFamily)
   EXPECT_EQ(semaphore.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(semaphore.status().message().find("old"), std::string_view::npos)
       << semaphore.status().ToString();
-  auto shared = (*backend)->TryAcquire(
-      {.key = "pool", .owner_token = Token('b'), .holder = "r", .ttl = 5s,
-       .mode = LeaseMode::kShared});
+  auto shared = (*backend)->TryAcquire({.key = "pool",
+                                        .owner_token = Token('b'),
+                                        .holder = "r",
+                                        .ttl = 5s,
+                                        .mode = LeaseMode::kShared});
   EXPECT_EQ(shared.status().code(), StatusCode::kHeldByAnother) << "same family, held";
   EXPECT_TRUE((*backend)->Renew({"pool", Token('o'), 5s}).ok());
   EXPECT_TRUE((*backend)->Release("pool", Token('o')).ok());
@@ -1480,9 +1483,9 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 return {1}
 )lua";
-  auto old = server->Cli({"EVAL", std::string(kOldAcquire), "2", hash,
-                          RedisBackend::FenceKeyName("leasehold", "pool"), Token('x'), "old",
-                          "5000"});
+  auto old =
+      server->Cli({"EVAL", std::string(kOldAcquire), "2", hash,
+                   RedisBackend::FenceKeyName("leasehold", "pool"), Token('x'), "old", "5000"});
   ASSERT_TRUE(old.ok()) << old.status().ToString();
   EXPECT_EQ(old->substr(0, 2), "0\n") << *old;
   EXPECT_NE(old->find("(semaphore of 3)"), std::string::npos) << *old;
@@ -1497,8 +1500,8 @@ TEST(RedisBackendTest, WriterIntentIsOneKeyThatKeepsReadersOutUntilTheWriterLeav
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
   ASSERT_TRUE((*backend)->TryAcquire(RwRequest('a', "reader-1", LeaseMode::kShared, 5s)).ok());
   ASSERT_TRUE((*backend)->TryAcquire(RwRequest('b', "reader-2", LeaseMode::kShared, 5s)).ok());
-  auto writer = (*backend)->TryAcquire(
-      RwRequest('w', "writer", LeaseMode::kExclusive, 5s, Waiter('w')));
+  auto writer =
+      (*backend)->TryAcquire(RwRequest('w', "writer", LeaseMode::kExclusive, 5s, Waiter('w')));
   ASSERT_EQ(writer.status().code(), StatusCode::kHeldByAnother);
   const std::string intent = RedisBackend::IntentKeyName("leasehold", "doc");
   auto recorded = server->Cli({"HGET", intent, "waiter"});
@@ -1521,8 +1524,8 @@ TEST(RedisBackendTest, WriterIntentIsOneKeyThatKeepsReadersOutUntilTheWriterLeav
   for (char token : {'a', 'b', 'c'}) {
     ASSERT_TRUE((*backend)->Release("doc", Token(token)).ok());
   }
-  ASSERT_TRUE((*backend)->TryAcquire(RwRequest('w', "writer", LeaseMode::kExclusive, 5s,
-                                               Waiter('w')))
+  ASSERT_TRUE((*backend)
+                  ->TryAcquire(RwRequest('w', "writer", LeaseMode::kExclusive, 5s, Waiter('w')))
                   .ok());
   gone = server->Cli({"EXISTS", intent});
   ASSERT_TRUE(gone.ok());
