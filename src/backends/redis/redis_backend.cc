@@ -796,7 +796,7 @@ void RedisBackend::RecordHanded(std::string_view waiter_id, std::string_view pay
     std::string_view text = parts[2 + i];
     auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), values[i]);
     if (ec != std::errc() || end != text.data() + text.size()) {
-      return;  // not ours to trust: the next attempt asks the server (kFairAcquireScript 8-13)
+      return;  // not ours to trust: the next attempt asks the server (kFairAcquireScript 5-11)
     }
   }
   MutexLock lock(&handed_mu_);

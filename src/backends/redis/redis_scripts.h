@@ -534,17 +534,17 @@ return handed > 0 and 2 or 1
 )lua";
 // Line by line:
 //   1-2 Now, and the key's live grants (kGrantLib; the dead ones dropped).
-//   3-10 Which grant may be ended: the caller's own (compare-and-delete, as kReleaseScript),
+//   3-11 Which grant may be ended: the caller's own (compare-and-delete, as kReleaseScript),
 //       any (force: all of them), the one handed to waiter ARGV[1] (its Acquire gave up before
 //       it took the grant: AbandonWait), or the one with the token prefix (ForceReleaseGrant).
-//  11-13 No such grant: nothing changes, no record either.
-//  14-16 Finish's record, as kFinishScript.
-//  17-23 End it: the whole hash for an exclusive grant or a force-release; otherwise its field,
+//  12-14 No such grant: nothing changes, no record either.
+//  15-17 Finish's record, as kFinishScript.
+//  18-24 End it: the whole hash for an exclusive grant or a force-release; otherwise its field,
 //       then lh_state drops the hash if it was the last and fixes the hash's expiry. The fence
 //       counter stays.
-//  24   Drop expired queue entries (kGrantLib): a dead waiter whose entry ran out is never
+//  25   Drop expired queue entries (kGrantLib): a dead waiter whose entry ran out is never
 //       handed the key.
-//  25-53 Hand the key to as many heads as the room now admits, in arrival order, stopping at
+//  26-53 Hand the key to as many heads as the room now admits, in arrival order, stopping at
 //       the first that does not fit: one exclusive head (the key is then held); shared heads
 //       until an exclusive one (which keeps later shared ones out); semaphore heads until N.
 //       Each head's grant data was written by its latest attempt (kFairAcquireScript); an
@@ -611,7 +611,7 @@ return 1
 //  22-28 Shared or semaphore: the field goes; with keep > 0 it comes back as
 //       "g:<token>:kept" (same slot, holder, fencing token) ending keep from now, which no
 //       renewal names; lh_state then sets the hash's expiry to the latest grant's.
-//  29   Wake the waiters either way: after a delete the head of a fair queue (or the quickest
+//  30   Wake the waiters either way: after a delete the head of a fair queue (or the quickest
 //       waiter) takes the key, as after a release; after a keep they re-read the now shorter
 //       remaining time instead of sleeping to the old expiry.
 
