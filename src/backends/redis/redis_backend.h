@@ -114,8 +114,12 @@ class RedisBackend final : public Backend {
   // native_wait: pub/sub. fencing_survives_restart: false only when Open() saw persistence off.
   [[nodiscard]] Capabilities capabilities() const override;
 
-  // Returns kHeldByAnother with the holder's LeaseInfo (remaining from PTTL). With
-  // min_replicas, a grant that too few replicas confirm is undone and kUnavailable returned.
+  // One script (kAcquireScript, or kFairAcquireScript with fair=true) admits the request by
+  // mode and limit and makes the grant (backend.h, "Shared leases"). Returns kHeldByAnother with
+  // the LeaseInfo of the lowest slot (remaining from the server's clock), or of the waiting
+  // writer whose intent keeps a shared request out; LimitMismatch when the key's grants are of
+  // the other family or limit. With min_replicas, a grant that too few replicas confirm is
+  // undone and kUnavailable returned.
   // Grant::store_key is the grant hash (LeaseKeyName). fair=true, with a waiter id: a grant a
   // release handed to this waiter (heard by WaitForTurn, or found by this attempt) is returned
   // with Grant::ttl counted from the waiter's own latest queue refresh (TakeHanded), without a

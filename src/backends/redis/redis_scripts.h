@@ -716,7 +716,8 @@ return 0
 //       (operator break-glass); the fence counter stays, a writer intent expires by itself.
 //   2   Wake waiters, as a release does.
 //   3   A grant was deleted. (A shared hash whose grants all expired but which no script has
-//       dropped yet counts as one: the hash's own expiry is at most a TTL later.)
+//       dropped yet counts as one, for the 2 ms at most that the hash outlives its latest
+//       grant: kRenewScript 18-21.)
 //   5   The key was already free.
 
 // With kGrantLib. KEYS[1] = grant hash. ARGV[1] = token prefix, ARGV[2] = release channel.
