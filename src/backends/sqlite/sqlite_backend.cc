@@ -2256,11 +2256,14 @@ Status SqliteBackend::WaitForKey(std::string_view key, std::string_view waiter_i
         first_expiry_ns = intent.Int(3);
       }
     }
-    // Without a release (a holder killed) a grant ends by itself: wake then at the latest.
+    // Without a release (a holder killed) a grant ends by itself: wake then at the latest. The
+    // first expiry is a change too, though other grants may still hold the key.
     const Duration until_expiry =
         Duration(*first_expiry_ns - now_ns) + std::chrono::milliseconds(1);
+    const bool until_an_expiry = until_expiry <= deadline - now;
     const Duration timeout = std::min<Duration>(deadline - now, until_expiry);
-    if (queue->WaitChange(key, generation, timeout) && !stop.stop_requested()) {
+    if ((queue->WaitChange(key, generation, timeout) || until_an_expiry) &&
+        !stop.stop_requested()) {
       return Status::Ok();
     }
   }
