@@ -364,11 +364,11 @@ enum StatementId : std::size_t {
 };
 
 constexpr std::array<const char*, kStatementCount> kStatementSql = {
-    kBeginImmediateSql,   kCommitSql,           kRollbackSql,     kSelectLiveGrantsSql,
-    kSelectOwnLiveGrantSql, kBumpFenceSql,      kPutGrantSql,     kRenewGrantSql,
-    kSelectAnyGrantSql,   kDeleteOwnGrantSql,   kDeleteAnyGrantSql, kDeleteGrantByPrefixSql,
-    kListLiveGrantsSql,   kKeepGrantSql,        kPutRecordSql,    kSelectRecordSql,
-    kListRecordsSql,      kSelectLiveIntentSql, kPutIntentSql,    kClearIntentSql,
+    kBeginImmediateSql,     kCommitSql,           kRollbackSql,       kSelectLiveGrantsSql,
+    kSelectOwnLiveGrantSql, kBumpFenceSql,        kPutGrantSql,       kRenewGrantSql,
+    kSelectAnyGrantSql,     kDeleteOwnGrantSql,   kDeleteAnyGrantSql, kDeleteGrantByPrefixSql,
+    kListLiveGrantsSql,     kKeepGrantSql,        kPutRecordSql,      kSelectRecordSql,
+    kListRecordsSql,        kSelectLiveIntentSql, kPutIntentSql,      kClearIntentSql,
     kAbandonIntentSql,
 };
 
@@ -1184,7 +1184,7 @@ LeaseInfo LeaseInfoFromRow(const StatementRun& row, std::int64_t now_ns) {
 // The tables of leasehold's own schema in the file: a fenced write's statements may read them,
 // never change them.
 constexpr std::array<std::string_view, 4> kLeaseTables = {"grants", "fencing_counters", "records",
-                                                         "writer_intents"};
+                                                          "writer_intents"};
 
 bool IsLeaseTable(const char* db_name, const char* table) {
   if (table == nullptr || (db_name != nullptr && std::string_view(db_name) != "main")) {
@@ -1644,12 +1644,14 @@ Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
     // it is refused as held and expires by itself.
     return Status::HeldByAnother(live[*own], "a grant under this owner token already exists");
   }
+
   // The live writer intent of the key, read where it matters: for a shared request (it keeps
   // them out) and for a waiter's exclusive request that is refused (it records or refreshes it).
   struct Intent {
     std::string waiter_id;
     LeaseInfo info;
   };
+
   auto read_intent = [&]() -> Result<std::optional<Intent>> {
     StatementRun select(connection, kSelectLiveIntent, "try-acquire");
     select.Bind(1, request.key);
@@ -1768,9 +1770,8 @@ Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
     }
   }
   LH_RETURN_IF_ERROR(transaction.Commit("try-acquire"));
-  return Grant{.fencing_token = static_cast<FencingToken>(fencing_token),
-               .ttl = request.ttl,
-               .slot = slot};
+  return Grant{
+      .fencing_token = static_cast<FencingToken>(fencing_token), .ttl = request.ttl, .slot = slot};
 }
 
 Status SqliteBackend::Renew(const RenewRequest& request) {
@@ -1842,8 +1843,7 @@ Status SqliteBackend::LostStatusLocked(std::string_view key, std::string_view ow
     // the key after ours (which was in slot 0 too, or ended with every other grant of the key
     // before it could be taken exclusively). A shared or semaphore grant of another owner says
     // nothing about ours, which may have been in another slot.
-    if (any.Int(3) == 0 && ModeFromText(any.Text(4)) == LeaseMode::kExclusive &&
-        any.Int(5) == 1) {
+    if (any.Int(3) == 0 && ModeFromText(any.Text(4)) == LeaseMode::kExclusive && any.Int(5) == 1) {
       return Status::Lost(fmt::format("lease {} was lost: taken over by another owner", key),
                           LostCause::kStolen);
     }
@@ -1901,8 +1901,7 @@ Status SqliteBackend::Release(std::string_view key, std::string_view owner_token
     result = LostStatusLocked(key, owner_token, now_ns);
   } else if (!live && !expired_ns.has_value()) {
     result = Status::Lost(fmt::format(
-        "lease {} was lost before release: expired (the host rebooted since it was granted)",
-        key));
+        "lease {} was lost before release: expired (the host rebooted since it was granted)", key));
   } else if (!live) {
     result = Status::Lost(fmt::format("lease {} was lost before release: expired {} ago", key,
                                       HumanDuration(now_ns - *expired_ns)));
@@ -2117,8 +2116,7 @@ Result<bool> SqliteBackend::ForceRelease(std::string_view key) {
   return was_live;
 }
 
-Result<bool> SqliteBackend::ForceReleaseGrant(std::string_view key,
-                                              std::string_view token_prefix) {
+Result<bool> SqliteBackend::ForceReleaseGrant(std::string_view key, std::string_view token_prefix) {
   if (token_prefix.empty()) {
     return Status::InvalidArgument("force-release of one grant: the token prefix is empty");
   }

@@ -952,7 +952,9 @@ std::string RealBootId() {
   return id;
 }
 
-std::int64_t BootNowNs() { return BootClock::now().time_since_epoch().count(); }
+std::int64_t BootNowNs() {
+  return BootClock::now().time_since_epoch().count();
+}
 
 // Writes a version 1 file at `path` with a live grant of job:x (owner kTokenA, fencing token 7,
 // 60 s left) made in this boot, as a version 1 binary would have left it.
@@ -964,10 +966,10 @@ void WriteVersion1File(const std::string& path, bool with_records) {
         "CREATE TABLE records (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL, "
         "expires_unix_ns INTEGER NOT NULL) WITHOUT ROWID;");
   }
-  raw.Exec(fmt::format(
-      "INSERT INTO grants VALUES ('job:x', '{}', 'old:1', 7, '{}', 60000000000, {});"
-      "INSERT INTO fencing_counters VALUES ('job:x', 7);",
-      kTokenA, RealBootId(), BootNowNs() + 60'000'000'000));
+  raw.Exec(
+      fmt::format("INSERT INTO grants VALUES ('job:x', '{}', 'old:1', 7, '{}', 60000000000, {});"
+                  "INSERT INTO fencing_counters VALUES ('job:x', 7);",
+                  kTokenA, RealBootId(), BootNowNs() + 60'000'000'000));
 }
 
 TEST_F(SqliteBackendTest, AVersion1FileIsMigratedAndKeepsItsLiveGrants) {
@@ -1027,11 +1029,11 @@ TEST_F(SqliteBackendTest, AVersion1ConnectionOpenDuringTheMigrationKeepsWorkingE
   RawDb old(DbPath());
   sqlite3_stmt* select = nullptr;
   sqlite3_stmt* put = nullptr;
-  ASSERT_EQ(sqlite3_prepare_v3(old.db(), kVersion1SelectLiveGrantSql, -1,
-                               SQLITE_PREPARE_PERSISTENT, &select, nullptr),
+  ASSERT_EQ(sqlite3_prepare_v3(old.db(), kVersion1SelectLiveGrantSql, -1, SQLITE_PREPARE_PERSISTENT,
+                               &select, nullptr),
             SQLITE_OK);
-  ASSERT_EQ(sqlite3_prepare_v3(old.db(), kVersion1PutGrantSql, -1, SQLITE_PREPARE_PERSISTENT,
-                               &put, nullptr),
+  ASSERT_EQ(sqlite3_prepare_v3(old.db(), kVersion1PutGrantSql, -1, SQLITE_PREPARE_PERSISTENT, &put,
+                               nullptr),
             SQLITE_OK);
   auto backend = MustOpen();  // migrates
   ASSERT_NE(backend, nullptr);
@@ -1647,8 +1649,8 @@ TEST_F(SqliteBackendTest, ASemaphoreIsOneRowPerSlotAndReusesTheSmallestFreeSlot)
   }
   EXPECT_EQ((*holders)[1].token_prefix, TokenNumber(9).substr(0, 8));
   // Renew and release each name one grant among the three.
-  EXPECT_TRUE(backend->Renew({.key = "pool", .owner_token = TokenNumber(2), .ttl = seconds(5)})
-                  .ok());
+  EXPECT_TRUE(
+      backend->Renew({.key = "pool", .owner_token = TokenNumber(2), .ttl = seconds(5)}).ok());
   EXPECT_EQ(backend->Holders("pool").value()[2].ttl, seconds(5));
   EXPECT_EQ(backend->Holders("pool").value()[0].ttl, seconds(120));
   EXPECT_TRUE(backend->ForceRelease("pool").value());
@@ -1843,8 +1845,7 @@ TEST_F(SqliteBackendTest, AWaiterRefusedByAFullSemaphoreIsWokenByASlotFreedBefor
   EXPECT_TRUE(woken.ok()) << woken.ToString();
   EXPECT_TRUE(waiter->TryAcquire(request).ok());
   // Without a refusal to go by, the wait reads the generation afresh (and sleeps).
-  EXPECT_EQ(waiter->WaitForTurn("pool", "waiter-1", BootClock::now() + milliseconds(50), {})
-                .code(),
+  EXPECT_EQ(waiter->WaitForTurn("pool", "waiter-1", BootClock::now() + milliseconds(50), {}).code(),
             StatusCode::kDeadlineExceeded);
 }
 
