@@ -1000,10 +1000,11 @@ class StatementRun {
     sqlite3_clear_bindings(statement_);
   }
 
-  // `text` must outlive the run (bound without a copy).
+  // `text` must outlive the run (bound without a copy). An empty view is the empty string,
+  // even a default-constructed one (whose null data() SQLite would bind as NULL).
   void Bind(int index, std::string_view text) {
-    Check(sqlite3_bind_text(statement_, index, text.data(), static_cast<int>(text.size()),
-                            SQLITE_STATIC));
+    Check(sqlite3_bind_text(statement_, index, text.data() != nullptr ? text.data() : "",
+                            static_cast<int>(text.size()), SQLITE_STATIC));
   }
 
   void Bind(int index, std::int64_t value) { Check(sqlite3_bind_int64(statement_, index, value)); }

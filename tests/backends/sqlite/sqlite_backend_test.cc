@@ -774,6 +774,9 @@ TEST_F(SqliteBackendTest, InspectAndListShowLiveGrantsOnlyOrderedByKey) {
   EXPECT_THAT(
       Keys(backend->List("").value()),
       ElementsAre("job:%x", "job:a", "job:b", "job:\xC3\xA9t\xC3\xA9", "job_1", "jobs", "other"));
+  // A default-constructed view (Store::List's default prefix, data() null) is the empty prefix,
+  // not a NULL that matches no key.
+  EXPECT_EQ(backend->List(std::string_view()).value().size(), 7u);
 
   for (const LeaseInfo& info : *jobs) {
     EXPECT_EQ(info.holder, "h");
