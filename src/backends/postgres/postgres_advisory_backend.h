@@ -50,7 +50,7 @@
 //   that first checks the lock and the row: a session that was replaced (reconnected) or lost
 //   the lock is fenced out. A grant kept after its holder (Finish, keep > 0) has no session, so
 //   nobody writes under it.
-- Shared and semaphore leases are not offered (Capabilities::shared_leases is false, so the
+// - Shared and semaphore leases are not offered (Capabilities::shared_leases is false, so the
 //   core refuses them; TryAcquire refuses them too, naming mode=table). What was checked: shared
 //   read/write grants could be pg_try_advisory_lock_shared, and a writer queued with the blocking
 //   pg_advisory_lock (WaitForTurn) does make a later pg_try_advisory_lock_shared of another

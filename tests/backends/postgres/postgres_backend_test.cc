@@ -1016,6 +1016,27 @@ TEST_F(PostgresBackendTest, ASchemaFromBeforeSharesKeepsExclusiveLeasesAndNamesT
   EXPECT_TRUE(now_shared.ok()) << now_shared.status().ToString();
 }
 
+// The evidence for the design note in postgres_advisory_backend.h: a writer queued with the
+// blocking pg_advisory_lock keeps a later pg_try_advisory_lock_shared of another session out
+// while a reader holds the lock (the server's queue would give writer preference), and gets the
+// lock when the reader ends.
+TEST_F(PostgresBackendTest, AQueuedAdvisoryWriterKeepsLaterTryLockSharedReadersOut) {
+  std::thread reader([&] {
+    EXPECT_TRUE(server_->Psql("SELECT pg_advisory_lock_shared(424242); SELECT pg_sleep(1.5)").ok());
+  });
+  std::this_thread::sleep_for(300ms);
+  std::thread writer([&] {
+    auto got = server_->Psql("SELECT pg_advisory_lock(424242); SELECT 'writer'");
+    EXPECT_TRUE(got.ok() && got->find("writer") != std::string::npos);
+  });
+  std::this_thread::sleep_for(300ms);
+  auto later = server_->Psql("SELECT pg_try_advisory_lock_shared(424242)");
+  ASSERT_TRUE(later.ok()) << later.status().ToString();
+  EXPECT_EQ(*later, "f") << "a later shared try-lock barged past the queued writer";
+  reader.join();
+  writer.join();
+}
+
 TEST_F(PostgresBackendTest, AdvisoryModeRefusesSharedAndSemaphoreLeasesNamingTableMode) {
   auto url = ParseUrl(Url("advisory"));
   ASSERT_TRUE(url.ok());
