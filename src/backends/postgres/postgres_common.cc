@@ -291,8 +291,9 @@ Result<bool> PgSharesReady(PgConnection& conn, const PostgresOptions& options, C
   if (!options.create_schema) {
     return unusable("is missing and create_schema=false forbids creating it");
   }
-  Result<PgResult> created = conn.Exec("create table", PgStatement(sql::kCreateSharesTable, options),
-                                       {}, PgDeadline(options, clock));
+  Result<PgResult> created =
+      conn.Exec("create table", PgStatement(sql::kCreateSharesTable, options), {},
+                PgDeadline(options, clock));
   if (created.ok()) {
     Log(LogLevel::kInfo, fmt::format("postgres at {}: created {}", options.display, shares));
   }
@@ -783,8 +784,8 @@ void PermissionItems(const PgSettings& s, const PostgresOptions& options,
                                 table, role, schema),
            .fix = fmt::format("have a DBA run the SQL of `leasehold schema --store URL`, then {}",
                               grant)});
-    } else if (s.shares.exists && !(s.shares.select && s.shares.insert && s.shares.update &&
-                                    s.shares_delete)) {
+    } else if (s.shares.exists &&
+               !(s.shares.select && s.shares.insert && s.shares.update && s.shares_delete)) {
       items.push_back({.area = "permissions",
                        .verdict = CheckVerdict::kWarn,
                        .found = fmt::format("role {} lacks some of SELECT, INSERT, UPDATE, DELETE "
@@ -808,9 +809,10 @@ std::string PermissionsFix(std::string_view role_name, const PostgresOptions& op
   if (options.mode == PostgresMode::kAdvisory) {
     fix += fmt::format("; release --force also needs GRANT pg_signal_backend TO {}", role);
   } else {
-    fix += fmt::format("; shared and semaphore leases also need GRANT SELECT, INSERT, UPDATE, "
-                       "DELETE ON {}.shares TO {}",
-                       schema, role);
+    fix += fmt::format(
+        "; shared and semaphore leases also need GRANT SELECT, INSERT, UPDATE, "
+        "DELETE ON {}.shares TO {}",
+        schema, role);
   }
   return fix;
 }

@@ -455,16 +455,17 @@ WHERE EXISTS (SELECT 1 FROM x) OR EXISTS (SELECT 1 FROM s))sql";
 // The live grants of a key (`key = $1`) or of keys with a prefix (starts_with), from both
 // tables: (key, holder, token prefix, fence, ttl_ms, remaining_ms, mode, lim, slot), for
 // kTableHolders and kTableListShared. {where} is the condition on `key`.
-#define LH_PG_TABLE_GRANTS(where)                                                               \
-  "SELECT key, holder, left(token, 8) AS prefix, fence, ttl_ms, "                              \
-  "greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint, "     \
-  "'x' AS mode, 1 AS lim, 0 AS slot FROM {schema}.leases "                                     \
-  "WHERE " where " AND token IS NOT NULL AND token <> " LH_PG_SHARED_MARKER " "                \
-  "AND expires_at > clock_timestamp() "                                                        \
-  "UNION ALL "                                                                                 \
-  "SELECT key, holder, left(token, 8), fence, ttl_ms, "                                        \
-  "greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint, "     \
-  "CASE WHEN lim = 1 THEN 's' ELSE 'x' END, lim, slot FROM {schema}.shares "                   \
+#define LH_PG_TABLE_GRANTS(where)                                                          \
+  "SELECT key, holder, left(token, 8) AS prefix, fence, ttl_ms, "                          \
+  "greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint, " \
+  "'x' AS mode, 1 AS lim, 0 AS slot FROM {schema}.leases "                                 \
+  "WHERE " where " AND token IS NOT NULL AND token <> " LH_PG_SHARED_MARKER                \
+  " "                                                                                      \
+  "AND expires_at > clock_timestamp() "                                                    \
+  "UNION ALL "                                                                             \
+  "SELECT key, holder, left(token, 8), fence, ttl_ms, "                                    \
+  "greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint, " \
+  "CASE WHEN lim = 1 THEN 's' ELSE 'x' END, lim, slot FROM {schema}.shares "               \
   "WHERE " where " AND slot >= 0 AND expires_at > clock_timestamp()"
 
 // Every live grant of key $1, ordered by slot (Inspect takes the first).

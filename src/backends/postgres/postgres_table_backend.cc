@@ -260,9 +260,8 @@ Result<std::shared_ptr<PostgresTableBackend>> PostgresTableBackend::Open(Postgre
   if (!probed.second) {
     probed.first->PrepareStatements();
   }
-  std::shared_ptr<PostgresTableBackend> backend(
-      new PostgresTableBackend(std::move(options), clock, std::move(pool), probed.second,
-                               shares_ready));
+  std::shared_ptr<PostgresTableBackend> backend(new PostgresTableBackend(
+      std::move(options), clock, std::move(pool), probed.second, shares_ready));
   backend->pool_->Return(std::move(probed.first));
   return backend;
 }
@@ -335,25 +334,24 @@ Result<Grant> PostgresTableBackend::TryAcquire(const GrantRequest& request) {
 
 Result<Grant> PostgresTableBackend::AcquireShared(const GrantRequest& request) {
   if (request.holder.find('\0') != std::string::npos) {
-    return Status::InvalidArgument("the holder contains a NUL byte, which PostgreSQL text cannot "
-                                   "hold");
+    return Status::InvalidArgument("the holder contains a NUL byte, which text cannot hold");
   }
   const std::string ttl_ms = std::to_string(CeilMillis(request.ttl));
-  const std::string statement = FillTemplate(
-      PgStatement(sql::kTableAcquireShared, options_),
-      {{"{key}", PgLiteral(request.key)},
-       {"{token}", PgLiteral(request.owner_token)},
-       {"{holder}", PgLiteral(request.holder)},
-       {"{waiter}", request.waiter_id.empty() ? PgLiteral(std::nullopt)
-                                               : PgLiteral(request.waiter_id)},
-       {"{ttl_ms}", ttl_ms},
-       {"{limit}", std::to_string(request.limit)},
-       {"{mode}", request.mode == LeaseMode::kShared ? "'s'" : "'x'"}});
+  const std::string statement =
+      FillTemplate(PgStatement(sql::kTableAcquireShared, options_),
+                   {{"{key}", PgLiteral(request.key)},
+                    {"{token}", PgLiteral(request.owner_token)},
+                    {"{holder}", PgLiteral(request.holder)},
+                    {"{waiter}", request.waiter_id.empty() ? PgLiteral(std::nullopt)
+                                                           : PgLiteral(request.waiter_id)},
+                    {"{ttl_ms}", ttl_ms},
+                    {"{limit}", std::to_string(request.limit)},
+                    {"{mode}", request.mode == LeaseMode::kShared ? "'s'" : "'x'"}});
   LH_ASSIGN_OR_RETURN(PgResult r, Run("acquire", statement, {}));
   if (r.rows() != 1) {
-    return Status::Internal(fmt::format(
-        "unexpected reply from postgres: the acquire of {} returned {} rows", request.key,
-        r.rows()));
+    return Status::Internal(
+        fmt::format("unexpected reply from postgres: the acquire of {} returned {} rows",
+                    request.key, r.rows()));
   }
   const std::string_view outcome = r.Get(0, 0);
   if (outcome == "granted") {
@@ -522,8 +520,8 @@ Result<std::vector<LeaseInfo>> PostgresTableBackend::Holders(std::string_view ke
 }
 
 Result<std::vector<LeaseInfo>> PostgresTableBackend::List(std::string_view prefix) {
-  LH_ASSIGN_OR_RETURN(PgResult r, Run("list", Sql(sql::kTableListShared, sql::kTableList),
-                                      {std::string(prefix)}));
+  LH_ASSIGN_OR_RETURN(
+      PgResult r, Run("list", Sql(sql::kTableListShared, sql::kTableList), {std::string(prefix)}));
   std::vector<LeaseInfo> out;
   for (int i = 0; i < r.rows(); ++i) {
     out.push_back(shares_ready_ ? PgGrantInfo(r, i) : PgLeaseInfo(r, i));
@@ -533,9 +531,9 @@ Result<std::vector<LeaseInfo>> PostgresTableBackend::List(std::string_view prefi
 
 Result<bool> PostgresTableBackend::ForceRelease(std::string_view key) {
   if (shares_ready_) {
-    LH_ASSIGN_OR_RETURN(PgResult r, Run("force-release",
-                                        PgStatement(sql::kTableForceReleaseShared, options_),
-                                        {std::string(key), std::nullopt}));
+    LH_ASSIGN_OR_RETURN(PgResult r,
+                        Run("force-release", PgStatement(sql::kTableForceReleaseShared, options_),
+                            {std::string(key), std::nullopt}));
     return r.rows() > 0;
   }
   LH_ASSIGN_OR_RETURN(
@@ -555,9 +553,9 @@ Result<bool> PostgresTableBackend::ForceReleaseGrant(std::string_view key,
   if (token_prefix.empty()) {
     return Status::InvalidArgument("force-release of one grant needs a token prefix");
   }
-  LH_ASSIGN_OR_RETURN(PgResult r, Run("force-release grant",
-                                      PgStatement(sql::kTableForceReleaseShared, options_),
-                                      {std::string(key), std::string(token_prefix)}));
+  LH_ASSIGN_OR_RETURN(
+      PgResult r, Run("force-release grant", PgStatement(sql::kTableForceReleaseShared, options_),
+                      {std::string(key), std::string(token_prefix)}));
   return r.rows() > 0;
 }
 
@@ -587,9 +585,9 @@ Result<std::vector<std::int64_t>> PostgresTableBackend::FencedWrite(
     PgConnection& c = *conn;
     // Names the grant that refuses us, read after the ROLLBACK on the same connection.
     auto refused = [&]() -> Status {
-      Result<PgResult> r = c.Exec("fenced write holder",
-                                  Sql(sql::kTableHolders, sql::kTableInspect), {request.key},
-                                  PgDeadline(options_, clock_));
+      Result<PgResult> r =
+          c.Exec("fenced write holder", Sql(sql::kTableHolders, sql::kTableInspect), {request.key},
+                 PgDeadline(options_, clock_));
       if (r.ok() && r->rows() > 0 &&
           static_cast<FencingToken>(r->GetInt(0, 3)) != request.fencing_token) {
         return FencedOut(

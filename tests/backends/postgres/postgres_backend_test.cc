@@ -846,9 +846,8 @@ TEST_F(PostgresBackendTest, TableModeKeepsSemaphoreGrantsAsSharesRowsBySlotUnder
       schema));
   ASSERT_TRUE(rows.ok()) << rows.status().ToString();
   EXPECT_EQ(*rows, "0:3:1:w0,1:3:2:w1,2:3:3:w2");
-  auto key_row = server_->Psql(
-      fmt::format("SELECT token || '|' || fence FROM {}.leases WHERE key = E'pool ''a'' \\\\b'",
-                  schema));
+  auto key_row = server_->Psql(fmt::format(
+      "SELECT token || '|' || fence FROM {}.leases WHERE key = E'pool ''a'' \\\\b'", schema));
   ASSERT_TRUE(key_row.ok());
   EXPECT_EQ(*key_row, "(shared)|3") << "the key's row: the marker and the one counter";
 
@@ -899,9 +898,8 @@ TEST_F(PostgresBackendTest, TableModeKeepsSemaphoreGrantsAsSharesRowsBySlotUnder
   auto exclusive = store->TryAcquire(key, {.ttl = 10s, .holder = "x"});
   ASSERT_TRUE(exclusive.ok()) << exclusive.status().ToString();
   EXPECT_EQ(exclusive->fencing_token(), 5u);
-  key_row = server_->Psql(
-      fmt::format("SELECT holder || '|' || fence FROM {}.leases WHERE key = E'pool ''a'' \\\\b'",
-                  schema));
+  key_row = server_->Psql(fmt::format(
+      "SELECT holder || '|' || fence FROM {}.leases WHERE key = E'pool ''a'' \\\\b'", schema));
   ASSERT_TRUE(key_row.ok());
   EXPECT_EQ(*key_row, "x|5");
 }
@@ -943,8 +941,8 @@ TEST_F(PostgresBackendTest, AWaitingWritersIntentIsTheSharesRowOfSlotMinusOne) {
   auto reader = store->TryAcquire("doc", {.ttl = 10s, .mode = LeaseMode::kShared});
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   auto intent = [&] {
-    auto r = server_->Psql(fmt::format(
-        "SELECT holder FROM {}.shares WHERE key = 'doc' AND slot = -1", schema));
+    auto r = server_->Psql(
+        fmt::format("SELECT holder FROM {}.shares WHERE key = 'doc' AND slot = -1", schema));
     return r.ok() ? *r : r.status().ToString();
   };
   // A writer that gives up withdraws its intent.
@@ -977,8 +975,9 @@ TEST_F(PostgresBackendTest, AWaitingWritersIntentIsTheSharesRowOfSlotMinusOne) {
 }
 
 TEST_F(PostgresBackendTest, ASchemaFromBeforeSharesKeepsExclusiveLeasesAndNamesTheFix) {
-  ASSERT_TRUE(server_->Psql("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
-                            "'app') THEN CREATE ROLE app LOGIN; END IF; END $$")
+  ASSERT_TRUE(server_
+                  ->Psql("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
+                         "'app') THEN CREATE ROLE app LOGIN; END IF; END $$")
                   .ok());
   const std::string schema = fmt::format("noshares_{}", getpid());
   ASSERT_TRUE(server_
@@ -1006,10 +1005,9 @@ TEST_F(PostgresBackendTest, ASchemaFromBeforeSharesKeepsExclusiveLeasesAndNamesT
       << shared.status().ToString();
   // The owner's open adds the table; with the grant, a new handle of the role has shared leases.
   ASSERT_NE(Open(fmt::format("{}?mode=table&schema={}", server_->Url(), schema)), nullptr);
-  ASSERT_TRUE(server_
-                  ->Psql(fmt::format("GRANT SELECT, INSERT, UPDATE, DELETE ON {}.shares TO app",
-                                     schema))
-                  .ok());
+  ASSERT_TRUE(
+      server_->Psql(fmt::format("GRANT SELECT, INSERT, UPDATE, DELETE ON {}.shares TO app", schema))
+          .ok());
   auto upgraded = Open(app_url);
   ASSERT_NE(upgraded, nullptr);
   auto now_shared = upgraded->TryAcquire("doc", {.ttl = 5s, .mode = LeaseMode::kShared});
@@ -1043,7 +1041,8 @@ TEST_F(PostgresBackendTest, AdvisoryModeRefusesSharedAndSemaphoreLeasesNamingTab
   auto backend = internal::OpenPostgresBackend(*url);
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
   EXPECT_FALSE((*backend)->capabilities().shared_leases);
-  for (auto [mode, limit] : {std::pair{LeaseMode::kShared, 1u}, std::pair{LeaseMode::kExclusive, 3u}}) {
+  for (auto [mode, limit] :
+       {std::pair{LeaseMode::kShared, 1u}, std::pair{LeaseMode::kExclusive, 3u}}) {
     auto refused = (*backend)->TryAcquire({.key = "k",
                                            .owner_token = std::string(32, 'a'),
                                            .holder = "h",
