@@ -40,7 +40,9 @@ namespace leasehold::internal::postgres_sql {
 // token handed out for it; token/holder/ttl_ms: the live grant (NULL when free); expires_at: the
 // grant's end on the server's clock (table mode), or its last renewal plus ttl (advisory mode,
 // for status and list only: the session, not this column, keeps an advisory grant); lock_id/pid:
-// advisory mode's lock and the server process of the session that holds it.
+// advisory mode's lock and the server process of the session that holds it. While shared or
+// semaphore grants of the key may be live (table mode), token is the marker LH_PG_SHARED_MARKER
+// and the grants are rows of `shares` (kCreateSharesTable).
 inline constexpr std::string_view kCreateSchema = R"sql(CREATE SCHEMA IF NOT EXISTS {schema};)sql";
 
 inline constexpr std::string_view kCreateTable = R"sql(CREATE TABLE IF NOT EXISTS {schema}.leases (
