@@ -302,6 +302,12 @@ Status PostgresAdvisoryBackend::LostStatus(std::string_view key, std::string_vie
 }
 
 Result<Grant> PostgresAdvisoryBackend::TryAcquire(const GrantRequest& request) {
+  if (request.mode != LeaseMode::kExclusive || request.limit != 1) {
+    return Status::Unimplemented(
+        fmt::format("{} {} lease: postgres mode=advisory has only exclusive leases; use "
+                    "postgres://...?mode=table for shared and semaphore leases",
+                    request.key, LeaseKindName(request.mode, request.limit)));
+  }
   if (!request.waiter_id.empty()) {
     std::shared_ptr<Waiting> wait;
     {
