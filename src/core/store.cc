@@ -268,9 +268,14 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
   const std::string& token = owner_token;
   internal::Backend& backend = *core_->backend;
   const bool plain = resolved.mode == LeaseMode::kExclusive && resolved.limit == 1;
-  if (!plain && !backend.capabilities().shared_leases) {
-    return Status::Unimplemented(fmt::format("the {} store has no {} leases", backend.scheme(),
-                                             LeaseKindName(resolved.mode, resolved.limit)));
+  if (const internal::Capabilities caps = backend.capabilities();
+      !plain && !caps.shared_leases) {
+    return Status::Unimplemented(
+        caps.no_shared_leases_why.empty()
+            ? fmt::format("the {} store has no {} leases", backend.scheme(),
+                          LeaseKindName(resolved.mode, resolved.limit))
+            : fmt::format("{} {} lease: {}", key, LeaseKindName(resolved.mode, resolved.limit),
+                          caps.no_shared_leases_why));
   }
   internal::LeaseMetrics* metrics = core_->lease_metrics;
   const internal::LeaseKind kind = internal::KindOf(resolved.mode, resolved.limit);
