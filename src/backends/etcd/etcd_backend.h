@@ -212,13 +212,26 @@ class EtcdBackend final : public Backend {
   // on or off). kUnavailable if no member answers.
   Result<Diagnosis> Diagnose() override;
 
-  // One Range plus one LeaseTimeToLive (remaining in whole seconds, as etcd reports it).
+  // Holders' first: one Range plus one LeaseTimeToLive (remaining in whole seconds, as etcd
+  // reports it).
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
 
-  // One Range over the prefix plus one LeaseTimeToLive per key.
+  // One Range over the prefix plus one LeaseTimeToLive per etcd lease among the grants.
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
 
+  // One Range of the lease's keys plus one LeaseTimeToLive per etcd lease among them.
+  Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
+
+  // One Txn deleting the lease's keys but its writer intent (DeleteRange of the base and of
+  // each slot range, with their previous values), then for each etcd lease that carried one of
+  // them, a LeaseTimeToLive and a revoke if it carries no key any more (an older leasehold's
+  // one-lease-per-grant holder learns of it so).
   Result<bool> ForceRelease(std::string_view key) override;
+
+  // One Range of the lease's keys, then a Txn deleting the grant whose token starts with
+  // `token_prefix` if its create revision is still the one read (and a revoke as
+  // ForceRelease).
+  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override;
 
   // Range, then a Watch stream from the following revision filtered to deletes. Returns OK
   // at once if the key is free; the stream is cancelled on `stop` (kCancelled) and ends at
