@@ -18,6 +18,13 @@
 //                 has no lease yet; a keep-alive first if less than 2/3 of its TTL is left. An
 //                 unanswered acquire Txn's key is deleted (compare on its value) before the key's
 //                 next acquire or by the next renewal round.
+//   shared leases mode/limit (backend.h, "Shared leases"): every key of a lease is
+//                 "<prefix>/<name>" (exclusive grants, as in every version) or that, a NUL and
+//                 "s/<slot>" (shared), "n/<limit>/<slot>" (semaphore) or "w" (the writer
+//                 intent, on its waiter's own etcd lease); one Txn admits a request by
+//                 compares on those keys and ranges plus its slot's key (a taken slot fails it
+//                 whole: the next Txn tries the smallest free slot read). Fencing token = the
+//                 grant key's create revision; Grant::store_key = that key.
 //   renew         RenewMany: one keep-alive per shared lease on the backend's one bidirectional
 //                 LeaseKeepAlive stream, plus one check Txn per 128 keys (compares
 //                 create_revision(key) == ours; if one fails, a read Txn of the keys). A grant is
@@ -27,7 +34,8 @@
 //                 the grants unconfirmed for a whole TTL (the core has lost them).
 //   release       a Txn that deletes the key only if its create revision is still ours (the
 //                 lease is shared: never revoked here).
-//   wait          Range the key, then Watch it from the next revision for its delete.
+//   wait          Range the lease's keys, then Watch them from the next revision for a delete;
+//                 a waiter refused by a Txn watches from that Txn's revision + 1 instead.
 //   fair=true     waiters queue as keys "<prefix>\0queue/<name>\0<waiter id>" on leases of their
 //                 own; the acquire Txn also compares that no queue entry is older than ours
 //                 (or, without a waiter id, that the queue is empty) and deletes our entry.
