@@ -126,6 +126,7 @@ std::string GrantKey(std::string_view base, LeaseMode mode, std::uint32_t limit,
 // What one key of a lease is (ParseKey).
 struct KeyKind {
   enum Kind { kGrant, kIntent, kOther } kind = kOther;
+
   LeaseMode mode = LeaseMode::kExclusive;
   std::uint32_t limit = 1;
   std::uint32_t slot = 0;
@@ -161,8 +162,7 @@ KeyKind ParseKey(std::string_view suffix) {
     k.kind = KeyKind::kIntent;
     return k;
   }
-  if (suffix.starts_with(kSharedTag) &&
-      ParseDigits(suffix.substr(kSharedTag.size()), &k.slot)) {
+  if (suffix.starts_with(kSharedTag) && ParseDigits(suffix.substr(kSharedTag.size()), &k.slot)) {
     k.kind = KeyKind::kGrant;
     k.mode = LeaseMode::kShared;
     return k;
@@ -267,8 +267,7 @@ class EtcdBackend::Impl {
     {
       MutexLock lock(&held_mu_);
       const std::string first = HeldId(grant.key, "");
-      for (auto it = held_.lower_bound(first);
-           it != held_.end() && it->first.starts_with(first);) {
+      for (auto it = held_.lower_bound(first); it != held_.end() && it->first.starts_with(first);) {
         if (it->second.etcd_key == grant.etcd_key) {
           detach.push_back(it->second.lease_id);
           it = held_.erase(it);
@@ -490,6 +489,7 @@ struct KeySnapshot {
     const mvccpb::KeyValue* kv;
     KeyKind kind;
   };
+
   std::vector<Held> grants;
   const mvccpb::KeyValue* intent = nullptr;
   bool exclusive = false;  // a grant at the base
@@ -522,8 +522,8 @@ KeySnapshot Snapshot(std::string_view base, const pb::RangeResponse& range) {
 }
 
 // The smallest slot below `limit` that no grant of `mode`/`limit` in `snap` has, or nullopt.
-std::optional<std::uint32_t> FreeSlot(const KeySnapshot& snap, LeaseMode mode,
-                                      std::uint32_t limit, std::uint32_t bound) {
+std::optional<std::uint32_t> FreeSlot(const KeySnapshot& snap, LeaseMode mode, std::uint32_t limit,
+                                      std::uint32_t bound) {
   std::vector<bool> used(bound, false);
   for (const KeySnapshot::Held& g : snap.grants) {
     if (g.kind.limit == limit && g.kind.mode == mode && g.kind.slot < bound) {
@@ -744,8 +744,8 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
       // The Put is the Txn's only write of a key it creates: the Txn's revision is the key's
       // create revision.
       const int64_t revision = txn_resp.header().revision();
-      impl.SetHeld({request.key, request.owner_token, grant_key, lease.id, revision,
-                    request.holder, lease.ttl_seconds, lease.refreshed});
+      impl.SetHeld({request.key, request.owner_token, grant_key, lease.id, revision, request.holder,
+                    lease.ttl_seconds, lease.refreshed});
       if (entry || intent_lease) {
         impl.queue.Dequeue(request.key, request.waiter_id);  // the entry or intent went with it
       }
@@ -773,8 +773,7 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
         // An earlier attempt of this very Txn was applied before its reply was lost (a
         // deadline or a failover): the grant is ours, on this lease.
         impl.SetHeld({request.key, request.owner_token, g.kv->key(), lease.id,
-                      g.kv->create_revision(), request.holder, lease.ttl_seconds,
-                      lease.refreshed});
+                      g.kv->create_revision(), request.holder, lease.ttl_seconds, lease.refreshed});
         return Grant{.fencing_token = static_cast<FencingToken>(g.kv->create_revision()),
                      .ttl = reported,
                      .store_key = g.kv->key(),
@@ -784,8 +783,8 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
     // A live grant of the other family, or of another limit: refused, naming both.
     const auto mismatch = [&](const KeySnapshot::Held& g) {
       std::optional<GrantValue> v = DecodeValue(g.kv->value());
-      return LimitMismatch(request.key, g.kind.mode, g.kind.limit, v ? v->holder : "",
-                           request.mode, request.limit);
+      return LimitMismatch(request.key, g.kind.mode, g.kind.limit, v ? v->holder : "", request.mode,
+                           request.limit);
     };
     for (const KeySnapshot::Held& g : snap.grants) {
       if ((g.kind.limit > 1) != semaphore || (semaphore && g.kind.limit != request.limit)) {
@@ -809,9 +808,8 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
     }
     if (wants_intent && !intent_lease && !free && attempt + 1 < kAdmissionTries) {
       // Refused: record our intent, in a Txn that also tries once more.
-      LH_ASSIGN_OR_RETURN(int64_t granted, impl.queue.GrantIntentLease(request.key,
-                                                                         request.waiter_id,
-                                                                         seconds));
+      LH_ASSIGN_OR_RETURN(int64_t granted,
+                          impl.queue.GrantIntentLease(request.key, request.waiter_id, seconds));
       intent_lease = granted;
       continue;
     }
@@ -1890,8 +1888,8 @@ Status EtcdBackend::WaitForTurn(std::string_view key, std::string_view waiter_id
   }
   // Wake on a grant's delete or any queue entry's delete (a waiter ahead took the key, left,
   // or died). Come back in time for the caller's next attempt to refresh our entry.
-  return WatchForDeletes(impl.client, clock_, index, ranges, resp.header().revision() + 1,
-                         refresh, deadline, std::move(stop), key);
+  return WatchForDeletes(impl.client, clock_, index, ranges, resp.header().revision() + 1, refresh,
+                         deadline, std::move(stop), key);
 }
 
 void EtcdBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {

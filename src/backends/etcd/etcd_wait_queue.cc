@@ -138,9 +138,9 @@ Result<int64_t> EtcdWaitQueue::GrantIntentLease(std::string_view key, std::strin
   pb::LeaseGrantResponse grant_resp;
   LH_RETURN_IF_ERROR(client_.LeaseGrant("LeaseGrant (writer intent)", grant_req, &grant_resp));
   if (grant_resp.id() == 0 || grant_resp.ttl() <= 0) {
-    return Status::Internal(fmt::format("etcd granted lease {} with TTL {} s", grant_resp.id(),
-                                        grant_resp.ttl()),
-                            grant_resp.error());
+    return Status::Internal(
+        fmt::format("etcd granted lease {} with TTL {} s", grant_resp.id(), grant_resp.ttl()),
+        grant_resp.error());
   }
   Dequeue(key, waiter_id);
   QueueEntry fresh;

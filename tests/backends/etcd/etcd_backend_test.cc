@@ -638,10 +638,9 @@ TEST_F(EtcdBackendTest, AWaitingWritersIntentKeepsNewReadersOutAndGoesWhenItIsGr
   EXPECT_EQ(reader.status().code(), StatusCode::kHeldByAnother);
   ASSERT_NE(reader.status().holder(), nullptr);
   EXPECT_EQ(reader.status().holder()->holder, "writer") << reader.status().ToString();
-  EXPECT_EQ(backend->TryAcquire(GrantRequest{"doc", Token(6), "w2", 30s, "waiter-6"})
-                .status()
-                .code(),
-            StatusCode::kHeldByAnother);
+  EXPECT_EQ(
+      backend->TryAcquire(GrantRequest{"doc", Token(6), "w2", 30s, "waiter-6"}).status().code(),
+      StatusCode::kHeldByAnother);
   intent = cluster_->Get(Nul(base, "w"));
   ASSERT_TRUE(intent.ok() && intent->size() == 1u);
   EXPECT_NE((*intent)[0].value.find("writer"), std::string::npos) << "still the first writer's";
@@ -670,10 +669,9 @@ TEST_F(EtcdBackendTest, AnOlderClientsGrantIsExclusive) {
   words >> word >> id;
   ASSERT_EQ(word, "lease") << *granted;
   const std::string key = backend->options().prefix + "/old-job";
-  ASSERT_TRUE(cluster_
-                  ->Etcdctl({"put", "--lease=" + id, key,
-                             "v1\n" + Token(1) + "\n60000\nold-holder"})
-                  .ok());
+  ASSERT_TRUE(
+      cluster_->Etcdctl({"put", "--lease=" + id, key, "v1\n" + Token(1) + "\n60000\nold-holder"})
+          .ok());
   auto shared = backend->TryAcquire(Shared("old-job", 2));
   EXPECT_EQ(shared.status().code(), StatusCode::kHeldByAnother);
   ASSERT_NE(shared.status().holder(), nullptr);
