@@ -553,6 +553,23 @@ std::string Nul(std::string_view a, std::string_view b) {
   return s;
 }
 
+// The keys of the lease `base` named `key` (etcdctl, reached through a shell, cannot be given a
+// key with a NUL: this reads the lease's prefix and picks).
+std::vector<EtcdKeyValue> KeysNamed(EtcdCluster& cluster, const std::string& base,
+                                    const std::string& key) {
+  std::vector<EtcdKeyValue> out;
+  auto kvs = cluster.Get(base, /*prefix=*/true);
+  EXPECT_TRUE(kvs.ok()) << kvs.status().ToString();
+  if (kvs.ok()) {
+    for (EtcdKeyValue& kv : *kvs) {
+      if (kv.key == key) {
+        out.push_back(std::move(kv));
+      }
+    }
+  }
+  return out;
+}
+
 TEST_F(EtcdBackendTest, SemaphoreGrantsAreSlotKeysAdmittedByOneTxn) {
   auto backend = OpenBackend(Url());
   ASSERT_NE(backend, nullptr);
@@ -628,12 +645,11 @@ TEST_F(EtcdBackendTest, AWaitingWritersIntentKeepsNewReadersOutAndGoesWhenItIsGr
   EXPECT_EQ(refused.status().code(), StatusCode::kHeldByAnother);
   ASSERT_NE(refused.status().holder(), nullptr);
   EXPECT_EQ(refused.status().holder()->holder, "reader-0");
-  auto intent = cluster_->Get(Nul(base, "w"));
-  ASSERT_TRUE(intent.ok()) << intent.status().ToString();
-  ASSERT_EQ(intent->size(), 1u) << "the refused writer's intent, in the same Txn's failure branch";
-  auto reader_kv = cluster_->Get(r0->store_key);
-  ASSERT_TRUE(reader_kv.ok() && reader_kv->size() == 1u);
-  EXPECT_NE((*intent)[0].lease, (*reader_kv)[0].lease) << "on the waiter's own etcd lease";
+  auto intent = KeysNamed(*cluster_, base, Nul(base, "w"));
+  ASSERT_EQ(intent.size(), 1u) << "the refused writer's intent, in the same Txn's failure branch";
+  auto reader_kv = KeysNamed(*cluster_, base, r0->store_key);
+  ASSERT_EQ(reader_kv.size(), 1u);
+  EXPECT_NE(intent[0].lease, reader_kv[0].lease) << "on the waiter's own etcd lease";
   auto reader = backend->TryAcquire(Shared("doc", 2));
   EXPECT_EQ(reader.status().code(), StatusCode::kHeldByAnother);
   ASSERT_NE(reader.status().holder(), nullptr);
@@ -641,18 +657,16 @@ TEST_F(EtcdBackendTest, AWaitingWritersIntentKeepsNewReadersOutAndGoesWhenItIsGr
   EXPECT_EQ(
       backend->TryAcquire(GrantRequest{"doc", Token(6), "w2", 30s, "waiter-6"}).status().code(),
       StatusCode::kHeldByAnother);
-  intent = cluster_->Get(Nul(base, "w"));
-  ASSERT_TRUE(intent.ok() && intent->size() == 1u);
-  EXPECT_NE((*intent)[0].value.find("writer"), std::string::npos) << "still the first writer's";
+  intent = KeysNamed(*cluster_, base, Nul(base, "w"));
+  ASSERT_EQ(intent.size(), 1u);
+  EXPECT_NE(intent[0].value.find("\nwriter"), std::string::npos) << "still the first writer's";
   ASSERT_TRUE(backend->Release("doc", Token(0)).ok());
   ASSERT_TRUE(backend->Release("doc", Token(1)).ok());
   auto granted = backend->TryAcquire(writer);
   ASSERT_TRUE(granted.ok()) << granted.status().ToString();
   EXPECT_EQ(granted->store_key, base) << "an exclusive grant is the key of every version";
   EXPECT_GT(granted->fencing_token, r1->fencing_token);
-  intent = cluster_->Get(Nul(base, "w"));
-  ASSERT_TRUE(intent.ok());
-  EXPECT_TRUE(intent->empty()) << "the intent went with the grant";
+  EXPECT_TRUE(KeysNamed(*cluster_, base, Nul(base, "w")).empty()) << "the intent went with the grant";
   ASSERT_TRUE(backend->Release("doc", Token(5)).ok());
   EXPECT_TRUE(backend->TryAcquire(Shared("doc", 3)).ok()) << "no intent left behind";
 }
@@ -693,8 +707,12 @@ TEST_F(EtcdBackendTest, AnOlderClientsGrantIsExclusive) {
 TEST_F(EtcdBackendTest, ForceReleaseGrantDeletesOneSlotAndListShowsEverySlot) {
   auto holder = OpenBackend(Url());
   ASSERT_NE(holder, nullptr);
+  // Tokens whose first 8 digits (LeaseInfo::token_prefix) differ.
+  const auto token = [](int i) { return fmt::format("{:08x}{:024x}", i + 1, 0); };
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(holder->TryAcquire(Semaphore("pool", i, 4)).ok());
+    GrantRequest r = Semaphore("pool", i, 4);
+    r.owner_token = token(i);
+    ASSERT_TRUE(holder->TryAcquire(r).ok());
   }
   ASSERT_TRUE(holder->TryAcquire({"pool2", Token(7), "x", 30s}).ok());
   auto list = holder->List("pool");
@@ -706,10 +724,10 @@ TEST_F(EtcdBackendTest, ForceReleaseGrantDeletesOneSlotAndListShowsEverySlot) {
     EXPECT_EQ((*list)[i].limit, 4u);
   }
   EXPECT_EQ((*list)[3].key, "pool2");
-  auto forced = holder->ForceReleaseGrant("pool", Token(1).substr(0, 8));
+  auto forced = holder->ForceReleaseGrant("pool", token(1).substr(0, 8));
   ASSERT_TRUE(forced.ok() && *forced) << forced.status().ToString();
   std::vector<RenewRequest> renewals = {
-      {"pool", Token(0), 30s}, {"pool", Token(1), 30s}, {"pool", Token(2), 30s}};
+      {"pool", token(0), 30s}, {"pool", token(1), 30s}, {"pool", token(2), 30s}};
   std::vector<Status> renewed = holder->RenewMany(renewals);
   EXPECT_TRUE(renewed[0].ok()) << renewed[0].ToString();
   EXPECT_EQ(renewed[1].code(), StatusCode::kLost) << renewed[1].ToString();
