@@ -579,11 +579,16 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
     }
   }
   // fair=true: a waiter takes (or keeps) its place in the key's queue first. Its entry lives
-  // max(ttl, 10 s) without the waiter's attempts (each refreshes it once a third has passed).
+  // max(ttl, 10 s) without the waiter's attempts (each refreshes it once a third has passed);
+  // a shared or semaphore waiter's only its ttl (etcd's 2 s at least): such waiters are many
+  // and come and go, and every one that dies holds up the whole queue until its entry expires.
+  const bool exclusive_waiter = request.limit == 1 && request.mode == LeaseMode::kExclusive;
   std::optional<QueueEntry> entry;
   if (options_.fair && !request.waiter_id.empty()) {
-    LH_ASSIGN_OR_RETURN(entry, impl.queue.Enqueue(request.key, request.waiter_id,
-                                                  std::max<int64_t>(seconds, kMinQueueTtlSeconds)));
+    LH_ASSIGN_OR_RETURN(
+        entry, impl.queue.Enqueue(request.key, request.waiter_id,
+                                  exclusive_waiter ? std::max<int64_t>(seconds, kMinQueueTtlSeconds)
+                                                   : seconds));
   }
   // fair=false: a waiting writer's intent rides on a lease of its own (granted when it is first
   // refused, below), refreshed by its attempts.
