@@ -38,7 +38,9 @@
 //                 a waiter refused by a Txn watches from that Txn's revision + 1 instead.
 //   fair=true     waiters queue as keys "<prefix>\0queue/<name>\0<waiter id>" on leases of their
 //                 own; the acquire Txn also compares that no queue entry is older than ours
-//                 (or, without a waiter id, that the queue is empty) and deletes our entry.
+//                 (or, without a waiter id, that the queue is empty) and deletes our entry:
+//                 the head only, for every kind (a shared or semaphore waiter's entry lives its
+//                 ttl, an exclusive one's max(ttl, 10 s)); no writer intent is written.
 //   fenced write  (Lease::Write) one Txn: if create_revision("<prefix>/<name>") == the fencing
 //                 token, the Puts (without an etcd lease) and Deletes in order, else Range the
 //                 grant key to name its holder. The compare fails once the grant is gone or
@@ -163,7 +165,7 @@ class EtcdBackend final : public Backend {
   [[nodiscard]] std::string_view scheme() const override { return "etcd"; }
 
   // native_wait (watch), multi_process, fencing_survives_restart (revisions are persisted),
-  // fenced_ops Put and Delete.
+  // fenced_ops Put and Delete, shared_leases.
   [[nodiscard]] Capabilities capabilities() const override;
 
   // Returns Grant::ttl = the TTL etcd granted (whole seconds, at least 2 s). Returns
@@ -171,7 +173,10 @@ class EtcdBackend final : public Backend {
   // the holder's granted TTL, an upper bound: the conflict path makes no extra call).
   // A shared lease revoked behind the handle's back (`release --force` of its last key, an
   // `etcdctl lease revoke`) fails the Txn whole ("lease not found", nothing applied): the
-  // attempt is made once more on a fresh lease.
+  // attempt is made once more on a fresh lease. Shared and semaphore requests: one Txn, and
+  // one more per slot found taken (at most 6); a waiting exclusive request's first refusal
+  // grants its intent's lease and runs the Txn once more to record it. Returns
+  // kInvalidArgument (LimitMismatch) when a live grant is of the other family or limit.
   Result<Grant> TryAcquire(const GrantRequest& request) override;
 
   Status Renew(const RenewRequest& request) override;
@@ -197,7 +202,8 @@ class EtcdBackend final : public Backend {
   // token, or "is no longer held") if the compare fails; kInvalidArgument, before sending, for
   // a data key of the store's own ("<prefix>/...", "<prefix>\0..."), a key put twice or put and
   // deleted in one write (etcd refuses such a Txn), a token 0 or above INT64_MAX, or a
-  // store_key that is not "<prefix>/<key>"; kPermissionDenied naming the grant key and the data
+  // store_key that is not a grant key of the lease ("<prefix>/<key>" or "<prefix>/<key>\0s/...",
+  // "\0n/..."); kPermissionDenied naming the grant key and the data
   // keys if the user may not read the one or write the others.
   Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override;
 
@@ -246,14 +252,17 @@ class EtcdBackend final : public Backend {
   // `deadline` (kDeadlineExceeded).
   Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
 
-  // fair=true: returns at once if the key is free and `waiter_id` heads its queue; else
-  // watches the grant and the queue for deletes, and returns by the time the waiter's queue
+  // A waiter whose last attempt was refused watches the lease's keys (and, fair=true, its
+  // queue) for deletes from the revision after that refusal, with no read first.
+  // fair=true otherwise: returns at once if the key is free and `waiter_id` heads its queue;
+  // else watches the grants and the queue for deletes, and returns by the time the waiter's queue
   // entry needs its keep-alive (the caller's next TryAcquire sends it). Without fair, as
   // WaitForChange.
   Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
                      std::stop_token stop) override;
 
-  // fair=true: revokes the waiter's queue entry (its lease), which wakes the waiters behind.
+  // Revokes the waiter's queue entry (fair=true) or writer intent (fair=false), each on its
+  // own lease, which wakes the waiters behind.
   void AbandonWait(std::string_view key, std::string_view waiter_id) override;
 
   [[nodiscard]] Stats stats() const;
