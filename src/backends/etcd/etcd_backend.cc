@@ -583,12 +583,10 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
   // a shared or semaphore waiter's only its ttl (etcd's 2 s at least): such waiters are many
   // and come and go, and every one that dies holds up the whole queue until its entry expires.
   const bool exclusive_waiter = request.limit == 1 && request.mode == LeaseMode::kExclusive;
+  const int64_t queue_ttl = exclusive_waiter ? std::max(seconds, kMinQueueTtlSeconds) : seconds;
   std::optional<QueueEntry> entry;
   if (options_.fair && !request.waiter_id.empty()) {
-    LH_ASSIGN_OR_RETURN(
-        entry, impl.queue.Enqueue(request.key, request.waiter_id,
-                                  exclusive_waiter ? std::max<int64_t>(seconds, kMinQueueTtlSeconds)
-                                                   : seconds));
+    LH_ASSIGN_OR_RETURN(entry, impl.queue.Enqueue(request.key, request.waiter_id, queue_ttl));
   }
   // fair=false: a waiting writer's intent rides on a lease of its own (granted when it is first
   // refused, below), refreshed by its attempts.

@@ -666,7 +666,8 @@ TEST_F(EtcdBackendTest, AWaitingWritersIntentKeepsNewReadersOutAndGoesWhenItIsGr
   ASSERT_TRUE(granted.ok()) << granted.status().ToString();
   EXPECT_EQ(granted->store_key, base) << "an exclusive grant is the key of every version";
   EXPECT_GT(granted->fencing_token, r1->fencing_token);
-  EXPECT_TRUE(KeysNamed(*cluster_, base, Nul(base, "w")).empty()) << "the intent went with the grant";
+  EXPECT_TRUE(KeysNamed(*cluster_, base, Nul(base, "w")).empty())
+      << "the intent went with the grant";
   ASSERT_TRUE(backend->Release("doc", Token(5)).ok());
   EXPECT_TRUE(backend->TryAcquire(Shared("doc", 3)).ok()) << "no intent left behind";
 }
