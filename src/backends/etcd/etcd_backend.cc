@@ -75,9 +75,123 @@ std::string TokenPrefixOf(std::string_view token) {
   return std::string(token.substr(0, 8));
 }
 
+// Shared leases (docs/impl.md, "The etcd store"). Every key of lease `name` is "<prefix>/<name>"
+// (its base) or the base, a NUL and a suffix: no other lease's key is either (lease names have
+// no NUL), and they are exactly the keys in [base, base + "\x01"), one Range.
+//   base                          an exclusive grant (slot 0): the layout of every version
+//   base \0 "s/" <slot>           a shared grant
+//   base \0 "n/" <limit> "/" <slot>  a grant of a semaphore of <limit>
+//   base \0 "w"                   the writer intent (fair=false), on its waiter's own lease
+// <slot> and <limit> are 4 decimal digits (kMaxLeaseLimit is 1024), so that etcd's byte order
+// is slot order.
+constexpr std::string_view kSharedTag = "s/";
+constexpr std::string_view kSemaphoreTag = "n/";
+constexpr std::string_view kIntentTag = "w";
+
+std::string Suffixed(std::string_view base, std::string_view suffix) {
+  std::string k(base);
+  k += '\0';
+  k += suffix;
+  return k;
+}
+
+// The end of the range of every key of the lease whose base is `base`.
+std::string KeysEnd(std::string_view base) {
+  std::string k(base);
+  k += '\x01';
+  return k;
+}
+
+std::string SharedKey(std::string_view base, std::uint32_t slot) {
+  return Suffixed(base, fmt::format("{}{:04}", kSharedTag, slot));
+}
+
+std::string SemaphorePrefix(std::string_view base, std::uint32_t limit) {
+  return Suffixed(base, fmt::format("{}{:04}/", kSemaphoreTag, limit));
+}
+
+std::string SemaphoreKey(std::string_view base, std::uint32_t limit, std::uint32_t slot) {
+  return SemaphorePrefix(base, limit) + fmt::format("{:04}", slot);
+}
+
+// The key of a grant of `mode`/`limit` in `slot`.
+std::string GrantKey(std::string_view base, LeaseMode mode, std::uint32_t limit,
+                     std::uint32_t slot) {
+  if (limit > 1) {
+    return SemaphoreKey(base, limit, slot);
+  }
+  return mode == LeaseMode::kShared ? SharedKey(base, slot) : std::string(base);
+}
+
+// What one key of a lease is (ParseKey).
+struct KeyKind {
+  enum Kind { kGrant, kIntent, kOther } kind = kOther;
+
+  LeaseMode mode = LeaseMode::kExclusive;
+  std::uint32_t limit = 1;
+  std::uint32_t slot = 0;
+};
+
+bool ParseDigits(std::string_view digits, std::uint32_t* out) {
+  if (digits.size() != 4) {
+    return false;
+  }
+  std::uint32_t v = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') {
+      return false;
+    }
+    v = v * 10 + static_cast<std::uint32_t>(c - '0');
+  }
+  *out = v;
+  return true;
+}
+
+// `suffix` is a key of the lease less its base: empty, or a NUL and one of the suffixes above.
+KeyKind ParseKey(std::string_view suffix) {
+  KeyKind k;
+  if (suffix.empty()) {
+    k.kind = KeyKind::kGrant;
+    return k;
+  }
+  if (suffix[0] != '\0') {
+    return k;
+  }
+  suffix.remove_prefix(1);
+  if (suffix == kIntentTag) {
+    k.kind = KeyKind::kIntent;
+    return k;
+  }
+  if (suffix.starts_with(kSharedTag) && ParseDigits(suffix.substr(kSharedTag.size()), &k.slot)) {
+    k.kind = KeyKind::kGrant;
+    k.mode = LeaseMode::kShared;
+    return k;
+  }
+  if (suffix.starts_with(kSemaphoreTag) && suffix.size() == kSemaphoreTag.size() + 9 &&
+      suffix[kSemaphoreTag.size() + 4] == '/' &&
+      ParseDigits(suffix.substr(kSemaphoreTag.size(), 4), &k.limit) &&
+      ParseDigits(suffix.substr(kSemaphoreTag.size() + 5), &k.slot) && k.limit > 1) {
+    k.kind = KeyKind::kGrant;
+    return k;
+  }
+  return k;
+}
+
+// Lower slots whose occupancy the acquire Txn compares (etcd's --max-txn-ops, default 128,
+// bounds a Txn's compares): a slot above this is the smallest free one as the previous attempt
+// read it, which a release in between may have undercut.
+constexpr std::uint32_t kLowerSlotCompares = 100;
+
+// Acquire Txns per TryAcquire: a slot taken between the read and the Txn, or a writer intent
+// to record, costs one more; each is one atomic Txn, so a race only fails one, never
+// over-admits.
+constexpr int kAdmissionTries = 6;
+
 // A grant this backend made and has not released: what renew and release need.
 struct HeldGrant {
+  std::string key;  // the lease name
   std::string owner_token;
+  std::string etcd_key;  // the grant's own key (the base, or a slot's key)
   int64_t lease_id = 0;  // the shared lease the key is on
   int64_t create_revision = 0;
   std::string holder;  // the grant's value is re-Put with it when Finish keeps the grant
@@ -87,6 +201,15 @@ struct HeldGrant {
   // safe_until is never later (its t_send is no later). Past that, the core has lost it.
   SteadyTime confirmed{};
 };
+
+// The held table's index of a grant: "<key>\0<owner token>" (a key has no NUL), so that the
+// grants of one key are neighbours.
+std::string HeldId(std::string_view key, std::string_view token) {
+  std::string id(key);
+  id += '\0';
+  id += token;
+  return id;
+}
 
 // A grant whose acquire Txn got no answer: it may be on a shared lease, which the other grants'
 // keep-alives would keep alive. Deleted (if its value is still exactly this) before the next
@@ -129,39 +252,49 @@ class EtcdBackend::Impl {
   std::optional<HeldGrant> FindHeld(std::string_view key, std::string_view token)
       LH_EXCLUDES(held_mu_) {
     MutexLock lock(&held_mu_);
-    auto it = held_.find(key);
-    if (it == held_.end() || it->second.owner_token != token) {
+    auto it = held_.find(HeldId(key, token));
+    if (it == held_.end()) {
       return std::nullopt;
     }
     return it->second;
   }
 
-  // Records the grant of `key` (its key counted on its lease by the caller). A grant it
-  // replaces (lost, not yet dropped) is detached from its lease.
-  void SetHeld(std::string_view key, HeldGrant grant) LH_EXCLUDES(held_mu_) {
-    std::optional<int64_t> detach;
+  // Records `grant` (its key counted on its lease by the caller). A grant of the same etcd key
+  // it replaces (lost, not yet dropped, or the same grant again: a retried Txn) is detached
+  // from its lease: one etcd key carries one grant at a time.
+  void SetHeld(HeldGrant grant) LH_EXCLUDES(held_mu_) {
+    std::vector<int64_t> detach;
     {
       MutexLock lock(&held_mu_);
-      auto [it, inserted] = held_.try_emplace(std::string(key));
-      if (!inserted) {
-        // A lost grant not yet dropped, or the same grant again (a retried Txn): either way
-        // one key fewer on the lease the old entry counted.
-        detach = it->second.lease_id;
+      const std::string first = HeldId(grant.key, "");
+      for (auto it = held_.lower_bound(first); it != held_.end() && it->first.starts_with(first);) {
+        if (it->second.etcd_key == grant.etcd_key) {
+          detach.push_back(it->second.lease_id);
+          it = held_.erase(it);
+        } else {
+          ++it;
+        }
       }
-      it->second = std::move(grant);
+      std::string id = HeldId(grant.key, grant.owner_token);
+      if (auto it = held_.find(id); it != held_.end()) {
+        detach.push_back(it->second.lease_id);
+        held_.erase(it);
+      }
+      held_.emplace(std::move(id), std::move(grant));
     }
-    if (detach) {
-      shared.Detach(*detach);
+    for (int64_t id : detach) {
+      shared.Detach(id);
     }
   }
 
-  // Forgets the grant of `key` if it is still the one created at `create_revision`, and
-  // detaches it from its lease. Returns whether it was known.
-  bool DropHeld(std::string_view key, int64_t create_revision) LH_EXCLUDES(held_mu_) {
+  // Forgets the grant of `key` under `token` if it is still the one created at
+  // `create_revision`, and detaches it from its lease. Returns whether it was known.
+  bool DropHeld(std::string_view key, std::string_view token, int64_t create_revision)
+      LH_EXCLUDES(held_mu_) {
     int64_t lease_id = 0;
     {
       MutexLock lock(&held_mu_);
-      auto it = held_.find(key);
+      auto it = held_.find(HeldId(key, token));
       if (it == held_.end() || it->second.create_revision != create_revision) {
         return false;
       }
@@ -172,26 +305,13 @@ class EtcdBackend::Impl {
     return true;
   }
 
-  // The lease id and create revision of the grant of `key` under `token` (a renewal needs no
-  // more: no string is copied), or nullopt.
-  std::optional<std::pair<int64_t, int64_t>> FindHeldIds(std::string_view key,
-                                                         std::string_view token)
-      LH_EXCLUDES(held_mu_) {
-    MutexLock lock(&held_mu_);
-    auto it = held_.find(key);
-    if (it == held_.end() || it->second.owner_token != token) {
-      return std::nullopt;
-    }
-    return std::make_pair(it->second.lease_id, it->second.create_revision);
-  }
-
   // After a renewal round sent at `sent` found these grants ours and their lease alive:
-  // (key, create revision) each.
-  void Confirm(const std::vector<std::pair<std::string_view, int64_t>>& grants, SteadyTime sent)
+  // (held id, create revision) each.
+  void Confirm(const std::vector<std::pair<std::string, int64_t>>& grants, SteadyTime sent)
       LH_EXCLUDES(held_mu_) {
     MutexLock lock(&held_mu_);
-    for (const auto& [key, create_revision] : grants) {
-      auto it = held_.find(key);
+    for (const auto& [id, create_revision] : grants) {
+      auto it = held_.find(id);
       if (it != held_.end() && it->second.create_revision == create_revision) {
         it->second.confirmed = std::max(it->second.confirmed, sent);
       }
@@ -204,16 +324,45 @@ class EtcdBackend::Impl {
     std::erase_if(held_, [&](const auto& kv) { return kv.second.lease_id == lease_id; });
   }
 
-  // The grants past confirmed + ttl at `now` (the core has declared them lost): (key, grant).
-  std::vector<std::pair<std::string, HeldGrant>> Stale(SteadyTime now) LH_EXCLUDES(held_mu_) {
+  // The grants past confirmed + ttl at `now` (the core has declared them lost).
+  std::vector<HeldGrant> Stale(SteadyTime now) LH_EXCLUDES(held_mu_) {
     MutexLock lock(&held_mu_);
-    std::vector<std::pair<std::string, HeldGrant>> out;
-    for (const auto& [key, grant] : held_) {
+    std::vector<HeldGrant> out;
+    for (const auto& [id, grant] : held_) {
       if (grant.confirmed + std::chrono::seconds(grant.ttl_seconds) < now) {
-        out.emplace_back(key, grant);
+        out.push_back(grant);
       }
     }
     return out;
+  }
+
+  // The revision of the snapshot that last refused the waiter `waiter_id` on `key`: nothing
+  // but a delete after it can admit the waiter (a new grant, intent or queue entry never
+  // does), so its wait watches for deletes from the next revision, and misses none.
+  void SetRefused(std::string_view waiter_id, std::string_view key, int64_t revision)
+      LH_EXCLUDES(refused_mu_) {
+    MutexLock lock(&refused_mu_);
+    if (refused_.size() >= kMaxRefused) {
+      refused_.clear();  // only a hint: a waiter without one reads the key first
+    }
+    refused_[std::string(waiter_id)] = {std::string(key), revision};
+  }
+
+  std::optional<int64_t> Refused(std::string_view waiter_id, std::string_view key)
+      LH_EXCLUDES(refused_mu_) {
+    MutexLock lock(&refused_mu_);
+    auto it = refused_.find(waiter_id);
+    if (it == refused_.end() || it->second.first != key) {
+      return std::nullopt;
+    }
+    return it->second.second;
+  }
+
+  void ClearRefused(std::string_view waiter_id) LH_EXCLUDES(refused_mu_) {
+    MutexLock lock(&refused_mu_);
+    if (auto it = refused_.find(waiter_id); it != refused_.end()) {
+      refused_.erase(it);
+    }
   }
 
   const bool keep_spare;
@@ -222,15 +371,23 @@ class EtcdBackend::Impl {
   EtcdSharedLeases shared;
   EtcdWaitQueue queue;
 
-  // Acquire Txns without an answer (Orphan), by lease key. Held across the delete that
+  // Acquire Txns without an answer (Orphan), by the grant's etcd key. Held across the delete that
   // resolves one, so that a retried acquire of the key (same owner token, so the same value)
   // never runs while a delete of the earlier attempt's value may still apply.
   Mutex orphan_mu;
   std::map<std::string, Orphan, std::less<>> orphans LH_GUARDED_BY(orphan_mu);
 
  private:
+  static constexpr std::size_t kMaxRefused = 4096;
+
   Mutex held_mu_;
+  // By HeldId(key, owner token).
   std::map<std::string, HeldGrant, std::less<>> held_ LH_GUARDED_BY(held_mu_);
+
+  Mutex refused_mu_;
+  // By waiter id: (key, revision).
+  std::map<std::string, std::pair<std::string, int64_t>, std::less<>> refused_
+      LH_GUARDED_BY(refused_mu_);
 };
 
 namespace {
@@ -279,7 +436,8 @@ Capabilities EtcdBackend::capabilities() const {
       .native_wait = true,
       .fencing_survives_restart = true,
       .fair_queue = options_.fair,
-      .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete)};
+      .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete),
+      .shared_leases = true};
 }
 
 EtcdBackend::Stats EtcdBackend::stats() const {
@@ -311,30 +469,131 @@ Result<Grant> EtcdBackend::TryAcquire(const GrantRequest& request) {
   return grant;
 }
 
+namespace {
+
+// Adds the compare "every key in [key, range_end) has create_revision `result` `revision`" (no
+// key at all: compared as one with revision 0).
+void CompareRange(pb::TxnRequest* txn, const std::string& key, const std::string& range_end,
+                  pb::Compare::CompareResult result, int64_t revision) {
+  pb::Compare* c = txn->add_compare();
+  c->set_result(result);
+  c->set_target(pb::Compare::CREATE);
+  c->set_key(key);
+  c->set_range_end(range_end);
+  c->set_create_revision(revision);
+}
+
+// A lease's keys as one Range read them: its grants in key (so slot) order, and its intent.
+struct KeySnapshot {
+  struct Held {
+    const mvccpb::KeyValue* kv;
+    KeyKind kind;
+  };
+
+  std::vector<Held> grants;
+  const mvccpb::KeyValue* intent = nullptr;
+  bool exclusive = false;  // a grant at the base
+  bool shared = false;
+  std::optional<std::uint32_t> semaphore;  // the limit of the first semaphore grant
+};
+
+KeySnapshot Snapshot(std::string_view base, const pb::RangeResponse& range) {
+  KeySnapshot snap;
+  for (const mvccpb::KeyValue& kv : range.kvs()) {
+    const std::string_view k = kv.key();
+    if (!k.starts_with(base)) {
+      continue;
+    }
+    KeyKind kind = ParseKey(k.substr(base.size()));
+    if (kind.kind == KeyKind::kIntent) {
+      snap.intent = &kv;
+    } else if (kind.kind == KeyKind::kGrant) {
+      snap.grants.push_back({&kv, kind});
+      if (kind.limit > 1) {
+        snap.semaphore = snap.semaphore.value_or(kind.limit);
+      } else if (kind.mode == LeaseMode::kShared) {
+        snap.shared = true;
+      } else {
+        snap.exclusive = true;
+      }
+    }
+  }
+  return snap;
+}
+
+// The smallest slot below `limit` that no grant of `mode`/`limit` in `snap` has, or nullopt.
+std::optional<std::uint32_t> FreeSlot(const KeySnapshot& snap, LeaseMode mode, std::uint32_t limit,
+                                      std::uint32_t bound) {
+  std::vector<bool> used(bound, false);
+  for (const KeySnapshot::Held& g : snap.grants) {
+    if (g.kind.limit == limit && g.kind.mode == mode && g.kind.slot < bound) {
+      used[g.kind.slot] = true;
+    }
+  }
+  for (std::uint32_t i = 0; i < bound; ++i) {
+    if (!used[i]) {
+      return i;
+    }
+  }
+  return std::nullopt;
+}
+
+LeaseInfo InfoOf(std::string_view key, const mvccpb::KeyValue& kv, const KeyKind& kind) {
+  LeaseInfo info;
+  info.key = std::string(key);
+  info.fencing_token = static_cast<FencingToken>(kv.create_revision());
+  info.mode = kind.mode;
+  info.limit = kind.limit;
+  info.slot = kind.slot;
+  if (std::optional<GrantValue> value = DecodeValue(kv.value())) {
+    info.holder = value->holder;
+    info.token_prefix = TokenPrefixOf(value->token);
+    info.ttl = StoreMillis(value->ttl_ms);
+  }
+  info.remaining = info.ttl;
+  return info;
+}
+
+}  // namespace
+
 Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
   Impl& impl = *impl_;
   // Read after the core read t_send: every TTL reported below is measured from a time no
   // earlier than the core's, so the core's safe_until is never later than etcd's expiry.
   const SteadyTime now = clock_.Now();
   const int64_t seconds = LeaseSeconds(request.ttl);
-  const std::string etcd_key = KeyName(options_.prefix, request.key);
+  const std::string base = KeyName(options_.prefix, request.key);
+  const std::string keys_end = KeysEnd(base);
+  const bool semaphore = request.limit > 1;
+  const bool shared = !semaphore && request.mode == LeaseMode::kShared;
+  const bool exclusive = !semaphore && !shared;
   {
     // An earlier acquire of this key whose Txn got no answer may have put a key on a shared
     // lease: delete it first (only if it is still exactly that grant), under orphan_mu so that
     // no round's delete of it can apply after this acquire's Txn.
     MutexLock lock(&impl.orphan_mu);
-    auto it = impl.orphans.find(etcd_key);
-    if (it != impl.orphans.end()) {
+    for (auto it = impl.orphans.lower_bound(base);
+         it != impl.orphans.end() && it->first < keys_end;) {
       LH_RETURN_IF_ERROR(DeleteOrphan(impl.client, it->second));
-      impl.orphans.erase(it);
+      it = impl.orphans.erase(it);
     }
   }
   // fair=true: a waiter takes (or keeps) its place in the key's queue first. Its entry lives
-  // max(ttl, 10 s) without the waiter's attempts (each refreshes it once a third has passed).
+  // max(ttl, 10 s) without the waiter's attempts (each refreshes it once a third has passed);
+  // a shared or semaphore waiter's only its ttl (etcd's 2 s at least): such waiters are many
+  // and come and go, and every one that dies holds up the whole queue until its entry expires.
+  const bool exclusive_waiter = request.limit == 1 && request.mode == LeaseMode::kExclusive;
+  const int64_t queue_ttl = exclusive_waiter ? std::max(seconds, kMinQueueTtlSeconds) : seconds;
   std::optional<QueueEntry> entry;
   if (options_.fair && !request.waiter_id.empty()) {
-    LH_ASSIGN_OR_RETURN(entry, impl.queue.Enqueue(request.key, request.waiter_id,
-                                                  std::max<int64_t>(seconds, kMinQueueTtlSeconds)));
+    LH_ASSIGN_OR_RETURN(entry, impl.queue.Enqueue(request.key, request.waiter_id, queue_ttl));
+  }
+  // fair=false: a waiting writer's intent rides on a lease of its own (granted when it is first
+  // refused, below), refreshed by its attempts.
+  const bool wants_intent = !options_.fair && exclusive && !request.waiter_id.empty();
+  std::optional<int64_t> intent_lease;
+  if (wants_intent) {
+    LH_ASSIGN_OR_RETURN(intent_lease, impl.queue.IntentLease(request.key, request.waiter_id));
   }
   // The key goes on the live shared lease of its TTL class (counted on it from here on; every
   // path below that does not keep the grant detaches it again).
@@ -382,102 +641,213 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
 
   const std::string value =
       EncodeValue({request.owner_token, lease.ttl_seconds * 1000, request.holder});
-  pb::TxnRequest txn;
-  CompareCreateRevision(&txn, etcd_key, 0);
-  pb::PutRequest* put = txn.add_success()->mutable_request_put();
-  put->set_key(etcd_key);
-  put->set_value(value);
-  put->set_lease(lease.id);
-  txn.add_failure()->mutable_request_range()->set_key(etcd_key);
-  if (options_.fair) {
-    // The queue must be empty, or (for a waiter) have nobody ahead of us: every entry's create
-    // revision at least ours. The grant then takes our entry out of the queue.
-    const std::string queue = EtcdWaitQueue::Prefix(options_.prefix, request.key);
-    pb::Compare* q = txn.add_compare();
-    q->set_target(pb::Compare::CREATE);
-    q->set_key(queue);
-    q->set_range_end(PrefixEnd(queue));
-    if (entry) {
-      q->set_result(pb::Compare::GREATER);
-      q->set_create_revision(entry->create_revision - 1);
-      txn.add_success()->mutable_request_delete_range()->set_key(entry->queue_key);
+  const std::string intent_key = Suffixed(base, kIntentTag);
+  const std::string shared_prefix = Suffixed(base, kSharedTag);
+  const std::string semaphores = Suffixed(base, kSemaphoreTag);
+  std::uint32_t slot = 0;  // the first try: slot 0; a miss retries the smallest free one read
+  for (int attempt = 0;; ++attempt) {
+    const std::string grant_key = GrantKey(base, request.mode, request.limit, slot);
+    // One Txn decides. Compares: the grants that would keep this request out are absent (each
+    // family's keys are one range), its slot is free, and the lower slots are taken (the slot
+    // is the smallest free one). Success: the Put (plus taking our queue entry or our intent
+    // out). Failure: a Range of every key of the lease (plus recording our intent).
+    pb::TxnRequest txn;
+    if (exclusive) {
+      CompareCreateRevision(&txn, base, 0);
+      CompareRange(&txn, shared_prefix, PrefixEnd(shared_prefix), pb::Compare::EQUAL, 0);
+      CompareRange(&txn, semaphores, PrefixEnd(semaphores), pb::Compare::EQUAL, 0);
+    } else if (shared) {
+      CompareCreateRevision(&txn, base, 0);
+      CompareRange(&txn, semaphores, PrefixEnd(semaphores), pb::Compare::EQUAL, 0);
+      CompareCreateRevision(&txn, intent_key, 0);
+      CompareCreateRevision(&txn, grant_key, 0);
     } else {
-      q->set_result(pb::Compare::EQUAL);
-      q->set_create_revision(0);
+      const std::string mine = SemaphorePrefix(base, request.limit);
+      CompareCreateRevision(&txn, base, 0);
+      CompareRange(&txn, shared_prefix, PrefixEnd(shared_prefix), pb::Compare::EQUAL, 0);
+      // Every semaphore grant asks our limit: none below our limit's range, none above it.
+      CompareRange(&txn, semaphores, mine, pb::Compare::EQUAL, 0);
+      CompareRange(&txn, PrefixEnd(mine), PrefixEnd(semaphores), pb::Compare::EQUAL, 0);
+      CompareCreateRevision(&txn, grant_key, 0);
     }
-  }
-  pb::TxnResponse txn_resp;
-  Status s = impl.client.Txn("Txn (acquire)", txn, &txn_resp);
-  if (!s.ok()) {
-    impl.shared.Detach(lease.id);
-    if (s.detail().find("lease not found") != std::string_view::npos ||
-        s.message().find("lease not found") != std::string_view::npos) {
-      impl.shared.Forget(lease.id);  // revoked behind our back: TryAcquire tries once more
+    if (!exclusive) {
+      for (std::uint32_t j = slot > kLowerSlotCompares ? slot - kLowerSlotCompares : 0; j < slot;
+           ++j) {
+        pb::Compare* c = txn.add_compare();
+        c->set_result(pb::Compare::GREATER);
+        c->set_target(pb::Compare::CREATE);
+        c->set_key(GrantKey(base, request.mode, request.limit, j));
+        c->set_create_revision(0);
+      }
+    }
+    pb::PutRequest* put = txn.add_success()->mutable_request_put();
+    put->set_key(grant_key);
+    put->set_value(value);
+    put->set_lease(lease.id);
+    pb::RangeRequest* read = txn.add_failure()->mutable_request_range();
+    read->set_key(base);
+    read->set_range_end(keys_end);
+    if (intent_lease) {
+      // Granted: our intent goes (only ours: compare its lease). Refused: our intent is
+      // recorded unless a live one (another waiter's, or ours already) is there.
+      pb::TxnRequest* clear = txn.add_success()->mutable_request_txn();
+      pb::Compare* c = clear->add_compare();
+      c->set_result(pb::Compare::EQUAL);
+      c->set_target(pb::Compare::LEASE);
+      c->set_key(intent_key);
+      c->set_lease(*intent_lease);
+      clear->add_success()->mutable_request_delete_range()->set_key(intent_key);
+      pb::TxnRequest* record = txn.add_failure()->mutable_request_txn();
+      CompareCreateRevision(record, intent_key, 0);
+      CompareRange(record, semaphores, PrefixEnd(semaphores), pb::Compare::EQUAL, 0);
+      pb::PutRequest* intent = record->add_success()->mutable_request_put();
+      intent->set_key(intent_key);
+      intent->set_value(EncodeValue({request.waiter_id, seconds * 1000, request.holder}));
+      intent->set_lease(*intent_lease);
+    }
+    if (options_.fair) {
+      // The queue must be empty, or (for a waiter) have nobody ahead of us: every entry's
+      // create revision at least ours. The grant then takes our entry out of the queue. Every
+      // kind admits the head only; its grant deletes its entry, which wakes the next waiter
+      // (docs/impl.md).
+      const std::string queue = EtcdWaitQueue::Prefix(options_.prefix, request.key);
+      if (entry) {
+        CompareRange(&txn, queue, PrefixEnd(queue), pb::Compare::GREATER,
+                     entry->create_revision - 1);
+        txn.add_success()->mutable_request_delete_range()->set_key(entry->queue_key);
+      } else {
+        CompareRange(&txn, queue, PrefixEnd(queue), pb::Compare::EQUAL, 0);
+      }
+    }
+    pb::TxnResponse txn_resp;
+    Status s = impl.client.Txn("Txn (acquire)", txn, &txn_resp);
+    if (!s.ok()) {
+      impl.shared.Detach(lease.id);
+      if (s.detail().find("lease not found") != std::string_view::npos ||
+          s.message().find("lease not found") != std::string_view::npos) {
+        if (intent_lease) {
+          // The intent's lease may be the one gone: forget it (the retry grants another).
+          impl.queue.Dequeue(request.key, request.waiter_id, /*revoke=*/false);
+        } else {
+          impl.shared.Forget(lease.id);  // revoked behind our back: TryAcquire tries once more
+        }
+        return s;
+      }
+      // Unknown outcome: the Put may have been applied, and the shared lease (kept alive for
+      // the other grants) would keep the key forever. Delete it if it is exactly our grant,
+      // now or, if etcd does not answer, before the next acquire of the key or in the next
+      // round.
+      Orphan orphan{grant_key, value, clock_.Now() + 2 * options_.command_timeout};
+      MutexLock lock(&impl.orphan_mu);
+      (void)DeleteOrphan(impl.client, orphan);
+      impl.orphans[grant_key] = std::move(orphan);
       return s;
     }
-    // Unknown outcome: the Put may have been applied, and the shared lease (kept alive for the
-    // other grants) would keep the key forever. Delete it if it is exactly our grant, now or,
-    // if etcd does not answer, before the next acquire of the key or in the next round.
-    Orphan orphan{etcd_key, value, clock_.Now() + 2 * options_.command_timeout};
-    MutexLock lock(&impl.orphan_mu);
-    (void)DeleteOrphan(impl.client, orphan);
-    impl.orphans[etcd_key] = std::move(orphan);
-    return s;
-  }
-  if (txn_resp.succeeded()) {
-    // The Put is the Txn's only write: the Txn's revision is the key's create revision.
-    const int64_t revision = txn_resp.header().revision();
-    impl.SetHeld(request.key, {request.owner_token, lease.id, revision, request.holder,
-                               lease.ttl_seconds, lease.refreshed});
-    if (entry) {
-      impl.queue.Dequeue(request.key, request.waiter_id);  // its key went with the grant
-    }
-    return Grant{.fencing_token = static_cast<FencingToken>(revision),
-                 .ttl = reported,
-                 .store_key = etcd_key};
-  }
-  const pb::RangeResponse* range =
-      txn_resp.responses_size() > 0 && txn_resp.responses(0).has_response_range()
-          ? &txn_resp.responses(0).response_range()
-          : nullptr;
-  if (range != nullptr && range->kvs_size() > 0) {
-    const mvccpb::KeyValue& kv = range->kvs(0);
-    std::optional<GrantValue> value_read = DecodeValue(kv.value());
-    if (value_read && value_read->token == request.owner_token && kv.lease() == lease.id) {
-      // An earlier attempt of this very Txn was applied before its reply was lost (a deadline
-      // or a failover): the grant is ours, on this lease.
-      impl.SetHeld(request.key, {request.owner_token, lease.id, kv.create_revision(),
-                                 request.holder, lease.ttl_seconds, lease.refreshed});
-      return Grant{.fencing_token = static_cast<FencingToken>(kv.create_revision()),
+    if (txn_resp.succeeded()) {
+      // The Put is the Txn's only write of a key it creates: the Txn's revision is the key's
+      // create revision.
+      const int64_t revision = txn_resp.header().revision();
+      impl.SetHeld({request.key, request.owner_token, grant_key, lease.id, revision, request.holder,
+                    lease.ttl_seconds, lease.refreshed});
+      if (entry || intent_lease) {
+        impl.queue.Dequeue(request.key, request.waiter_id);  // the entry or intent went with it
+      }
+      if (!request.waiter_id.empty()) {
+        impl.ClearRefused(request.waiter_id);
+      }
+      return Grant{.fencing_token = static_cast<FencingToken>(revision),
                    .ttl = reported,
-                   .store_key = etcd_key};
+                   .store_key = grant_key,
+                   .slot = slot};
     }
-  }
-  // No key of ours was attached: the shared lease serves the next acquire (a conflict costs
-  // one Txn); without spares an empty lease is revoked.
-  impl.shared.Detach(lease.id);
-  if (options_.fair && range != nullptr && range->kvs_size() == 0) {
-    // Free, but waiters are queued ahead of us.
+    const pb::RangeResponse* range =
+        txn_resp.responses_size() > 0 && txn_resp.responses(0).has_response_range()
+            ? &txn_resp.responses(0).response_range()
+            : nullptr;
+    if (range == nullptr) {
+      impl.shared.Detach(lease.id);
+      return Status::Unavailable(
+          fmt::format("etcd Txn for {} neither created the key nor read it", base));
+    }
+    const KeySnapshot snap = Snapshot(base, *range);
+    for (const KeySnapshot::Held& g : snap.grants) {
+      std::optional<GrantValue> mine = DecodeValue(g.kv->value());
+      if (mine && mine->token == request.owner_token && g.kv->lease() == lease.id) {
+        // An earlier attempt of this very Txn was applied before its reply was lost (a
+        // deadline or a failover): the grant is ours, on this lease.
+        impl.SetHeld({request.key, request.owner_token, g.kv->key(), lease.id,
+                      g.kv->create_revision(), request.holder, lease.ttl_seconds, lease.refreshed});
+        return Grant{.fencing_token = static_cast<FencingToken>(g.kv->create_revision()),
+                     .ttl = reported,
+                     .store_key = g.kv->key(),
+                     .slot = g.kind.slot};
+      }
+    }
+    // A live grant of the other family, or of another limit: refused, naming both.
+    const auto mismatch = [&](const KeySnapshot::Held& g) {
+      std::optional<GrantValue> v = DecodeValue(g.kv->value());
+      return LimitMismatch(request.key, g.kind.mode, g.kind.limit, v ? v->holder : "", request.mode,
+                           request.limit);
+    };
+    for (const KeySnapshot::Held& g : snap.grants) {
+      if ((g.kind.limit > 1) != semaphore || (semaphore && g.kind.limit != request.limit)) {
+        impl.shared.Detach(lease.id);
+        return mismatch(g);
+      }
+    }
+    // Room left, as this snapshot tells: retry on the smallest free slot.
+    std::optional<std::uint32_t> free;
+    if (semaphore) {
+      free = FreeSlot(snap, request.mode, request.limit, request.limit);
+    } else if (shared && !snap.exclusive && snap.intent == nullptr) {
+      free = FreeSlot(snap, LeaseMode::kShared, 1, kMaxLeaseLimit);
+    } else if (exclusive && snap.grants.empty()) {
+      free = 0;
+    }
+    const bool queued = options_.fair && free && *free == slot;  // the queue said no
+    if (free && !queued && attempt + 1 < kAdmissionTries) {
+      slot = *free;
+      continue;
+    }
+    if (wants_intent && !intent_lease && !free && attempt + 1 < kAdmissionTries) {
+      // Refused: record our intent, in a Txn that also tries once more.
+      LH_ASSIGN_OR_RETURN(int64_t granted,
+                          impl.queue.GrantIntentLease(request.key, request.waiter_id, seconds));
+      intent_lease = granted;
+      continue;
+    }
+    // No key of ours was attached: the shared lease serves the next acquire (a conflict costs
+    // one Txn); without spares an empty lease is revoked.
+    impl.shared.Detach(lease.id);
+    if (!request.waiter_id.empty()) {
+      impl.SetRefused(request.waiter_id, request.key, txn_resp.header().revision());
+    }
+    if (queued || (options_.fair && snap.grants.empty())) {
+      return Status::HeldByAnother(
+          fmt::format("{} is free but waiters are queued for it (fair=true)", request.key));
+    }
+    if (shared && !snap.exclusive && snap.intent != nullptr) {
+      std::optional<GrantValue> v = DecodeValue(snap.intent->value());
+      LeaseInfo writer;
+      writer.key = request.key;
+      writer.holder = v ? v->holder : "";
+      writer.ttl = v ? StoreMillis(v->ttl_ms) : std::chrono::milliseconds(0);
+      writer.remaining = writer.ttl;
+      return Status::HeldByAnother(
+          fmt::format("{} is kept for a waiting writer, {} (writer preference)", request.key,
+                      writer.holder.empty() ? "another owner" : writer.holder),
+          writer);
+    }
+    if (snap.grants.empty()) {
+      return Status::HeldByAnother(
+          fmt::format("{} was taken and released while this acquire tried", request.key));
+    }
+    // The grant of the lowest slot (the snapshot is in key order: the base first, then slot
+    // order). Its TTL bounds its time left; its age is not known here.
     return Status::HeldByAnother(
-        fmt::format("{} is free but waiters are queued for it (fair=true)", request.key));
+        InfoOf(request.key, *snap.grants.front().kv, snap.grants.front().kind), {},
+        /*remaining_is_upper_bound=*/true);
   }
-  if (range == nullptr || range->kvs_size() == 0) {
-    return Status::Unavailable(
-        fmt::format("etcd Txn for {} neither created the key nor returned its holder", etcd_key));
-  }
-  const mvccpb::KeyValue& kv = range->kvs(0);
-  std::optional<GrantValue> value_read = DecodeValue(kv.value());
-  LeaseInfo holder;
-  holder.key = request.key;
-  holder.fencing_token = static_cast<FencingToken>(kv.create_revision());
-  if (value_read) {
-    holder.holder = value_read->holder;
-    holder.token_prefix = TokenPrefixOf(value_read->token);
-    holder.ttl = StoreMillis(value_read->ttl_ms);
-    holder.remaining = holder.ttl;
-  }
-  // The grant's TTL bounds its time left; its age is not known here.
-  return Status::HeldByAnother(holder, {}, /*remaining_is_upper_bound=*/true);
 }
 
 Status EtcdBackend::Renew(const RenewRequest& request) {
@@ -504,27 +874,23 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
     std::size_t index;  // in `requests`
     int64_t lease_id;
     int64_t create_revision;
-    std::string etcd_key;
+    std::string etcd_key;  // the grant's own key
   };
   std::vector<Item> items;
   items.reserve(requests.size());
   std::vector<int64_t> ids;  // one keep-alive per lease
   for (std::size_t i = 0; i < requests.size(); ++i) {
-    std::optional<std::pair<int64_t, int64_t>> held =
-        impl.FindHeldIds(requests[i].key, requests[i].owner_token);
+    std::optional<HeldGrant> held = impl.FindHeld(requests[i].key, requests[i].owner_token);
     if (!held) {
       results[i] = Status::Lost(
           fmt::format("{} is not held by this owner token (released, lost or someone else's)",
                       requests[i].key));
       continue;
     }
-    if (std::find(ids.begin(), ids.end(), held->first) == ids.end()) {
-      ids.push_back(held->first);
+    if (std::find(ids.begin(), ids.end(), held->lease_id) == ids.end()) {
+      ids.push_back(held->lease_id);
     }
-    std::string etcd_key;
-    etcd_key.reserve(options_.prefix.size() + 1 + requests[i].key.size());
-    etcd_key.append(options_.prefix).append("/").append(requests[i].key);
-    items.push_back({i, held->first, held->second, std::move(etcd_key)});
+    items.push_back({i, held->lease_id, held->create_revision, std::move(held->etcd_key)});
   }
   // Every other lease of ours rides along (spares of idle classes, leases of grants not due in
   // this round), so they stay young enough to be used.
@@ -573,7 +939,7 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
       impl.DropAllOn(id);  // every grant on it is lost (its keys went with it)
     }
   }
-  std::vector<std::pair<std::string_view, int64_t>> confirmed;
+  std::vector<std::pair<std::string, int64_t>> confirmed;
   confirmed.reserve(to_check.size());
   for (std::size_t begin = 0; begin < to_check.size(); begin += kKeysPerCheck) {
     const std::size_t end = std::min(to_check.size(), begin + kKeysPerCheck);
@@ -614,9 +980,9 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
         ours = !kvs.empty() && kvs[0].create_revision() == item.create_revision;
       }
       if (ours) {
-        confirmed.emplace_back(req.key, item.create_revision);
+        confirmed.emplace_back(HeldId(req.key, req.owner_token), item.create_revision);
       } else {
-        impl.DropHeld(req.key, item.create_revision);
+        impl.DropHeld(req.key, req.owner_token, item.create_revision);
         results[item.index] = Status::Lost(
             fmt::format("{} is gone from etcd or re-created (force-released, deleted or taken "
                         "over) while its shared lease lives",
@@ -641,12 +1007,12 @@ void EtcdBackend::SweepLost() {
   // Txn whose answer was lost: same create revision) must outlive its holder, not be swept.
   Impl& impl = *impl_;
   std::size_t budget = kSweepPerRound;
-  for (auto& [key, grant] : impl.Stale(clock_.Now())) {
+  for (const HeldGrant& grant : impl.Stale(clock_.Now())) {
     if (budget == 0) {
       return;
     }
     --budget;
-    const std::string etcd_key = KeyName(options_.prefix, key);
+    const std::string& etcd_key = grant.etcd_key;
     pb::TxnRequest txn;
     CompareCreateRevision(&txn, etcd_key, grant.create_revision);
     pb::Compare* on_lease = txn.add_compare();
@@ -659,7 +1025,7 @@ void EtcdBackend::SweepLost() {
     if (!impl.client.Txn("Txn (delete lost grant)", txn, &resp).ok()) {
       return;
     }
-    impl.DropHeld(key, grant.create_revision);
+    impl.DropHeld(grant.key, grant.owner_token, grant.create_revision);
   }
   MutexLock lock(&impl.orphan_mu);
   const SteadyTime now = clock_.Now();
@@ -678,7 +1044,7 @@ Status EtcdBackend::Release(std::string_view key, std::string_view owner_token) 
     return Status::Lost(fmt::format(
         "{} is not held by this owner token (already released, lost or someone else's)", key));
   }
-  const std::string etcd_key = KeyName(options_.prefix, key);
+  const std::string& etcd_key = held->etcd_key;
   // One conditional delete (one raft entry): the lease is shared with the handle's other
   // grants, so it is never revoked here. The compare is on this grant's create revision: a
   // newer grant of the key (ours again, or anyone's) is never deleted by it.
@@ -690,7 +1056,7 @@ Status EtcdBackend::Release(std::string_view key, std::string_view owner_token) 
   LH_RETURN_IF_ERROR(impl.client.Txn("Txn (release)", txn, &txn_resp));
   // Unknown outcome above: the grant stays known for a retry (and the round's sweep deletes it
   // once its TTL has passed unconfirmed).
-  impl.DropHeld(key, held->create_revision);
+  impl.DropHeld(key, owner_token, held->create_revision);
   if (txn_resp.succeeded()) {
     return Status();
   }
@@ -758,7 +1124,7 @@ Status EtcdBackend::Finish(const FinishRequest& request) {
   // re-Puts the key under the keep lease: a Put on an existing key keeps its create revision,
   // so the holder and the fencing token stay, and nothing renews the new lease. The key then
   // leaves the shared lease, which stays for the handle's other grants.
-  const std::string etcd_key = KeyName(options_.prefix, request.key);
+  const std::string& etcd_key = held->etcd_key;
   const std::string record_key = RecordKey(options_.prefix, request.key);
   pb::TxnRequest txn;
   CompareCreateRevision(&txn, etcd_key, held->create_revision);
@@ -796,7 +1162,8 @@ Status EtcdBackend::Finish(const FinishRequest& request) {
     applied = keep_lease ? !grant_kvs.empty() && grant_kvs[0].lease() == keep_lease->id
                          : !record_kvs.empty() && record_kvs[0].lease() == record_lease->id;
   }
-  impl.DropHeld(request.key, held->create_revision);  // off the shared lease either way
+  impl.DropHeld(request.key, request.owner_token,
+                held->create_revision);  // off the shared lease either way
   if (!applied) {
     for (const auto& fresh : {keep_lease, record_lease}) {
       if (fresh) {
@@ -861,12 +1228,15 @@ Status CheckDataKeys(std::string_view prefix, const std::vector<FencedOp>& ops) 
 
 Result<std::vector<std::int64_t>> EtcdBackend::FencedWrite(const FencedWriteRequest& request) {
   Impl& impl = *impl_;
-  const std::string etcd_key = KeyName(options_.prefix, request.key);
-  if (!request.store_key.empty() && request.store_key != etcd_key) {
+  const std::string base = KeyName(options_.prefix, request.key);
+  // The grant's own key: the base, or one slot's key of a shared or semaphore grant.
+  const std::string etcd_key = request.store_key.empty() ? base : request.store_key;
+  if (!etcd_key.starts_with(base) ||
+      ParseKey(std::string_view(etcd_key).substr(base.size())).kind != KeyKind::kGrant) {
     return Status::InvalidArgument(fmt::format(
-        "store key '{}' is not this store's key of lease {} ('{}'): a lease of another etcd "
-        "store or prefix",
-        Printable(request.store_key), request.key, etcd_key));
+        "store key '{}' is not this store's key of a grant of lease {} ('{}' or '{}\\0...'): a "
+        "lease of another etcd store or prefix",
+        Printable(request.store_key), request.key, base, base));
   }
   // create_revision == 0 would mean "the grant key is absent": never a fence.
   if (request.fencing_token == 0 ||
@@ -989,29 +1359,32 @@ Result<std::vector<std::pair<std::string, std::string>>> EtcdBackend::ListRecord
 
 namespace {
 
-// Reads the key (and its lease's remaining time) into a LeaseInfo; nullopt if the key is absent
-// or its lease already expired (etcd deletes such keys a moment later).
+// Remaining TTLs of etcd leases, read once per lease in one call of Inspect/Holders/List (the
+// grants of a handle share one lease).
+using LeaseTtls = std::map<int64_t, int64_t>;
+
+// Reads a grant key (and its lease's remaining time) into a LeaseInfo; nullopt if the key is
+// not a grant of leasehold's or its lease already expired (etcd deletes such keys a moment
+// later).
 Result<std::optional<LeaseInfo>> ToInfo(EtcdClient& client, std::string_view key,
-                                        const mvccpb::KeyValue& kv) {
-  LeaseInfo info;
-  info.key = std::string(key);
-  info.fencing_token = static_cast<FencingToken>(kv.create_revision());
-  if (std::optional<GrantValue> value = DecodeValue(kv.value())) {
-    info.holder = value->holder;
-    info.token_prefix = TokenPrefixOf(value->token);
-    info.ttl = StoreMillis(value->ttl_ms);
+                                        const mvccpb::KeyValue& kv, const KeyKind& kind,
+                                        LeaseTtls& ttls) {
+  if (kind.kind != KeyKind::kGrant || kv.lease() == 0) {
+    return std::optional<LeaseInfo>();  // an intent, or not a leasehold grant
   }
-  if (kv.lease() == 0) {
-    return std::optional<LeaseInfo>();  // not a leasehold grant
+  LeaseInfo info = InfoOf(key, kv, kind);
+  auto it = ttls.find(kv.lease());
+  if (it == ttls.end()) {
+    pb::LeaseTimeToLiveRequest req;
+    req.set_id(kv.lease());
+    pb::LeaseTimeToLiveResponse resp;
+    LH_RETURN_IF_ERROR(client.LeaseTimeToLive("LeaseTimeToLive", req, &resp));
+    it = ttls.emplace(kv.lease(), resp.ttl()).first;
   }
-  pb::LeaseTimeToLiveRequest req;
-  req.set_id(kv.lease());
-  pb::LeaseTimeToLiveResponse resp;
-  LH_RETURN_IF_ERROR(client.LeaseTimeToLive("LeaseTimeToLive", req, &resp));
-  if (resp.ttl() < 0) {
+  if (it->second < 0) {
     return std::optional<LeaseInfo>();
   }
-  info.remaining = std::chrono::seconds(resp.ttl());
+  info.remaining = std::chrono::seconds(it->second);
   return std::optional<LeaseInfo>(std::move(info));
 }
 
@@ -1230,15 +1603,32 @@ Result<Diagnosis> EtcdBackend::Diagnose() {
 }
 
 Result<std::optional<LeaseInfo>> EtcdBackend::Inspect(std::string_view key) {
-  Impl& impl = *impl_;
-  pb::RangeRequest req;
-  req.set_key(KeyName(options_.prefix, key));
-  pb::RangeResponse resp;
-  LH_RETURN_IF_ERROR(impl.client.Range("Range", req, &resp));
-  if (resp.kvs_size() == 0) {
+  LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, Holders(key));
+  if (holders.empty()) {
     return std::optional<LeaseInfo>();
   }
-  return ToInfo(impl.client, key, resp.kvs(0));
+  return std::optional<LeaseInfo>(std::move(holders.front()));
+}
+
+Result<std::vector<LeaseInfo>> EtcdBackend::Holders(std::string_view key) {
+  Impl& impl = *impl_;
+  const std::string base = KeyName(options_.prefix, key);
+  pb::RangeRequest req;
+  req.set_key(base);
+  req.set_range_end(KeysEnd(base));
+  pb::RangeResponse resp;
+  LH_RETURN_IF_ERROR(impl.client.Range("Range", req, &resp));
+  std::vector<LeaseInfo> out;
+  LeaseTtls ttls;
+  // etcd answers in key order: the base first, then the slots in order.
+  for (const mvccpb::KeyValue& kv : resp.kvs()) {
+    const KeyKind kind = ParseKey(std::string_view(kv.key()).substr(base.size()));
+    LH_ASSIGN_OR_RETURN(std::optional<LeaseInfo> info, ToInfo(impl.client, key, kv, kind, ttls));
+    if (info) {
+      out.push_back(std::move(*info));
+    }
+  }
+  return out;
 }
 
 Result<std::vector<LeaseInfo>> EtcdBackend::List(std::string_view prefix) {
@@ -1257,9 +1647,14 @@ Result<std::vector<LeaseInfo>> EtcdBackend::List(std::string_view prefix) {
   pb::RangeResponse resp;
   LH_RETURN_IF_ERROR(impl.client.Range("Range (list)", req, &resp));
   std::vector<LeaseInfo> out;
+  LeaseTtls ttls;
+  // Key order is lease order, then slot order: a lease's keys are its name, then a NUL (the
+  // smallest byte) and the slot.
   for (const mvccpb::KeyValue& kv : resp.kvs()) {
-    LH_ASSIGN_OR_RETURN(std::optional<LeaseInfo> info,
-                        ToInfo(impl.client, std::string_view(kv.key()).substr(base.size()), kv));
+    std::string_view rest = std::string_view(kv.key()).substr(base.size());
+    const std::string_view name = rest.substr(0, rest.find('\0'));
+    const KeyKind kind = ParseKey(rest.substr(name.size()));
+    LH_ASSIGN_OR_RETURN(std::optional<LeaseInfo> info, ToInfo(impl.client, name, kv, kind, ttls));
     if (info) {
       out.push_back(std::move(*info));
     }
@@ -1267,50 +1662,96 @@ Result<std::vector<LeaseInfo>> EtcdBackend::List(std::string_view prefix) {
   return out;
 }
 
+namespace {
+
+// A holder of an older leasehold gives every grant an etcd lease of its own and learns of a
+// force-release only from its keep-alive (TTL <= 0): deleting the key alone would leave it
+// renewing, and believing it holds the key, while someone else takes it (a rollout runs old
+// and new side by side). So revoke the grant's lease too when the deleted key was the only one
+// on it: that is always the case for an old holder, and for a shared lease of ours it ends only
+// a lease with no grant left (its holder grants a new one when it needs it; a grant put on it
+// in between is lost by its holder's next round, as after any revoke). Best effort: the key is
+// already deleted, which is what a new holder's renewal checks.
+void RevokeIfEmpty(EtcdClient& client, int64_t lease_id) {
+  if (lease_id == 0) {
+    return;
+  }
+  pb::LeaseTimeToLiveRequest ttl_req;
+  ttl_req.set_id(lease_id);
+  ttl_req.set_keys(true);
+  pb::LeaseTimeToLiveResponse ttl_resp;
+  if (client.LeaseTimeToLive("LeaseTimeToLive (force release)", ttl_req, &ttl_resp).ok() &&
+      ttl_resp.ttl() > 0 && ttl_resp.keys_size() == 0) {
+    pb::LeaseRevokeRequest revoke;
+    revoke.set_id(lease_id);
+    pb::LeaseRevokeResponse revoke_resp;
+    (void)client.LeaseRevoke("LeaseRevoke (force release)", revoke, &revoke_resp);
+  }
+}
+
+}  // namespace
+
 Result<bool> EtcdBackend::ForceRelease(std::string_view key) {
   Impl& impl = *impl_;
-  const std::string etcd_key = KeyName(options_.prefix, key);
-  pb::RangeRequest range;
-  range.set_key(etcd_key);
-  pb::RangeResponse range_resp;
-  LH_RETURN_IF_ERROR(impl.client.Range("Range", range, &range_resp));
-  if (range_resp.kvs_size() == 0) {
-    return false;
-  }
-  const mvccpb::KeyValue& kv = range_resp.kvs(0);
-  // Deletes the key only (that very grant: compare on its create revision), never its lease:
-  // the lease is shared by the holder's other grants, which a revoke would take with it. The
-  // holder's next renewal round finds the key gone (its compare fails) and loses this grant.
+  const std::string base = KeyName(options_.prefix, key);
+  // One Txn deleting every grant of the key (the base and both slot ranges; the writer intent
+  // is left to expire), never a lease: a lease is shared by the holder's other grants, which a
+  // revoke would take with it. Each holder's next renewal round finds its key gone (its
+  // compare fails) and loses that grant alone.
   pb::TxnRequest txn;
-  CompareCreateRevision(&txn, etcd_key, kv.create_revision());
-  txn.add_success()->mutable_request_delete_range()->set_key(etcd_key);
+  for (const std::string& from :
+       {base, Suffixed(base, kSharedTag), Suffixed(base, kSemaphoreTag)}) {
+    pb::DeleteRangeRequest* del = txn.add_success()->mutable_request_delete_range();
+    del->set_key(from);
+    if (from != base) {
+      del->set_range_end(PrefixEnd(from));
+    }
+    del->set_prev_kv(true);
+  }
   pb::TxnResponse txn_resp;
   LH_RETURN_IF_ERROR(impl.client.Txn("Txn (force release)", txn, &txn_resp));
-  if (!txn_resp.succeeded()) {
-    return false;
-  }
-  // A holder of an older leasehold gives every grant an etcd lease of its own and learns of a
-  // force-release only from its keep-alive (TTL <= 0): deleting the key alone would leave it
-  // renewing, and believing it holds the key, while someone else takes it (a rollout runs old
-  // and new side by side). So revoke the grant's lease too when the deleted key was the only
-  // one on it: that is always the case for an old holder, and for a shared lease of ours it
-  // ends only a lease with no grant left (its holder grants a new one when it needs it; a grant
-  // put on it in between is lost by its holder's next round, as after any revoke). Best
-  // effort: the key is already deleted, which is what a new holder's renewal checks.
-  if (kv.lease() != 0) {
-    pb::LeaseTimeToLiveRequest ttl_req;
-    ttl_req.set_id(kv.lease());
-    ttl_req.set_keys(true);
-    pb::LeaseTimeToLiveResponse ttl_resp;
-    if (impl.client.LeaseTimeToLive("LeaseTimeToLive (force release)", ttl_req, &ttl_resp).ok() &&
-        ttl_resp.ttl() > 0 && ttl_resp.keys_size() == 0) {
-      pb::LeaseRevokeRequest revoke;
-      revoke.set_id(kv.lease());
-      pb::LeaseRevokeResponse revoke_resp;
-      (void)impl.client.LeaseRevoke("LeaseRevoke (force release)", revoke, &revoke_resp);
+  std::set<int64_t> leases;
+  for (const pb::ResponseOp& op : txn_resp.responses()) {
+    for (const mvccpb::KeyValue& kv : op.response_delete_range().prev_kvs()) {
+      leases.insert(kv.lease());
     }
   }
-  return true;
+  for (int64_t id : leases) {
+    RevokeIfEmpty(impl.client, id);
+  }
+  return !leases.empty();
+}
+
+Result<bool> EtcdBackend::ForceReleaseGrant(std::string_view key, std::string_view token_prefix) {
+  Impl& impl = *impl_;
+  const std::string base = KeyName(options_.prefix, key);
+  pb::RangeRequest range;
+  range.set_key(base);
+  range.set_range_end(KeysEnd(base));
+  pb::RangeResponse range_resp;
+  LH_RETURN_IF_ERROR(impl.client.Range("Range", range, &range_resp));
+  for (const mvccpb::KeyValue& kv : range_resp.kvs()) {
+    if (ParseKey(std::string_view(kv.key()).substr(base.size())).kind != KeyKind::kGrant) {
+      continue;
+    }
+    std::optional<GrantValue> value = DecodeValue(kv.value());
+    if (!value || token_prefix.empty() || !value->token.starts_with(token_prefix)) {
+      continue;
+    }
+    // That very grant only: the delete compares its create revision, so a grant that took the
+    // slot since the read is never deleted.
+    pb::TxnRequest txn;
+    CompareCreateRevision(&txn, kv.key(), kv.create_revision());
+    txn.add_success()->mutable_request_delete_range()->set_key(kv.key());
+    pb::TxnResponse txn_resp;
+    LH_RETURN_IF_ERROR(impl.client.Txn("Txn (force release grant)", txn, &txn_resp));
+    if (!txn_resp.succeeded()) {
+      return false;
+    }
+    RevokeIfEmpty(impl.client, kv.lease());
+    return true;
+  }
+  return false;
 }
 
 namespace {
@@ -1385,9 +1826,10 @@ Status WatchForDeletes(EtcdClient& client, Clock& clock, std::size_t index,
 
 Status EtcdBackend::WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) {
   Impl& impl = *impl_;
-  const std::string etcd_key = KeyName(options_.prefix, key);
+  const std::string base = KeyName(options_.prefix, key);
   pb::RangeRequest range;
-  range.set_key(etcd_key);
+  range.set_key(base);
+  range.set_range_end(KeysEnd(base));
   range.set_keys_only(true);
   pb::RangeResponse range_resp;
   std::size_t index = 0;
@@ -1395,24 +1837,39 @@ Status EtcdBackend::WaitForChange(std::string_view key, SteadyTime deadline, std
   if (range_resp.kvs_size() == 0) {
     return Status();  // free already
   }
-  return WatchForDeletes(impl.client, clock_, index, {{etcd_key, ""}},
+  // Any delete of the lease's keys: a grant released, expired or force-released, or the
+  // writer intent gone.
+  return WatchForDeletes(impl.client, clock_, index, {{base, KeysEnd(base)}},
                          range_resp.header().revision() + 1, SteadyTime::max(), deadline,
                          std::move(stop), key);
 }
 
 Status EtcdBackend::WaitForTurn(std::string_view key, std::string_view waiter_id,
                                 SteadyTime deadline, std::stop_token stop) {
+  Impl& impl = *impl_;
+  const std::string base = KeyName(options_.prefix, key);
+  const std::string queue = EtcdWaitQueue::Prefix(options_.prefix, key);
+  std::vector<std::pair<std::string, std::string>> ranges = {{base, KeysEnd(base)}};
+  if (options_.fair) {
+    ranges.emplace_back(queue, PrefixEnd(queue));
+  }
+  const SteadyTime refresh = options_.fair ? impl.queue.RefreshDue(waiter_id) : SteadyTime::max();
+  if (std::optional<int64_t> refused = impl.Refused(waiter_id, key)) {
+    // Our last attempt was refused on the snapshot at `refused`: only a delete since (a grant
+    // ended, an intent or a queue entry ahead gone) can let us in, and the watch replays every
+    // delete from the next revision on. No read first, so none is missed in between.
+    return WatchForDeletes(impl.client, clock_, impl.client.current(), ranges, *refused + 1,
+                           refresh, deadline, std::move(stop), key);
+  }
   if (!options_.fair) {
     return WaitForChange(key, deadline, std::move(stop));
   }
-  Impl& impl = *impl_;
-  const std::string etcd_key = KeyName(options_.prefix, key);
-  const std::string queue = EtcdWaitQueue::Prefix(options_.prefix, key);
   const std::string me = queue + std::string(waiter_id);
-  // One read-only Txn: the grant, and the head of the queue (lowest create revision).
+  // One read-only Txn: the grants, and the head of the queue (lowest create revision).
   pb::TxnRequest txn;
   pb::RangeRequest* grant = txn.add_success()->mutable_request_range();
-  grant->set_key(etcd_key);
+  grant->set_key(base);
+  grant->set_range_end(KeysEnd(base));
   grant->set_keys_only(true);
   pb::RangeRequest* head = txn.add_success()->mutable_request_range();
   head->set_key(queue);
@@ -1432,17 +1889,16 @@ Status EtcdBackend::WaitForTurn(std::string_view key, std::string_view waiter_id
   if (grant_kvs.empty() && (head_kvs.empty() || head_kvs[0].key() == me)) {
     return Status();  // free, and our turn
   }
-  // Wake on the grant's delete or any queue entry's delete (a waiter ahead took the key,
-  // left, or died). Come back in time for the caller's next attempt to refresh our entry.
-  return WatchForDeletes(impl.client, clock_, index, {{etcd_key, ""}, {queue, PrefixEnd(queue)}},
-                         resp.header().revision() + 1, impl.queue.RefreshDue(waiter_id), deadline,
-                         std::move(stop), key);
+  // Wake on a grant's delete or any queue entry's delete (a waiter ahead took the key, left,
+  // or died). Come back in time for the caller's next attempt to refresh our entry.
+  return WatchForDeletes(impl.client, clock_, index, ranges, resp.header().revision() + 1, refresh,
+                         deadline, std::move(stop), key);
 }
 
 void EtcdBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
-  if (options_.fair) {
-    impl_->queue.Dequeue(key, waiter_id);
-  }
+  // The queue entry (fair=true) or the writer intent (fair=false) goes with its lease.
+  impl_->queue.Dequeue(key, waiter_id);
+  impl_->ClearRefused(waiter_id);
 }
 
 }  // namespace leasehold::internal

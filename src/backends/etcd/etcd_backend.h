@@ -18,6 +18,13 @@
 //                 has no lease yet; a keep-alive first if less than 2/3 of its TTL is left. An
 //                 unanswered acquire Txn's key is deleted (compare on its value) before the key's
 //                 next acquire or by the next renewal round.
+//   shared leases mode/limit (backend.h, "Shared leases"): every key of a lease is
+//                 "<prefix>/<name>" (exclusive grants, as in every version) or that, a NUL and
+//                 "s/<slot>" (shared), "n/<limit>/<slot>" (semaphore) or "w" (the writer
+//                 intent, on its waiter's own etcd lease); one Txn admits a request by
+//                 compares on those keys and ranges plus its slot's key (a taken slot fails it
+//                 whole: the next Txn tries the smallest free slot read). Fencing token = the
+//                 grant key's create revision; Grant::store_key = that key.
 //   renew         RenewMany: one keep-alive per shared lease on the backend's one bidirectional
 //                 LeaseKeepAlive stream, plus one check Txn per 128 keys (compares
 //                 create_revision(key) == ours; if one fails, a read Txn of the keys). A grant is
@@ -27,10 +34,13 @@
 //                 the grants unconfirmed for a whole TTL (the core has lost them).
 //   release       a Txn that deletes the key only if its create revision is still ours (the
 //                 lease is shared: never revoked here).
-//   wait          Range the key, then Watch it from the next revision for its delete.
+//   wait          Range the lease's keys, then Watch them from the next revision for a delete;
+//                 a waiter refused by a Txn watches from that Txn's revision + 1 instead.
 //   fair=true     waiters queue as keys "<prefix>\0queue/<name>\0<waiter id>" on leases of their
 //                 own; the acquire Txn also compares that no queue entry is older than ours
-//                 (or, without a waiter id, that the queue is empty) and deletes our entry.
+//                 (or, without a waiter id, that the queue is empty) and deletes our entry:
+//                 the head only, for every kind (a shared or semaphore waiter's entry lives its
+//                 ttl, an exclusive one's max(ttl, 10 s)); no writer intent is written.
 //   fenced write  (Lease::Write) one Txn: if create_revision("<prefix>/<name>") == the fencing
 //                 token, the Puts (without an etcd lease) and Deletes in order, else Range the
 //                 grant key to name its holder. The compare fails once the grant is gone or
@@ -155,7 +165,7 @@ class EtcdBackend final : public Backend {
   [[nodiscard]] std::string_view scheme() const override { return "etcd"; }
 
   // native_wait (watch), multi_process, fencing_survives_restart (revisions are persisted),
-  // fenced_ops Put and Delete.
+  // fenced_ops Put and Delete, shared_leases.
   [[nodiscard]] Capabilities capabilities() const override;
 
   // Returns Grant::ttl = the TTL etcd granted (whole seconds, at least 2 s). Returns
@@ -163,7 +173,10 @@ class EtcdBackend final : public Backend {
   // the holder's granted TTL, an upper bound: the conflict path makes no extra call).
   // A shared lease revoked behind the handle's back (`release --force` of its last key, an
   // `etcdctl lease revoke`) fails the Txn whole ("lease not found", nothing applied): the
-  // attempt is made once more on a fresh lease.
+  // attempt is made once more on a fresh lease. Shared and semaphore requests: one Txn, and
+  // one more per slot found taken (at most 6); a waiting exclusive request's first refusal
+  // grants its intent's lease and runs the Txn once more to record it. Returns
+  // kInvalidArgument (LimitMismatch) when a live grant is of the other family or limit.
   Result<Grant> TryAcquire(const GrantRequest& request) override;
 
   Status Renew(const RenewRequest& request) override;
@@ -189,7 +202,8 @@ class EtcdBackend final : public Backend {
   // token, or "is no longer held") if the compare fails; kInvalidArgument, before sending, for
   // a data key of the store's own ("<prefix>/...", "<prefix>\0..."), a key put twice or put and
   // deleted in one write (etcd refuses such a Txn), a token 0 or above INT64_MAX, or a
-  // store_key that is not "<prefix>/<key>"; kPermissionDenied naming the grant key and the data
+  // store_key that is not a grant key of the lease ("<prefix>/<key>" or "<prefix>/<key>\0s/...",
+  // "\0n/..."); kPermissionDenied naming the grant key and the data
   // keys if the user may not read the one or write the others.
   Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override;
 
@@ -212,27 +226,43 @@ class EtcdBackend final : public Backend {
   // on or off). kUnavailable if no member answers.
   Result<Diagnosis> Diagnose() override;
 
-  // One Range plus one LeaseTimeToLive (remaining in whole seconds, as etcd reports it).
+  // Holders' first: one Range plus one LeaseTimeToLive (remaining in whole seconds, as etcd
+  // reports it).
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
 
-  // One Range over the prefix plus one LeaseTimeToLive per key.
+  // One Range over the prefix plus one LeaseTimeToLive per etcd lease among the grants.
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
 
+  // One Range of the lease's keys plus one LeaseTimeToLive per etcd lease among them.
+  Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
+
+  // One Txn deleting the lease's keys but its writer intent (DeleteRange of the base and of
+  // each slot range, with their previous values), then for each etcd lease that carried one of
+  // them, a LeaseTimeToLive and a revoke if it carries no key any more (an older leasehold's
+  // one-lease-per-grant holder learns of it so).
   Result<bool> ForceRelease(std::string_view key) override;
+
+  // One Range of the lease's keys, then a Txn deleting the grant whose token starts with
+  // `token_prefix` if its create revision is still the one read (and a revoke as
+  // ForceRelease).
+  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override;
 
   // Range, then a Watch stream from the following revision filtered to deletes. Returns OK
   // at once if the key is free; the stream is cancelled on `stop` (kCancelled) and ends at
   // `deadline` (kDeadlineExceeded).
   Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
 
-  // fair=true: returns at once if the key is free and `waiter_id` heads its queue; else
-  // watches the grant and the queue for deletes, and returns by the time the waiter's queue
+  // A waiter whose last attempt was refused watches the lease's keys (and, fair=true, its
+  // queue) for deletes from the revision after that refusal, with no read first.
+  // fair=true otherwise: returns at once if the key is free and `waiter_id` heads its queue;
+  // else watches the grants and the queue for deletes, and returns by the time the waiter's queue
   // entry needs its keep-alive (the caller's next TryAcquire sends it). Without fair, as
   // WaitForChange.
   Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
                      std::stop_token stop) override;
 
-  // fair=true: revokes the waiter's queue entry (its lease), which wakes the waiters behind.
+  // Revokes the waiter's queue entry (fair=true) or writer intent (fair=false), each on its
+  // own lease, which wakes the waiters behind.
   void AbandonWait(std::string_view key, std::string_view waiter_id) override;
 
   [[nodiscard]] Stats stats() const;

@@ -95,6 +95,64 @@ Result<QueueEntry> EtcdWaitQueue::Enqueue(std::string_view key, std::string_view
   return fresh;
 }
 
+Result<std::optional<int64_t>> EtcdWaitQueue::IntentLease(std::string_view key,
+                                                          std::string_view waiter_id) {
+  const SteadyTime now = client_.clock().Now();
+  std::optional<QueueEntry> entry;
+  {
+    MutexLock lock(&mu_);
+    auto it = waiters_.find(waiter_id);
+    if (it != waiters_.end() && it->second.key == key && it->second.queue_key.empty()) {
+      entry = it->second;
+    }
+  }
+  if (!entry) {
+    return std::optional<int64_t>();
+  }
+  if ((now - entry->refreshed) * 3 < std::chrono::seconds(entry->ttl_seconds)) {
+    return std::optional<int64_t>(entry->lease_id);
+  }
+  std::vector<std::optional<int64_t>> ttl = keepalive_.KeepAlive({entry->lease_id});
+  if (!ttl[0]) {
+    return Status::Unavailable(
+        fmt::format("no etcd member of {} answered the keep-alive of a writer intent",
+                    client_.options().Address()));
+  }
+  if (*ttl[0] > 0) {
+    MutexLock lock(&mu_);
+    auto it = waiters_.find(waiter_id);
+    if (it != waiters_.end() && it->second.lease_id == entry->lease_id) {
+      it->second.refreshed = now;
+      return std::optional<int64_t>(entry->lease_id);
+    }
+  }
+  Dequeue(key, waiter_id, /*revoke=*/false);  // expired: its intent key went with it
+  return std::optional<int64_t>();
+}
+
+Result<int64_t> EtcdWaitQueue::GrantIntentLease(std::string_view key, std::string_view waiter_id,
+                                                int64_t ttl_seconds) {
+  const SteadyTime now = client_.clock().Now();
+  pb::LeaseGrantRequest grant_req;
+  grant_req.set_ttl(ttl_seconds);
+  pb::LeaseGrantResponse grant_resp;
+  LH_RETURN_IF_ERROR(client_.LeaseGrant("LeaseGrant (writer intent)", grant_req, &grant_resp));
+  if (grant_resp.id() == 0 || grant_resp.ttl() <= 0) {
+    return Status::Internal(
+        fmt::format("etcd granted lease {} with TTL {} s", grant_resp.id(), grant_resp.ttl()),
+        grant_resp.error());
+  }
+  Dequeue(key, waiter_id);
+  QueueEntry fresh;
+  fresh.key = std::string(key);
+  fresh.lease_id = grant_resp.id();
+  fresh.ttl_seconds = grant_resp.ttl();
+  fresh.refreshed = now;
+  MutexLock lock(&mu_);
+  waiters_[std::string(waiter_id)] = fresh;
+  return fresh.lease_id;
+}
+
 void EtcdWaitQueue::Dequeue(std::string_view key, std::string_view waiter_id, bool revoke) {
   std::optional<QueueEntry> entry;
   {

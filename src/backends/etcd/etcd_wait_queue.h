@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -61,8 +62,20 @@ class EtcdWaitQueue {
   Result<QueueEntry> Enqueue(std::string_view key, std::string_view waiter_id, int64_t ttl_seconds)
       LH_EXCLUDES(mu_);
 
-  // Forgets the waiter's entry; with `revoke`, revokes its lease (which deletes the entry and
-  // wakes the waiters behind it).
+  // Writer intent (fair=false): the waiter's own etcd lease, which carries the key's intent key
+  // (the acquire Txn puts it). Returns the lease if this backend has one for the waiter and key,
+  // refreshed with one keep-alive once a third of its TTL has passed; nullopt if it has none or
+  // it expired (forgotten then). Returns kUnavailable if etcd does not answer the keep-alive.
+  Result<std::optional<int64_t>> IntentLease(std::string_view key, std::string_view waiter_id)
+      LH_EXCLUDES(mu_);
+
+  // Grants the waiter a lease of `ttl_seconds` for its writer intent on `key` (replacing any
+  // it had, which is revoked). Returns kUnavailable if etcd does not answer.
+  Result<int64_t> GrantIntentLease(std::string_view key, std::string_view waiter_id,
+                                   int64_t ttl_seconds) LH_EXCLUDES(mu_);
+
+  // Forgets the waiter's entry (a queue entry or an intent lease); with `revoke`, revokes its
+  // lease (which deletes the entry or the intent and wakes the waiters behind it).
   void Dequeue(std::string_view key, std::string_view waiter_id, bool revoke = true)
       LH_EXCLUDES(mu_);
 

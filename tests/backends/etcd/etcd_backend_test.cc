@@ -530,6 +530,221 @@ TEST_F(EtcdBackendTest, FairQueueAWaiterThatGivesUpLeavesTheQueueAtOnce) {
   EXPECT_TRUE(free_again.ok()) << "the queue is empty again: " << free_again.status().ToString();
 }
 
+// Shared leases: the keys the store writes for them (backends/etcd/etcd_backend.cc, "Shared
+// leases"). A semaphore grant is "<prefix>/<key>\0n/<limit>/<slot>", each on the handle's
+// shared etcd lease; its fencing token is that key's create revision.
+GrantRequest Semaphore(std::string key, int token, std::uint32_t limit) {
+  GrantRequest r{std::move(key), Token(token), fmt::format("sem-{}", token), 30s};
+  r.limit = limit;
+  return r;
+}
+
+GrantRequest Shared(std::string key, int token, std::string waiter = {}) {
+  GrantRequest r{std::move(key), Token(token), fmt::format("reader-{}", token), 30s,
+                 std::move(waiter)};
+  r.mode = LeaseMode::kShared;
+  return r;
+}
+
+std::string Nul(std::string_view a, std::string_view b) {
+  std::string s(a);
+  s += '\0';
+  s += b;
+  return s;
+}
+
+// The keys of the lease `base` named `key` (etcdctl, reached through a shell, cannot be given a
+// key with a NUL: this reads the lease's prefix and picks).
+std::vector<EtcdKeyValue> KeysNamed(EtcdCluster& cluster, const std::string& base,
+                                    const std::string& key) {
+  std::vector<EtcdKeyValue> out;
+  auto kvs = cluster.Get(base, /*prefix=*/true);
+  EXPECT_TRUE(kvs.ok()) << kvs.status().ToString();
+  if (kvs.ok()) {
+    for (EtcdKeyValue& kv : *kvs) {
+      if (kv.key == key) {
+        out.push_back(std::move(kv));
+      }
+    }
+  }
+  return out;
+}
+
+TEST_F(EtcdBackendTest, SemaphoreGrantsAreSlotKeysAdmittedByOneTxn) {
+  auto backend = OpenBackend(Url());
+  ASSERT_NE(backend, nullptr);
+  const std::string base = backend->options().prefix + "/job";
+  std::vector<FencingToken> tokens;
+  for (int i = 0; i < 3; ++i) {
+    const EtcdBackend::Stats before = backend->stats();
+    auto grant = backend->TryAcquire(Semaphore("job", i, 3));
+    ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+    EXPECT_EQ(grant->slot, static_cast<std::uint32_t>(i));
+    EXPECT_EQ(grant->store_key, Nul(base, fmt::format("n/0003/{:04}", i)));
+    // Slot 0 first; a taken slot fails that Txn whole and the next Txn takes the free one read.
+    EXPECT_EQ(backend->stats().txn - before.txn, i == 0 ? 1u : 2u);
+    tokens.push_back(grant->fencing_token);
+  }
+  EXPECT_LT(tokens[0], tokens[1]);
+  EXPECT_LT(tokens[1], tokens[2]);
+  auto kvs = cluster_->Get(base, /*prefix=*/true);
+  ASSERT_TRUE(kvs.ok()) << kvs.status().ToString();
+  ASSERT_EQ(kvs->size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    const EtcdKeyValue& kv = (*kvs)[static_cast<std::size_t>(i)];
+    EXPECT_EQ(kv.key, Nul(base, fmt::format("n/0003/{:04}", i)));
+    EXPECT_EQ(static_cast<FencingToken>(kv.create_revision), tokens[static_cast<std::size_t>(i)]);
+    EXPECT_NE(kv.lease, 0);
+    EXPECT_EQ(kv.lease, (*kvs)[0].lease) << "every grant of the handle on one shared lease";
+  }
+  auto full = backend->TryAcquire(Semaphore("job", 9, 3));
+  EXPECT_EQ(full.status().code(), StatusCode::kHeldByAnother) << full.status().ToString();
+  ASSERT_NE(full.status().holder(), nullptr);
+  EXPECT_EQ(full.status().holder()->slot, 0u) << "the holder of the lowest slot";
+  EXPECT_EQ(full.status().holder()->holder, "sem-0");
+  EXPECT_EQ(backend->TryAcquire(Semaphore("job", 10, 4)).status().code(),
+            StatusCode::kInvalidArgument)
+      << "another limit";
+  EXPECT_EQ(backend->TryAcquire({"job", Token(11), "x", 30s}).status().code(),
+            StatusCode::kInvalidArgument)
+      << "an exclusive request on a semaphore key";
+  // Slot 1 freed: the next grant takes it, under a higher token.
+  ASSERT_TRUE(backend->Release("job", Token(1)).ok());
+  auto again = backend->TryAcquire(Semaphore("job", 12, 3));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->slot, 1u);
+  EXPECT_GT(again->fencing_token, tokens[2]);
+  // Renewal addresses each grant by its own key.
+  std::vector<RenewRequest> renewals = {
+      {"job", Token(0), 30s}, {"job", Token(12), 30s}, {"job", Token(2), 30s}};
+  for (const Status& s : backend->RenewMany(renewals)) {
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  auto holders = backend->Holders("job");
+  ASSERT_TRUE(holders.ok()) << holders.status().ToString();
+  ASSERT_EQ(holders->size(), 3u);
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*holders)[i].slot, i);
+    EXPECT_EQ((*holders)[i].limit, 3u);
+  }
+  EXPECT_EQ((*holders)[1].holder, "sem-12");
+}
+
+TEST_F(EtcdBackendTest, AWaitingWritersIntentKeepsNewReadersOutAndGoesWhenItIsGranted) {
+  auto backend = OpenBackend(Url());
+  ASSERT_NE(backend, nullptr);
+  const std::string base = backend->options().prefix + "/doc";
+  auto r0 = backend->TryAcquire(Shared("doc", 0));
+  auto r1 = backend->TryAcquire(Shared("doc", 1));
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  EXPECT_EQ(r0->store_key, Nul(base, "s/0000"));
+  EXPECT_EQ(r1->store_key, Nul(base, "s/0001"));
+  EXPECT_EQ(r1->slot, 1u);
+  GrantRequest writer{"doc", Token(5), "writer", 30s, "waiter-5"};
+  auto refused = backend->TryAcquire(writer);
+  EXPECT_EQ(refused.status().code(), StatusCode::kHeldByAnother);
+  ASSERT_NE(refused.status().holder(), nullptr);
+  EXPECT_EQ(refused.status().holder()->holder, "reader-0");
+  auto intent = KeysNamed(*cluster_, base, Nul(base, "w"));
+  ASSERT_EQ(intent.size(), 1u) << "the refused writer's intent, in the same Txn's failure branch";
+  auto reader_kv = KeysNamed(*cluster_, base, r0->store_key);
+  ASSERT_EQ(reader_kv.size(), 1u);
+  EXPECT_NE(intent[0].lease, reader_kv[0].lease) << "on the waiter's own etcd lease";
+  auto reader = backend->TryAcquire(Shared("doc", 2));
+  EXPECT_EQ(reader.status().code(), StatusCode::kHeldByAnother);
+  ASSERT_NE(reader.status().holder(), nullptr);
+  EXPECT_EQ(reader.status().holder()->holder, "writer") << reader.status().ToString();
+  EXPECT_EQ(
+      backend->TryAcquire(GrantRequest{"doc", Token(6), "w2", 30s, "waiter-6"}).status().code(),
+      StatusCode::kHeldByAnother);
+  intent = KeysNamed(*cluster_, base, Nul(base, "w"));
+  ASSERT_EQ(intent.size(), 1u);
+  EXPECT_NE(intent[0].value.find("\nwriter"), std::string::npos) << "still the first writer's";
+  ASSERT_TRUE(backend->Release("doc", Token(0)).ok());
+  ASSERT_TRUE(backend->Release("doc", Token(1)).ok());
+  auto granted = backend->TryAcquire(writer);
+  ASSERT_TRUE(granted.ok()) << granted.status().ToString();
+  EXPECT_EQ(granted->store_key, base) << "an exclusive grant is the key of every version";
+  EXPECT_GT(granted->fencing_token, r1->fencing_token);
+  EXPECT_TRUE(KeysNamed(*cluster_, base, Nul(base, "w")).empty())
+      << "the intent went with the grant";
+  ASSERT_TRUE(backend->Release("doc", Token(5)).ok());
+  EXPECT_TRUE(backend->TryAcquire(Shared("doc", 3)).ok()) << "no intent left behind";
+}
+
+// A grant written by an older leasehold (its own etcd lease, the key "<prefix>/<key>") is an
+// exclusive grant to this one: shared requests wait for it, semaphores are refused.
+TEST_F(EtcdBackendTest, AnOlderClientsGrantIsExclusive) {
+  auto backend = OpenBackend(Url());
+  ASSERT_NE(backend, nullptr);
+  auto granted = cluster_->Etcdctl({"lease", "grant", "60"});
+  ASSERT_TRUE(granted.ok()) << granted.status().ToString();
+  std::istringstream words(*granted);
+  std::string word, id;
+  words >> word >> id;
+  ASSERT_EQ(word, "lease") << *granted;
+  const std::string key = backend->options().prefix + "/old-job";
+  ASSERT_TRUE(
+      cluster_->Etcdctl({"put", "--lease=" + id, key, "v1\n" + Token(1) + "\n60000\nold-holder"})
+          .ok());
+  auto shared = backend->TryAcquire(Shared("old-job", 2));
+  EXPECT_EQ(shared.status().code(), StatusCode::kHeldByAnother);
+  ASSERT_NE(shared.status().holder(), nullptr);
+  EXPECT_EQ(shared.status().holder()->holder, "old-holder");
+  EXPECT_EQ(backend->TryAcquire(Semaphore("old-job", 3, 2)).status().code(),
+            StatusCode::kInvalidArgument);
+  auto info = backend->Inspect("old-job");
+  ASSERT_TRUE(info.ok() && info->has_value());
+  EXPECT_EQ((*info)->mode, LeaseMode::kExclusive);
+  EXPECT_EQ((*info)->limit, 1u);
+  auto forced = backend->ForceRelease("old-job");
+  ASSERT_TRUE(forced.ok() && *forced) << forced.status().ToString();
+  auto ttl = cluster_->Etcdctl({"lease", "timetolive", id});
+  ASSERT_TRUE(ttl.ok());
+  EXPECT_NE(ttl->find("already expired"), std::string::npos) << "its lease revoked too: " << *ttl;
+}
+
+// ForceReleaseGrant deletes one slot's key: that holder's next round loses it, the others stay.
+TEST_F(EtcdBackendTest, ForceReleaseGrantDeletesOneSlotAndListShowsEverySlot) {
+  auto holder = OpenBackend(Url());
+  ASSERT_NE(holder, nullptr);
+  // Tokens whose first 8 digits (LeaseInfo::token_prefix) differ.
+  const auto token = [](int i) { return fmt::format("{:08x}{:024x}", i + 1, 0); };
+  for (int i = 0; i < 3; ++i) {
+    GrantRequest r = Semaphore("pool", i, 4);
+    r.owner_token = token(i);
+    ASSERT_TRUE(holder->TryAcquire(r).ok());
+  }
+  ASSERT_TRUE(holder->TryAcquire({"pool2", Token(7), "x", 30s}).ok());
+  auto list = holder->List("pool");
+  ASSERT_TRUE(list.ok()) << list.status().ToString();
+  ASSERT_EQ(list->size(), 4u);
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*list)[i].key, "pool");
+    EXPECT_EQ((*list)[i].slot, i);
+    EXPECT_EQ((*list)[i].limit, 4u);
+  }
+  EXPECT_EQ((*list)[3].key, "pool2");
+  auto forced = holder->ForceReleaseGrant("pool", token(1).substr(0, 8));
+  ASSERT_TRUE(forced.ok() && *forced) << forced.status().ToString();
+  std::vector<RenewRequest> renewals = {
+      {"pool", token(0), 30s}, {"pool", token(1), 30s}, {"pool", token(2), 30s}};
+  std::vector<Status> renewed = holder->RenewMany(renewals);
+  EXPECT_TRUE(renewed[0].ok()) << renewed[0].ToString();
+  EXPECT_EQ(renewed[1].code(), StatusCode::kLost) << renewed[1].ToString();
+  EXPECT_TRUE(renewed[2].ok()) << renewed[2].ToString();
+  auto holders = holder->Holders("pool");
+  ASSERT_TRUE(holders.ok() && holders->size() == 2u);
+  EXPECT_EQ((*holders)[1].slot, 2u);
+  auto all = holder->ForceRelease("pool");
+  ASSERT_TRUE(all.ok() && *all);
+  holders = holder->Holders("pool");
+  ASSERT_TRUE(holders.ok());
+  EXPECT_TRUE(holders->empty());
+  auto other = holder->Inspect("pool2");
+  ASSERT_TRUE(other.ok() && other->has_value()) << "another key's grant stays";
+}
+
 TEST_F(EtcdBackendTest, WaitForChangeHonoursDeadlineAndStop) {
   auto backend = OpenBackend(Url());
   ASSERT_NE(backend, nullptr);
