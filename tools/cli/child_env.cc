@@ -34,9 +34,19 @@ std::vector<std::string> BuildChildEnvironment(const std::vector<std::string>& d
 
 std::vector<std::string> LeaseChildEnvironment(const Lease& lease, FencingToken token,
                                                std::vector<std::string> extra) {
+  // An environment cannot carry a NUL byte: the etcd store key of a shared or semaphore grant
+  // has one (README, "etcd"), and goes to the command with it written as %00.
+  std::string store_key;
+  for (char c : lease.store_key()) {
+    if (c == '\0') {
+      store_key += "%00";
+    } else {
+      store_key += c;
+    }
+  }
   std::vector<std::string> add = {"LEASEHOLD_KEY=" + lease.key(),
                                   fmt::format("LEASEHOLD_FENCING_TOKEN={}", token),
-                                  "LEASEHOLD_STORE_KEY=" + lease.store_key()};
+                                  "LEASEHOLD_STORE_KEY=" + store_key};
   add.insert(add.end(), std::make_move_iterator(extra.begin()),
              std::make_move_iterator(extra.end()));
   std::vector<std::string> drop;
