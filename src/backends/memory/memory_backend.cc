@@ -15,7 +15,9 @@ namespace leasehold::internal {
 
 namespace {
 
-// One table of grants, shared by every handle opened with the same name.
+// One table of grants, shared by every handle opened with the same name: per key, its live
+// grants (one exclusive, several shared, or up to N of a semaphore), and a waiting writer's
+// intent (backend.h, "Shared leases"). The reference implementation of the admission rules.
 class MemoryTable {
  public:
   explicit MemoryTable(Clock& clock) : clock_(clock) {}
@@ -25,26 +27,75 @@ class MemoryTable {
   Result<Grant> TryAcquire(const GrantRequest& request) LH_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     SteadyTime now = clock_.Now();
-    auto it = grants_.find(request.key);
-    if (it != grants_.end() && it->second.expires > now) {
-      return Status::HeldByAnother(InfoLocked(it->first, it->second, now));
+    KeyState& state = keys_[request.key];
+    PruneLocked(state, now);
+    const bool semaphore = request.limit > 1;
+    for (const Entry& e : state.grants) {
+      const bool e_semaphore = e.limit > 1;
+      if (e_semaphore != semaphore || (semaphore && e.limit != request.limit)) {
+        return LimitMismatch(request.key, e.mode, e.limit, e.holder, request.mode,
+                             request.limit);
+      }
+    }
+    const Entry* blocker = nullptr;
+    if (semaphore) {
+      if (state.grants.size() >= request.limit) {
+        blocker = &state.grants.front();
+      }
+    } else if (request.mode == LeaseMode::kShared) {
+      for (const Entry& e : state.grants) {
+        if (e.mode == LeaseMode::kExclusive) {
+          blocker = &e;
+          break;
+        }
+      }
+      if (blocker == nullptr && state.intent.has_value() && state.intent->expires > now) {
+        LeaseInfo writer{.key = request.key,
+                         .holder = state.intent->holder,
+                         .remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             state.intent->expires - now)};
+        return Status::HeldByAnother(writer, "an exclusive holder is waiting for the key");
+      }
+    } else if (!state.grants.empty()) {
+      blocker = &state.grants.front();
+    }
+    if (blocker != nullptr) {
+      Status held = Status::HeldByAnother(InfoLocked(request.key, *blocker, now));
+      if (!semaphore && request.mode == LeaseMode::kExclusive && !request.waiter_id.empty() &&
+          (!state.intent.has_value() || state.intent->expires <= now ||
+           state.intent->waiter_id == request.waiter_id)) {
+        state.intent = Intent{request.waiter_id, request.holder, now + request.ttl};
+      }
+      return held;
+    }
+    if (state.intent.has_value() && state.intent->waiter_id == request.waiter_id) {
+      state.intent.reset();
+    }
+    std::uint32_t slot = 0;
+    while (std::any_of(state.grants.begin(), state.grants.end(),
+                       [slot](const Entry& e) { return e.slot == slot; })) {
+      ++slot;
     }
     FencingToken fencing = ++fences_[request.key];
-    grants_[request.key] = Entry{request.owner_token, request.holder, fencing,
-                                 now + request.ttl, request.ttl};
-    return Grant{fencing, request.ttl};
+    Entry entry{request.owner_token, request.holder, fencing, now + request.ttl, request.ttl,
+                request.mode, request.limit, slot};
+    state.grants.insert(std::upper_bound(state.grants.begin(), state.grants.end(), entry,
+                                         [](const Entry& a, const Entry& b) {
+                                           return a.slot < b.slot;
+                                         }),
+                        entry);
+    return Grant{.fencing_token = fencing, .ttl = request.ttl, .slot = slot};
   }
 
   Status Renew(const RenewRequest& request) LH_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     SteadyTime now = clock_.Now();
-    auto it = grants_.find(request.key);
-    if (it == grants_.end() || it->second.token != request.owner_token ||
-        it->second.expires <= now) {
+    Entry* e = FindLocked(request.key, request.owner_token);
+    if (e == nullptr || e->expires <= now) {
       return LostLocked(request.key, request.owner_token, now);
     }
-    it->second.expires = now + request.ttl;
-    it->second.ttl = request.ttl;
+    e->expires = now + request.ttl;
+    e->ttl = request.ttl;
     return Status();
   }
 
@@ -53,14 +104,14 @@ class MemoryTable {
     {
       MutexLock lock(&mu_);
       SteadyTime now = clock_.Now();
-      auto it = grants_.find(key);
-      if (it == grants_.end() || it->second.token != token) {
+      Entry* e = FindLocked(key, token);
+      if (e == nullptr) {
         return LostLocked(key, token, now);
       }
-      if (it->second.expires <= now) {
+      if (e->expires <= now) {
         result = Status::Lost(fmt::format("lease {} was lost or stolen: it expired", key));
       }
-      grants_.erase(it);
+      EraseLocked(key, e);
       WakeLocked(key);
     }
     return result;
@@ -70,9 +121,8 @@ class MemoryTable {
     LH_RETURN_IF_ERROR(CheckFinishRequest(request));
     MutexLock lock(&mu_);
     SteadyTime now = clock_.Now();
-    auto it = grants_.find(request.key);
-    if (it == grants_.end() || it->second.token != request.owner_token ||
-        it->second.expires <= now) {
+    Entry* e = FindLocked(request.key, request.owner_token);
+    if (e == nullptr || e->expires <= now) {
       return LostLocked(request.key, request.owner_token, now);
     }
     if (request.record.has_value()) {
@@ -80,11 +130,11 @@ class MemoryTable {
     }
     if (request.keep > Duration::zero()) {
       // No owner sends this token: a renewal already in flight cannot touch the kept grant.
-      it->second.token += ":kept";
-      it->second.expires = now + request.keep;
-      it->second.ttl = request.keep;
+      e->token += ":kept";
+      e->expires = now + request.keep;
+      e->ttl = request.keep;
     } else {
-      grants_.erase(it);
+      EraseLocked(request.key, e);
       WakeLocked(request.key);
     }
     return Status();
@@ -94,16 +144,22 @@ class MemoryTable {
       LH_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     const SteadyTime now = clock_.Now();
-    auto it = grants_.find(request.key);
-    if (!request.skip_guard_for_testing &&
-        (it == grants_.end() || it->second.token != request.owner_token ||
-         it->second.expires <= now)) {
-      const bool other = it != grants_.end() && it->second.token != request.owner_token &&
-                         it->second.expires > now;
+    Entry* e = FindLocked(request.key, request.owner_token);
+    if (!request.skip_guard_for_testing && (e == nullptr || e->expires <= now)) {
+      const Entry* other = nullptr;
+      if (auto it = keys_.find(request.key); it != keys_.end()) {
+        for (const Entry& g : it->second.grants) {
+          if (g.expires > now && g.token != request.owner_token &&
+              (other == nullptr || g.fencing > other->fencing)) {
+            other = &g;
+          }
+        }
+      }
       return FencedOut(request.key, request.fencing_token,
-                       other ? fmt::format("is now held by {} under fencing token {}",
-                                           it->second.holder, it->second.fencing)
-                             : std::string("is no longer held: expired or released"));
+                       other != nullptr
+                           ? fmt::format("is now held by {} under fencing token {}",
+                                         other->holder, other->fencing)
+                           : std::string("is no longer held: expired or released"));
     }
     std::vector<std::int64_t> affected;
     for (const FencedOp& op : request.ops) {
@@ -146,38 +202,46 @@ class MemoryTable {
     return out;
   }
 
-  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) LH_EXCLUDES(mu_) {
+  Result<std::vector<LeaseInfo>> Holders(std::string_view key) LH_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     SteadyTime now = clock_.Now();
-    auto it = grants_.find(key);
-    if (it == grants_.end() || it->second.expires <= now) {
-      return std::optional<LeaseInfo>();
+    std::vector<LeaseInfo> out;
+    if (auto it = keys_.find(key); it != keys_.end()) {
+      AppendLiveLocked(it->first, it->second, now, out);
     }
-    return std::optional<LeaseInfo>(InfoLocked(it->first, it->second, now));
+    return out;
   }
 
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) LH_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     SteadyTime now = clock_.Now();
     std::vector<LeaseInfo> out;
-    for (auto it = grants_.lower_bound(prefix);
-         it != grants_.end() && std::string_view(it->first).starts_with(prefix); ++it) {
-      if (it->second.expires > now) {
-        out.push_back(InfoLocked(it->first, it->second, now));
-      }
+    for (auto it = keys_.lower_bound(prefix);
+         it != keys_.end() && std::string_view(it->first).starts_with(prefix); ++it) {
+      AppendLiveLocked(it->first, it->second, now, out);
     }
     return out;
   }
 
-  Result<bool> ForceRelease(std::string_view key) LH_EXCLUDES(mu_) {
+  Result<bool> ForceRelease(std::string_view key, std::string_view token_prefix)
+      LH_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
-    auto it = grants_.find(key);
-    if (it == grants_.end()) {
+    auto it = keys_.find(key);
+    if (it == keys_.end()) {
       return false;
     }
-    bool live = it->second.expires > clock_.Now();
-    grants_.erase(it);
-    forced_.insert(std::string(key));
+    const SteadyTime now = clock_.Now();
+    bool live = false;
+    std::erase_if(it->second.grants, [&](const Entry& e) {
+      if (!token_prefix.empty() && !std::string_view(e.token).starts_with(token_prefix)) {
+        return false;
+      }
+      live = live || e.expires > now;
+      return true;
+    });
+    if (live || token_prefix.empty()) {
+      forced_.insert(std::string(key));
+    }
     WakeLocked(key);
     return live;
   }
@@ -188,12 +252,22 @@ class MemoryTable {
     SteadyTime wake_at = deadline;
     {
       MutexLock lock(&mu_);
-      auto it = grants_.find(key);
-      if (it == grants_.end() || it->second.expires <= clock_.Now()) {
+      const SteadyTime now = clock_.Now();
+      auto it = keys_.find(key);
+      if (it == keys_.end()) {
         return Status();
       }
-      // Without a release the key frees itself at expiry: wake then at the latest.
-      wake_at = std::min(deadline, it->second.expires);
+      // Without a release a grant ends by itself at its expiry: wake at the first of those.
+      std::optional<SteadyTime> first_expiry;
+      for (const Entry& e : it->second.grants) {
+        if (e.expires > now && (!first_expiry || e.expires < *first_expiry)) {
+          first_expiry = e.expires;
+        }
+      }
+      if (!first_expiry.has_value()) {
+        return Status();
+      }
+      wake_at = std::min(deadline, *first_expiry);
       waiters_.emplace(std::string(key), woken);
     }
     std::stop_callback forward(stop, [&woken] { woken.request_stop(); });
@@ -217,6 +291,17 @@ class MemoryTable {
     return Status();
   }
 
+  void AbandonWait(std::string_view key, std::string_view waiter_id) LH_EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    auto it = keys_.find(key);
+    if (it != keys_.end() && it->second.intent.has_value() &&
+        it->second.intent->waiter_id == waiter_id) {
+      it->second.intent.reset();
+      // Readers held off by the intent may go now.
+      WakeLocked(key);
+    }
+  }
+
  private:
   struct Entry {
     std::string token;
@@ -224,6 +309,24 @@ class MemoryTable {
     FencingToken fencing = 0;
     SteadyTime expires;
     Duration ttl;
+    LeaseMode mode = LeaseMode::kExclusive;
+    std::uint32_t limit = 1;
+    std::uint32_t slot = 0;
+  };
+
+  // A waiting exclusive Acquire that keeps new shared holders out (writer preference).
+  struct Intent {
+    std::string waiter_id;
+    std::string holder;
+    SteadyTime expires;
+  };
+
+  // The grants of one key, ordered by slot, and its writer intent. Expired grants stay until
+  // the next acquire of the key prunes them (a late Renew or Release of one still finds it and
+  // reports that it expired).
+  struct KeyState {
+    std::vector<Entry> grants;
+    std::optional<Intent> intent;
   };
 
   struct Record {
@@ -231,23 +334,71 @@ class MemoryTable {
     SteadyTime expires;
   };
 
+  static void PruneLocked(KeyState& state, SteadyTime now) {
+    std::erase_if(state.grants, [now](const Entry& e) { return e.expires <= now; });
+    if (state.intent.has_value() && state.intent->expires <= now) {
+      state.intent.reset();
+    }
+  }
+
+  Entry* FindLocked(std::string_view key, std::string_view token) LH_REQUIRES(mu_) {
+    auto it = keys_.find(key);
+    if (it == keys_.end()) {
+      return nullptr;
+    }
+    for (Entry& e : it->second.grants) {
+      if (e.token == token) {
+        return &e;
+      }
+    }
+    return nullptr;
+  }
+
+  void EraseLocked(std::string_view key, const Entry* e) LH_REQUIRES(mu_) {
+    auto& grants = keys_.find(key)->second.grants;
+    grants.erase(grants.begin() + (e - grants.data()));
+  }
+
   LeaseInfo InfoLocked(const std::string& key, const Entry& e, SteadyTime now)
       LH_REQUIRES(mu_) {
-    return LeaseInfo{key, e.holder, TokenPrefix(e.token), e.fencing,
-                     std::chrono::duration_cast<std::chrono::milliseconds>(e.expires - now),
-                     std::chrono::duration_cast<std::chrono::milliseconds>(e.ttl)};
+    return LeaseInfo{
+        .key = key,
+        .holder = e.holder,
+        .token_prefix = TokenPrefix(e.token),
+        .fencing_token = e.fencing,
+        .remaining = std::chrono::duration_cast<std::chrono::milliseconds>(e.expires - now),
+        .ttl = std::chrono::duration_cast<std::chrono::milliseconds>(e.ttl),
+        .mode = e.mode,
+        .limit = e.limit,
+        .slot = e.slot};
+  }
+
+  void AppendLiveLocked(const std::string& key, const KeyState& state, SteadyTime now,
+                        std::vector<LeaseInfo>& out) LH_REQUIRES(mu_) {
+    for (const Entry& e : state.grants) {
+      if (e.expires > now) {
+        out.push_back(InfoLocked(key, e, now));
+      }
+    }
   }
 
   Status LostLocked(std::string_view key, std::string_view token, SteadyTime now)
       LH_REQUIRES(mu_) {
-    auto it = grants_.find(key);
-    if (it != grants_.end() && it->second.token != token && it->second.expires > now) {
-      return Status::Lost(
-          fmt::format("lease {} was lost or stolen: taken over by {}", key, it->second.holder),
-          LostCause::kStolen);
-    }
-    if (it != grants_.end() && it->second.token == token) {
+    const Entry* mine = FindLocked(key, token);
+    if (mine != nullptr) {
       return Status::Lost(fmt::format("lease {} was lost or stolen: it expired", key));
+    }
+    auto it = keys_.find(key);
+    if (it != keys_.end()) {
+      for (const Entry& e : it->second.grants) {
+        // An exclusive key held by another: ours was taken over. (Among several holders of a
+        // shared or semaphore key, another's grant says nothing about ours.)
+        if (e.expires > now && e.mode == LeaseMode::kExclusive && e.limit == 1) {
+          return Status::Lost(
+              fmt::format("lease {} was lost or stolen: taken over by {}", key, e.holder),
+              LostCause::kStolen);
+        }
+      }
     }
     if (forced_.contains(key)) {
       return Status::Lost(
@@ -265,7 +416,7 @@ class MemoryTable {
 
   Clock& clock_;
   Mutex mu_;
-  std::map<std::string, Entry, std::less<>> grants_ LH_GUARDED_BY(mu_);
+  std::map<std::string, KeyState, std::less<>> keys_ LH_GUARDED_BY(mu_);
   std::map<std::string, FencingToken, std::less<>> fences_ LH_GUARDED_BY(mu_);
   std::set<std::string, std::less<>> forced_ LH_GUARDED_BY(mu_);
   std::map<std::string, Record, std::less<>> records_ LH_GUARDED_BY(mu_);
@@ -284,7 +435,8 @@ class MemoryBackend final : public Backend {
     return {.multi_process = false,
             .native_wait = true,
             .fencing_survives_restart = false,
-            .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete)};
+            .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete),
+            .shared_leases = true};
   }
 
   Result<Grant> TryAcquire(const GrantRequest& request) override {
@@ -327,14 +479,30 @@ class MemoryBackend final : public Backend {
   }
 
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
-    return table_->Inspect(key);
+    LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, table_->Holders(key));
+    return holders.empty() ? std::optional<LeaseInfo>()
+                           : std::optional<LeaseInfo>(std::move(holders.front()));
+  }
+
+  Result<std::vector<LeaseInfo>> Holders(std::string_view key) override {
+    return table_->Holders(key);
   }
 
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override {
     return table_->List(prefix);
   }
 
-  Result<bool> ForceRelease(std::string_view key) override { return table_->ForceRelease(key); }
+  Result<bool> ForceRelease(std::string_view key) override {
+    return table_->ForceRelease(key, {});
+  }
+
+  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override {
+    return table_->ForceRelease(key, token_prefix);
+  }
+
+  void AbandonWait(std::string_view key, std::string_view waiter_id) override {
+    table_->AbandonWait(key, waiter_id);
+  }
 
   Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override {
     return table_->WaitForChange(key, deadline, std::move(stop));

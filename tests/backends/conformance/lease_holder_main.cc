@@ -7,14 +7,23 @@
 //                                              TTL_MS: etcd rounds up to whole seconds, >= 2 s)
 //   lease_holder URL KEY linger TTL_MS KEEP_MS acquire, print "acquired N", release with
 //                                              hold_at_least KEEP_MS at once, exit 0
+//   lease_holder URL KEY race TTL_MS SECONDS   for SECONDS: acquire (waiting up to 2 s), print
+//                                              "start NS FENCE SLOT" (CLOCK_MONOTONIC ns, read
+//                                              after the grant), hold 5..50 ms while valid(),
+//                                              print "end NS" (read before the release), release
+// Options after the mode's arguments: limit=N (a semaphore of N), shared (a shared lease).
 // Output is flushed per line so the test can read it while the process runs.
 
 #include <unistd.h>
 
+#include <time.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "leasehold/store.h"
@@ -33,6 +42,48 @@ int main(int argc, char** argv) {
     return 1;
   }
   leasehold::LeaseOptions options{.ttl = ttl, .holder = "lease_holder:" + std::to_string(getpid())};
+  for (int i = 5; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg.starts_with("limit=")) {
+      options.limit = static_cast<std::uint32_t>(std::atoi(argv[i] + 6));
+    } else if (arg == "shared") {
+      options.mode = leasehold::LeaseMode::kShared;
+    }
+  }
+  if (mode == "race" && argc >= 6) {
+    auto now_ns = [] {
+      timespec ts{};
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+    };
+    std::mt19937 rng(static_cast<unsigned>(getpid()));
+    options.wait = 2s;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(std::atoi(argv[5]));
+    while (std::chrono::steady_clock::now() < until) {
+      auto lease = (*store)->Acquire(argv[2], options);
+      if (!lease.ok()) {
+        if (lease.status().code() == leasehold::StatusCode::kDeadlineExceeded ||
+            lease.status().code() == leasehold::StatusCode::kUnavailable) {
+          continue;
+        }
+        std::printf("error %s\n", lease.status().ToString().c_str());
+        return 1;
+      }
+      std::printf("start %lld %llu %u\n", now_ns(),
+                  static_cast<unsigned long long>(lease->fencing_token()), lease->slot());
+      std::fflush(stdout);
+      const auto hold_until =
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(5 + rng() % 46);
+      while (std::chrono::steady_clock::now() < hold_until && lease->valid()) {
+        std::this_thread::sleep_for(1ms);
+      }
+      std::printf("end %lld\n", now_ns());
+      std::fflush(stdout);
+      (void)lease->Release();
+    }
+    std::printf("done\n");
+    return 0;
+  }
   if (mode == "try") {
     auto lease = (*store)->TryAcquire(argv[2], options);
     if (lease.ok()) {
@@ -55,9 +106,10 @@ int main(int argc, char** argv) {
       std::printf("error %s\n", lease.status().ToString().c_str());
       return 1;
     }
-    std::printf("acquired %llu %lld\n", static_cast<unsigned long long>(lease->fencing_token()),
+    std::printf("acquired %llu %lld %u\n", static_cast<unsigned long long>(lease->fencing_token()),
                 static_cast<long long>(
-                    std::chrono::duration_cast<std::chrono::milliseconds>(lease->ttl()).count()));
+                    std::chrono::duration_cast<std::chrono::milliseconds>(lease->ttl()).count()),
+                lease->slot());
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(argv[5])));
     return lease->Release().ok() ? 0 : 1;
