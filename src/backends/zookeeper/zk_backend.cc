@@ -433,8 +433,7 @@ Result<std::vector<ZkBackend::LiveGrant>> ZkBackend::GrantsOf(
     out.push_back(std::move(g));
   }
   for (const Kept& k : kept) {
-    out.push_back(
-        {.info = k.info, .path = dir + "/" + k.name, .version = k.version, .kept = true});
+    out.push_back({.info = k.info, .path = dir + "/" + k.name, .version = k.version, .kept = true});
   }
   // Children admitted but not yet made grants get the smallest slots left, in queue order.
   std::set<std::uint32_t> used;
@@ -493,8 +492,10 @@ Result<std::vector<ZkBackend::Kept>> ZkBackend::ReadKeptNodes(
     info->mode = slot->kind.mode;
     info->limit = slot->kind.limit;
     info->slot = slot->slot;
-    out.push_back(
-        {.info = std::move(*info), .version = stats[i].version, .name = names[i], .kind = slot->kind});
+    out.push_back({.info = std::move(*info),
+                   .version = stats[i].version,
+                   .name = names[i],
+                   .kind = slot->kind});
     mtimes.push_back(stats[i].mtime);
   }
   if (out.empty()) {
@@ -713,8 +714,8 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
       }
       kept = std::move(*read);
     }
-    auto old_kept = std::find_if(kept.begin(), kept.end(),
-                                 [](const Kept& k) { return k.name == kKeptName; });
+    auto old_kept =
+        std::find_if(kept.begin(), kept.end(), [](const Kept& k) { return k.name == kKeptName; });
     if (exclusive && m == 0 && old_kept != kept.end() && old_kept->remaining <= Duration::zero()) {
       // Expired: take over. The versioned delete fails if someone else already did (or a
       // force-release); the check fails if our node went. Either way: decide again.
@@ -756,8 +757,8 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
           continue;  // it left: decide again
         }
         if (rc == ZOK) {
-          held = zk_layout::ParseNode(request.key, name, data,
-                                      static_cast<FencingToken>(stat.czxid));
+          held =
+              zk_layout::ParseNode(request.key, name, data, static_cast<FencingToken>(stat.czxid));
         } else {
           const NodeKind kind = listing.kinds[static_cast<std::size_t>(other)];
           held.mode = kind.mode;
@@ -778,9 +779,9 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
         // The grant is made: its slot is written into its node data (ClaimSlot), with this
         // attempt's token, and its watch set after that write (same round trip as the write's
         // reply is awaited in ClaimSlot; the get below).
-        Result<std::uint32_t> claimed = ClaimSlot(*session, request.key, dir, my_name,
-                                                  session->negotiated(), request.owner_token,
-                                                  request.holder);
+        Result<std::uint32_t> claimed =
+            ClaimSlot(*session, request.key, dir, my_name, session->negotiated(),
+                      request.owner_token, request.holder);
         if (!claimed.ok()) {
           forget_node();
           return claimed.status();
@@ -952,8 +953,8 @@ Result<std::uint32_t> ZkBackend::ClaimSlot(ZkSession& session, std::string_view 
     const Listing listing = ParseListing(std::move(list_answer.strings));
     if (rc == ZNONODE ||
         std::find(listing.queued.begin(), listing.queued.end(), my_name) == listing.queued.end()) {
-      return Status::Unavailable(fmt::format(
-          "the node of {} vanished while acquiring (session expiry?); try again", key));
+      return Status::Unavailable(
+          fmt::format("the node of {} vanished while acquiring (session expiry?); try again", key));
     }
     LH_ASSIGN_OR_RETURN(std::vector<Kept> kept, ReadKeptNodes(session, key, dir, listing.kept));
     std::erase_if(kept, [](const Kept& k) { return k.remaining <= Duration::zero(); });
@@ -983,15 +984,13 @@ Result<std::uint32_t> ZkBackend::ClaimSlot(ZkSession& session, std::string_view 
     }
     ZkRequests requests(session, options_.command_timeout);
     std::vector<int> errors;
-    rc = requests.Multi({{.kind = ZkMultiOp::kSet,
-                          .path = dir,
-                          .data = "",
-                          .version = dir_answer.stat.version},
-                         {.kind = ZkMultiOp::kSet,
-                          .path = my_path,
-                          .data = NodeData(ttl, owner_token, holder, slot),
-                          .version = -1}},
-                        acl, &errors);
+    rc = requests.Multi(
+        {{.kind = ZkMultiOp::kSet, .path = dir, .data = "", .version = dir_answer.stat.version},
+         {.kind = ZkMultiOp::kSet,
+          .path = my_path,
+          .data = NodeData(ttl, owner_token, holder, slot),
+          .version = -1}},
+        acl, &errors);
     if (rc == ZOK) {
       return slot;
     }
@@ -999,8 +998,8 @@ Result<std::uint32_t> ZkBackend::ClaimSlot(ZkSession& session, std::string_view 
       continue;  // another grant of the key chose its slot meanwhile: look again
     }
     if (errors.size() == 2 && errors[0] == ZOK && errors[1] == ZNONODE) {
-      return Status::Unavailable(fmt::format(
-          "the node of {} vanished while acquiring (session expiry?); try again", key));
+      return Status::Unavailable(
+          fmt::format("the node of {} vanished while acquiring (session expiry?); try again", key));
     }
     return ZkErrorStatus(rc, fmt::format("writing the slot of a grant of {}", key), options_);
   }
@@ -1751,9 +1750,9 @@ Result<bool> ZkBackend::ForceReleaseGrant(std::string_view key, std::string_view
     // child's name is never reused.
     const int rc = requests.Delete(match->path, match->kept ? match->version : -1);
     if (rc == ZOK) {
-      LogEvent(LogLevel::kWarning, "zk_force_release",
-               {{"key", std::string(key)},
-                {"node", match->path.substr(match->path.rfind('/') + 1, 9)}});
+      LogEvent(
+          LogLevel::kWarning, "zk_force_release",
+          {{"key", std::string(key)}, {"node", match->path.substr(match->path.rfind('/') + 1, 9)}});
       return true;
     }
     if (rc != ZNONODE && rc != ZBADVERSION) {

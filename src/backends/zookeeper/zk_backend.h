@@ -68,13 +68,13 @@
 // session's connection epoch (ZkSession::epoch) is the one it was registered on: after a
 // reconnect the next round re-arms it with a watching get, whose reply (ephemeralOwner is our
 // session, czxid our fencing token) is that round's evidence for it; a round during which the
-// epoch moves confirms only the grants it re-armed. docs/impl.md gives the argument in full. The C client pings by itself, so without renewals a node would live
-// on: each grant therefore also has a local deadline (t_send of its last confirmed renewal + ttl,
-// read after the core's t_send, so never before the holder's safe_until), and a reaper thread
-// deletes the nodes of grants that pass it: a holder that stopped renewing, or was cut off longer
-// than its TTL and then reconnected to a session that survived, never blocks the key. Session
-// expiry makes every lease on that session lost (kLost, LostCause::kSessionLost); the next acquire
-// opens a new session by itself.
+// epoch moves confirms only the grants it re-armed. docs/impl.md gives the argument in full. The C
+// client pings by itself, so without renewals a node would live on: each grant therefore also has a
+// local deadline (t_send of its last confirmed renewal + ttl, read after the core's t_send, so
+// never before the holder's safe_until), and a reaper thread deletes the nodes of grants that pass
+// it: a holder that stopped renewing, or was cut off longer than its TTL and then reconnected to a
+// session that survived, never blocks the key. Session expiry makes every lease on that session
+// lost (kLost, LostCause::kSessionLost); the next acquire opens a new session by itself.
 //
 // Fenced writes (FencedWrite, Lease::Write): one multi whose first op checks that this grant's
 // node still exists (Grant::store_key is its path in the chroot, named as data paths are), then
@@ -384,16 +384,14 @@ class ZkBackend final : public Backend {
                                           const std::string& dir,
                                           const std::vector<std::string>& queued,
                                           const std::vector<zk_layout::NodeKind>& kinds,
-                                          const std::vector<Kept>& kept, std::size_t end,
-                                          int* rc);
+                                          const std::vector<Kept>& kept, std::size_t end, int* rc);
 
   // Writes the slot of the shared or semaphore grant `my_name` into its node data (the
   // smallest slot no other live grant of the key has), in one multi checked by the key node's
   // version (zk_backend.cc says why that cannot give two grants one slot). Returns the slot.
-  Result<std::uint32_t> ClaimSlot(ZkSession& session, std::string_view key,
-                                  const std::string& dir, const std::string& my_name,
-                                  Duration ttl, std::string_view owner_token,
-                                  std::string_view holder);
+  Result<std::uint32_t> ClaimSlot(ZkSession& session, std::string_view key, const std::string& dir,
+                                  const std::string& my_name, Duration ttl,
+                                  std::string_view owner_token, std::string_view holder);
 
   // Reads the kept nodes `names` of `dir` and judges each on the leader's clock (one clock read
   // for all); those not in our layout are left out.
@@ -411,7 +409,6 @@ class ZkBackend final : public Backend {
 
   // The leader's wall clock: the mtime of a setData on the clock node (created if missing).
   Result<SystemTime> LeaderNow(ZkSession& session);
-
 
   // Deletes `path` now (bounded); on a transient failure hands it to the reaper.
   Status DeleteOrDoom(const std::shared_ptr<ZkSession>& session, const std::string& path)

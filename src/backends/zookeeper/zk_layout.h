@@ -82,11 +82,13 @@ NodeKind KindOfNode(std::string_view name);
 // a live kept grant holds its slot, so the grant that finishes in a slot only ever meets an
 // expired one there, which it replaces).
 std::string KeptName(NodeKind kind, std::uint32_t slot);
+
 // A kept node's kind and slot, from its name; nullopt if `name` is not one.
 struct KeptSlot {
   NodeKind kind;
   std::uint32_t slot = 0;
 };
+
 std::optional<KeptSlot> ParseKeptName(std::string_view name);
 
 // A grant's or waiter's node data, with the grant's slot once it is known (a shared or

@@ -825,6 +825,7 @@ int ZkRequests::WatchAny(const std::vector<std::string>& paths,
     ReplyPtr reply;
     int rc;
   };
+
   std::vector<Sent> sent;
   sent.reserve(paths.size());
   for (const std::string& path : paths) {
@@ -832,8 +833,8 @@ int ZkRequests::WatchAny(const std::vector<std::string>& paths,
     session_->AddWatch(watch);
     auto reply = std::make_shared<ZkReply>();
     void* data = Hold(reply);
-    int rc = zoo_awget(session_->zh(), path.c_str(), &ZkSession::NodeWatcher, watch,
-                       DataCompletion, data);
+    int rc = zoo_awget(session_->zh(), path.c_str(), &ZkSession::NodeWatcher, watch, DataCompletion,
+                       data);
     if (rc != ZOK) {
       Take(data);
       (void)session_->ReleaseWatch(watch);
