@@ -140,6 +140,16 @@ Listing ParseListing(std::vector<std::string> children) {
   return listing;
 }
 
+// True if the child `name` is the node of the id `prefix` ("<id>-" or "<id>", any kind's tag
+// after it): the id ends where a '.' (a tag) or the '-' before the sequence follows it.
+bool HasIdPrefix(std::string_view name, std::string_view prefix) {
+  if (!name.starts_with(prefix)) {
+    return false;
+  }
+  return prefix.ends_with('-') ||
+         (name.size() > prefix.size() && (name[prefix.size()] == '.' || name[prefix.size()] == '-'));
+}
+
 bool IsExclusive(const NodeKind& kind) {
   return kind.limit == 1 && kind.mode == LeaseMode::kExclusive;
 }
@@ -975,8 +985,10 @@ Result<std::uint32_t> ZkBackend::ClaimSlot(ZkSession& session, std::string_view 
       }
     }
     if (!admitted) {
-      return Status::Internal(
-          fmt::format("the node of {} was admitted, then not (the queue is not ours?)", key));
+      // Only a kept grant judged live again (a new leader's clock behind the old one's) can
+      // do this: not granted, try again.
+      return Status::Unavailable(
+          fmt::format("the node of {} was admitted, then not (a kept grant?); try again", key));
     }
     std::uint32_t slot = 0;
     while (used.contains(slot)) {
@@ -1781,9 +1793,9 @@ void ZkBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
     return;
   }
   // By prefix, through the waiter's own session: this also finds a node whose create reply was
-  // lost. The waiter is done, so its prefix is never used again.
-  Doomed doomed{
-      .session = queued.session, .dir = KeyDir(key), .prefix = "w" + std::string(waiter_id) + "-"};
+  // lost. The waiter is done, so its prefix is never used again. The prefix stops before the
+  // kind's tag ("w<id>.s-", zk_layout::KindTag): HasIdPrefix matches it up to a '.' or '-'.
+  Doomed doomed{.session = queued.session, .dir = KeyDir(key), .prefix = "w" + std::string(waiter_id)};
   if (!queued.path.empty()) {
     ZkRequests requests(*queued.session, options_.command_timeout);
     int rc = requests.Delete(queued.path, -1);
@@ -1799,7 +1811,7 @@ void ZkBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
     }
     bool all_gone = rc == ZOK;
     for (const std::string& child : children) {
-      if (child.starts_with(doomed.prefix)) {
+      if (HasIdPrefix(child, doomed.prefix)) {
         int drc = requests.Delete(doomed.dir + "/" + child, -1);
         all_gone = all_gone && (drc == ZOK || drc == ZNONODE);
       }
@@ -2037,7 +2049,7 @@ void ZkBackend::ReaperLoop(std::stop_token stop) {
         std::vector<std::string> children;
         rc = requests.Children(d.dir, &children);
         for (const std::string& child : children) {
-          if (child.starts_with(d.prefix)) {
+          if (HasIdPrefix(child, d.prefix)) {
             paths.push_back(d.dir + "/" + child);
           }
         }

@@ -455,6 +455,13 @@ TEST(ZkBackendTest, ReadersAndAWaitingWriterShareOneQueueInOrder) {
   ASSERT_NE(reader.status().holder(), nullptr);
   EXPECT_EQ(reader.status().holder()->holder, "w") << "the waiting writer";
   EXPECT_EQ(CountNodes(hosts, key_dir), 3) << "two readers and the waiting writer";
+  // A waiting reader queues a tagged node, and leaves nothing behind when it gives up.
+  auto queued = b->TryAcquire(SharedOrExclusive(std::string(32, '4'), "r4", LeaseMode::kShared,
+                                                std::string(32, 'f')));
+  ASSERT_EQ(queued.status().code(), StatusCode::kHeldByAnother) << queued.status().ToString();
+  EXPECT_EQ(CountNodes(hosts, key_dir), 4);
+  b->AbandonWait("job", std::string(32, 'f'));
+  EXPECT_EQ(CountNodes(hosts, key_dir), 3) << "an abandoned waiter's node was left behind";
   std::jthread release([&] {
     std::this_thread::sleep_for(100ms);
     EXPECT_TRUE(a->Release("job", r1).ok());
