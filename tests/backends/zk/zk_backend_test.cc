@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -423,6 +424,71 @@ TEST(ZkBackendTest, SemaphoreGrantsAreTaggedChildrenWithTheirSlotInTheirData) {
   ASSERT_TRUE(all.ok());
   EXPECT_TRUE(*all);
   EXPECT_EQ(CountNodes(hosts, key_dir), 0);
+}
+
+// A semaphore grant kept after its holder (Finish with keep) is the persistent node
+// <key>/kept.n<N>.<slot>: it still counts against the limit and holds its slot until the keep
+// ends, then the slot is the next grant's; a shared one is kept.s.<slot> and keeps a writer out.
+TEST(ZkBackendTest, ASemaphoreGrantKeptAfterItsHolderHoldsItsSlotUntilTheKeepEnds) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/keptsem");
+  const std::string hosts = (*zk)->Url().substr(5);
+  const std::string key_dir = "/keptsem/leasehold/job";
+  auto a = OpenZk(url);
+  auto b = OpenZk(url);
+  ASSERT_TRUE(a && b);
+  auto first = a->TryAcquire(Semaphore(std::string(32, 'a'), "a", 2));
+  auto second = b->TryAcquire(Semaphore(std::string(32, 'b'), "b", 2));
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_EQ(first->slot, 0u);
+  ASSERT_TRUE(a->Finish({.key = "job", .owner_token = std::string(32, 'a'), .keep = 1500ms}).ok());
+  const std::vector<std::string> names = ChildNames(hosts, key_dir);
+  EXPECT_NE(std::find(names.begin(), names.end(), "kept.n2.0"), names.end())
+      << fmt::format("{}", fmt::join(names, " "));
+  auto full = b->TryAcquire(Semaphore(std::string(32, 'c'), "c", 2));
+  ASSERT_EQ(full.status().code(), StatusCode::kHeldByAnother) << full.status().ToString();
+  EXPECT_EQ(full.status().holder()->holder, "a") << "the kept grant, in slot 0";
+  auto holders = b->Holders("job");
+  ASSERT_TRUE(holders.ok()) << holders.status().ToString();
+  ASSERT_EQ(holders->size(), 2u);
+  EXPECT_EQ((*holders)[0].holder, "a");
+  EXPECT_EQ((*holders)[0].fencing_token, first->fencing_token);
+  EXPECT_EQ((*holders)[0].limit, 2u);
+  EXPECT_EQ((*holders)[1].holder, "b");
+  EXPECT_EQ(b->TryAcquire(Semaphore(std::string(32, 'd'), "d", 3)).status().code(),
+            StatusCode::kInvalidArgument)
+      << "the kept grant's limit counts for a mismatch";
+  std::this_thread::sleep_for(1600ms);
+  auto after = b->TryAcquire(Semaphore(std::string(32, 'e'), "e", 2));
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_EQ(after->slot, 0u);
+  EXPECT_GT(after->fencing_token, second->fencing_token);
+
+  // Shared: a kept reader keeps a writer out until its keep ends.
+  auto reader = a->TryAcquire({.key = "rw",
+                               .owner_token = std::string(32, 'r'),
+                               .holder = "r",
+                               .ttl = 4s,
+                               .mode = LeaseMode::kShared});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  ASSERT_TRUE(a->Finish({.key = "rw", .owner_token = std::string(32, 'r'), .keep = 1s}).ok());
+  EXPECT_EQ(ChildNames(hosts, "/keptsem/leasehold/rw"), std::vector<std::string>{"kept.s.0"});
+  EXPECT_EQ(b->TryAcquire({.key = "rw", .owner_token = std::string(32, 'w'), .holder = "w", .ttl = 4s})
+                .status()
+                .code(),
+            StatusCode::kHeldByAnother);
+  EXPECT_TRUE(b->TryAcquire({.key = "rw",
+                             .owner_token = std::string(32, 's'),
+                             .holder = "s",
+                             .ttl = 4s,
+                             .mode = LeaseMode::kShared})
+                  .ok())
+      << "a kept reader lets readers in";
+  auto forced = b->ForceRelease("rw");
+  ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+  EXPECT_TRUE(*forced);
+  EXPECT_TRUE(ChildNames(hosts, "/keptsem/leasehold/rw").empty()) << "every grant deleted";
 }
 
 // Readers and writers share one queue: shared children are tagged ".s"; a writer's waiting node
