@@ -43,10 +43,11 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
     -DLEASEHOLD_WERROR=ON -DLEASEHOLD_SANITIZE=address,undefined
   step "tests under AddressSanitizer + UBSan"
   # `check` (tests/cli/check_test.py) is left out: the code it drives (Store::Check, every
-  # backend's Ping and Diagnose) runs here through the conformance suite's Check case.
+  # backend's Ping and Diagnose) runs here through the conformance suite's Check case; so is
+  # `shared` (tests/cli/shared_test.py): shared leases run here through SharedLeaseTest.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -j "$jobs" --timeout 900 \
-    -LE "install|chaos|partition|model|package|slots|contention|check"
+    -LE "install|chaos|partition|model|package|slots|contention|check|shared"
 
   step "build with ThreadSanitizer"
   # etcd:// is left out here: TSan needs every library instrumented, and Debian's gRPC is not

@@ -8,7 +8,10 @@
 
 #include "leasehold/testing/fake_clock.h"
 
+#include "backends/forwarding_backend.h"
+#include "backends/memory/memory_backend.h"
 #include "backends/registry.h"
+#include "core/url.h"
 
 namespace leasehold {
 namespace {
@@ -75,6 +78,124 @@ TEST_F(StoreTest, HeldByAnotherCarriesTheHolder) {
   EXPECT_EQ(holder->fencing_token, held->fencing_token());
   EXPECT_EQ(holder->token_prefix, held->token_prefix());
   EXPECT_EQ(held->token_prefix().size(), 8u);
+}
+
+TEST_F(StoreTest, RejectsBadLimitsAndModes) {
+  EXPECT_EQ(TryCode("k", {.limit = 0}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(TryCode("k", {.limit = kMaxLeaseLimit + 1}), StatusCode::kInvalidArgument);
+  auto shared_with_limit = store_->TryAcquire("k", {.limit = 3, .mode = LeaseMode::kShared});
+  EXPECT_EQ(shared_with_limit.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(shared_with_limit.status().message().find("shared"), std::string_view::npos);
+  EXPECT_EQ(TryCode("k", {.limit = kMaxLeaseLimit}), StatusCode::kOk);
+  EXPECT_EQ(store_->ForceReleaseGrant("k", "").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->ForceReleaseGrant("k", "ABC").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->ForceReleaseGrant("k", std::string(33, 'a')).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// A backend without shared leases (Capabilities::shared_leases false) is never asked for one.
+TEST(StoreSharedTest, AStoreWithoutSharedLeasesRefusesThemBeforeAsking) {
+  class Exclusive final : public internal::ForwardingBackend {
+   public:
+    using ForwardingBackend::ForwardingBackend;
+    internal::Capabilities capabilities() const override {
+      internal::Capabilities c = ForwardingBackend::capabilities();
+      c.shared_leases = false;
+      return c;
+    }
+    Result<internal::Grant> TryAcquire(const internal::GrantRequest& request) override {
+      EXPECT_EQ(request.limit, 1U);
+      EXPECT_EQ(request.mode, LeaseMode::kExclusive);
+      return ForwardingBackend::TryAcquire(request);
+    }
+  };
+  auto url = internal::ParseUrl("memory://");
+  ASSERT_TRUE(url.ok());
+  auto inner = internal::OpenMemoryBackend(*url, Clock::Real());
+  ASSERT_TRUE(inner.ok());
+  auto store = Store::OpenWithBackendForTesting(std::make_shared<Exclusive>(*inner));
+  auto sem = store->TryAcquire("k", {.limit = 2});
+  EXPECT_EQ(sem.status().code(), StatusCode::kUnimplemented) << sem.status().ToString();
+  EXPECT_NE(sem.status().message().find("semaphore"), std::string_view::npos);
+  EXPECT_EQ(store->TryAcquire("k", {.mode = LeaseMode::kShared}).status().code(),
+            StatusCode::kUnimplemented);
+  EXPECT_TRUE(store->TryAcquire("k").ok());
+}
+
+// The writer intent on the reference store, on a fake clock: it keeps readers out while it
+// lives, goes with AbandonWait, and otherwise expires one ttl after the writer's last attempt.
+TEST(StoreSharedTest, AWriterIntentKeepsReadersOutUntilItExpiresOrIsAbandoned) {
+  testing::FakeClock clock;
+  auto url = internal::ParseUrl("memory://");
+  ASSERT_TRUE(url.ok());
+  auto opened = internal::OpenMemoryBackend(*url, clock);
+  ASSERT_TRUE(opened.ok());
+  internal::Backend& backend = **opened;
+  auto grant = [&](const std::string& token, LeaseMode mode, std::string waiter = {}) {
+    return backend.TryAcquire({.key = "rw",
+                               .owner_token = token,
+                               .holder = token,
+                               .ttl = mode == LeaseMode::kShared ? 60s : 2s,
+                               .waiter_id = std::move(waiter),
+                               .mode = mode});
+  };
+  ASSERT_TRUE(grant("reader1", LeaseMode::kShared).ok());
+  // A plain TryAcquire of the writer records nothing: readers still come in.
+  EXPECT_EQ(grant("writer", LeaseMode::kExclusive).status().code(), StatusCode::kHeldByAnother);
+  ASSERT_TRUE(grant("reader2", LeaseMode::kShared).ok());
+  // A waiting writer's attempt does.
+  EXPECT_EQ(grant("writer", LeaseMode::kExclusive, "w1").status().code(),
+            StatusCode::kHeldByAnother);
+  auto held_off = grant("reader3", LeaseMode::kShared);
+  ASSERT_EQ(held_off.status().code(), StatusCode::kHeldByAnother);
+  ASSERT_NE(held_off.status().holder(), nullptr);
+  EXPECT_EQ(held_off.status().holder()->holder, "writer");
+  // A second waiting writer does not replace the first's intent.
+  EXPECT_EQ(grant("writer2", LeaseMode::kExclusive, "w2").status().code(),
+            StatusCode::kHeldByAnother);
+  // Refreshed by w1's attempts; gone one ttl (2 s) after the last.
+  clock.Advance(1500ms);
+  EXPECT_EQ(grant("writer", LeaseMode::kExclusive, "w1").status().code(),
+            StatusCode::kHeldByAnother);
+  clock.Advance(1500ms);
+  EXPECT_EQ(grant("reader3", LeaseMode::kShared).status().code(), StatusCode::kHeldByAnother)
+      << "the refreshed intent still lives";
+  clock.Advance(600ms);
+  EXPECT_TRUE(grant("reader3", LeaseMode::kShared).ok()) << "the intent expired";
+  // AbandonWait ends an intent at once.
+  EXPECT_EQ(grant("writer", LeaseMode::kExclusive, "w3").status().code(),
+            StatusCode::kHeldByAnother);
+  EXPECT_EQ(grant("reader4", LeaseMode::kShared).status().code(), StatusCode::kHeldByAnother);
+  backend.AbandonWait("rw", "w3");
+  EXPECT_TRUE(grant("reader4", LeaseMode::kShared).ok());
+}
+
+// A semaphore's slot is given again only once the grant in it has ended: here by expiry.
+TEST(StoreSharedTest, ASemaphoreSlotComesBackAtItsGrantsExpiryAndNotBefore) {
+  testing::FakeClock clock;
+  auto url = internal::ParseUrl("memory://");
+  ASSERT_TRUE(url.ok());
+  auto opened = internal::OpenMemoryBackend(*url, clock);
+  ASSERT_TRUE(opened.ok());
+  internal::Backend& backend = **opened;
+  auto grant = [&](const std::string& token) {
+    return backend.TryAcquire(
+        {.key = "pool", .owner_token = token, .holder = token, .ttl = 5s, .limit = 2});
+  };
+  auto a = grant("a");
+  clock.Advance(1s);
+  auto b = grant("b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->slot, 0U);
+  EXPECT_EQ(b->slot, 1U);
+  clock.Advance(3999ms);
+  EXPECT_EQ(grant("c").status().code(), StatusCode::kHeldByAnother);
+  clock.Advance(1ms);
+  auto c = grant("c");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->slot, 0U) << "a's slot, free once a's grant expired";
+  EXPECT_GT(c->fencing_token, b->fencing_token);
+  EXPECT_EQ(backend.Renew({"pool", "a", 5s}).code(), StatusCode::kLost);
 }
 
 TEST(StoreOpenTest, UnknownAndMissingSchemesAreClear) {

@@ -31,7 +31,21 @@ nlohmann::ordered_json ToJson(const LeaseInfo& info) {
   j["fencing_token"] = info.fencing_token;
   j["remaining_ms"] = info.remaining.count();
   j["ttl_ms"] = info.ttl.count();
+  j["mode"] = LeaseKindName(info.mode, info.limit);
+  j["limit"] = info.limit;
+  j["slot"] = info.slot;
   return j;
+}
+
+// The holders of one key as JSON, each as ToJson(LeaseInfo) without the key.
+nlohmann::ordered_json HoldersJson(const std::vector<LeaseInfo>& holders) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const LeaseInfo& h : holders) {
+    nlohmann::ordered_json j = ToJson(h);
+    j.erase("key");
+    out.push_back(std::move(j));
+  }
+  return out;
 }
 
 nlohmann::ordered_json ToJson(const SlotRun& run) {
@@ -71,10 +85,15 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
   if (!store.ok()) {
     return ReportFailure(store.error());
   }
-  Result<std::optional<LeaseInfo>> info = (*store)->Inspect(key);
-  if (!info.ok()) {
-    return ReportFailure(info.error());
+  Result<std::vector<LeaseInfo>> holders = (*store)->Holders(key);
+  if (!holders.ok()) {
+    return ReportFailure(holders.error());
   }
+  // The first holder (the lowest slot) is the one shown at the top level: the whole answer for
+  // an exclusive lease; every holder of a shared or semaphore key is under "holders".
+  const std::optional<LeaseInfo> first =
+      holders->empty() ? std::nullopt : std::optional<LeaseInfo>(holders->front());
+  const std::optional<LeaseInfo>* info = &first;
   // The schedule slots the key ran (run --once-per), newest first. A store that cannot show
   // them (a PostgreSQL schema applied before records existed, without CREATE) still shows the
   // lease: the runs are left out with a warning.
@@ -87,6 +106,7 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     if (info->has_value()) {
       j = ToJson(**info);
       j["held"] = true;
+      j["holders"] = HoldersJson(*holders);
     } else {
       j["key"] = key;
       j["held"] = false;
@@ -103,6 +123,25 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
   }
   if (!info->has_value()) {
     PrintLine(fmt::format("{}: free", key));
+  } else if (const LeaseInfo& f = **info; f.mode != LeaseMode::kExclusive || f.limit > 1) {
+    // A shared or semaphore key: one line per holder.
+    PrintLine(fmt::format("key:           {}", f.key));
+    PrintLine(fmt::format(
+        "state:         held by {} ({})", holders->size(),
+        f.limit > 1 ? fmt::format("semaphore, {} of {} slots", holders->size(), f.limit)
+                    : std::string("shared")));
+    std::size_t holder_width = 6;
+    for (const LeaseInfo& h : *holders) {
+      holder_width = std::max(holder_width, h.holder.size());
+    }
+    PrintLine(fmt::format("{:>4}  {:<9}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", "SLOT", "MODE",
+                          "HOLDER", holder_width, "FENCING_TOKEN", "REMAINING", "TTL", "TOKEN"));
+    for (const LeaseInfo& h : *holders) {
+      PrintLine(fmt::format("{:>4}  {:<9}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", h.slot,
+                            LeaseKindName(h.mode, h.limit), h.holder, holder_width,
+                            h.fencing_token, FormatDuration(RoundForDisplay(h.remaining)),
+                            FormatDuration(h.ttl), h.token_prefix));
+    }
   } else {
     const LeaseInfo& l = **info;
     PrintLine(fmt::format("key:           {}", l.key));
@@ -139,10 +178,16 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
   if (json) {
     // One entry per key that is held or has recorded slot runs, ordered by key.
     std::map<std::string, nlohmann::ordered_json> entries;
+    // The first grant of a key (its lowest slot) is the entry; every grant is in "holders".
+    std::map<std::string, std::vector<LeaseInfo>> by_key;
     for (const LeaseInfo& l : *leases) {
-      nlohmann::ordered_json j = ToJson(l);
+      by_key[l.key].push_back(l);
+    }
+    for (const auto& [key, grants] : by_key) {
+      nlohmann::ordered_json j = ToJson(grants.front());
       j["held"] = true;
-      entries[l.key] = std::move(j);
+      j["holders"] = HoldersJson(grants);
+      entries[key] = std::move(j);
     }
     for (const KeySlotRuns& k : slots) {
       if (k.runs.empty()) {
@@ -168,13 +213,16 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
     key_width = std::max(key_width, l.key.size());
     holder_width = std::max(holder_width, l.holder.size());
   }
-  PrintLine(fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", "KEY", key_width, "HOLDER",
-                        holder_width, "FENCING_TOKEN", "REMAINING", "TTL", "TOKEN"));
+  // MODE and SLOT: every holder of a shared or semaphore key has a line of its own.
+  PrintLine(fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {:<8}  {:<9}  {}", "KEY",
+                        key_width, "HOLDER", holder_width, "FENCING_TOKEN", "REMAINING", "TTL",
+                        "TOKEN", "MODE", "SLOT"));
   for (const LeaseInfo& l : *leases) {
-    PrintLine(fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", l.key, key_width, l.holder,
-                          holder_width, l.fencing_token,
-                          FormatDuration(RoundForDisplay(l.remaining)), FormatDuration(l.ttl),
-                          l.token_prefix));
+    PrintLine(fmt::format(
+        "{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {:<8}  {:<9}  {}", l.key, key_width, l.holder,
+        holder_width, l.fencing_token, FormatDuration(RoundForDisplay(l.remaining)),
+        FormatDuration(l.ttl), l.token_prefix, LeaseKindName(l.mode, l.limit),
+        l.limit > 1 ? fmt::format("{}/{}", l.slot, l.limit) : std::to_string(l.slot)));
   }
   // Then the last recorded schedule-slot run of every key that has one (run --once-per).
   std::size_t slot_key_width = 3;
@@ -198,13 +246,52 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
   return 0;
 }
 
-int ReleaseCommand(const std::string& store_url, const std::string& key) {
+int ReleaseCommand(const std::string& store_url, const std::string& key,
+                   const std::string& holder) {
   if (Status s = ValidateKey(key); !s.ok()) {
     return ReportFailure(s);
   }
   auto store = OpenStoreFromFlag(store_url);
   if (!store.ok()) {
     return ReportFailure(store.error());
+  }
+  if (!holder.empty()) {
+    // One holder's grant: find it by identity or token prefix, then delete it by its token
+    // prefix, in one atomic store operation that leaves the other holders alone.
+    Result<std::vector<LeaseInfo>> holders = (*store)->Holders(key);
+    if (!holders.ok()) {
+      return ReportFailure(holders.error());
+    }
+    std::vector<const LeaseInfo*> matches;
+    for (const LeaseInfo& h : *holders) {
+      if (h.holder == holder || (!h.token_prefix.empty() && h.token_prefix == holder)) {
+        matches.push_back(&h);
+      }
+    }
+    if (matches.empty()) {
+      Info(fmt::format("force-release of {} --holder {}: no such holder of {} ({} holder{})", key,
+                       holder, key, holders->size(), holders->size() == 1 ? "" : "s"));
+      return 0;
+    }
+    if (matches.size() > 1) {
+      return ReportFailure(Status::InvalidArgument(fmt::format(
+          "--holder {} names {} grants of {}: name one by its token prefix (leasehold status {})",
+          holder, matches.size(), key, key)));
+    }
+    Result<bool> deleted = (*store)->ForceReleaseGrant(key, matches.front()->token_prefix);
+    if (!deleted.ok()) {
+      return ReportFailure(deleted.error());
+    }
+    if (*deleted) {
+      Info(fmt::format("force-released {} of {} (was held by {})",
+                       matches.front()->slot == 0 && matches.front()->limit <= 1
+                           ? std::string("the grant")
+                           : fmt::format("slot {}", matches.front()->slot),
+                       key, DescribeHolder(*matches.front())));
+    } else {
+      Info(fmt::format("force-release of {} --holder {}: it ended meanwhile", key, holder));
+    }
+    return 0;
   }
   // Read the holder first, for the operator's record only: the deletion itself is one atomic
   // store operation that does not depend on this answer.

@@ -98,6 +98,8 @@ struct Flags {
   bool force = false;
   std::string key;
   std::string prefix;
+  // release --holder.
+  std::string release_holder;
   RunFlags run;
   LeaseFlags run_lease;
   SlotFlags run_slot;
@@ -176,6 +178,16 @@ CLI::App* AddRunCommand(CLI::App& app, Flags& flags) {
   run->add_option("--holder", flags.run.holder,
                   "Identity shown to others (status, list). Default: <hostname>:<pid>")
       ->type_name("ID");
+  run->add_option("--limit", flags.run.limit,
+                  "A counting semaphore: at most N runs of KEY at once, across every host; "
+                  "each run gets a slot 0..N-1, given to the command as LEASEHOLD_SLOT (and N "
+                  "as LEASEHOLD_LIMIT). Every run of KEY must give the same N. Default: 1")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1024));
+  run->add_flag("--shared", flags.run.shared,
+                "A shared (read) lease: any number of --shared runs of KEY at once, while no "
+                "exclusive run (no --shared) holds it; a waiting exclusive run keeps new "
+                "shared ones out. Default: exclusive");
   AddTreeOptions(*run, flags.run);
   flags.run_slot.once_per.Add(
       *run, "--once-per",
@@ -289,10 +301,16 @@ void AddAdminCommands(CLI::App& app, Flags& flags, Subcommands& sub) {
 
   CLI::App* release = app.add_subcommand(
       "release",
-      "Operator break-glass: delete KEY's grant whoever holds it (requires --force). The holder "
+      "Operator break-glass: delete KEY's grant (every holder's, or with --holder one "
+      "holder's) whoever holds it (requires --force). The holder "
       "finds out at its next renewal and stops its command (its `run` exits 79).");
   AddCommonOptions(*release, flags);
   release->add_flag("--force", flags.force, "Required: confirms the break-glass release");
+  release->add_option("--holder", flags.release_holder,
+                      "Release only the grant of this holder of a shared or semaphore KEY: its "
+                      "holder identity or its token prefix, as `leasehold status KEY` shows "
+                      "them. Default: every grant of KEY")
+      ->type_name("ID");
   release->add_option("KEY", flags.key, "The lease's name")->required();
   release->footer(Footer());
 
@@ -393,7 +411,7 @@ int Dispatch(const Subcommands& sub, Flags& flags) {
           flags.key));
       return kExitUsage;
     }
-    return ReleaseCommand(flags.store_url, flags.key);
+    return ReleaseCommand(flags.store_url, flags.key, flags.release_holder);
   }
   if (sub.check->parsed()) {
     flags.check.store_url = flags.store_url;

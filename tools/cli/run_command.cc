@@ -44,6 +44,13 @@ std::string HeldMessage(Store& store, const std::string& key, const Status& stat
   }
   std::string what = waited ? fmt::format("gave up waiting for {}", key)
                             : fmt::format("{} is held by another", key);
+  if (holder.has_value() && holder->limit > 1) {
+    // A full semaphore: say so, with the holder of its lowest slot.
+    Result<std::vector<LeaseInfo>> all = store.Holders(key);
+    return fmt::format("{}: {} of its {} slots are held; slot {} by {}", what,
+                       all.ok() ? std::to_string(all->size()) : std::string("all"), holder->limit,
+                       holder->slot, DescribeHolder(*holder));
+  }
   if (holder.has_value()) {
     return fmt::format("{}: held by {}", what, DescribeHolder(*holder));
   }
@@ -101,6 +108,16 @@ int RunCommand(const RunFlags& flags) {
   if (!settings.ok()) {
     return ReportFailure(settings.error());
   }
+  if (flags.shared && flags.limit > 1) {
+    return ReportFailure(Status::InvalidArgument(
+        "--shared takes no --limit: a shared lease admits any number of shared runs"));
+  }
+  const bool shares = flags.shared || flags.limit > 1;
+  if (shares && settings->slot.has_value()) {
+    return ReportFailure(Status::InvalidArgument(fmt::format(
+        "--once-per runs each slot once, on one host: it takes no {}",
+        flags.shared ? "--shared" : "--limit")));
+  }
   // /metrics is served from before the wait until the command has ended and the lease is
   // released.
   Result<SupervisedSetup> setup = StartSupervision(flags);
@@ -117,6 +134,8 @@ int RunCommand(const RunFlags& flags) {
 
   LeaseOptions options = SupervisedLeaseOptions(*settings, sup);
   options.holder = flags.holder;
+  options.limit = flags.limit;
+  options.mode = flags.shared ? LeaseMode::kShared : LeaseMode::kExclusive;
   bool waited = false;
   if (settings->slot.has_value()) {
     Result<SlotClaim> claim = TakeOrWait<SlotClaim>(
@@ -189,7 +208,19 @@ int RunCommand(const RunFlags& flags) {
   // The acquisition was logged by the library ("acquired key=... fencing_token=... token=...").
 
   // Everything the child needs is allocated here, before fork().
-  std::vector<std::string> env = LeaseChildEnvironment(*lease, lease->fencing_token());
+  std::vector<std::string> extra;
+  if (shares) {
+    Info(fmt::format("{}: took {} slot {}{} (fencing token {})", flags.key,
+                     LeaseKindName(lease->mode(), lease->limit()), lease->slot(),
+                     lease->limit() > 1 ? fmt::format(" of {}", lease->limit()) : "",
+                     lease->fencing_token()));
+    extra.push_back(fmt::format("LEASEHOLD_SLOT={}", lease->slot()));
+    if (lease->limit() > 1) {
+      extra.push_back(fmt::format("LEASEHOLD_LIMIT={}", lease->limit()));
+    }
+  }
+  std::vector<std::string> env =
+      LeaseChildEnvironment(*lease, lease->fencing_token(), std::move(extra));
   const Duration hold = settings->hold_at_least;
   return RunUnderLease(
              *lease, [&lease, hold](int) { return lease->Release({.hold_at_least = hold}); },

@@ -66,6 +66,11 @@ struct RunFlags {
   bool wait_children = false;
   // --holder. Default: the library's "<hostname>:<pid>".
   std::string holder;
+  // --limit N: a semaphore of N (LeaseOptions::limit); --shared: a shared lease. The command
+  // sees LEASEHOLD_SLOT (the grant's slot) under either, and LEASEHOLD_LIMIT under --limit.
+  // Neither goes with --once-per. Default: an exclusive lease.
+  std::uint32_t limit = 1;
+  bool shared = false;
   // --metrics-addr, --log-format, --on-risk.
   ObservabilityFlags observability;
   // --once-per PERIOD (leasehold/schedule.h): run at most once successfully per slot of the

@@ -36,8 +36,12 @@ int ReportFailure(const Status& status) {
 }
 
 std::string DescribeHolder(const LeaseInfo& info) {
-  return fmt::format("{} (fencing token {}, expires in {})",
+  const bool plain = info.mode == LeaseMode::kExclusive && info.limit <= 1;
+  return fmt::format("{} ({}fencing token {}, expires in {})",
                      info.holder.empty() ? std::string("an unnamed holder") : info.holder,
+                     plain ? std::string()
+                           : fmt::format("{} slot {}, ", LeaseKindName(info.mode, info.limit),
+                                         info.slot),
                      info.fencing_token, FormatDuration(RoundForDisplay(info.remaining)));
 }
 

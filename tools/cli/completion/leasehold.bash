@@ -36,17 +36,17 @@ _leasehold() {
     --retry-failed) COMPREPLY=($(compgen -W "yes no" -- "$cur")); return ;;
     --slot-zone) COMPREPLY=($(cd /usr/share/zoneinfo 2>/dev/null && compgen -f -- "$cur")); return ;;
     --store) COMPREPLY=($(compgen -W "sqlite:// redis:// redis+unix:// postgres:// etcd:// etcds:// zk://" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
-    --ttl|--renew-every|--kill-grace|--holder|--id|--metrics-addr|--slot-offset|--slot-tolerance|--hold-at-least|--probes) return ;;
+    --ttl|--renew-every|--kill-grace|--holder|--id|--metrics-addr|--slot-offset|--slot-tolerance|--hold-at-least|--probes|--limit) return ;;
   esac
 
   local flags
   case "$sub" in
     "") flags="$common --version"; COMPREPLY=($(compgen -W "$subcommands $flags" -- "$cur")); return ;;
-    run) flags="$common $tree --holder --once-per --slot-offset --slot-zone --slot-tolerance --retry-failed --hold-at-least" ;;
+    run) flags="$common $tree --holder --limit --shared --once-per --slot-offset --slot-zone --slot-tolerance --retry-failed --hold-at-least" ;;
     elect) flags="$common $tree --id --again" ;;
     leader) flags="$common --watch --json" ;;
     status|list) flags="$common --json" ;;
-    release) flags="$common --force" ;;
+    release) flags="$common --force --holder" ;;
     schema) flags="$common" ;;
     check) flags="$common --ttl --probes --json" ;;
   esac
