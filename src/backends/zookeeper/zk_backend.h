@@ -104,7 +104,9 @@
 //
 // Waiting is the ZooKeeper lock recipe: a waiter (Store::Acquire, GrantRequest::waiter_id)
 // keeps its node between attempts and watches only its predecessor, so the key goes first come,
-// first served and a release wakes one waiter, not a herd. A TryAcquire without a waiter id that
+// first served and a release wakes one waiter, not a herd. (A shared waiter watches the nearest
+// exclusive child ahead; a semaphore's waiter every child ahead, since any of them leaving moves
+// it up: a herd of the queue, as Curator's semaphore.) A TryAcquire without a waiter id that
 // is not lowest deletes its node and reports the holder. Handoff from the delete event: when the
 // predecessor a waiter watches is the lowest node (the holder) and there is no kept node, Wait
 // also sets an exists watch on <key>/kept, and if the predecessor's delete event comes with no
@@ -189,9 +191,12 @@ class ZkBackend final : public Backend {
   // native_wait and fair_queue: the lock recipe; fencing survives restarts (czxid).
   [[nodiscard]] Capabilities capabilities() const override;
 
-  // Grant.ttl is the negotiated session timeout. Returns kHeldByAnother with the holder's
-  // LeaseInfo (remaining = its session timeout: the server cannot say more) if another node is
-  // lowest; with a waiter id the waiter's node stays queued.
+  // Grant.ttl is the negotiated session timeout. Returns kHeldByAnother with the LeaseInfo of
+  // the live grant of the lowest slot (remaining = its session timeout: the server cannot say
+  // more), or of the exclusive waiter a shared request is queued behind, if the node is not
+  // admitted (GrantedOf); with a waiter id the waiter's node stays queued. Returns LimitMismatch
+  // (and deletes the node, a waiter's too) if a child ahead or a live kept grant asks for
+  // another limit.
   Result<Grant> TryAcquire(const GrantRequest& request) override;
 
   Status Renew(const RenewRequest& request) override;
