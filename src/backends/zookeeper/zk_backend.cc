@@ -56,6 +56,9 @@ constexpr int kFencedAttempts = 2 + kRaceRetries;
 // How many times ClaimSlot looks again after another grant of the key chose its slot first (each
 // retry follows another claim's success: one release admits at most N at once).
 constexpr int kClaimAttempts = 32;
+// How long ClaimSlot lets an admitted child ahead write its slot first (grants in queue order):
+// a live waiter woken by the same release does it within a few round trips.
+constexpr Duration kInOrderWait = std::chrono::milliseconds(100);
 
 // The ACL of every node the store creates: creator-only with credentials, else open.
 const struct ACL_vector* NodeAcl(const ZkOptions& options) {
@@ -948,6 +951,7 @@ Result<std::uint32_t> ZkBackend::ClaimSlot(ZkSession& session, std::string_view 
                                            std::string_view holder) {
   const std::string my_path = dir + "/" + my_name;
   const struct ACL_vector* acl = NodeAcl(options_);
+  const SteadyTime in_order_until = clock_.Now() + std::min(options_.command_timeout, kInOrderWait);
   for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
     const SteadyTime until = clock_.Now() + options_.command_timeout;
     ZkPending version_read = ZkPending::Exists(session, dir);
@@ -973,6 +977,38 @@ Result<std::uint32_t> ZkBackend::ClaimSlot(ZkSession& session, std::string_view 
                         GrantsOf(session, key, dir, listing.queued, listing.kinds, kept,
                                  listing.queued.size(), &grc));
     if (grc == ZNONODE) {
+      continue;
+    }
+    // Grants are made in queue order: an admitted child ahead of ours that has not written its
+    // slot yet (a waiter woken by the same release, still on its way) goes first, so that the
+    // key is granted first come, first served, not by who wins the multi below. Waited for on a
+    // watch of its node (its slot's write or its delete fires it), for kInOrderWait in all: one
+    // that stalls longer (a holder killed between its admission and its write, whose node stays
+    // until its session expires) does not hold later grants back.
+    const auto mine = std::find(listing.queued.begin(), listing.queued.end(), my_name);
+    std::string earlier;
+    for (auto it = listing.queued.begin(); it != mine && clock_.Now() < in_order_until; ++it) {
+      const std::string path = dir + "/" + *it;
+      auto g = std::find_if(grants.begin(), grants.end(),
+                            [&](const LiveGrant& each) { return each.path == path; });
+      if (g != grants.end() && !g->slotted) {
+        earlier = path;
+        break;
+      }
+    }
+    if (!earlier.empty()) {
+      auto waker = std::make_shared<ZkWaker>();
+      ZkRequests watch(session, options_.command_timeout);
+      const int wrc = watch.Watch(earlier, waker);
+      if (wrc == ZOK) {
+        ZkWaker& w = *waker;
+        MutexLock lock(&w.mu);
+        (void)w.cv.WaitUntil(ToSteady(in_order_until, clock_), std::stop_token(),
+                             [&]() LH_REQUIRES(w.mu) { return w.fired; });
+      } else if (wrc != ZNONODE) {
+        return ZkErrorStatus(wrc, fmt::format("choosing a slot of {}", key), options_);
+      }
+      --attempt;  // waiting in order is not a lost race
       continue;
     }
     std::set<std::uint32_t> used;
