@@ -4,8 +4,8 @@
 // section lists them), and their Prometheus text exposition (format 0.0.4). Every Store records
 // into a registry reachable through Store::metrics(); pass one registry as
 // StoreOptions::metrics to share it between handles. Nothing is process-global. Labels are the
-// backend (the URL scheme) and an outcome or reason, never the key (that would make the number
-// of series unbounded).
+// backend (the URL scheme), the lease's kind (exclusive, shared, semaphore: LeaseKindName) and
+// an outcome or reason, never the key (that would make the number of series unbounded).
 //
 // Example:
 //

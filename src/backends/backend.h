@@ -58,6 +58,9 @@ struct Capabilities {
   // TryAcquire honours GrantRequest::mode and GrantRequest::limit ("Shared leases" below);
   // false: the core refuses a shared or semaphore lease with kUnimplemented before calling it.
   bool shared_leases = false;
+  // Without shared_leases: why, and what to use instead, for the core's refusal (a static
+  // string; empty: "the <scheme> store has no <kind> leases").
+  std::string_view no_shared_leases_why;
 };
 
 // The Capabilities::fenced_ops bit of `kind`.

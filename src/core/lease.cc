@@ -124,10 +124,12 @@ Result<FencedWriteResult> Lease::Write(const FencedWrite& write) const {
         store->backend->scheme(), ops.size(), affected->size()));
   }
   if (store->lease_metrics != nullptr) {
-    store->lease_metrics->RecordFencedWrite(
-        affected.ok()                                         ? internal::FencedWriteOutcome::kAccepted
-        : affected.status().code() == StatusCode::kLost       ? internal::FencedWriteOutcome::kFencedOut
-                                                              : internal::FencedWriteOutcome::kError);
+    const internal::FencedWriteOutcome outcome =
+        affected.ok()                                   ? internal::FencedWriteOutcome::kAccepted
+        : affected.status().code() == StatusCode::kLost ? internal::FencedWriteOutcome::kFencedOut
+                                                        : internal::FencedWriteOutcome::kError;
+    store->lease_metrics->RecordFencedWrite(internal::KindOf(core_->mode(), core_->limit()),
+                                            outcome);
   }
   if (!affected.ok()) {
     if (affected.status().code() == StatusCode::kLost &&
@@ -222,7 +224,7 @@ Status Lease::Finish(SteadyTime keep_until, std::optional<std::string> record,
       : remote.ok()                                     ? internal::ReleaseOutcome::kOk
                                                         : internal::ReleaseOutcome::kError;
   if (store->lease_metrics != nullptr) {
-    store->lease_metrics->RecordRelease(outcome);
+    store->lease_metrics->RecordRelease(internal::KindOf(core_->mode(), core_->limit()), outcome);
   }
   if (internal::LogEnabled(internal::LogLevel::kInfo)) {
     const std::string fencing = std::to_string(core_->fencing_token());

@@ -185,7 +185,7 @@ Status LeaseCore::BeginRelease() {
                       params_.key),
           LostCause::kExpired);
       if (params_.metrics != nullptr) {
-        params_.metrics->RecordLost(LostCause::kExpired);
+        params_.metrics->RecordLost(KindOf(params_.mode, params_.limit), LostCause::kExpired);
       }
       // Fall through to the stop signal below; the caller still deletes the grant if ours.
       lost_source_.request_stop();
@@ -209,7 +209,8 @@ LeaseCore::Transition LeaseCore::SetStateLocked(LeaseState next, Status reason) 
   if (t.lost) {
     lost_reason_ = reason;
     if (params_.metrics != nullptr) {
-      params_.metrics->RecordLost(reason.lost_cause().value_or(LostCause::kStoreSaidNo));
+      params_.metrics->RecordLost(KindOf(params_.mode, params_.limit),
+                                  reason.lost_cause().value_or(LostCause::kStoreSaidNo));
     }
   }
   t.reason = std::move(reason);

@@ -268,11 +268,17 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
   const std::string& token = owner_token;
   internal::Backend& backend = *core_->backend;
   const bool plain = resolved.mode == LeaseMode::kExclusive && resolved.limit == 1;
-  if (!plain && !backend.capabilities().shared_leases) {
-    return Status::Unimplemented(fmt::format("the {} store has no {} leases", backend.scheme(),
-                                             LeaseKindName(resolved.mode, resolved.limit)));
+  if (const internal::Capabilities caps = backend.capabilities();
+      !plain && !caps.shared_leases) {
+    return Status::Unimplemented(
+        caps.no_shared_leases_why.empty()
+            ? fmt::format("the {} store has no {} leases", backend.scheme(),
+                          LeaseKindName(resolved.mode, resolved.limit))
+            : fmt::format("{} {} lease: {}", key, LeaseKindName(resolved.mode, resolved.limit),
+                          caps.no_shared_leases_why));
   }
   internal::LeaseMetrics* metrics = core_->lease_metrics;
+  const internal::LeaseKind kind = internal::KindOf(resolved.mode, resolved.limit);
   // Read t_send before sending: the grant cannot have started earlier than this.
   SteadyTime t_send = core_->clock.Now();
   Result<internal::Grant> granted = backend.TryAcquire({.key = std::string(key),
@@ -285,7 +291,8 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
   const Duration latency = core_->clock.Now() - t_send;
   if (!granted.ok()) {
     if (metrics != nullptr) {
-      metrics->RecordAcquire(granted.error().code() == StatusCode::kHeldByAnother
+      metrics->RecordAcquire(kind,
+                             granted.error().code() == StatusCode::kHeldByAnother
                                  ? internal::AcquireOutcome::kHeldByAnother
                                  : internal::AcquireOutcome::kError,
                              latency);
@@ -326,7 +333,7 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
     // The reply came so late that the grant may already have expired: it is worthless.
     (void)backend.Release(key, token);
     if (metrics != nullptr) {
-      metrics->RecordAcquire(internal::AcquireOutcome::kError, latency);
+      metrics->RecordAcquire(kind, internal::AcquireOutcome::kError, latency);
     }
     return Status::Unavailable(
         fmt::format("the store granted {} only after its ttl {} had passed", key,
@@ -334,7 +341,7 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
   }
   core_->heartbeat.Add(core);
   if (metrics != nullptr) {
-    metrics->RecordAcquire(internal::AcquireOutcome::kAcquired, latency);
+    metrics->RecordAcquire(kind, internal::AcquireOutcome::kAcquired, latency);
   }
   if (internal::LogEnabled(internal::LogLevel::kInfo)) {
     const std::string fencing = std::to_string(grant.fencing_token);
@@ -398,15 +405,16 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
   // Records the call's wait once, whichever way it ends.
   struct RecordWait {
     internal::LeaseMetrics* metrics;
+    internal::LeaseKind kind;
     Clock& clock;
     SteadyTime start;
     internal::WaitOutcome outcome = internal::WaitOutcome::kError;
     ~RecordWait() {
       if (metrics != nullptr) {
-        metrics->RecordWait(outcome, clock.Now() - start);
+        metrics->RecordWait(kind, outcome, clock.Now() - start);
       }
     }
-  } record_wait{metrics, clock, start};
+  } record_wait{metrics, internal::KindOf(options.mode, options.limit), clock, start};
   // When the store last told us the key changed (a release or an expiry); cleared by an attempt
   // that loses the race. A grant right after such a notification is a handoff.
   // (A plain time and a flag rather than std::optional: g++ 12 -O2 warns, wrongly, that the
@@ -486,7 +494,7 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
 void Store::LogHandoff(const Lease& lease, Duration waited, std::optional<Duration> handoff) {
   if (handoff.has_value() && core_->lease_metrics != nullptr &&
       core_->lease_metrics->handoff_observable) {
-    core_->lease_metrics->handoff.Observe(*handoff);
+    core_->lease_metrics->RecordHandoff(internal::KindOf(lease.mode(), lease.limit()), *handoff);
   }
   if (!internal::LogEnabled(internal::LogLevel::kInfo)) {
     return;

@@ -86,10 +86,11 @@ HeldLeaseGauges Heartbeat::CollectGauges() {
     if (!lease->Active()) {
       continue;
     }
-    ++out.held;
+    const auto kind = static_cast<std::size_t>(KindOf(lease->mode(), lease->limit()));
+    ++out.held[kind];
     const Duration left = lease->safe_until() - now;
-    out.min_safe_remaining =
-        out.min_safe_remaining.has_value() ? std::min(*out.min_safe_remaining, left) : left;
+    std::optional<Duration>& margin = out.min_safe_remaining[kind];
+    margin = margin.has_value() ? std::min(*margin, left) : left;
     if (p99.has_value() && *p99 > Duration::zero()) {
       const double ratio =
           static_cast<double>(lease->ttl().count()) / static_cast<double>(p99->count());
@@ -161,7 +162,8 @@ void Heartbeat::RenewLoop() {
                           ? results[i]
                           : Status::Internal("backend returned too few renew results");
       if (metrics_ != nullptr && !result.ok()) {
-        metrics_->RecordRenewFailure(result.code() == StatusCode::kUnavailable
+        metrics_->RecordRenewFailure(KindOf(batch[i]->mode(), batch[i]->limit()),
+                                     result.code() == StatusCode::kUnavailable
                                          ? RenewFailure::kUnavailable
                                      : result.code() == StatusCode::kLost ? RenewFailure::kLost
                                                                           : RenewFailure::kError);

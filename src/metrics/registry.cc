@@ -99,6 +99,10 @@ constexpr bool FamiliesInEnumOrder() {
   return true;
 }
 static_assert(FamiliesInEnumOrder(), "kFamilies must list the families in FamilyId order");
+static_assert(std::size(kLeaseKindNames) == kLeaseKindCount);
+static_assert(KindOf(LeaseMode::kExclusive, 1) == LeaseKind::kExclusive &&
+              KindOf(LeaseMode::kExclusive, 2) == LeaseKind::kSemaphore &&
+              KindOf(LeaseMode::kShared, 0) == LeaseKind::kShared);
 
 // The families of a snapshot, empty, indexed by FamilyId.
 class Families {
@@ -169,15 +173,17 @@ void Histogram::SnapshotInto(MetricPoint& point) const {
   point.sum = static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / kNanosPerSecond;
 }
 
-LeaseMetrics::LeaseMetrics(std::string backend_name, bool handoff_is_observable)
-    : backend(std::move(backend_name)),
-      handoff_observable(handoff_is_observable),
-      acquire_latency{Histogram(kLatencyBoundsNs), Histogram(kLatencyBoundsNs),
+KindMetrics::KindMetrics()
+    : acquire_latency{Histogram(kLatencyBoundsNs), Histogram(kLatencyBoundsNs),
                       Histogram(kLatencyBoundsNs)},
-      heartbeat_latency(kLatencyBoundsNs),
       wait{Histogram(kWaitBoundsNs), Histogram(kWaitBoundsNs), Histogram(kWaitBoundsNs),
            Histogram(kWaitBoundsNs)},
       handoff(kLatencyBoundsNs) {}
+
+LeaseMetrics::LeaseMetrics(std::string backend_name, bool handoff_is_observable)
+    : backend(std::move(backend_name)),
+      handoff_observable(handoff_is_observable),
+      heartbeat_latency(kLatencyBoundsNs) {}
 
 LeaseMetrics& MetricsRegistry::ForBackend(std::string_view backend, bool handoff_observable) {
   MutexLock lock(&mu_);
@@ -210,12 +216,7 @@ MetricsSnapshot MetricsRegistry::Snapshot() {
   }
   // Gauges, computed now from each store's heartbeat, outside mu_ (a heartbeat takes its own
   // locks). A store closed meanwhile simply contributes nothing.
-  struct Gauges {
-    std::uint64_t held = 0;
-    std::optional<Duration> min_safe_remaining;
-    std::optional<double> min_ttl_headroom;
-  };
-  std::vector<Gauges> gauges(series.size());
+  std::vector<HeldLeaseGauges> gauges(series.size());
   for (const auto& [owner, weak] : sources) {
     std::shared_ptr<GaugeSource> source = weak.lock();
     auto it = std::find(series.begin(), series.end(), owner);
@@ -223,12 +224,15 @@ MetricsSnapshot MetricsRegistry::Snapshot() {
       continue;
     }
     HeldLeaseGauges g = source->CollectGauges();
-    Gauges& out = gauges[static_cast<std::size_t>(it - series.begin())];
-    out.held += g.held;
-    if (g.min_safe_remaining.has_value()) {
-      out.min_safe_remaining = out.min_safe_remaining.has_value()
-                                   ? std::min(*out.min_safe_remaining, *g.min_safe_remaining)
-                                   : *g.min_safe_remaining;
+    HeldLeaseGauges& out = gauges[static_cast<std::size_t>(it - series.begin())];
+    for (std::size_t k = 0; k < kLeaseKindCount; ++k) {
+      out.held[k] += g.held[k];
+      if (g.min_safe_remaining[k].has_value()) {
+        out.min_safe_remaining[k] =
+            out.min_safe_remaining[k].has_value()
+                ? std::min(*out.min_safe_remaining[k], *g.min_safe_remaining[k])
+                : *g.min_safe_remaining[k];
+      }
     }
     if (g.min_ttl_headroom.has_value()) {
       out.min_ttl_headroom = out.min_ttl_headroom.has_value()
@@ -249,47 +253,62 @@ MetricsSnapshot MetricsRegistry::Snapshot() {
   for (std::size_t si = 0; si < series.size(); ++si) {
     const LeaseMetrics& s = *series[si];
     const MetricLabel backend{"backend", s.backend};
-    f.Add(FamilyId::kAcquired, CounterPoint({backend}, s.acquired));
-    f.Add(FamilyId::kConflicts, CounterPoint({backend}, s.conflicts));
-    for (std::size_t i = 0; i < std::size(kLostCauses); ++i) {
-      f.Add(FamilyId::kLost, CounterPoint(
-          {backend, {"reason", std::string(LostCauseName(kLostCauses[i]))}}, s.lost[i]));
-    }
-    for (std::size_t i = 0; i < std::size(kReleaseOutcomeNames); ++i) {
-      f.Add(FamilyId::kReleased, CounterPoint(
-          {backend, {"outcome", std::string(kReleaseOutcomeNames[i])}}, s.released[i]));
-    }
-    for (std::size_t i = 0; i < std::size(kRenewFailureNames); ++i) {
-      f.Add(FamilyId::kRenewFailures, CounterPoint(
-          {backend, {"outcome", std::string(kRenewFailureNames[i])}}, s.renew_failures[i]));
-    }
-    for (std::size_t i = 0; i < std::size(kFencedWriteOutcomeNames); ++i) {
-      f.Add(FamilyId::kFencedWrites, CounterPoint(
-          {backend, {"outcome", std::string(kFencedWriteOutcomeNames[i])}}, s.fenced_writes[i]));
-    }
-    for (std::size_t i = 0; i < std::size(kAcquireOutcomeNames); ++i) {
-      f.Add(FamilyId::kAcquireLatency, HistogramPoint(
-          {backend, {"outcome", std::string(kAcquireOutcomeNames[i])}}, s.acquire_latency[i]));
+    for (std::size_t ki = 0; ki < kLeaseKindCount; ++ki) {
+      // A kind never recorded here has no series, unless a heartbeat holds a lease of it (it
+      // was acquired, so recorded, but the flag is relaxed: the gauge may see the lease first).
+      if (!s.KindUsed(static_cast<LeaseKind>(ki)) && gauges[si].held[ki] == 0) {
+        continue;
+      }
+      const KindMetrics& k = s.kinds[ki];
+      const MetricLabel kind{"kind", std::string(kLeaseKindNames[ki])};
+      f.Add(FamilyId::kAcquired, CounterPoint({backend, kind}, k.acquired));
+      f.Add(FamilyId::kConflicts, CounterPoint({backend, kind}, k.conflicts));
+      for (std::size_t i = 0; i < std::size(kLostCauses); ++i) {
+        f.Add(FamilyId::kLost,
+              CounterPoint({backend, kind, {"reason", std::string(LostCauseName(kLostCauses[i]))}},
+                           k.lost[i]));
+      }
+      for (std::size_t i = 0; i < std::size(kReleaseOutcomeNames); ++i) {
+        f.Add(FamilyId::kReleased,
+              CounterPoint({backend, kind, {"outcome", std::string(kReleaseOutcomeNames[i])}},
+                           k.released[i]));
+      }
+      for (std::size_t i = 0; i < std::size(kRenewFailureNames); ++i) {
+        f.Add(FamilyId::kRenewFailures,
+              CounterPoint({backend, kind, {"outcome", std::string(kRenewFailureNames[i])}},
+                           k.renew_failures[i]));
+      }
+      for (std::size_t i = 0; i < std::size(kFencedWriteOutcomeNames); ++i) {
+        f.Add(FamilyId::kFencedWrites,
+              CounterPoint({backend, kind, {"outcome", std::string(kFencedWriteOutcomeNames[i])}},
+                           k.fenced_writes[i]));
+      }
+      for (std::size_t i = 0; i < std::size(kAcquireOutcomeNames); ++i) {
+        f.Add(FamilyId::kAcquireLatency,
+              HistogramPoint({backend, kind, {"outcome", std::string(kAcquireOutcomeNames[i])}},
+                             k.acquire_latency[i]));
+      }
+      for (std::size_t i = 0; i < std::size(kWaitOutcomeNames); ++i) {
+        f.Add(FamilyId::kWait,
+              HistogramPoint({backend, kind, {"outcome", std::string(kWaitOutcomeNames[i])}},
+                             k.wait[i]));
+      }
+      if (s.handoff_observable) {
+        f.Add(FamilyId::kHandoff, HistogramPoint({backend, kind}, k.handoff));
+      }
+      MetricPoint held;
+      held.labels = {backend, kind};
+      held.value = static_cast<double>(gauges[si].held[ki]);
+      f.Add(FamilyId::kLeasesHeld, std::move(held));
+      if (gauges[si].min_safe_remaining[ki].has_value()) {
+        MetricPoint margin;
+        margin.labels = {backend, kind};
+        margin.value =
+            static_cast<double>(gauges[si].min_safe_remaining[ki]->count()) / kNanosPerSecond;
+        f.Add(FamilyId::kSafeRemaining, std::move(margin));
+      }
     }
     f.Add(FamilyId::kHeartbeatLatency, HistogramPoint({backend}, s.heartbeat_latency));
-    for (std::size_t i = 0; i < std::size(kWaitOutcomeNames); ++i) {
-      f.Add(FamilyId::kWait,
-          HistogramPoint({backend, {"outcome", std::string(kWaitOutcomeNames[i])}}, s.wait[i]));
-    }
-    if (s.handoff_observable) {
-      f.Add(FamilyId::kHandoff, HistogramPoint({backend}, s.handoff));
-    }
-    MetricPoint held;
-    held.labels = {backend};
-    held.value = static_cast<double>(gauges[si].held);
-    f.Add(FamilyId::kLeasesHeld, std::move(held));
-    if (gauges[si].min_safe_remaining.has_value()) {
-      MetricPoint margin;
-      margin.labels = {backend};
-      margin.value =
-          static_cast<double>(gauges[si].min_safe_remaining->count()) / kNanosPerSecond;
-      f.Add(FamilyId::kSafeRemaining, std::move(margin));
-    }
     if (gauges[si].min_ttl_headroom.has_value()) {
       MetricPoint headroom;
       headroom.labels = {backend};

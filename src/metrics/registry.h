@@ -22,8 +22,10 @@
 #include <vector>
 
 #include "leasehold/clock.h"
+#include "leasehold/lease_info.h"
 #include "leasehold/metrics.h"
 #include "leasehold/status.h"
+
 #include "util/mutex.h"
 
 namespace leasehold::internal {
@@ -87,35 +89,75 @@ inline constexpr std::string_view kRenewFailureNames[] = {"unavailable", "lost",
 inline constexpr LostCause kLostCauses[] = {LostCause::kExpired, LostCause::kStoreSaidNo,
                                             LostCause::kStolen, LostCause::kSessionLost};
 
-// Everything recorded for one backend label value.
+// The `kind` label: what kind of lease an event concerns (LeaseKindName). Never the key.
+enum class LeaseKind : std::uint8_t { kExclusive, kShared, kSemaphore };
+inline constexpr std::size_t kLeaseKindCount = 3;
+inline constexpr std::string_view kLeaseKindNames[] = {"exclusive", "shared", "semaphore"};
+
+// The kind of a grant of `mode` and `limit`; names as LeaseKindName's.
+constexpr LeaseKind KindOf(LeaseMode mode, std::uint32_t limit) {
+  return mode == LeaseMode::kShared ? LeaseKind::kShared
+         : limit > 1                ? LeaseKind::kSemaphore
+                                    : LeaseKind::kExclusive;
+}
+
+// The per-lease series of one backend label value and one kind.
+struct KindMetrics {
+  KindMetrics();
+
+  Counter acquired;
+  Counter conflicts;
+  std::array<Counter, std::size(kLostCauses)> lost;
+  std::array<Counter, std::size(kReleaseOutcomeNames)> released;
+  std::array<Counter, std::size(kRenewFailureNames)> renew_failures;
+  std::array<Counter, std::size(kFencedWriteOutcomeNames)> fenced_writes;
+  std::array<Histogram, std::size(kAcquireOutcomeNames)> acquire_latency;
+  std::array<Histogram, std::size(kWaitOutcomeNames)> wait;
+  Histogram handoff;
+};
+
+// Everything recorded for one backend label value. Per-lease events are recorded under their
+// lease's kind; the exclusive series are always exposed, the shared and semaphore ones only
+// once an event of that kind was recorded here (so plain leases add no series).
 struct LeaseMetrics {
   LeaseMetrics(std::string backend_name, bool handoff_is_observable);
 
-  void RecordAcquire(AcquireOutcome outcome, Duration latency) {
-    acquire_latency[static_cast<std::size_t>(outcome)].Observe(latency);
+  void RecordAcquire(LeaseKind kind, AcquireOutcome outcome, Duration latency) {
+    KindMetrics& k = Of(kind);
+    k.acquire_latency[static_cast<std::size_t>(outcome)].Observe(latency);
     if (outcome == AcquireOutcome::kAcquired) {
-      acquired.Add();
+      k.acquired.Add();
     } else if (outcome == AcquireOutcome::kHeldByAnother) {
-      conflicts.Add();
+      k.conflicts.Add();
     }
   }
 
-  void RecordWait(WaitOutcome outcome, Duration waited) {
-    wait[static_cast<std::size_t>(outcome)].Observe(waited);
+  void RecordWait(LeaseKind kind, WaitOutcome outcome, Duration waited) {
+    Of(kind).wait[static_cast<std::size_t>(outcome)].Observe(waited);
   }
 
-  void RecordLost(LostCause cause) { lost[static_cast<std::size_t>(cause)].Add(); }
+  void RecordHandoff(LeaseKind kind, Duration handoff) { Of(kind).handoff.Observe(handoff); }
 
-  void RecordRelease(ReleaseOutcome outcome) {
-    released[static_cast<std::size_t>(outcome)].Add();
+  void RecordLost(LeaseKind kind, LostCause cause) {
+    Of(kind).lost[static_cast<std::size_t>(cause)].Add();
   }
 
-  void RecordFencedWrite(FencedWriteOutcome outcome) {
-    fenced_writes[static_cast<std::size_t>(outcome)].Add();
+  void RecordRelease(LeaseKind kind, ReleaseOutcome outcome) {
+    Of(kind).released[static_cast<std::size_t>(outcome)].Add();
   }
 
-  void RecordRenewFailure(RenewFailure failure) {
-    renew_failures[static_cast<std::size_t>(failure)].Add();
+  void RecordFencedWrite(LeaseKind kind, FencedWriteOutcome outcome) {
+    Of(kind).fenced_writes[static_cast<std::size_t>(outcome)].Add();
+  }
+
+  void RecordRenewFailure(LeaseKind kind, RenewFailure failure) {
+    Of(kind).renew_failures[static_cast<std::size_t>(failure)].Add();
+  }
+
+  // Whether the series of `kind` are exposed: always for exclusive, else once recorded.
+  [[nodiscard]] bool KindUsed(LeaseKind kind) const {
+    return kind == LeaseKind::kExclusive ||
+           used[static_cast<std::size_t>(kind)].load(std::memory_order_relaxed);
   }
 
   // Immutable after construction.
@@ -124,27 +166,33 @@ struct LeaseMetrics {
   // that notification to the new grant can be measured (leasehold_handoff_seconds).
   const bool handoff_observable;
 
-  Counter acquired;
-  Counter conflicts;
-  std::array<Counter, std::size(kLostCauses)> lost;
-  std::array<Counter, std::size(kReleaseOutcomeNames)> released;
-  std::array<Counter, std::size(kRenewFailureNames)> renew_failures;
-  std::array<Counter, std::size(kFencedWriteOutcomeNames)> fenced_writes;
+  std::array<KindMetrics, kLeaseKindCount> kinds;
+  // Per-round and per-handle series: no kind.
   // Heartbeat warnings that the p99 round trip exceeds a tenth of the TTL.
   Counter ttl_headroom_warnings;
-  std::array<Histogram, std::size(kAcquireOutcomeNames)> acquire_latency;
   Histogram heartbeat_latency;
-  std::array<Histogram, std::size(kWaitOutcomeNames)> wait;
-  Histogram handoff;
+
+ private:
+  KindMetrics& Of(LeaseKind kind) {
+    const auto i = static_cast<std::size_t>(kind);
+    // A load first: the flag's cache line stays shared once set.
+    if (kind != LeaseKind::kExclusive && !used[i].load(std::memory_order_relaxed)) {
+      used[i].store(true, std::memory_order_relaxed);
+    }
+    return kinds[i];
+  }
+
+  std::array<std::atomic<bool>, kLeaseKindCount> used{};
 };
 
 // What one store's heartbeat reports at scrape time.
 struct HeldLeaseGauges {
-  // Leases held or at risk.
-  std::uint64_t held = 0;
-  // The smallest safe_until - now among them; nullopt if none.
-  std::optional<Duration> min_safe_remaining;
-  // The smallest TTL / heartbeat p99 among them; nullopt if none, or too few round trips yet.
+  // Leases held or at risk, by kind.
+  std::array<std::uint64_t, kLeaseKindCount> held{};
+  // The smallest safe_until - now among them, by kind; nullopt if none.
+  std::array<std::optional<Duration>, kLeaseKindCount> min_safe_remaining{};
+  // The smallest TTL / heartbeat p99 among all of them; nullopt if none, or too few round
+  // trips yet.
   std::optional<double> min_ttl_headroom;
 };
 

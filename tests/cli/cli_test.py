@@ -649,13 +649,16 @@ class ObservabilityCliTest(CliHarness, unittest.TestCase):
             time.sleep(0.2)
         self.assertTrue(content_type.startswith("text/plain; version=0.0.4"), content_type)
         self.promtool_check(text)
-        self.assertEqual(self.sample(text, "leasehold_lease_acquired_total", backend="sqlite"), 1)
-        self.assertEqual(self.sample(text, "leasehold_leases_held", backend="sqlite"), 1)
+        self.assertEqual(self.sample(text, "leasehold_lease_acquired_total", backend="sqlite",
+                                     kind="exclusive"), 1)
+        self.assertEqual(self.sample(text, "leasehold_leases_held", backend="sqlite",
+                                     kind="exclusive"), 1)
         self.assertGreater(beats or 0, 0, text)
         self.assertGreater(
             self.sample(text, "leasehold_heartbeat_latency_seconds_bucket", backend="sqlite",
                         le="+Inf"), 0)
-        margin = self.sample(text, "leasehold_lease_safe_remaining_seconds", backend="sqlite")
+        margin = self.sample(text, "leasehold_lease_safe_remaining_seconds", backend="sqlite",
+                             kind="exclusive")
         self.assertIsNotNone(margin, text)
         self.assertGreater(margin, 0)
         self.assertLessEqual(margin, 3)

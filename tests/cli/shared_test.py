@@ -46,6 +46,9 @@ SERVER = None
 SERVER_URL = None
 EXIT_HELD = 75
 EXIT_USAGE = 64
+# The stores that refuse shared and semaphore leases, by design (README, "Shared leases"):
+# PostgreSQL advisory mode. Every other store must run every case; these only the refusal.
+WITHOUT_SHARED = {"postgres"}
 
 # JOB: one line at its start and one at its end, with the slot it was given.
 JOB = ('echo "start $(date +%s.%N) $LEASEHOLD_SLOT $LEASEHOLD_LIMIT" >> runs.log; sleep {hold}; '
@@ -64,6 +67,17 @@ class SharedTest(CliHarness, unittest.TestCase):
         super().setUp()
         # A server is shared by the tests: keys of their own.
         self.key = f"shared-{self._testMethodName[5:]}-{random.randrange(1 << 32):08x}"
+        if STORE in WITHOUT_SHARED and self._testMethodName != "test_refusal_where_unsupported":
+            self.skipTest(f"{STORE} has no shared leases (test_refusal_where_unsupported)")
+
+    def test_refusal_where_unsupported(self):
+        if STORE not in WITHOUT_SHARED:
+            self.skipTest(f"{STORE} has shared leases")
+        for flags in (["--limit", "2"], ["--shared"]):
+            r = self.cli("run", *flags, self.key, "--", "true")
+            self.assertEqual(r.returncode, EXIT_USAGE, r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertIn("mode=table", r.stderr)
 
     def wait_for(self, pred, timeout, what):
         deadline = time.monotonic() + timeout

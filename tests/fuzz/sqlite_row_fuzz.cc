@@ -3,12 +3,13 @@
 // The sqlite:// store's grant rows as leasehold reads them back (Store::Inspect and List on a
 // real file): any process that can write the file may have put any value of any type in a
 // column (SQLite does not enforce INTEGER or TEXT). The input is cut into the row's columns
-// (token, holder, fencing_token, ttl_ns, expires_ns), each stored as text, a blob or an integer
-// as the input says. Invariants:
+// (token, holder, fencing_token, ttl_ns, expires_ns, then slot, mode, lease_limit of schema
+// version 2, each the version 1 default when the input ends before it), each stored as text, a
+// blob or an integer as the input says. Invariants:
 // - Reading never crashes, and is ok or an error Status.
 // - A grant it reports is for the key asked, shows at most the first 8 bytes of the owner token
-//   (a prefix of the stored token, never the whole token of a longer one), and a remaining
-//   time >= 0.
+//   (a prefix of the stored token, never the whole token of a longer one), a remaining
+//   time >= 0 and a limit of 1..kMaxLeaseLimit.
 
 #include <sqlite3.h>
 #include <time.h>
@@ -95,8 +96,23 @@ void Bind(sqlite3_stmt* statement, int index, std::string_view& input, bool* liv
   }
 }
 
+// As Bind, or binds `fallback` (an integer, or text if `text`) when the input has run out: the
+// columns version 1 rows did not have, so that its corpus still means what it meant.
+void BindOrDefault(sqlite3_stmt* statement, int index, std::string_view& input,
+                   std::int64_t fallback, const char* text = nullptr) {
+  if (!input.empty()) {
+    Bind(statement, index, input, nullptr);
+  } else if (text != nullptr) {
+    sqlite3_bind_text(statement, index, text, -1, SQLITE_STATIC);
+  } else {
+    sqlite3_bind_int64(statement, index, fallback);
+  }
+}
+
 void CheckInfo(const leasehold::LeaseInfo& info, std::optional<std::string_view> stored_token) {
   FUZZ_CHECK(info.key == "k", info.key);
+  FUZZ_CHECK(info.limit >= 1 && info.limit <= leasehold::kMaxLeaseLimit,
+             std::to_string(info.limit));
   FUZZ_CHECK(info.token_prefix.size() <= 8, info.token_prefix);
   FUZZ_CHECK(!stored_token || stored_token->starts_with(info.token_prefix), info.token_prefix);
   FUZZ_CHECK(info.remaining.count() >= 0, std::to_string(info.remaining.count()));
@@ -112,10 +128,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::string_view token = input.substr(0, input.find('\x1f'));
   const bool token_is_number = !token.empty() && (token[0] == 'i' || token[0] == 'l');
   token = token.empty() ? token : token.substr(1);
+  // One row of the key at a time: the slot is part of the primary key, so a row of another
+  // slot would stay from an earlier input.
+  FUZZ_CHECK(sqlite3_exec(f.db, "DELETE FROM grants WHERE key = 'k'", nullptr, nullptr, nullptr) ==
+                 SQLITE_OK,
+             sqlite3_errmsg(f.db));
   sqlite3_stmt* statement = nullptr;
   FUZZ_CHECK(sqlite3_prepare_v2(f.db,
                                 "INSERT OR REPLACE INTO grants (key, token, holder, fencing_token, "
-                                "boot_id, ttl_ns, expires_ns) VALUES ('k', ?1, ?2, ?3, ?4, ?5, ?6)",
+                                "boot_id, ttl_ns, expires_ns, slot, mode, lease_limit) VALUES "
+                                "('k', ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                                 -1, &statement, nullptr) == SQLITE_OK,
              sqlite3_errmsg(f.db));
   bool live = false;
@@ -126,6 +148,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                     SQLITE_TRANSIENT);
   Bind(statement, 5, input, nullptr);
   Bind(statement, 6, input, &live);
+  BindOrDefault(statement, 7, input, 0);
+  BindOrDefault(statement, 8, input, 0, "exclusive");
+  BindOrDefault(statement, 9, input, 1);
   const int rc = sqlite3_step(statement);
   sqlite3_finalize(statement);
   if (rc != SQLITE_DONE) {
@@ -139,6 +164,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   leasehold::Result<std::vector<leasehold::LeaseInfo>> list = f.store->List("");
   if (list.ok()) {
     for (const leasehold::LeaseInfo& one : *list) {
+      CheckInfo(one, token_is_number ? std::nullopt : std::optional(token));
+    }
+  }
+  leasehold::Result<std::vector<leasehold::LeaseInfo>> holders = f.store->Holders("k");
+  if (holders.ok()) {
+    for (const leasehold::LeaseInfo& one : *holders) {
       CheckInfo(one, token_is_number ? std::nullopt : std::optional(token));
     }
   }

@@ -65,9 +65,9 @@ TEST(MetricsRegistryTest, OneSeriesPerBackendAtAStableAddress) {
   LeaseMetrics& b = registry.ForBackend("redis", true);
   EXPECT_EQ(&registry.ForBackend("sqlite", false), &a);
   EXPECT_NE(&a, &b);
-  a.RecordAcquire(AcquireOutcome::kAcquired, 2ms);
-  a.RecordAcquire(AcquireOutcome::kHeldByAnother, 1ms);
-  b.RecordLost(LostCause::kStolen);
+  a.RecordAcquire(LeaseKind::kExclusive, AcquireOutcome::kAcquired, 2ms);
+  a.RecordAcquire(LeaseKind::kExclusive, AcquireOutcome::kHeldByAnother, 1ms);
+  b.RecordLost(LeaseKind::kExclusive, LostCause::kStolen);
   MetricsSnapshot snap = registry.Snapshot();
   const MetricPoint* acquired =
       snap.Find("leasehold_lease_acquired_total", {{"backend", "sqlite"}});
@@ -88,6 +88,50 @@ TEST(MetricsRegistryTest, OneSeriesPerBackendAtAStableAddress) {
   // Handoff only where the store notifies waiters.
   EXPECT_EQ(snap.Find("leasehold_handoff_seconds", {{"backend", "sqlite"}}), nullptr);
   EXPECT_NE(snap.Find("leasehold_handoff_seconds", {{"backend", "redis"}}), nullptr);
+}
+
+TEST(MetricsRegistryTest, KindNamesAreLeaseKindNames) {
+  for (LeaseMode mode : {LeaseMode::kExclusive, LeaseMode::kShared}) {
+    for (std::uint32_t limit : {1U, 2U, kMaxLeaseLimit}) {
+      if (mode == LeaseMode::kShared && limit != 1) {
+        continue;
+      }
+      EXPECT_EQ(kLeaseKindNames[static_cast<std::size_t>(KindOf(mode, limit))],
+                LeaseKindName(mode, limit));
+    }
+  }
+}
+
+TEST(MetricsRegistryTest, SharedAndSemaphoreSeriesAppearOnlyOnceUsed) {
+  MetricsRegistry registry;
+  LeaseMetrics& m = registry.ForBackend("redis", true);
+  m.RecordAcquire(LeaseKind::kExclusive, AcquireOutcome::kAcquired, 1ms);
+  MetricsSnapshot snap = registry.Snapshot();
+  EXPECT_NE(snap.Find("leasehold_lease_acquired_total", {{"kind", "exclusive"}}), nullptr);
+  EXPECT_EQ(snap.Find("leasehold_lease_acquired_total", {{"kind", "shared"}}), nullptr);
+  EXPECT_EQ(snap.Find("leasehold_leases_held", {{"kind", "semaphore"}}), nullptr);
+  m.RecordRelease(LeaseKind::kSemaphore, ReleaseOutcome::kOk);
+  snap = registry.Snapshot();
+  EXPECT_EQ(snap.Find("leasehold_lease_acquired_total", {{"kind", "shared"}}), nullptr);
+  const MetricPoint* released =
+      snap.Find("leasehold_lease_released_total", {{"kind", "semaphore"}, {"outcome", "ok"}});
+  ASSERT_NE(released, nullptr);
+  EXPECT_EQ(released->value, 1);
+  // Every per-lease family of the kind appears, the per-round ones stay without a kind.
+  for (const char* name :
+       {"leasehold_lease_acquired_total", "leasehold_acquire_conflicts_total",
+        "leasehold_lease_lost_total", "leasehold_renew_failures_total",
+        "leasehold_fenced_writes_total", "leasehold_acquire_latency_seconds",
+        "leasehold_wait_seconds", "leasehold_handoff_seconds", "leasehold_leases_held"}) {
+    EXPECT_NE(snap.Find(name, {{"kind", "semaphore"}}), nullptr) << name;
+  }
+  for (const char* name :
+       {"leasehold_heartbeat_latency_seconds", "leasehold_ttl_headroom_warnings_total"}) {
+    const MetricFamily* family = snap.Find(name);
+    ASSERT_NE(family, nullptr);
+    ASSERT_EQ(family->points.size(), 1U) << name;
+    EXPECT_EQ(family->points[0].labels, (std::vector<MetricLabel>{{"backend", "redis"}}));
+  }
 }
 
 TEST(MetricsRegistryTest, EveryFamilyIsListedEvenWithoutSeries) {

@@ -221,9 +221,125 @@ TEST_F(StoreMetricsTest, NoLabelEverCarriesTheKey) {
   Settle();
   std::string text = store_->metrics()->PrometheusText();
   EXPECT_EQ(text.find("tenant-7f3a"), std::string::npos) << text;
-  EXPECT_NE(text.find("leasehold_lease_acquired_total{backend=\"memory\"} 1\n"),
+  EXPECT_NE(text.find("leasehold_lease_acquired_total{backend=\"memory\",kind=\"exclusive\"} 1\n"),
             std::string::npos)
       << text;
+}
+
+TEST_F(StoreMetricsTest, PlainLeasesAddNoSharedOrSemaphoreSeries) {
+  auto lease = store_->TryAcquire("plain", {.ttl = kTtl});
+  ASSERT_TRUE(lease.ok());
+  Settle();
+  std::string text = store_->metrics()->PrometheusText();
+  EXPECT_NE(text.find("leasehold_leases_held{backend=\"memory\",kind=\"exclusive\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("kind=\"shared\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("kind=\"semaphore\""), std::string::npos) << text;
+  // Per-round and per-handle series carry no kind.
+  EXPECT_NE(text.find("leasehold_heartbeat_latency_seconds_count{backend=\"memory\"} "),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("leasehold_ttl_headroom_warnings_total{backend=\"memory\"} 0\n"),
+            std::string::npos)
+      << text;
+}
+
+TEST_F(StoreMetricsTest, ASemaphoreAndASharedLeaseRecordUnderTheirKind) {
+  const std::vector<MetricLabel> semaphore{{"kind", "semaphore"}};
+  const std::vector<MetricLabel> shared{{"kind", "shared"}};
+  const std::vector<MetricLabel> exclusive{{"kind", "exclusive"}};
+  const LeaseOptions permit{.ttl = kTtl, .limit = 2};
+  auto p1 = store_->TryAcquire("pool-9c1e:gpu", permit);
+  auto p2 = store_->TryAcquire("pool-9c1e:gpu", permit);
+  ASSERT_TRUE(p1.ok() && p2.ok()) << p1.status().ToString() << p2.status().ToString();
+  EXPECT_EQ(store_->TryAcquire("pool-9c1e:gpu", permit).status().code(),
+            StatusCode::kHeldByAnother);
+  const LeaseOptions reader{.ttl = kTtl, .mode = LeaseMode::kShared};
+  auto r1 = store_->TryAcquire("table-4d2b:orders", reader);
+  auto r2 = store_->TryAcquire("table-4d2b:orders", reader);
+  ASSERT_TRUE(r1.ok() && r2.ok()) << r1.status().ToString() << r2.status().ToString();
+  // A writer refused by the readers is an exclusive conflict.
+  EXPECT_EQ(store_->TryAcquire("table-4d2b:orders", {.ttl = kTtl}).status().code(),
+            StatusCode::kHeldByAnother);
+  Settle();
+
+  EXPECT_EQ(Value("leasehold_lease_acquired_total", semaphore), 2);
+  EXPECT_EQ(Value("leasehold_acquire_conflicts_total", semaphore), 1);
+  EXPECT_EQ(Value("leasehold_lease_acquired_total", shared), 2);
+  EXPECT_EQ(Value("leasehold_acquire_conflicts_total", shared), 0);
+  EXPECT_EQ(Value("leasehold_lease_acquired_total", exclusive), 0);
+  EXPECT_EQ(Value("leasehold_acquire_conflicts_total", exclusive), 1);
+  std::vector<MetricLabel> labels = semaphore;
+  labels.push_back({"outcome", "acquired"});
+  EXPECT_EQ(Count("leasehold_acquire_latency_seconds", labels), 2U);
+  EXPECT_EQ(Value("leasehold_leases_held", semaphore), 2);
+  EXPECT_EQ(Value("leasehold_leases_held", shared), 2);
+  EXPECT_EQ(Value("leasehold_leases_held", exclusive), 0);
+  EXPECT_GT(Value("leasehold_lease_safe_remaining_seconds", shared), 0);
+  // One fenced write by a permit holder, one by a reader after a force release of its grant.
+  ASSERT_TRUE(p1->Write(FencedWrite().Put("data", "1")).ok());
+  ASSERT_TRUE(store_->ForceReleaseGrant("table-4d2b:orders", r1->token_prefix()).ok());
+  EXPECT_EQ(r1->Write(FencedWrite().Put("data", "2")).status().code(), StatusCode::kLost);
+  labels = semaphore;
+  labels.push_back({"outcome", "accepted"});
+  EXPECT_EQ(Value("leasehold_fenced_writes_total", labels), 1);
+  labels = shared;
+  labels.push_back({"outcome", "fenced_out"});
+  EXPECT_EQ(Value("leasehold_fenced_writes_total", labels), 1);
+  // The heartbeat finds the reader's grant gone: a renewal failure and a loss, both shared.
+  clock_.Advance(kRenew);
+  Settle();
+  EXPECT_EQ(r1->state(), LeaseState::kLost);
+  labels = shared;
+  labels.push_back({"outcome", "lost"});
+  EXPECT_EQ(Value("leasehold_renew_failures_total", labels), 1);
+  labels = shared;
+  labels.push_back({"reason", "store_said_no"});
+  EXPECT_EQ(Value("leasehold_lease_lost_total", labels), 1);
+  labels = exclusive;
+  labels.push_back({"reason", "store_said_no"});
+  EXPECT_EQ(Value("leasehold_lease_lost_total", labels), 0);
+
+  ASSERT_TRUE(p1->Release().ok());
+  ASSERT_TRUE(p2->Release().ok());
+  ASSERT_TRUE(r2->Release().ok());
+  labels = semaphore;
+  labels.push_back({"outcome", "ok"});
+  EXPECT_EQ(Value("leasehold_lease_released_total", labels), 2);
+  labels = shared;
+  labels.push_back({"outcome", "ok"});
+  EXPECT_EQ(Value("leasehold_lease_released_total", labels), 1);
+  EXPECT_EQ(Value("leasehold_leases_held", semaphore), 0);
+  EXPECT_EQ(Value("leasehold_leases_held", shared), 0);
+
+  std::string text = store_->metrics()->PrometheusText();
+  EXPECT_EQ(text.find("pool-9c1e"), std::string::npos) << text;
+  EXPECT_EQ(text.find("table-4d2b"), std::string::npos) << text;
+  EXPECT_NE(text.find("leasehold_lease_acquired_total{backend=\"memory\",kind=\"semaphore\"} 2\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("leasehold_lease_acquired_total{backend=\"memory\",kind=\"shared\"} 2\n"),
+            std::string::npos)
+      << text;
+}
+
+TEST_F(StoreMetricsTest, ASemaphoreWaiterRecordsItsWaitAndHandoffUnderItsKind) {
+  const LeaseOptions two{.ttl = kTtl, .limit = 2};
+  auto a = store_->TryAcquire("q", two);
+  auto b = store_->TryAcquire("q", two);
+  ASSERT_TRUE(a.ok() && b.ok());
+  Settle();
+  Result<Lease> waited = Status::Internal("not run");
+  std::jthread waiter([&] { waited = store_->Acquire("q", two); });
+  Settle(3);
+  ASSERT_TRUE(a->Release().ok());
+  waiter.join();
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+  EXPECT_EQ(Count("leasehold_wait_seconds", {{"kind", "semaphore"}, {"outcome", "acquired"}}), 1U);
+  EXPECT_EQ(Count("leasehold_wait_seconds", {{"kind", "exclusive"}, {"outcome", "acquired"}}), 0U);
+  EXPECT_EQ(Count("leasehold_handoff_seconds", {{"kind", "semaphore"}}), 1U);
+  EXPECT_EQ(Count("leasehold_handoff_seconds", {{"kind", "exclusive"}}), 0U);
 }
 
 }  // namespace

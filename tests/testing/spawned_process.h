@@ -7,6 +7,7 @@
 
 #pragma once
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -25,7 +26,9 @@ class SpawnedProcess {
   // Starts args[0] (a path) with args; its stdout goes to a pipe read by ReadLine().
   explicit SpawnedProcess(const std::vector<std::string>& args) {
     int fds[2];
-    if (pipe(fds) != 0) {
+    // Close-on-exec: a child spawned meanwhile by another thread must not inherit this pipe's
+    // write end (its EOF would then wait for that other child to exit).
+    if (pipe2(fds, O_CLOEXEC) != 0) {
       return;
     }
     posix_spawn_file_actions_t actions;

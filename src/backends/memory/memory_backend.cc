@@ -232,10 +232,14 @@ class MemoryTable {
     }
     const SteadyTime now = clock_.Now();
     bool live = false;
+    bool one_deleted = false;
+    // Every grant, or (a token prefix) the one of the lowest slot that has it.
     std::erase_if(it->second.grants, [&](const Entry& e) {
-      if (!token_prefix.empty() && !std::string_view(e.token).starts_with(token_prefix)) {
+      if (!token_prefix.empty() &&
+          (one_deleted || !std::string_view(e.token).starts_with(token_prefix))) {
         return false;
       }
+      one_deleted = true;
       live = live || e.expires > now;
       return true;
     });

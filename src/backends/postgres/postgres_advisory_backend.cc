@@ -44,6 +44,11 @@ namespace sql = postgres_sql;
 
 namespace {
 
+// Why mode=advisory refuses shared and semaphore leases (Capabilities::no_shared_leases_why).
+constexpr std::string_view kNoSharedLeases =
+    "postgres mode=advisory has only exclusive leases; use postgres://...?mode=table for "
+    "shared and semaphore leases";
+
 using std::chrono::milliseconds;
 
 // lock_timeout of a wait in the server's queue: the backstop for a wait nobody abandons. A wait
@@ -202,7 +207,8 @@ Capabilities PostgresAdvisoryBackend::capabilities() const {
                       .native_wait = true,
                       .fencing_survives_restart = true,
                       .fair_queue = true,
-                      .fenced_ops = FencedOpBit(FencedOp::Kind::kSql)};
+                      .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),
+                      .no_shared_leases_why = kNoSharedLeases};
 }
 
 Result<std::shared_ptr<PostgresAdvisoryBackend::Session>> PostgresAdvisoryBackend::NewSession() {
@@ -302,6 +308,11 @@ Status PostgresAdvisoryBackend::LostStatus(std::string_view key, std::string_vie
 }
 
 Result<Grant> PostgresAdvisoryBackend::TryAcquire(const GrantRequest& request) {
+  if (request.mode != LeaseMode::kExclusive || request.limit != 1) {
+    return Status::Unimplemented(fmt::format(
+        "{} {} lease: {}", request.key, LeaseKindName(request.mode, request.limit),
+        kNoSharedLeases));
+  }
   if (!request.waiter_id.empty()) {
     std::shared_ptr<Waiting> wait;
     {

@@ -50,6 +50,15 @@
 //   that first checks the lock and the row: a session that was replaced (reconnected) or lost
 //   the lock is fenced out. A grant kept after its holder (Finish, keep > 0) has no session, so
 //   nobody writes under it.
+// - Shared and semaphore leases are not offered (Capabilities::shared_leases is false, so the
+//   core refuses them; TryAcquire refuses them too, naming mode=table). What was checked: shared
+//   read/write grants could be pg_try_advisory_lock_shared, and a writer queued with the blocking
+//   pg_advisory_lock (WaitForTurn) does make a later pg_try_advisory_lock_shared of another
+//   session fail (PostgreSQL's lock manager checks new requests against the queue's wait mask),
+//   so writer preference would come from the queue. What is missing is the bookkeeping: one row
+//   per grant with its session (the `leases` row records one), a slot among the sessions that
+//   hold the shared lock, and, for a semaphore, N lock ids whose limit every client must agree on
+//   with no row that a dead session leaves behind deciding it. Use mode=table for those.
 // Advisory mode needs a direct session; use mode=table through transaction poolers.
 // - The store doctor (Store::Check): Ping is SELECT 1 on the primary session; Diagnose reads the
 //   server's durability settings, topology (a pooler in between is unsafe here) and the role's

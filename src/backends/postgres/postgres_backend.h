@@ -6,7 +6,8 @@
 // - mode=advisory, the default (postgres_advisory_backend.h): a grant is an advisory lock on a
 //   server session the handle keeps, and lives as long as that session;
 // - mode=table (postgres_table_backend.h): a grant is the key's row with an expiry on the
-//   server's clock; works through transaction poolers such as PgBouncer.
+//   server's clock; works through transaction poolers such as PgBouncer. Shared and semaphore
+//   grants are rows of a third table, `shares` (mode=table only).
 // Both take fenced writes (Lease::Write, Sql ops): one transaction that checks the grant, then
 // runs the statements (advisory mode on the lock's own session; table mode a FOR SHARE read of
 // the key's row), PgFencedWrite in postgres_common.h.

@@ -4,6 +4,7 @@
 
 #include "backends/postgres/postgres_common.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <utility>
@@ -98,6 +99,28 @@ LeaseInfo PgLeaseInfo(const PgResult& r, int row) {
   return info;
 }
 
+LeaseInfo PgGrantInfo(const PgResult& r, int row) {
+  LeaseInfo info = PgLeaseInfo(r, row);
+  info.mode = r.Get(row, 6) == "s" ? LeaseMode::kShared : LeaseMode::kExclusive;
+  info.limit = static_cast<std::uint32_t>(std::max(1LL, r.GetInt(row, 7)));
+  info.slot = static_cast<std::uint32_t>(std::max(0LL, r.GetInt(row, 8)));
+  return info;
+}
+
+std::string PgLiteral(std::optional<std::string_view> text) {
+  if (!text.has_value()) {
+    return "NULL";
+  }
+  std::string out = "E'";
+  for (char c : *text) {
+    if (c == '\'' || c == '\\') {
+      out += c;
+    }
+    out += c;
+  }
+  return out + "'";
+}
+
 LeaseInfo PgRefusedBy(std::string_view key, const PgResult& r) {
   LeaseInfo info;
   info.key = std::string(key);
@@ -121,10 +144,13 @@ std::string SchemaSql(const PostgresOptions& options) {
       "-- leasehold schema for {}\n"
       "-- One row per lease key in `leases`; `fence` (the fencing counter) only ever grows.\n"
       "-- One row per key in `records`: the record a lease may leave when it ends (schedule\n"
-      "-- slots). The role that leasehold connects as needs SELECT, INSERT, UPDATE on both\n"
-      "-- tables and USAGE on the schema.\n{}\n{}\n{}\n",
+      "-- slots). One row per live shared or semaphore grant in `shares` (key, slot), and a\n"
+      "-- key's writer intent (slot -1). The role that leasehold connects as needs USAGE on the\n"
+      "-- schema, SELECT, INSERT, UPDATE on `leases` and `records`, and SELECT, INSERT, UPDATE,\n"
+      "-- DELETE on `shares` (without it, only exclusive leases work).\n{}\n{}\n{}\n{}\n",
       options.display, PgStatement(sql::kCreateSchema, options),
-      PgStatement(sql::kCreateTable, options), PgStatement(sql::kCreateRecordsTable, options));
+      PgStatement(sql::kCreateTable, options), PgStatement(sql::kCreateRecordsTable, options),
+      PgStatement(sql::kCreateSharesTable, options));
 }
 
 Result<std::optional<std::string>> PgRecord(std::string_view key, const PgResult& r) {
@@ -227,6 +253,7 @@ Status EnsureSchema(PgConnection& conn, const PostgresOptions& options, Clock& c
   std::string ddl = exists.schema ? "" : PgStatement(sql::kCreateSchema, options);
   ddl += PgStatement(sql::kCreateTable, options);
   ddl += PgStatement(sql::kCreateRecordsTable, options);
+  ddl += PgStatement(sql::kCreateSharesTable, options);
   Result<PgResult> created = conn.Exec("create table", ddl, {}, PgDeadline(options, clock));
   if (created.ok()) {
     Log(LogLevel::kInfo, fmt::format("postgres at {}: created {}", options.display, table));
@@ -239,6 +266,53 @@ Status EnsureSchema(PgConnection& conn, const PostgresOptions& options, Clock& c
   // Another process may have created it at the same moment (unique violation on the catalog).
   LH_ASSIGN_OR_RETURN(exists, state());
   return exists.leases && exists.records ? Status() : created.status();
+}
+
+Result<bool> PgSharesReady(PgConnection& conn, const PostgresOptions& options, Clock& clock) {
+  const std::string shares = "\"" + options.schema + "\".shares";
+  auto state = [&]() -> Result<std::pair<bool, bool>> {
+    LH_ASSIGN_OR_RETURN(PgResult r, conn.Exec("shares check", std::string(sql::kSharesState),
+                                              {shares}, PgDeadline(options, clock)));
+    return std::make_pair(r.GetBool(0, 0), r.GetBool(0, 1));
+  };
+  LH_ASSIGN_OR_RETURN(auto exists, state());
+  auto unusable = [&](std::string_view why) -> Result<bool> {
+    Log(LogLevel::kWarning,
+        fmt::format("postgres at {}: table {} {}: exclusive leases work, but shared and "
+                    "semaphore leases fail until someone runs the SQL printed by `leasehold "
+                    "schema` and grants SELECT, INSERT, UPDATE, DELETE on it",
+                    options.display, shares, why));
+    return false;
+  };
+  if (exists.first) {
+    return exists.second ? Result<bool>(true)
+                         : unusable("lacks SELECT, INSERT, UPDATE or DELETE for this role");
+  }
+  if (!options.create_schema) {
+    return unusable("is missing and create_schema=false forbids creating it");
+  }
+  Result<PgResult> created =
+      conn.Exec("create table", PgStatement(sql::kCreateSharesTable, options), {},
+                PgDeadline(options, clock));
+  if (created.ok()) {
+    Log(LogLevel::kInfo, fmt::format("postgres at {}: created {}", options.display, shares));
+  }
+  LH_ASSIGN_OR_RETURN(exists, state());  // created by us, or by someone else meanwhile
+  if (exists.first && exists.second) {
+    return true;
+  }
+  return unusable(exists.first ? "lacks SELECT, INSERT, UPDATE or DELETE for this role"
+                               : fmt::format("is missing and cannot be created ({})",
+                                             created.status().message()));
+}
+
+Status PgSharesMissing(const PostgresOptions& options) {
+  return Status::PermissionDenied(fmt::format(
+      "shared and semaphore leases need table {0}.shares, which is missing in the database of {1} "
+      "or not usable by this role: have someone with the CREATE privilege run the SQL printed by "
+      "`leasehold schema --store URL`, GRANT SELECT, INSERT, UPDATE, DELETE ON \"{0}\".shares to "
+      "this role, and open the store again",
+      options.schema, options.display));
 }
 
 Status PgCheckFencedOps(const std::vector<FencedOp>& ops) {
@@ -431,6 +505,8 @@ struct PgSettings {
   Table leases;
   Table records;
   std::optional<long long> replicas;
+  Table shares;
+  bool shares_delete = false;
 };
 
 PgSettings ReadSettings(const PgResult& r) {
@@ -465,6 +541,8 @@ PgSettings ReadSettings(const PgResult& r) {
   if (!r.IsNull(0, 21)) {
     s.replicas = r.GetInt(0, 21);
   }
+  s.shares = table(22);
+  s.shares_delete = r.GetBool(0, 26);
   return s;
 }
 
@@ -691,6 +769,32 @@ void PermissionItems(const PgSettings& s, const PostgresOptions& options,
                               "functions need no grant",
                               role, schema)});
   }
+  // Shared and semaphore leases (mode=table only): without the shares table, exclusive leases
+  // work as before, so this is a warning, not a refusal.
+  if (options.mode == PostgresMode::kTable && s.schema_exists && s.schema_usage) {
+    const std::string table = fmt::format("{}.shares", schema);
+    const std::string grant =
+        fmt::format("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}", table, role);
+    if (!s.shares.exists && !s.schema_create) {
+      items.push_back(
+          {.area = "permissions",
+           .verdict = CheckVerdict::kWarn,
+           .found = fmt::format("table {} does not exist and role {} lacks CREATE on schema {} to "
+                                "make it: shared and semaphore leases fail (exclusive ones work)",
+                                table, role, schema),
+           .fix = fmt::format("have a DBA run the SQL of `leasehold schema --store URL`, then {}",
+                              grant)});
+    } else if (s.shares.exists &&
+               !(s.shares.select && s.shares.insert && s.shares.update && s.shares_delete)) {
+      items.push_back({.area = "permissions",
+                       .verdict = CheckVerdict::kWarn,
+                       .found = fmt::format("role {} lacks some of SELECT, INSERT, UPDATE, DELETE "
+                                            "on {}: shared and semaphore leases fail (exclusive "
+                                            "ones work)",
+                                            role, table),
+                       .fix = grant});
+    }
+  }
 }
 
 // The one line naming what the role needs (Diagnosis::permissions_fix).
@@ -704,6 +808,11 @@ std::string PermissionsFix(std::string_view role_name, const PostgresOptions& op
       schema, role);
   if (options.mode == PostgresMode::kAdvisory) {
     fix += fmt::format("; release --force also needs GRANT pg_signal_backend TO {}", role);
+  } else {
+    fix += fmt::format(
+        "; shared and semaphore leases also need GRANT SELECT, INSERT, UPDATE, "
+        "DELETE ON {}.shares TO {}",
+        schema, role);
   }
   return fix;
 }

@@ -37,6 +37,16 @@ std::string PgArrayLiteral(const std::vector<std::string>& items);
 // Reads (key, holder, token_prefix, fence, ttl_ms, remaining_ms) from `row` of `r`.
 LeaseInfo PgLeaseInfo(const PgResult& r, int row);
 
+// Reads a live grant from `row` of `r` with its kind: (key, holder, token_prefix, fence, ttl_ms,
+// remaining_ms, mode 'x' or 's', lim, slot), as kTableHolders returns it.
+LeaseInfo PgGrantInfo(const PgResult& r, int row);
+
+// Returns `text` as an SQL string literal that means the same under any
+// standard_conforming_strings (E'...', quotes and backslashes doubled), or NULL for nullopt: for
+// the statements of a simple query of several, which cannot take parameters.
+// REQUIRES: no NUL byte in `text` (libpq would cut the query there).
+std::string PgLiteral(std::optional<std::string_view> text);
+
 // Reads a refused grant statement's holder of `key` from row 0 of `r`: (fence, holder,
 // token_prefix, ttl_ms, remaining_ms) in columns 1-5 (column 0 is the "granted" flag).
 LeaseInfo PgRefusedBy(std::string_view key, const PgResult& r);
@@ -49,6 +59,16 @@ Status PgHeld(std::string_view key, std::optional<LeaseInfo> holder);
 // kPermissionDenied (or kInvalidArgument with create_schema=false) naming `leasehold schema`.
 // Its statements' deadlines are on `clock`.
 Status EnsureSchema(PgConnection& conn, const PostgresOptions& options, Clock& clock);
+
+// Whether the shares table (shared leases in mode=table) exists and this role may use it,
+// creating it when missing and allowed (as EnsureSchema creates records). false, with a warning
+// logged naming `leasehold schema` or the GRANT, when it cannot be used: exclusive leases work
+// as before, shared and semaphore ones fail (SharesMissing).
+Result<bool> PgSharesReady(PgConnection& conn, const PostgresOptions& options, Clock& clock);
+
+// The error of a shared or semaphore acquire on a schema whose shares table is missing or not
+// this role's to use: kPermissionDenied naming `leasehold schema` and the GRANT.
+Status PgSharesMissing(const PostgresOptions& options);
 
 // The DDL for `options`, as `leasehold schema` prints it.
 std::string SchemaSql(const PostgresOptions& options);

@@ -40,7 +40,9 @@ namespace leasehold::internal::postgres_sql {
 // token handed out for it; token/holder/ttl_ms: the live grant (NULL when free); expires_at: the
 // grant's end on the server's clock (table mode), or its last renewal plus ttl (advisory mode,
 // for status and list only: the session, not this column, keeps an advisory grant); lock_id/pid:
-// advisory mode's lock and the server process of the session that holds it.
+// advisory mode's lock and the server process of the session that holds it. While shared or
+// semaphore grants of the key may be live (table mode), token is the marker LH_PG_SHARED_MARKER
+// and the grants are rows of `shares` (kCreateSharesTable).
 inline constexpr std::string_view kCreateSchema = R"sql(CREATE SCHEMA IF NOT EXISTS {schema};)sql";
 
 inline constexpr std::string_view kCreateTable = R"sql(CREATE TABLE IF NOT EXISTS {schema}.leases (
@@ -64,6 +66,51 @@ inline constexpr std::string_view kCreateRecordsTable =
   value      bytea NOT NULL,
   expires_at timestamptz NOT NULL
 );)sql";
+
+// The shares table (shared leases, table mode), also printed by `leasehold schema`. One row per
+// live shared or semaphore grant of a key, by slot (0..limit-1): token, holder, ttl_ms,
+// expires_at as in `leases`, fence the grant's fencing token (taken from the key's row in
+// `leases`, the key's one counter), lim the limit its holder asked for (1: a shared grant of a
+// read/write key; N > 1: a semaphore of N). Slot -1 is the key's writer intent: token = the
+// waiting writer's waiter id, holder its identity, expires_at its end; fence and lim 0. A key
+// with live rows here has a marker in its `leases` row (kSharedMarker) that keeps every
+// exclusive statement, this release's fast one and older releases' alike, from granting it.
+// Rows are deleted when their grant ends (release, expiry noticed by the next acquire), so the
+// role needs DELETE here too.
+inline constexpr std::string_view kCreateSharesTable =
+    R"sql(CREATE TABLE IF NOT EXISTS {schema}.shares (
+  key        text NOT NULL,
+  slot       integer NOT NULL,
+  token      text NOT NULL,
+  holder     text,
+  ttl_ms     bigint NOT NULL,
+  expires_at timestamptz NOT NULL,
+  fence      bigint NOT NULL,
+  lim        integer NOT NULL,
+  PRIMARY KEY (key, slot)
+);)sql";
+
+// The token of a key's `leases` row while shared or semaphore grants of it may be live: no
+// owner token (32 hex digits) equals it, so no renew, release or fenced write of an exclusive
+// grant matches it, and its expiry (kSharedMarkerUntil, far away) makes every exclusive acquire
+// statement (kTableAcquire, also that of releases before shared leases) refuse the key. Only the
+// transaction of kTableAcquireShared, which reads `shares` under the key row's lock, grants an
+// exclusive lease over it (or replaces it). The marker outlives the shares (a release leaves it):
+// the next acquire through kTableAcquireShared clears or replaces it.
+#define LH_PG_SHARED_MARKER "'(shared)'"
+#define LH_PG_SHARED_MARKER_UNTIL "'9999-12-31 00:00:00+00'::timestamptz"
+#define LH_PG_SHARED_HOLDER "'shared or semaphore holders (leasehold status lists them)'"
+
+// Whether the shares table exists and this role may use it (SELECT, INSERT, UPDATE, DELETE).
+// $1 the table's name. has_table_privilege is NULL-safe through the CASE.
+inline constexpr std::string_view kSharesState = R"sql(
+SELECT to_regclass($1) IS NOT NULL,
+       CASE WHEN to_regclass($1) IS NULL THEN false
+            ELSE has_table_privilege(to_regclass($1), 'SELECT, INSERT, UPDATE, DELETE')
+                 AND has_table_privilege(to_regclass($1), 'SELECT')
+                 AND has_table_privilege(to_regclass($1), 'INSERT')
+                 AND has_table_privilege(to_regclass($1), 'UPDATE')
+                 AND has_table_privilege(to_regclass($1), 'DELETE') END)sql";
 
 // Whether the schema and the two tables exist: to_regnamespace/to_regclass return NULL, not an
 // error, for a missing name. $1 schema, $2 leases table, $3 records table.
@@ -231,6 +278,272 @@ FOR SHARE)sql";
 
 // The waiters' channel: one per schema, payload = the released key.
 inline constexpr std::string_view kListen = R"sql(LISTEN {schema_ident})sql";
+
+// ---- table mode with the shares table (shared leases) ----
+//
+// With the shares table (kCreateSharesTable) ready, table mode keeps an exclusive grant where it
+// always was, in the key's `leases` row (slot 0), and shared and semaphore grants in `shares`.
+// kTableAcquire (above) still serves a plain exclusive try-acquire in one statement: it refuses a
+// row with the marker, and then kTableAcquireShared decides. Every other statement below covers
+// both tables.
+
+// Try-acquire of any kind, table mode: one simple query of three statements, which PostgreSQL
+// runs as one implicit transaction (all or nothing), under READ COMMITTED, where each statement
+// takes a new snapshot. Literals, not parameters (several statements cannot take parameters):
+// {key}, {token}, {holder}, {waiter} (NULL without one) quoted by PgLiteral, {ttl_ms} and
+// {limit} numbers, {mode} 'x' (exclusive) or 's' (shared).
+// 1. Locks the key's row in `leases` (creating it with fence 0 if new) until COMMIT. Every
+//    statement that admits a grant of the key (this one, kTableAcquire) or writes its intent
+//    holds that lock, so admissions of a key are serialised.
+// 2. Deletes the key's expired rows in `shares` (grants and the intent). DELETE re-checks each
+//    row's expiry on its newest version after waiting for a renewal writing it, so a grant
+//    renewed at the last moment survives.
+// 3. Decides, from a snapshot taken after 1 and 2: every transaction that admitted a grant of the
+//    key before has committed (it held the lock), so every grant is seen. Every remaining row of
+//    the key in `shares` counts as live (one that expires in the microseconds since 2 or is being
+//    released counts too: a refusal, never an over-admission). The exclusive grant is the key
+//    row's own (not the marker, live). Then, per the rules of backend.h ("Shared leases"):
+//    `mismatch` when a live grant is of the other family or another limit; admitted when there
+//    is room; a refused exclusive request with a waiter records (or refreshes) its intent unless
+//    another waiter's is live; a granted one deletes its own. The key row's fence moves by one
+//    for every grant (the key's single counter), and its token becomes the new exclusive grant's
+//    or the marker. Slot: 0 for an exclusive grant, else the smallest number no row has.
+// Returns one row: outcome ('granted', 'held', 'mismatch'), the new fence, the slot; then the
+// refusing grant: holder, token prefix, fence, ttl_ms, remaining_ms, mode ('x'/'s'), lim, slot
+// (the live grant of the lowest slot, or for a shared request refused by an intent the waiting
+// writer, fence 0 and no token).
+inline constexpr std::string_view kTableAcquireShared = R"sql(
+INSERT INTO {schema}.leases AS l (key, fence) VALUES ({key}, 0)
+  ON CONFLICT (key) DO UPDATE SET fence = l.fence;
+DELETE FROM {schema}.shares WHERE key = {key} AND expires_at <= clock_timestamp();
+WITH k AS (SELECT * FROM {schema}.leases WHERE key = {key}),
+g AS (SELECT * FROM {schema}.shares WHERE key = {key} AND slot >= 0),
+i AS (SELECT * FROM {schema}.shares
+      WHERE key = {key} AND slot = -1 AND token IS DISTINCT FROM {waiter}),
+f AS (
+  SELECT * FROM (
+    SELECT holder, left(token, 8) AS prefix, fence, ttl_ms, expires_at, 'x' AS mode, 1 AS lim,
+           0 AS slot
+    FROM k WHERE token IS NOT NULL AND token <> )sql" LH_PG_SHARED_MARKER R"sql(
+      AND expires_at > clock_timestamp()
+    UNION ALL
+    SELECT holder, left(token, 8), fence, ttl_ms, expires_at,
+           CASE WHEN lim = 1 THEN 's' ELSE 'x' END, lim, slot
+    FROM g) a
+  ORDER BY slot LIMIT 1),
+r AS (SELECT {mode}::text AS mode, {limit}::integer AS lim, {waiter}::text AS waiter),
+d AS (
+  SELECT r.*, f.holder, f.prefix, f.fence, f.ttl_ms, f.expires_at, f.mode AS hmode,
+         f.lim AS hlim, f.slot AS hslot,
+         f.lim IS NOT NULL AND ((f.lim > 1) <> (r.lim > 1) OR (r.lim > 1 AND f.lim <> r.lim))
+           AS mismatch,
+         (SELECT count(*) FROM g) AS n,
+         EXISTS (SELECT 1 FROM i) AS intent
+  FROM r LEFT JOIN f ON true),
+e AS (
+  SELECT d.*,
+         NOT d.mismatch AND CASE
+           WHEN d.lim > 1 THEN d.n < d.lim
+           WHEN d.mode = 'x' THEN d.hlim IS NULL
+           ELSE (d.hlim IS NULL OR d.hmode = 's') AND NOT d.intent END AS admit,
+         d.mode = 'x' AND d.lim = 1 AS excl
+  FROM d),
+u AS (
+  UPDATE {schema}.leases AS l
+  SET fence = l.fence + 1,
+      token = CASE WHEN e.excl THEN {token} ELSE )sql" LH_PG_SHARED_MARKER R"sql( END,
+      holder = CASE WHEN e.excl THEN {holder} ELSE )sql" LH_PG_SHARED_HOLDER R"sql( END,
+      ttl_ms = CASE WHEN e.excl THEN {ttl_ms}::bigint END,
+      expires_at = CASE WHEN e.excl
+                        THEN clock_timestamp() + {ttl_ms}::bigint * interval '1 millisecond'
+                        ELSE )sql" LH_PG_SHARED_MARKER_UNTIL R"sql( END,
+      lock_id = NULL, pid = NULL
+  FROM e WHERE l.key = {key} AND e.admit
+  RETURNING l.fence),
+s AS (
+  SELECT CASE WHEN e.excl THEN 0
+              ELSE (SELECT min(v) FROM generate_series(0, e.n::integer) v
+                    WHERE v NOT IN (SELECT slot FROM g)) END AS slot
+  FROM e),
+granted AS (
+  INSERT INTO {schema}.shares (key, slot, token, holder, ttl_ms, expires_at, fence, lim)
+  SELECT {key}, s.slot, {token}, {holder}, {ttl_ms}::bigint,
+         clock_timestamp() + {ttl_ms}::bigint * interval '1 millisecond', u.fence, e.lim
+  FROM e, s, u WHERE NOT e.excl
+  RETURNING slot),
+cleared AS (
+  DELETE FROM {schema}.shares
+  WHERE key = {key} AND slot = -1 AND token = {waiter} AND EXISTS (SELECT 1 FROM u)),
+intent AS (
+  INSERT INTO {schema}.shares AS o (key, slot, token, holder, ttl_ms, expires_at, fence, lim)
+  SELECT {key}, -1, e.waiter, {holder}, {ttl_ms}::bigint,
+         clock_timestamp() + {ttl_ms}::bigint * interval '1 millisecond', 0, 0
+  FROM e WHERE e.excl AND e.waiter IS NOT NULL AND NOT e.admit AND NOT e.mismatch
+    AND NOT e.intent
+  ON CONFLICT (key, slot) DO UPDATE
+    SET holder = EXCLUDED.holder, ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at
+    WHERE o.token = EXCLUDED.token)
+SELECT CASE WHEN e.mismatch THEN 'mismatch' WHEN e.admit THEN 'granted' ELSE 'held' END,
+       (SELECT fence FROM u), s.slot,
+       CASE WHEN by_intent THEN i.holder ELSE e.holder END,
+       CASE WHEN by_intent THEN '' ELSE e.prefix END,
+       CASE WHEN by_intent THEN 0 ELSE e.fence END,
+       CASE WHEN by_intent THEN i.ttl_ms ELSE e.ttl_ms END,
+       greatest(0, ceil(extract(epoch FROM
+         CASE WHEN by_intent THEN i.expires_at ELSE e.expires_at END - clock_timestamp())
+         * 1000))::bigint,
+       CASE WHEN by_intent THEN 'x' ELSE e.hmode END,
+       CASE WHEN by_intent THEN 1 ELSE e.hlim END,
+       CASE WHEN by_intent THEN 0 ELSE e.hslot END
+FROM e CROSS JOIN s LEFT JOIN i ON true,
+     LATERAL (SELECT NOT e.admit AND NOT e.mismatch AND e.mode = 's' AND e.lim = 1
+                     AND (e.hlim IS NULL OR e.hmode = 's') AND i.token IS NOT NULL
+                     AS by_intent) b)sql";
+
+// Renews many grants in one statement, both tables. $1 keys, $2 owner tokens, $3 ttls in ms
+// (arrays of the same length). As kTableRenewMany: a grant is extended only while its token
+// matches and it has not expired; the returned (key, token) pairs are the renewals that took.
+inline constexpr std::string_view kTableRenewManyShared = R"sql(
+WITH r AS MATERIALIZED (
+  SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, token, ttl_ms)),
+x AS (
+  UPDATE {schema}.leases AS l
+  SET expires_at = clock_timestamp() + r.ttl_ms * interval '1 millisecond', ttl_ms = r.ttl_ms
+  FROM r
+  WHERE l.key = r.key AND l.token = r.token AND l.expires_at > clock_timestamp()
+  RETURNING l.key, l.token),
+s AS (
+  UPDATE {schema}.shares AS l
+  SET expires_at = clock_timestamp() + r.ttl_ms * interval '1 millisecond', ttl_ms = r.ttl_ms
+  FROM r
+  WHERE l.key = r.key AND l.slot >= 0 AND l.token = r.token
+    AND l.expires_at > clock_timestamp()
+  RETURNING l.key, l.token)
+SELECT key, token FROM x UNION ALL SELECT key, token FROM s)sql";
+
+// Release, table mode, both tables. $1 key, $2 owner token. Ends the grant only if the token
+// matches and it is live, and NOTIFYs the key: one row means released, none means lost. The
+// marker stays on the key's row (kTableAcquireShared clears it).
+inline constexpr std::string_view kTableReleaseShared = R"sql(
+WITH x AS (
+  UPDATE {schema}.leases
+  SET token = NULL, holder = NULL, expires_at = NULL
+  WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()
+  RETURNING key),
+s AS (
+  DELETE FROM {schema}.shares
+  WHERE key = $1 AND slot >= 0 AND token = $2 AND expires_at > clock_timestamp()
+  RETURNING key)
+SELECT pg_notify({channel}, key) FROM (SELECT key FROM x UNION ALL SELECT key FROM s) e)sql";
+
+// Force-release, table mode, both tables. $1 key, $2 an owner token prefix (NULL: every grant).
+// Ends the key's live grants (whose token starts with $2), whoever holds them, leaving the fence
+// and the marker, and NOTIFYs once if any was ended: one row means something was released.
+inline constexpr std::string_view kTableForceReleaseShared = R"sql(
+WITH x AS (
+  UPDATE {schema}.leases
+  SET token = NULL, holder = NULL, expires_at = NULL
+  WHERE key = $1 AND token IS NOT NULL AND token <> )sql" LH_PG_SHARED_MARKER R"sql(
+    AND expires_at > clock_timestamp() AND ($2::text IS NULL OR starts_with(token, $2::text))
+  RETURNING key),
+s AS (
+  DELETE FROM {schema}.shares
+  WHERE key = $1 AND slot >= 0 AND expires_at > clock_timestamp()
+    AND ($2::text IS NULL OR starts_with(token, $2::text))
+  RETURNING key)
+SELECT pg_notify({channel}, $1)
+WHERE EXISTS (SELECT 1 FROM x) OR EXISTS (SELECT 1 FROM s))sql";
+
+// The live grants of a key (`key = $1`) or of keys with a prefix (starts_with), from both
+// tables: (key, holder, token prefix, fence, ttl_ms, remaining_ms, mode, lim, slot), for
+// kTableHolders and kTableListShared. {where} is the condition on `key`.
+#define LH_PG_TABLE_GRANTS(where)                                                          \
+  "SELECT key, holder, left(token, 8) AS prefix, fence, ttl_ms, "                          \
+  "greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint, " \
+  "'x' AS mode, 1 AS lim, 0 AS slot FROM {schema}.leases "                                 \
+  "WHERE " where " AND token IS NOT NULL AND token <> " LH_PG_SHARED_MARKER                \
+  " "                                                                                      \
+  "AND expires_at > clock_timestamp() "                                                    \
+  "UNION ALL "                                                                             \
+  "SELECT key, holder, left(token, 8), fence, ttl_ms, "                                    \
+  "greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint, " \
+  "CASE WHEN lim = 1 THEN 's' ELSE 'x' END, lim, slot FROM {schema}.shares "               \
+  "WHERE " where " AND slot >= 0 AND expires_at > clock_timestamp()"
+
+// Every live grant of key $1, ordered by slot (Inspect takes the first).
+inline constexpr std::string_view kTableHolders =
+    "SELECT * FROM (" LH_PG_TABLE_GRANTS("key = $1") ") a ORDER BY slot";
+
+// Every live grant of the keys that start with $1, ordered bytewise by key, then by slot.
+inline constexpr std::string_view kTableListShared =
+    "SELECT * FROM (" LH_PG_TABLE_GRANTS("starts_with(key, $1)") ") a "
+    "ORDER BY key COLLATE \"C\", slot";
+
+// Finish, table mode, both tables. Parameters and {recorded} as kTableFinish. A shared or
+// semaphore grant kept (keep > 0) keeps its row and slot with token || ':kept' and the keep's
+// expiry; without a keep its row is deleted.
+inline constexpr std::string_view kTableFinishShared = R"sql(
+WITH x AS (
+  UPDATE {schema}.leases AS l
+  SET token = CASE WHEN $3::bigint > 0 THEN l.token || ':kept' END,
+      holder = CASE WHEN $3::bigint > 0 THEN l.holder END,
+      ttl_ms = CASE WHEN $3::bigint > 0 THEN $3::bigint ELSE l.ttl_ms END,
+      expires_at = CASE WHEN $3::bigint > 0
+                        THEN clock_timestamp() + $3::bigint * interval '1 millisecond' END
+  WHERE l.key = $1 AND l.token = $2 AND l.expires_at > clock_timestamp()
+  RETURNING l.key),
+kept AS (
+  UPDATE {schema}.shares AS l
+  SET token = l.token || ':kept', ttl_ms = $3::bigint,
+      expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
+  WHERE l.key = $1 AND l.slot >= 0 AND l.token = $2 AND l.expires_at > clock_timestamp()
+    AND $3::bigint > 0
+  RETURNING l.key),
+dropped AS (
+  DELETE FROM {schema}.shares AS l
+  WHERE l.key = $1 AND l.slot >= 0 AND l.token = $2 AND l.expires_at > clock_timestamp()
+    AND $3::bigint <= 0
+  RETURNING l.key),
+ended AS (SELECT key FROM x UNION ALL SELECT key FROM kept UNION ALL SELECT key FROM dropped),
+{recorded}
+SELECT pg_notify({channel}, key) FROM ended)sql";
+
+// How long a waiter of key $1 may sleep before something ends by itself: the earliest expiry in
+// ms among the key's live grants and its writer intent unless that is $2's (the waiter's own
+// id, NULL for none); no row if there is none of them.
+inline constexpr std::string_view kTableRemainingShared = R"sql(
+SELECT greatest(0, ceil(extract(epoch FROM min(expires_at) - clock_timestamp()) * 1000))::bigint
+FROM (
+  SELECT expires_at FROM {schema}.leases
+  WHERE key = $1 AND token IS NOT NULL AND token <> )sql" LH_PG_SHARED_MARKER R"sql(
+    AND expires_at > clock_timestamp()
+  UNION ALL
+  SELECT expires_at FROM {schema}.shares
+  WHERE key = $1 AND expires_at > clock_timestamp()
+    AND (slot >= 0 OR token IS DISTINCT FROM $2::text)) a
+HAVING count(*) > 0)sql";
+
+// A fenced write's check, table mode, both tables (as kTableFencedCheck): a row only if the
+// grant is still this one and live, locked FOR SHARE until the write's transaction ends (a share
+// row's release, renewal or expiry deletion waits for it).
+inline constexpr std::string_view kTableFencedCheckShared = R"sql(
+WITH x AS (
+  SELECT 1 FROM {schema}.leases
+  WHERE key = $1 AND token = $2 AND fence = $3::bigint AND expires_at > clock_timestamp()
+  FOR SHARE),
+s AS (
+  SELECT 1 FROM {schema}.shares
+  WHERE key = $1 AND slot >= 0 AND token = $2 AND fence = $3::bigint
+    AND expires_at > clock_timestamp()
+  FOR SHARE)
+SELECT 1 FROM x UNION ALL SELECT 1 FROM s)sql";
+
+// Withdraws waiter $2's writer intent on key $1 (Backend::AbandonWait) and NOTIFYs the key, so
+// that shared waiters it held off try again.
+inline constexpr std::string_view kTableAbandonIntent = R"sql(
+WITH gone AS (
+  DELETE FROM {schema}.shares WHERE key = $1 AND slot = -1 AND token = $2 RETURNING key)
+SELECT pg_notify({channel}, key) FROM gone)sql";
 
 // ---- advisory mode ----
 
@@ -478,16 +791,18 @@ inline constexpr std::string_view kPing = "SELECT 1";
 //        true if any one is held, hence one call each);
 //  17-20 the same for records;
 //  21    the standbys streaming from this server ({replicas}: a count of pg_stat_replication,
-//        whose rows every role sees, or NULL when the view is not readable at all).
+//        whose rows every role sees, or NULL when the view is not readable at all);
+//  22-26 shares exists; SELECT, INSERT, UPDATE, DELETE on it (shared leases, mode=table).
 // The names are looked up in the catalogs rather than with to_regclass, which raises an error
 // for a schema the role has no USAGE on; the has_*_privilege functions return NULL for a NULL
 // oid (a missing object).
 inline constexpr std::string_view kDiagnose = R"sql(
 WITH s AS (SELECT oid FROM pg_namespace WHERE nspname = $1),
 t AS (SELECT c.relname, c.oid FROM pg_class c JOIN s ON c.relnamespace = s.oid
-      WHERE c.relname IN ('leases', 'records')),
+      WHERE c.relname IN ('leases', 'records', 'shares')),
 l AS (SELECT (SELECT oid FROM t WHERE relname = 'leases') AS oid),
-r AS (SELECT (SELECT oid FROM t WHERE relname = 'records') AS oid)
+r AS (SELECT (SELECT oid FROM t WHERE relname = 'records') AS oid),
+sh AS (SELECT (SELECT oid FROM t WHERE relname = 'shares') AS oid)
 SELECT current_setting('fsync', true), current_setting('synchronous_commit', true),
        current_setting('full_page_writes', true),
        current_setting('synchronous_standby_names', true),
@@ -500,8 +815,11 @@ SELECT current_setting('fsync', true), current_setting('synchronous_commit', tru
        has_table_privilege(l.oid, 'INSERT'), has_table_privilege(l.oid, 'UPDATE'),
        r.oid IS NOT NULL, has_table_privilege(r.oid, 'SELECT'),
        has_table_privilege(r.oid, 'INSERT'), has_table_privilege(r.oid, 'UPDATE'),
-       {replicas}
-FROM l, r)sql";
+       {replicas},
+       sh.oid IS NOT NULL, has_table_privilege(sh.oid, 'SELECT'),
+       has_table_privilege(sh.oid, 'INSERT'), has_table_privilege(sh.oid, 'UPDATE'),
+       has_table_privilege(sh.oid, 'DELETE')
+FROM l, r, sh)sql";
 
 // kDiagnose's {replicas}, and its stand-in for a role that may not read pg_stat_replication.
 inline constexpr std::string_view kDiagnoseReplicas = "(SELECT count(*) FROM pg_stat_replication)";

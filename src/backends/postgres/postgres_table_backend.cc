@@ -47,6 +47,35 @@ constexpr Duration kListenRetryCap = milliseconds(2000);
 // Idle connections kept for reuse in table mode.
 constexpr std::size_t kMaxIdleConnections = 4;
 
+// left(token, 8) of the marker of a key with shared grants (LH_PG_SHARED_MARKER).
+constexpr std::string_view kSharedMarkerPrefix = "(shared)";
+
+// `text` with each name of `fills` replaced by its value, in one pass (a value is never scanned
+// again, so a literal that contains "{holder}" stays as it is).
+std::string FillTemplate(std::string_view text,
+                         std::initializer_list<std::pair<std::string_view, std::string>> fills) {
+  std::string out;
+  out.reserve(text.size() + 256);
+  std::size_t at = 0;
+  while (at < text.size()) {
+    bool filled = false;
+    if (text[at] == '{') {
+      for (const auto& [name, value] : fills) {
+        if (text.substr(at, name.size()) == name) {
+          out += value;
+          at += name.size();
+          filled = true;
+          break;
+        }
+      }
+    }
+    if (!filled) {
+      out += text[at++];
+    }
+  }
+  return out;
+}
+
 // Opens a connection and tells whether a pooler sits between it and the server.
 Result<std::pair<std::unique_ptr<PgConnection>, bool>> ConnectAndProbe(
     const PostgresOptions& options, Clock& clock) {
@@ -226,19 +255,29 @@ Result<std::shared_ptr<PostgresTableBackend>> PostgresTableBackend::Open(Postgre
                                                                          Clock& clock) {
   LH_ASSIGN_OR_RETURN(auto probed, ConnectAndProbe(options, clock));
   LH_RETURN_IF_ERROR(EnsureSchema(*probed.first, options, clock));
+  LH_ASSIGN_OR_RETURN(const bool shares_ready, PgSharesReady(*probed.first, options, clock));
   auto pool = std::make_unique<Pool>(options, clock, /*direct=*/!probed.second);
   if (!probed.second) {
     probed.first->PrepareStatements();
   }
-  std::shared_ptr<PostgresTableBackend> backend(
-      new PostgresTableBackend(std::move(options), clock, std::move(pool), probed.second));
+  std::shared_ptr<PostgresTableBackend> backend(new PostgresTableBackend(
+      std::move(options), clock, std::move(pool), probed.second, shares_ready));
   backend->pool_->Return(std::move(probed.first));
   return backend;
 }
 
 PostgresTableBackend::PostgresTableBackend(PostgresOptions options, Clock& clock,
-                                           std::unique_ptr<Pool> pool, bool pooled)
-    : options_(std::move(options)), clock_(clock), pool_(std::move(pool)), pooled_(pooled) {}
+                                           std::unique_ptr<Pool> pool, bool pooled,
+                                           bool shares_ready)
+    : options_(std::move(options)),
+      clock_(clock),
+      pool_(std::move(pool)),
+      pooled_(pooled),
+      shares_ready_(shares_ready) {}
+
+std::string PostgresTableBackend::Sql(std::string_view shared, std::string_view legacy) const {
+  return PgStatement(shares_ready_ ? shared : legacy, options_);
+}
 
 PostgresTableBackend::~PostgresTableBackend() {
   MutexLock lock(&listener_mu_);
@@ -250,7 +289,8 @@ Capabilities PostgresTableBackend::capabilities() const {
                       .native_wait = !pooled_,
                       .fencing_survives_restart = true,
                       .fair_queue = false,
-                      .fenced_ops = FencedOpBit(FencedOp::Kind::kSql)};
+                      .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),
+                      .shared_leases = true};
 }
 
 Result<PgResult> PostgresTableBackend::Run(std::string_view what, const std::string& statement,
@@ -269,6 +309,13 @@ Result<PgResult> PostgresTableBackend::Run(std::string_view what, const std::str
 }
 
 Result<Grant> PostgresTableBackend::TryAcquire(const GrantRequest& request) {
+  const bool plain = request.mode == LeaseMode::kExclusive && request.limit == 1;
+  if (!plain && !shares_ready_) {
+    return PgSharesMissing(options_);
+  }
+  if (!plain || (shares_ready_ && !request.waiter_id.empty())) {
+    return AcquireShared(request);
+  }
   LH_ASSIGN_OR_RETURN(PgResult r, Run("acquire", PgStatement(sql::kTableAcquire, options_),
                                       {request.key, request.owner_token, request.holder,
                                        std::to_string(CeilMillis(request.ttl))}));
@@ -278,7 +325,58 @@ Result<Grant> PostgresTableBackend::TryAcquire(const GrantRequest& request) {
   if (r.rows() == 0) {
     return PgHeld(request.key, std::nullopt);
   }
+  if (shares_ready_ && r.Get(0, 3) == kSharedMarkerPrefix) {
+    // The key is marked as shared: only the transaction that reads `shares` may decide.
+    return AcquireShared(request);
+  }
   return PgHeld(request.key, PgRefusedBy(request.key, r));
+}
+
+Result<Grant> PostgresTableBackend::AcquireShared(const GrantRequest& request) {
+  if (request.holder.find('\0') != std::string::npos) {
+    return Status::InvalidArgument("the holder contains a NUL byte, which text cannot hold");
+  }
+  const std::string ttl_ms = std::to_string(CeilMillis(request.ttl));
+  const std::string statement =
+      FillTemplate(PgStatement(sql::kTableAcquireShared, options_),
+                   {{"{key}", PgLiteral(request.key)},
+                    {"{token}", PgLiteral(request.owner_token)},
+                    {"{holder}", PgLiteral(request.holder)},
+                    {"{waiter}", request.waiter_id.empty() ? PgLiteral(std::nullopt)
+                                                           : PgLiteral(request.waiter_id)},
+                    {"{ttl_ms}", ttl_ms},
+                    {"{limit}", std::to_string(request.limit)},
+                    {"{mode}", request.mode == LeaseMode::kShared ? "'s'" : "'x'"}});
+  LH_ASSIGN_OR_RETURN(PgResult r, Run("acquire", statement, {}));
+  if (r.rows() != 1) {
+    return Status::Internal(
+        fmt::format("unexpected reply from postgres: the acquire of {} returned {} rows",
+                    request.key, r.rows()));
+  }
+  const std::string_view outcome = r.Get(0, 0);
+  if (outcome == "granted") {
+    return Grant{.fencing_token = static_cast<FencingToken>(r.GetInt(0, 1)),
+                 .ttl = request.ttl,
+                 .slot = static_cast<std::uint32_t>(r.GetInt(0, 2))};
+  }
+  LeaseInfo holder;
+  holder.key = request.key;
+  holder.holder = std::string(r.Get(0, 3));
+  holder.token_prefix = std::string(r.Get(0, 4));
+  holder.fencing_token = static_cast<FencingToken>(r.GetInt(0, 5));
+  holder.ttl = StoreMillis(r.GetInt(0, 6));
+  holder.remaining = StoreMillis(r.GetInt(0, 7));
+  holder.mode = r.Get(0, 8) == "s" ? LeaseMode::kShared : LeaseMode::kExclusive;
+  holder.limit = static_cast<std::uint32_t>(std::max(1LL, r.GetInt(0, 9)));
+  holder.slot = static_cast<std::uint32_t>(std::max(0LL, r.GetInt(0, 10)));
+  if (outcome == "mismatch") {
+    return LimitMismatch(request.key, holder.mode, holder.limit, holder.holder, request.mode,
+                         request.limit);
+  }
+  if (r.IsNull(0, 3) && r.IsNull(0, 6)) {
+    return PgHeld(request.key, std::nullopt);
+  }
+  return PgHeld(request.key, std::move(holder));
 }
 
 Status PostgresTableBackend::Renew(const RenewRequest& request) {
@@ -294,7 +392,7 @@ std::vector<Status> PostgresTableBackend::RenewMany(std::span<const RenewRequest
     tokens.push_back(r.owner_token);
     ttls.push_back(std::to_string(CeilMillis(r.ttl)));
   }
-  Result<PgResult> r = Run("renew", PgStatement(sql::kTableRenewMany, options_),
+  Result<PgResult> r = Run("renew", Sql(sql::kTableRenewManyShared, sql::kTableRenewMany),
                            {PgArrayLiteral(keys), PgArrayLiteral(tokens), PgArrayLiteral(ttls)});
   if (!r.ok()) {
     return std::vector<Status>(requests.size(), r.status());
@@ -321,7 +419,7 @@ std::vector<Status> PostgresTableBackend::RenewMany(std::span<const RenewRequest
 }
 
 Status PostgresTableBackend::Release(std::string_view key, std::string_view owner_token) {
-  LH_ASSIGN_OR_RETURN(PgResult r, Run("release", PgStatement(sql::kTableRelease, options_),
+  LH_ASSIGN_OR_RETURN(PgResult r, Run("release", Sql(sql::kTableReleaseShared, sql::kTableRelease),
                                       {std::string(key), std::string(owner_token)}));
   if (r.rows() == 0) {
     return Status::Lost(
@@ -337,7 +435,9 @@ Status PostgresTableBackend::Finish(const FinishRequest& request) {
     return Release(request.key, request.owner_token);
   }
   Result<PgResult> r =
-      Run("finish", PgFinishStatement(sql::kTableFinish, write_record, options_),
+      Run("finish",
+          PgFinishStatement(shares_ready_ ? sql::kTableFinishShared : sql::kTableFinish,
+                            write_record, options_),
           {request.key, request.owner_token,
            request.keep > Duration::zero() ? std::to_string(CeilMillis(request.keep))
                                            : std::string("0"),
@@ -391,6 +491,13 @@ Result<Diagnosis> PostgresTableBackend::Diagnose() {
 }
 
 Result<std::optional<LeaseInfo>> PostgresTableBackend::Inspect(std::string_view key) {
+  if (shares_ready_) {
+    LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, Holders(key));
+    if (holders.empty()) {
+      return std::optional<LeaseInfo>();
+    }
+    return std::optional<LeaseInfo>(std::move(holders.front()));
+  }
   LH_ASSIGN_OR_RETURN(
       PgResult r, Run("inspect", PgStatement(sql::kTableInspect, options_), {std::string(key)}));
   if (r.rows() == 0) {
@@ -399,27 +506,76 @@ Result<std::optional<LeaseInfo>> PostgresTableBackend::Inspect(std::string_view 
   return std::optional<LeaseInfo>(PgLeaseInfo(r, 0));
 }
 
-Result<std::vector<LeaseInfo>> PostgresTableBackend::List(std::string_view prefix) {
-  LH_ASSIGN_OR_RETURN(PgResult r,
-                      Run("list", PgStatement(sql::kTableList, options_), {std::string(prefix)}));
+Result<std::vector<LeaseInfo>> PostgresTableBackend::Holders(std::string_view key) {
+  if (!shares_ready_) {
+    return Backend::Holders(key);
+  }
+  LH_ASSIGN_OR_RETURN(
+      PgResult r, Run("holders", PgStatement(sql::kTableHolders, options_), {std::string(key)}));
   std::vector<LeaseInfo> out;
   for (int i = 0; i < r.rows(); ++i) {
-    out.push_back(PgLeaseInfo(r, i));
+    out.push_back(PgGrantInfo(r, i));
+  }
+  return out;
+}
+
+Result<std::vector<LeaseInfo>> PostgresTableBackend::List(std::string_view prefix) {
+  LH_ASSIGN_OR_RETURN(
+      PgResult r, Run("list", Sql(sql::kTableListShared, sql::kTableList), {std::string(prefix)}));
+  std::vector<LeaseInfo> out;
+  for (int i = 0; i < r.rows(); ++i) {
+    out.push_back(shares_ready_ ? PgGrantInfo(r, i) : PgLeaseInfo(r, i));
   }
   return out;
 }
 
 Result<bool> PostgresTableBackend::ForceRelease(std::string_view key) {
+  if (shares_ready_) {
+    LH_ASSIGN_OR_RETURN(PgResult r,
+                        Run("force-release", PgStatement(sql::kTableForceReleaseShared, options_),
+                            {std::string(key), std::nullopt}));
+    return r.rows() > 0;
+  }
   LH_ASSIGN_OR_RETURN(
       PgResult r,
       Run("force-release", PgStatement(sql::kTableForceRelease, options_), {std::string(key)}));
   return r.rows() > 0;
 }
 
+Result<bool> PostgresTableBackend::ForceReleaseGrant(std::string_view key,
+                                                     std::string_view token_prefix) {
+  if (!shares_ready_) {
+    return Status::Unimplemented(fmt::format(
+        "force-releasing one grant needs table {}.shares (run the SQL printed by `leasehold "
+        "schema`); release --force of the whole key works",
+        options_.schema));
+  }
+  if (token_prefix.empty()) {
+    return Status::InvalidArgument("force-release of one grant needs a token prefix");
+  }
+  LH_ASSIGN_OR_RETURN(
+      PgResult r, Run("force-release grant", PgStatement(sql::kTableForceReleaseShared, options_),
+                      {std::string(key), std::string(token_prefix)}));
+  return r.rows() > 0;
+}
+
+void PostgresTableBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
+  if (!shares_ready_ || waiter_id.empty()) {
+    return;
+  }
+  Result<PgResult> r = Run("abandon wait", PgStatement(sql::kTableAbandonIntent, options_),
+                           {std::string(key), std::string(waiter_id)});
+  if (!r.ok()) {
+    // Best effort: the intent expires by itself within its ttl.
+    Log(LogLevel::kInfo, fmt::format("postgres: could not withdraw the writer intent on {}: {}",
+                                     key, r.status().ToString()));
+  }
+}
+
 Result<std::vector<std::int64_t>> PostgresTableBackend::FencedWrite(
     const FencedWriteRequest& request) {
   LH_RETURN_IF_ERROR(PgCheckFencedOps(request.ops));
-  const std::string check = PgStatement(sql::kTableFencedCheck, options_);
+  const std::string check = Sql(sql::kTableFencedCheckShared, sql::kTableFencedCheck);
   const PgParams check_params = {request.key, request.owner_token,
                                  std::to_string(request.fencing_token)};
   for (int attempt = 0;; ++attempt) {
@@ -429,8 +585,9 @@ Result<std::vector<std::int64_t>> PostgresTableBackend::FencedWrite(
     PgConnection& c = *conn;
     // Names the grant that refuses us, read after the ROLLBACK on the same connection.
     auto refused = [&]() -> Status {
-      Result<PgResult> r = c.Exec("fenced write holder", PgStatement(sql::kTableInspect, options_),
-                                  {request.key}, PgDeadline(options_, clock_));
+      Result<PgResult> r =
+          c.Exec("fenced write holder", Sql(sql::kTableHolders, sql::kTableInspect), {request.key},
+                 PgDeadline(options_, clock_));
       if (r.ok() && r->rows() > 0 &&
           static_cast<FencingToken>(r->GetInt(0, 3)) != request.fencing_token) {
         return FencedOut(
@@ -453,8 +610,18 @@ Result<std::vector<std::int64_t>> PostgresTableBackend::FencedWrite(
   }
 }
 
-Status PostgresTableBackend::WaitForChange(std::string_view key_view, SteadyTime deadline,
+Status PostgresTableBackend::WaitForChange(std::string_view key, SteadyTime deadline,
                                            std::stop_token stop) {
+  return Wait(key, "", deadline, std::move(stop));
+}
+
+Status PostgresTableBackend::WaitForTurn(std::string_view key, std::string_view waiter_id,
+                                         SteadyTime deadline, std::stop_token stop) {
+  return Wait(key, waiter_id, deadline, std::move(stop));
+}
+
+Status PostgresTableBackend::Wait(std::string_view key_view, std::string_view waiter_id,
+                                  SteadyTime deadline, std::stop_token stop) {
   if (pooled_) {
     return Status::Unimplemented("LISTEN does not work through a transaction pooler; polling");
   }
@@ -482,7 +649,12 @@ Status PostgresTableBackend::WaitForChange(std::string_view key_view, SteadyTime
   } unwatch{*listener, key};
 
   // Subscribed: now read how long the current grant may last by itself.
-  Result<PgResult> r = Run("wait", PgStatement(sql::kTableRemaining, options_), {key});
+  Result<PgResult> r =
+      shares_ready_
+          ? Run("wait", PgStatement(sql::kTableRemainingShared, options_),
+                {key, waiter_id.empty() ? std::nullopt
+                                        : std::optional<std::string>(std::string(waiter_id))})
+          : Run("wait", PgStatement(sql::kTableRemaining, options_), {key});
   if (!r.ok()) {
     return r.status();
   }

@@ -9,6 +9,16 @@
 // the first wait) and also wake at the holder's expiry. Through a pooler, which cannot carry
 // LISTEN, waiters poll with backoff instead (native_wait is false).
 //
+// Shared leases (GrantRequest::mode, ::limit): an exclusive grant stays the key's row in
+// `leases`; shared and semaphore grants are rows of "<schema>.shares" (key, slot), and a key's
+// writer intent is its row of slot -1 there (postgres_sql.h). A plain exclusive try-acquire is
+// still the one statement kTableAcquire; any other acquire (shared, semaphore, an exclusive one
+// of a waiter, which may record its intent, or one that finds the key marked as shared) is one
+// transaction of three statements in one round trip (kTableAcquireShared) that locks the key's
+// row first. Without a usable shares table (a schema from before shared leases whose role could
+// not create it, or lacks rights on it) the backend uses the statements of that release, and
+// shared and semaphore acquires fail naming `leasehold schema`.
+//
 // Fenced writes (Lease::Write) run the caller's statements in one transaction that first reads
 // the key's row FOR SHARE: the grant cannot end or change hands until the write commits.
 //
@@ -83,8 +93,13 @@ class PostgresTableBackend final : public Backend {
   // in between is fine in this mode), permissions, the GRANT lines.
   Result<Diagnosis> Diagnose() override;
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
+  Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
   Result<bool> ForceRelease(std::string_view key) override;
+  // One statement (kTableForceReleaseShared); kUnimplemented without the shares table.
+  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override;
+  // Deletes the waiter's writer intent, if it has one, and NOTIFYs the key (one statement).
+  void AbandonWait(std::string_view key, std::string_view waiter_id) override;
   // Sql ops only, in one transaction on one pooled connection (PgFencedWrite, postgres_common.h):
   // BEGIN; the key's row checked to be this grant and live on the server's clock, and locked
   // FOR SHARE, so that no acquire, renew, release or force-release of the key changes it before
@@ -98,6 +113,12 @@ class PostgresTableBackend final : public Backend {
   // Blocks until a NOTIFY for `key`, the holder's expiry (plus jitter), `deadline` or `stop`;
   // polls every 100 ms while the LISTEN connection is down. kUnimplemented through a pooler.
   Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
+  // As WaitForChange, but the waiter's own writer intent is not something to wait for.
+  Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
+                     std::stop_token stop) override;
+
+  // True if the shares table was usable at open (shared leases work).
+  [[nodiscard]] bool shares_ready() const { return shares_ready_; }
 
   // True if a pooler was detected at open.
   [[nodiscard]] bool pooled() const { return pooled_; }
@@ -107,7 +128,15 @@ class PostgresTableBackend final : public Backend {
   struct Pool;
 
   PostgresTableBackend(PostgresOptions options, Clock& clock, std::unique_ptr<Pool> pool,
-                       bool pooled);
+                       bool pooled, bool shares_ready);
+
+  // kTableAcquireShared for `request`, one round trip.
+  Result<Grant> AcquireShared(const GrantRequest& request);
+  // The wait of WaitForChange and WaitForTurn; `waiter_id` empty for none.
+  Status Wait(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
+              std::stop_token stop);
+  // `shared` if the shares table is ready, else `legacy`, filled in by PgStatement.
+  [[nodiscard]] std::string Sql(std::string_view shared, std::string_view legacy) const;
 
   // Runs one statement on a pooled connection, once more on a fresh one if a reused connection
   // broke (unless `retry` is false: Ping, whose one round trip is the point).
@@ -118,6 +147,7 @@ class PostgresTableBackend final : public Backend {
   Clock& clock_;
   const std::unique_ptr<Pool> pool_;
   const bool pooled_;
+  const bool shares_ready_;
   Mutex listener_mu_;
   std::shared_ptr<Listener> listener_ LH_GUARDED_BY(listener_mu_);
 };

@@ -66,6 +66,8 @@ constexpr std::string_view kScanCount = "1000";
 struct Script {
   std::string_view name;
   std::string_view body;
+  // Sent after kGrantLib (redis_scripts.h).
+  bool grant_lib = false;
 };
 
 enum ScriptId {
@@ -73,29 +75,54 @@ enum ScriptId {
   kRenew,
   kRelease,
   kForceRelease,
-  kInspect,
+  kHolders,
   kFairAcquire,
   kAbandonWait,
   kQueueState,
   kFinish,
   kFencedWrite,
   kFairEnd,
+  kForceGrant,
+  kWaitState,
+  kClearIntent,
   kScriptCount
 };
 
 constexpr Script kScripts[kScriptCount] = {
-    {"acquire", kAcquireScript},
-    {"renew", kRenewScript},
-    {"release", kReleaseScript},
+    {"acquire", kAcquireScript, true},
+    {"renew", kRenewScript, true},
+    {"release", kReleaseScript, true},
     {"force-release", kForceReleaseScript},
-    {"inspect", kInspectScript},
-    {"fair acquire", kFairAcquireScript},
-    {"abandon-wait", kAbandonWaitScript},
-    {"queue-state", kQueueStateScript},
-    {"finish", kFinishScript},
-    {"fenced-write", kFencedWriteScript},
-    {"fair end", kFairEndScript},
+    {"holders", kHoldersScript, true},
+    {"fair acquire", kFairAcquireScript, true},
+    {"abandon-wait", kAbandonWaitScript, true},
+    {"queue-state", kQueueStateScript, true},
+    {"finish", kFinishScript, true},
+    {"fenced-write", kFencedWriteScript, true},
+    {"fair end", kFairEndScript, true},
+    {"force-release-grant", kForceGrantScript, true},
+    {"wait-state", kWaitStateScript, true},
+    {"clear-intent", kClearIntentScript},
 };
+
+// The text SCRIPT LOAD sends for `id` (kGrantLib first where the script uses it), which is
+// also the text a script error's line number counts in.
+const std::string& ScriptText(ScriptId id) {
+  static const std::vector<std::string>* texts = [] {
+    auto* out = new std::vector<std::string>();  // never destroyed
+    for (const Script& script : kScripts) {
+      out->push_back(script.grant_lib ? std::string(kGrantLib) + std::string(script.body)
+                                      : std::string(script.body));
+    }
+    return out;
+  }();
+  return (*texts)[id];
+}
+
+// The kind name the scripts use for a request ("exclusive", "shared", "semaphore").
+std::string_view KindArg(LeaseMode mode, std::uint32_t limit) {
+  return limit > 1 ? "semaphore" : mode == LeaseMode::kShared ? "shared" : "exclusive";
+}
 
 // Escapes Redis glob metacharacters (* ? [ ] \) so that `text` matches only itself in SCAN
 // MATCH.
@@ -376,8 +403,8 @@ Duration FairEntryLifetime(const RedisOptions& options, Duration ttl) {
 Result<std::vector<std::string>> LoadScripts(RedisConnectionPool& pool,
                                              RedisConnection& connection) {
   std::vector<Command> loads;
-  for (const Script& script : kScripts) {
-    loads.push_back({"SCRIPT", "LOAD", std::string(script.body)});
+  for (int id = 0; id < kScriptCount; ++id) {
+    loads.push_back({"SCRIPT", "LOAD", ScriptText(static_cast<ScriptId>(id))});
   }
   pool.script_loads_.fetch_add(1, std::memory_order_relaxed);
   pool.round_trips_.fetch_add(1, std::memory_order_relaxed);
@@ -552,7 +579,8 @@ Capabilities RedisBackend::capabilities() const {
                       .fair_queue = options_.fair,
                       .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) |
                                     FencedOpBit(FencedOp::Kind::kDelete) |
-                                    FencedOpBit(FencedOp::Kind::kHashSet)};
+                                    FencedOpBit(FencedOp::Kind::kHashSet),
+                      .shared_leases = true};
 }
 
 std::string RedisBackend::LeaseKeyName(std::string_view prefix, std::string_view key) {
@@ -587,6 +615,10 @@ std::string RedisBackend::QueueDataKeyName(std::string_view prefix, std::string_
   return QueueKeyName(prefix, key) + ":data";
 }
 
+std::string RedisBackend::IntentKeyName(std::string_view prefix, std::string_view key) {
+  return LeaseKeyName(prefix, key) + ":intent";
+}
+
 Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
   const bool queued_waiter = options_.fair && !request.waiter_id.empty();
   if (queued_waiter) {
@@ -609,55 +641,89 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
   }
   const long long ttl_ms = CeilMillis(request.ttl);
   const std::string lease_key = LeaseKeyName(options_.prefix, request.key);
+  const std::string kind(KindArg(request.mode, request.limit));
   std::vector<Command> call;
   if (options_.fair) {
     // t_q: this attempt's send time, read after the core's t_send and before sending. The
     // queue entry keeps it; a release that hands us the key copies it (kFairEndScript).
     const SteadyTime t_q = clock_.Now();
-    call.push_back({"EVALSHA", pool_->shas_[kFairAcquire], "6", lease_key,
-                    FenceKeyName(options_.prefix, request.key),
-                    QueueKeyName(options_.prefix, request.key),
-                    QueueExpiryKeyName(options_.prefix, request.key),
-                    QueueSeqKeyName(options_.prefix, request.key),
-                    QueueDataKeyName(options_.prefix, request.key), request.owner_token,
-                    request.holder, std::to_string(ttl_ms), request.waiter_id,
-                    std::to_string(CeilMillis(FairEntryLifetime(options_, request.ttl))),
-                    std::to_string(t_q.time_since_epoch().count())});
+    call.push_back(
+        {"EVALSHA", pool_->shas_[kFairAcquire], "6", lease_key,
+         FenceKeyName(options_.prefix, request.key), QueueKeyName(options_.prefix, request.key),
+         QueueExpiryKeyName(options_.prefix, request.key),
+         QueueSeqKeyName(options_.prefix, request.key),
+         QueueDataKeyName(options_.prefix, request.key), request.owner_token, request.holder,
+         std::to_string(ttl_ms), request.waiter_id,
+         std::to_string(CeilMillis(FairEntryLifetime(options_, request.ttl))),
+         std::to_string(t_q.time_since_epoch().count()), kind, std::to_string(request.limit)});
   } else {
-    call.push_back({"EVALSHA", pool_->shas_[kAcquire], "2", lease_key,
-                    FenceKeyName(options_.prefix, request.key), request.owner_token, request.holder,
-                    std::to_string(ttl_ms)});
+    call.push_back({"EVALSHA", pool_->shas_[kAcquire], "3", lease_key,
+                    FenceKeyName(options_.prefix, request.key),
+                    IntentKeyName(options_.prefix, request.key), request.owner_token,
+                    request.holder, std::to_string(ttl_ms), kind, std::to_string(request.limit),
+                    request.waiter_id});
   }
   LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), true));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("acquiring {}", request.key),
-                             options_.fair ? kFairAcquireScript : kAcquireScript, ReplyText(reply));
+                             ScriptText(options_.fair ? kFairAcquire : kAcquire), ReplyText(reply));
   }
   if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 2) {
     return Status::Internal("unexpected reply from redis to the acquire script");
   }
   LH_ASSIGN_OR_RETURN(long long granted, ParseInteger(reply->element[0]));
   if (granted == 0) {
+    if (!options_.fair && reply->elements >= 10 &&
+        ParseInteger(reply->element[9]).value_or(0) == 1) {
+      // Our writer intent lives: AbandonWait clears it if this call gives up.
+      MutexLock lock(&intents_mu_);
+      intents_.insert(request.waiter_id);
+    }
     return HeldReply(request.key, reply);
   }
+  if (granted == 3 && reply->elements >= 4) {
+    // {3, held kind, held limit, holder}: the key's grants are of the other family or limit.
+    LH_ASSIGN_OR_RETURN(long long held_limit, ParseInteger(reply->element[2]));
+    const std::string_view held_kind = ReplyText(reply->element[1]);
+    return LimitMismatch(request.key,
+                         held_kind == "shared" ? LeaseMode::kShared : LeaseMode::kExclusive,
+                         static_cast<std::uint32_t>(held_limit), ReplyText(reply->element[3]),
+                         request.mode, request.limit);
+  }
+  if (granted == 4) {
+    // {4, the waiting writer as a grant}: a writer intent keeps this shared request out.
+    LH_ASSIGN_OR_RETURN(LeaseInfo writer, ParseLeaseInfo(request.key, reply, 1));
+    return Status::HeldByAnother(
+        fmt::format("{} waits for a writer: {} asked for it exclusively first (writer preference)",
+                    request.key, writer.holder),
+        writer);
+  }
   LH_ASSIGN_OR_RETURN(long long fence, ParseInteger(reply->element[1]));
-  if (granted == 2 && queued_waiter && reply->elements >= 4) {
-    // Handed over by a release whose message we did not see: {2, fence, t_q, ttl_ms}.
+  if (granted == 2 && queued_waiter && reply->elements >= 5) {
+    // Handed over by a release whose message we did not see: {2, fence, t_q, ttl_ms, slot}.
     LH_ASSIGN_OR_RETURN(long long t_q, ParseInteger(reply->element[2]));
     LH_ASSIGN_OR_RETURN(long long handed_ttl, ParseInteger(reply->element[3]));
+    LH_ASSIGN_OR_RETURN(long long slot, ParseInteger(reply->element[4]));
     Result<Grant> grant =
         TakeHanded(request, Handed{.fencing_token = static_cast<FencingToken>(fence),
                                    .t_q = SteadyTime(Duration(t_q)),
-                                   .ttl = StoreMillis(handed_ttl)});
+                                   .ttl = StoreMillis(handed_ttl),
+                                   .slot = static_cast<std::uint32_t>(slot)});
     if (!grant.ok() && grant.status().code() == StatusCode::kLost) {
       return Status::HeldByAnother(fmt::format(
           "{}: the grant a release handed to this waiter ended before it was taken", request.key));
     }
     return grant;
   }
-  if (granted != 1) {
+  if (granted != 1 || reply->elements < 3) {
     return Status::Internal("unexpected reply from redis to the acquire script");
+  }
+  LH_ASSIGN_OR_RETURN(long long slot, ParseInteger(reply->element[2]));
+  if (!options_.fair && !request.waiter_id.empty()) {
+    // The script ended our writer intent, if we had one.
+    MutexLock lock(&intents_mu_);
+    intents_.erase(request.waiter_id);
   }
   if (options_.min_replicas > 0 && out.replicas < options_.min_replicas) {
     // A failover to a replica that never saw this grant would forget it: undo it. If the undo
@@ -671,7 +737,8 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
   }
   return Grant{.fencing_token = static_cast<FencingToken>(fence),
                .ttl = milliseconds(ttl_ms),
-               .store_key = lease_key};
+               .store_key = lease_key,
+               .slot = static_cast<std::uint32_t>(slot)};
 }
 
 // SAFETY (DESIGN.md: safe_until = t_send + ttl - drift). The release that handed us the key ran
@@ -696,18 +763,24 @@ Result<Grant> RedisBackend::TakeHanded(const GrantRequest& request, const Handed
       handed.t_q <= now && handed.t_q >= now - handed.ttl) {
     const Duration left = handed.ttl - (now - handed.t_q);
     if (left >= handed.ttl / kHandedMinLeftDen * kHandedMinLeftNum) {
-      return Grant{.fencing_token = handed.fencing_token, .ttl = left, .store_key = lease_key};
+      return Grant{.fencing_token = handed.fencing_token,
+                   .ttl = left,
+                   .store_key = lease_key,
+                   .slot = handed.slot};
     }
   }
   LH_RETURN_IF_ERROR(Renew({request.key, request.owner_token, request.ttl}));
-  return Grant{.fencing_token = handed.fencing_token, .ttl = requested, .store_key = lease_key};
+  return Grant{.fencing_token = handed.fencing_token,
+               .ttl = requested,
+               .store_key = lease_key,
+               .slot = handed.slot};
 }
 
 void RedisBackend::RecordHanded(std::string_view waiter_id, std::string_view payload) {
-  // "handed <waiter id> <fencing token> <t_q> <ttl_ms>"
+  // "handed <waiter id> <fencing token> <t_q> <ttl_ms>[ <slot>]"
   std::vector<std::string_view> parts;
   std::size_t pos = 0;
-  while (pos <= payload.size() && parts.size() < 6) {
+  while (pos <= payload.size() && parts.size() < 7) {
     std::size_t space = payload.find(' ', pos);
     if (space == std::string_view::npos) {
       space = payload.size();
@@ -715,21 +788,23 @@ void RedisBackend::RecordHanded(std::string_view waiter_id, std::string_view pay
     parts.push_back(payload.substr(pos, space - pos));
     pos = space + 1;
   }
-  long long values[3] = {0, 0, 0};
-  if (parts.size() != 5 || parts[0] != "handed" || parts[1] != waiter_id) {
+  long long values[4] = {0, 0, 0, 0};
+  if ((parts.size() != 5 && parts.size() != 6) || parts[0] != "handed" || parts[1] != waiter_id) {
     return;
   }
-  for (int i = 0; i < 3; ++i) {
+  for (std::size_t i = 0; i + 2 < parts.size(); ++i) {
     std::string_view text = parts[2 + i];
     auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), values[i]);
     if (ec != std::errc() || end != text.data() + text.size()) {
-      return;  // not ours to trust: the next attempt asks the server (kFairAcquireScript 8-13)
+      return;  // not ours to trust: the next attempt asks the server (kFairAcquireScript 5-11)
     }
   }
   MutexLock lock(&handed_mu_);
-  handed_[std::string(waiter_id)] = Handed{.fencing_token = static_cast<FencingToken>(values[0]),
-                                           .t_q = SteadyTime(Duration(values[1])),
-                                           .ttl = StoreMillis(values[2])};
+  handed_[std::string(waiter_id)] = Handed{
+      .fencing_token = static_cast<FencingToken>(values[0]),
+      .t_q = SteadyTime(Duration(values[1])),
+      .ttl = StoreMillis(values[2]),
+      .slot = static_cast<std::uint32_t>(std::clamp<long long>(values[3], 0, kMaxLeaseLimit))};
 }
 
 Result<long long> RedisBackend::FairEnd(std::string_view key, std::string_view who,
@@ -747,7 +822,7 @@ Result<long long> RedisBackend::FairEnd(std::string_view key, std::string_view w
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("ending the grant of {}", key),
-                             kFairEndScript, ReplyText(reply));
+                             ScriptText(kFairEnd), ReplyText(reply));
   }
   LH_ASSIGN_OR_RETURN(long long ended, ParseInteger(reply));
   if (ended != 0 && record && options_.min_replicas > 0 && out.replicas < options_.min_replicas) {
@@ -787,8 +862,8 @@ std::vector<Status> RedisBackend::RenewMany(std::span<const RenewRequest> reques
     const redisReply* reply = out->replies[i].get();
     if (IsError(reply)) {
       results.push_back(ScriptErrorStatus(options_.Address(),
-                                          fmt::format("renewing {}", requests[i].key), kRenewScript,
-                                          ReplyText(reply)));
+                                          fmt::format("renewing {}", requests[i].key),
+                                          ScriptText(kRenew), ReplyText(reply)));
       continue;
     }
     Result<long long> renewed = ParseInteger(reply);
@@ -828,8 +903,8 @@ Status RedisBackend::Release(std::string_view key, std::string_view owner_token)
   LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
-    return ScriptErrorStatus(options_.Address(), fmt::format("releasing {}", key), kReleaseScript,
-                             ReplyText(reply));
+    return ScriptErrorStatus(options_.Address(), fmt::format("releasing {}", key),
+                             ScriptText(kRelease), ReplyText(reply));
   }
   LH_ASSIGN_OR_RETURN(long long released, ParseInteger(reply));
   if (released == 0) {
@@ -873,7 +948,7 @@ Status RedisBackend::Finish(const FinishRequest& request) {
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("finishing {}", request.key),
-                             kFinishScript, ReplyText(reply));
+                             ScriptText(kFinish), ReplyText(reply));
   }
   LH_ASSIGN_OR_RETURN(long long finished, ParseInteger(reply));
   if (finished == 0) {
@@ -931,7 +1006,7 @@ Result<std::vector<std::int64_t>> RedisBackend::FencedWrite(const FencedWriteReq
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("the fenced write of {}", request.key),
-                             kFencedWriteScript, ReplyText(reply));
+                             ScriptText(kFencedWrite), ReplyText(reply));
   }
   if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 1) {
     return Status::Internal("unexpected reply from redis to the fenced-write script");
@@ -1110,8 +1185,9 @@ Status RedisBackend::Ping() {
 // SCRIPT LOAD; EVALSHA of every operation (never EVAL); WAIT with min_replicas; SCAN and GET
 // (List, ListRecords, ReadRecord); TIME (WallClock); the subscriber's SUBSCRIBE and
 // UNSUBSCRIBE. Inside the scripts (redis_scripts.h), which the ACL checks too: EXISTS HMGET HGET
-// HSET INCR PEXPIRE PTTL DEL PUBLISH SET, and with fair=true TIME ZADD ZREM ZRANGE ZRANGEBYSCORE
-// ZREMRANGEBYSCORE ZSCORE ZRANK ZCARD PEXPIREAT HDEL. CONFIG GET (Open's persistence warning)
+// HSET INCR PEXPIRE PTTL DEL PUBLISH SET TIME, and for shared and semaphore grants (kGrantLib)
+// HGETALL HDEL PEXPIREAT; with fair=true ZADD ZREM ZRANGE ZRANGEBYSCORE ZREMRANGEBYSCORE ZSCORE
+// ZRANK ZCARD HEXISTS. CONFIG GET (Open's persistence warning)
 // and INFO (Diagnose) are optional: refused, they are reported, never fatal.
 std::string RedisBackend::PermissionsFix() const {
   const std::string keys = GlobEscape(options_.prefix) + ":*";
@@ -1121,11 +1197,11 @@ std::string RedisBackend::PermissionsFix() const {
   }
   commands +=
       " +evalsha +script|load +scan +subscribe +unsubscribe +exists +hmget +hget +hset +incr "
-      "+pexpire +pttl +del +publish +get +set +time";
+      "+pexpire +pttl +del +publish +get +set +time +hgetall +hdel +pexpireat";
   if (options_.fair) {
     commands +=
         " +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore +zrank +zcard "
-        "+pexpireat +hdel";
+        "+hexists";
   }
   if (options_.min_replicas > 0) {
     commands += " +wait";
@@ -1165,29 +1241,52 @@ Result<Diagnosis> RedisBackend::Diagnose() {
 }
 
 Result<std::optional<LeaseInfo>> RedisBackend::Inspect(std::string_view key) {
-  std::vector<Command> call = {
-      {"EVALSHA", pool_->shas_[kInspect], "1", LeaseKeyName(options_.prefix, key)}};
-  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
-  const redisReply* reply = out.replies[0].get();
-  if (IsError(reply)) {
-    return ScriptErrorStatus(options_.Address(), fmt::format("inspecting {}", key), kInspectScript,
-                             ReplyText(reply));
-  }
-  if (reply->type == REDIS_REPLY_NIL) {
+  LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, Holders(key));
+  if (holders.empty()) {
     return std::optional<LeaseInfo>();
   }
-  LH_ASSIGN_OR_RETURN(LeaseInfo info, ParseLeaseInfo(std::string(key), reply, 0));
-  return std::optional<LeaseInfo>(std::move(info));
+  return std::optional<LeaseInfo>(std::move(holders.front()));
+}
+
+namespace {
+
+// Reads kHoldersScript's reply for `key`: the live grants, by slot.
+Result<std::vector<LeaseInfo>> ParseHolders(const std::string& address, const std::string& key,
+                                            const redisReply* reply) {
+  if (IsError(reply)) {
+    return ScriptErrorStatus(address, fmt::format("inspecting {}", key), ScriptText(kHolders),
+                             ReplyText(reply));
+  }
+  if (reply->type != REDIS_REPLY_ARRAY) {
+    return Status::Internal("unexpected reply from redis to the holders script");
+  }
+  std::vector<LeaseInfo> holders;
+  holders.reserve(reply->elements);
+  for (std::size_t i = 0; i < reply->elements; ++i) {
+    LH_ASSIGN_OR_RETURN(LeaseInfo info, ParseLeaseInfo(key, reply->element[i], 0));
+    holders.push_back(std::move(info));
+  }
+  return holders;
+}
+
+}  // namespace
+
+Result<std::vector<LeaseInfo>> RedisBackend::Holders(std::string_view key) {
+  std::vector<Command> call = {
+      {"EVALSHA", pool_->shas_[kHolders], "1", LeaseKeyName(options_.prefix, key)}};
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
+  return ParseHolders(options_.Address(), std::string(key), out.replies[0].get());
 }
 
 Result<std::vector<LeaseInfo>> RedisBackend::List(std::string_view prefix) {
   // Grant keys are "<prefix>:{<hex>}"; hex(prefix) is a prefix of hex(key) exactly when prefix
   // is a prefix of key, and hex digits are never glob metacharacters. The trailing "}" keeps
-  // the fence counters (":fence"), records (":record") and queues out of the match.
+  // the fence counters (":fence"), records (":record"), intents and queues out of the match.
   const std::string head = options_.prefix + ":{";
   const std::string pattern = GlobEscape(head) + HexEncode(prefix) + "*}";
   std::vector<LeaseInfo> leases;
   std::string cursor = "0";
+  std::set<std::string> seen;  // SCAN may return a key more than once
   do {
     ScanPage page;
     {
@@ -1201,36 +1300,54 @@ Result<std::vector<LeaseInfo>> RedisBackend::List(std::string_view prefix) {
     std::vector<Command> reads;
     for (std::string& redis_key : page.keys) {
       std::optional<std::string> key = LeaseNameOf(redis_key, head, "}");
-      if (!key) {
-        continue;  // not one of ours
+      if (!key || !seen.insert(*key).second) {
+        continue;  // not one of ours, or seen on an earlier page
       }
       keys.push_back(std::move(*key));
-      reads.push_back({"EVALSHA", pool_->shas_[kInspect], "1", std::move(redis_key)});
+      reads.push_back({"EVALSHA", pool_->shas_[kHolders], "1", std::move(redis_key)});
     }
     if (reads.empty()) {
       continue;
     }
     LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(reads), false));
     for (std::size_t i = 0; i < keys.size(); ++i) {
-      const redisReply* reply = out.replies[i].get();
-      if (IsError(reply)) {
-        return ScriptErrorStatus(options_.Address(), fmt::format("inspecting {}", keys[i]),
-                                 kInspectScript, ReplyText(reply));
+      LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders,
+                          ParseHolders(options_.Address(), keys[i], out.replies[i].get()));
+      for (LeaseInfo& info : holders) {
+        leases.push_back(std::move(info));
       }
-      if (reply->type == REDIS_REPLY_NIL) {
-        continue;  // expired or released since SCAN saw it
-      }
-      LH_ASSIGN_OR_RETURN(LeaseInfo info, ParseLeaseInfo(std::move(keys[i]), reply, 0));
-      leases.push_back(std::move(info));
     }
   } while (cursor != "0");
-  std::sort(leases.begin(), leases.end(),
-            [](const LeaseInfo& a, const LeaseInfo& b) { return a.key < b.key; });
-  // SCAN may return a key more than once.
-  leases.erase(std::unique(leases.begin(), leases.end(),
-                           [](const LeaseInfo& a, const LeaseInfo& b) { return a.key == b.key; }),
-               leases.end());
+  // By key (std::string compares as unsigned bytes, the order the other stores give), then
+  // slot; stable, so each key's grants stay in the slot order the script gave.
+  std::stable_sort(leases.begin(), leases.end(), [](const LeaseInfo& a, const LeaseInfo& b) {
+    return a.key != b.key ? a.key < b.key : a.slot < b.slot;
+  });
   return leases;
+}
+
+Result<bool> RedisBackend::ForceReleaseGrant(std::string_view key, std::string_view token_prefix) {
+  if (token_prefix.empty()) {
+    return Status::InvalidArgument(
+        fmt::format("force-releasing one grant of {}: the token prefix is empty", key));
+  }
+  if (options_.fair) {
+    // The room goes to the head waiters in the same step, as after a release.
+    LH_ASSIGN_OR_RETURN(long long deleted,
+                        FairEnd(key, token_prefix, "prefix", std::nullopt, Duration::zero()));
+    return deleted != 0;
+  }
+  std::vector<Command> call = {{"EVALSHA", pool_->shas_[kForceGrant], "1",
+                                LeaseKeyName(options_.prefix, key), std::string(token_prefix),
+                                ChannelName(options_.prefix, key)}};
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
+  const redisReply* reply = out.replies[0].get();
+  if (IsError(reply)) {
+    return ScriptErrorStatus(options_.Address(), fmt::format("force-releasing a grant of {}", key),
+                             ScriptText(kForceGrant), ReplyText(reply));
+  }
+  LH_ASSIGN_OR_RETURN(long long deleted, ParseInteger(reply));
+  return deleted == 1;
 }
 
 Result<bool> RedisBackend::ForceRelease(std::string_view key) {
@@ -1247,14 +1364,35 @@ Result<bool> RedisBackend::ForceRelease(std::string_view key) {
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("force-releasing {}", key),
-                             kForceReleaseScript, ReplyText(reply));
+                             ScriptText(kForceRelease), ReplyText(reply));
   }
   LH_ASSIGN_OR_RETURN(long long deleted, ParseInteger(reply));
   return deleted == 1;
 }
 
 void RedisBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
-  if (!options_.fair || waiter_id.empty()) {
+  if (waiter_id.empty()) {
+    return;
+  }
+  if (!options_.fair) {
+    {
+      MutexLock lock(&intents_mu_);
+      auto it = intents_.find(waiter_id);
+      if (it == intents_.end()) {
+        return;  // no writer intent of ours: nothing in the store to undo
+      }
+      intents_.erase(it);
+    }
+    std::vector<Command> call = {{"EVALSHA", pool_->shas_[kClearIntent], "1",
+                                  IntentKeyName(options_.prefix, key), std::string(waiter_id),
+                                  ChannelName(options_.prefix, key)}};
+    Result<ScriptReplies> out = RunScripts(*pool_, std::move(call), false);
+    // Best effort: if this fails, the intent expires by itself within the waiter's TTL.
+    if (!out.ok() || IsError(out->replies[0].get())) {
+      Log(LogLevel::kDebug, fmt::format("clearing the writer intent of {}: {}", key,
+                                        out.ok() ? std::string(ReplyText(out->replies[0].get()))
+                                                 : out.status().ToString()));
+    }
     return;
   }
   {
@@ -1279,7 +1417,7 @@ void RedisBackend::AbandonWait(std::string_view key, std::string_view waiter_id)
   if (IsError(out->replies[0].get())) {
     Log(LogLevel::kDebug,
         fmt::format("leaving the wait queue of {}: {}", key,
-                    ScriptErrorStatus(options_.Address(), "abandon-wait", kAbandonWaitScript,
+                    ScriptErrorStatus(options_.Address(), "abandon-wait", ScriptText(kAbandonWait),
                                       ReplyText(out->replies[0].get()))
                         .ToString()));
     return;
@@ -1299,15 +1437,32 @@ void RedisBackend::AbandonWait(std::string_view key, std::string_view waiter_id)
 // How long a waiter on `key` may sleep before it re-checks, read after SUBSCRIBE: nullopt if the
 // key is free (with fair, and nobody queued), so retry at once.
 Result<std::optional<Duration>> RedisBackend::TimeToRecheck(std::string_view key,
-                                                            std::string_view waiter_id) {
+                                                            std::string_view waiter_id,
+                                                            bool* shared) {
+  *shared = false;
   if (!options_.fair) {
-    LH_ASSIGN_OR_RETURN(std::optional<LeaseInfo> info, Inspect(key));
-    if (!info) {
+    std::vector<Command> call = {{"EVALSHA", pool_->shas_[kWaitState], "2",
+                                  LeaseKeyName(options_.prefix, key),
+                                  IntentKeyName(options_.prefix, key), std::string(waiter_id)}};
+    LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
+    const redisReply* reply = out.replies[0].get();
+    if (IsError(reply)) {
+      return ScriptErrorStatus(options_.Address(), fmt::format("reading the grants of {}", key),
+                               ScriptText(kWaitState), ReplyText(reply));
+    }
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2) {
+      return Status::Internal("unexpected reply from redis to the wait-state script");
+    }
+    LH_ASSIGN_OR_RETURN(long long left, ParseInteger(reply->element[0]));
+    LH_ASSIGN_OR_RETURN(long long intent_left, ParseInteger(reply->element[1]));
+    if (left < 0 && intent_left < 0) {
       return std::optional<Duration>();
     }
-    // If the release message is missed, the grant still ends by itself: wake then, spread out
-    // a little so that many waiters do not retry in the same instant.
-    Duration remaining = info->remaining;
+    // If the release message is missed, the first grant to end still ends by itself (and
+    // another writer's intent, which keeps readers out, expires): wake then, spread out a
+    // little so that many waiters do not retry in the same instant.
+    Duration remaining =
+        milliseconds(left >= 0 && (intent_left < 0 || left < intent_left) ? left : intent_left);
     return std::optional<Duration>(
         remaining + Jitter(std::min(remaining / 10 + milliseconds(1), kMaxExpiryJitter)));
   }
@@ -1319,20 +1474,27 @@ Result<std::optional<Duration>> RedisBackend::TimeToRecheck(std::string_view key
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("reading the queue of {}", key),
-                             kQueueStateScript, ReplyText(reply));
+                             ScriptText(kQueueState), ReplyText(reply));
   }
-  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3) {
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 4) {
     return Status::Internal("unexpected reply from redis to the queue-state script");
   }
   LH_ASSIGN_OR_RETURN(long long pttl, ParseInteger(reply->element[0]));
   LH_ASSIGN_OR_RETURN(long long head_left, ParseInteger(reply->element[1]));
   LH_ASSIGN_OR_RETURN(long long is_head, ParseInteger(reply->element[2]));
+  LH_ASSIGN_OR_RETURN(long long is_shared, ParseInteger(reply->element[3]));
+  *shared = is_shared == 1;
   if (is_head == 2) {
     return std::optional<Duration>();  // a release handed us the key: take it at once
   }
   if (pttl >= 0) {
-    // Held: as without fair, the release message or the grant's expiry.
-    const Duration remaining = milliseconds(pttl);
+    // Held: as without fair, the release message or the first grant's expiry. A shared or
+    // semaphore key may also have room that a dead head's entry keeps from us: wake when it
+    // expires too.
+    Duration remaining = milliseconds(pttl);
+    if (*shared && head_left >= 0 && is_head == 0) {
+      remaining = std::min<Duration>(remaining, milliseconds(head_left));
+    }
     return std::optional<Duration>(
         remaining + Jitter(std::min(remaining / 10 + milliseconds(1), kMaxExpiryJitter)));
   }
@@ -1384,8 +1546,9 @@ Status RedisBackend::WaitForTurn(std::string_view key, std::string_view waiter_i
   // release between the caller's TryAcquire and the subscription is seen here instead of being
   // missed.
   Result<std::optional<Duration>> sleep = Status::Cancelled("wait cancelled");
+  bool shared = false;
   if (!stop.stop_requested()) {
-    sleep = TimeToRecheck(key, waiter_id);
+    sleep = TimeToRecheck(key, waiter_id, &shared);
   }
   const SteadyTime now = clock_.Now();
   if (sleep.ok() && !sleep->has_value()) {
@@ -1412,9 +1575,12 @@ Status RedisBackend::WaitForTurn(std::string_view key, std::string_view waiter_i
     if (!other_ttl) {
       break;
     }
-    wake_at = std::min(deadline,
-                       clock_.Now() + *other_ttl +
-                           Jitter(std::min(*other_ttl / 10 + milliseconds(1), kMaxExpiryJitter)));
+    const SteadyTime other_ends =
+        clock_.Now() + *other_ttl +
+        Jitter(std::min(*other_ttl / 10 + milliseconds(1), kMaxExpiryJitter));
+    // A shared or semaphore key: the handed grant is one of several, and the others (whose
+    // soonest end wake_at already counts) may end first.
+    wake_at = std::min(deadline, shared ? std::min(wake_at, other_ends) : other_ends);
   }
   const bool handed = unregister();
   if (stop.stop_requested()) {

@@ -1,6 +1,6 @@
 // File: backends/redis/redis_backend.h (internal)
 //
-// RedisBackend: the redis:// store. Each grant is a hash at
+// RedisBackend: the redis:// store. Each exclusive grant is a hash at
 // "<prefix>:{<hex key>}" (fields token, holder, fence, ttl) with a PEXPIRE; each key's fencing
 // counter is a plain integer at "<prefix>:{<hex key>}:fence" that is never deleted; a release
 // publishes on "<prefix>:{<hex key>}:released". The lease name is hex-encoded inside the
@@ -10,6 +10,9 @@
 // reloaded by itself after NOSCRIPT (server restart, SCRIPT FLUSH). With fair=true, waiters
 // also queue in "<prefix>:{<hex key>}:queue" (plus ":queue:expiry" and ":queue:seq", same hash
 // tag), and the key goes to the head of the queue only (redis_scripts.h, kFairAcquireScript).
+// Shared and semaphore grants (Capabilities::shared_leases) live in the same hash, one field per
+// grant, with the writer intent of fair=false at "<prefix>:{<hex key>}:intent" (layout and
+// reasons: redis_scripts.h).
 // A key's record (Backend::Finish) is a string at "<prefix>:{<hex key>}:record" with its own
 // PEXPIRE, beside the grant and under the same hash tag, so that the finish script can end the
 // grant and replace the record in one atomic step (in a cluster too); no grant's end touches it.
@@ -53,6 +56,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <stop_token>
 #include <string>
@@ -110,8 +114,12 @@ class RedisBackend final : public Backend {
   // native_wait: pub/sub. fencing_survives_restart: false only when Open() saw persistence off.
   [[nodiscard]] Capabilities capabilities() const override;
 
-  // Returns kHeldByAnother with the holder's LeaseInfo (remaining from PTTL). With
-  // min_replicas, a grant that too few replicas confirm is undone and kUnavailable returned.
+  // One script (kAcquireScript, or kFairAcquireScript with fair=true) admits the request by
+  // mode and limit and makes the grant (backend.h, "Shared leases"). Returns kHeldByAnother with
+  // the LeaseInfo of the lowest slot (remaining from the server's clock), or of the waiting
+  // writer whose intent keeps a shared request out; LimitMismatch when the key's grants are of
+  // the other family or limit. With min_replicas, a grant that too few replicas confirm is
+  // undone and kUnavailable returned.
   // Grant::store_key is the grant hash (LeaseKeyName). fair=true, with a waiter id: a grant a
   // release handed to this waiter (heard by WaitForTurn, or found by this attempt) is returned
   // with Grant::ttl counted from the waiter's own latest queue refresh (TakeHanded), without a
@@ -169,10 +177,19 @@ class RedisBackend final : public Backend {
   // command the backend sends, for its prefix, db, fair and min_replicas.
   [[nodiscard]] std::string PermissionsFix() const;
 
+  // The live grant of the lowest slot (kHoldersScript's first).
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
 
-  // Walks the keyspace with SCAN (never KEYS) and reads the grants found in one pipeline per
-  // SCAN page.
+  // One script (kHoldersScript): every live grant of the key, by slot, read with the time left
+  // in one atomic step; the dead ones skipped.
+  Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
+
+  // One script (kForceGrantScript; with fair=true kFairEndScript 'prefix', which hands the room
+  // to the head waiters as a release does). kInvalidArgument for an empty prefix.
+  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override;
+
+  // Walks the keyspace with SCAN (never KEYS) and reads the grants found (every grant of a
+  // shared or semaphore key, by slot) in one pipeline per SCAN page.
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
 
   // fair=true: hands the key to the head waiter in the same script, as Release does.
@@ -182,7 +199,8 @@ class RedisBackend final : public Backend {
   // the key is free and others are still queued (the next one may now be the head). If a
   // release had already handed this waiter the key, ends that grant and hands it on (one more
   // round trip). Best effort: on failure the entry expires by itself (a handed grant, after its
-  // TTL). Does nothing with fair=false.
+  // TTL). With fair=false: clears the waiter's writer intent (kClearIntentScript, waking the
+  // readers it kept out) if one of its attempts here recorded one; otherwise sends nothing.
   void AbandonWait(std::string_view key, std::string_view waiter_id) override;
 
   // Subscribes (on the shared subscriber connection) to the key's release channel, then reads
@@ -220,13 +238,18 @@ class RedisBackend final : public Backend {
   // fair=true: what each queued waiter's latest attempt left for a release to grant it the key
   // with (owner token, holder, TTL, t_q; redis_scripts.h, kFairEndScript).
   static std::string QueueDataKeyName(std::string_view prefix, std::string_view key);
+  // fair=false: the writer intent of an exclusive waiter (redis_scripts.h, kAcquireScript).
+  static std::string IntentKeyName(std::string_view prefix, std::string_view key);
 
  private:
   RedisBackend(RedisOptions options, Clock& clock, std::shared_ptr<RedisConnectionPool> pool,
                bool persistence_off);
 
   // How long a waiter may sleep before re-checking `key`; nullopt if it should retry at once.
-  Result<std::optional<Duration>> TimeToRecheck(std::string_view key, std::string_view waiter_id);
+  // `*shared` is set if the key is shared or a semaphore (fair=true: a grant handed to another
+  // waiter then does not mean the key has no room left to wait for).
+  Result<std::optional<Duration>> TimeToRecheck(std::string_view key, std::string_view waiter_id,
+                                                bool* shared);
 
   // fair=true: a grant a release made to one of this process's waiters inside the release
   // (redis_scripts.h, kFairEndScript), learnt from its "handed" message or from the waiter's
@@ -237,6 +260,7 @@ class RedisBackend final : public Backend {
     // expiry began after it.
     SteadyTime t_q{};
     Duration ttl{};
+    std::uint32_t slot = 0;
   };
 
   // Parses a "handed <waiter id> <fencing token> <t_q> <ttl_ms>" message into handed_.
@@ -268,6 +292,12 @@ class RedisBackend final : public Backend {
   // TryAcquire takes it (no round trip) or its AbandonWait drops it. Only this process's
   // waiters, one entry at most per waiting Acquire call.
   std::map<std::string, Handed, std::less<>> handed_ LH_GUARDED_BY(handed_mu_);
+
+  Mutex intents_mu_;
+  // fair=false: the waiter ids whose latest refused attempt recorded (or refreshed) a writer
+  // intent, until one is granted or abandons: AbandonWait sends kClearIntentScript only for
+  // these, so that a reader's or a plain waiter's give-up costs no round trip.
+  std::set<std::string, std::less<>> intents_ LH_GUARDED_BY(intents_mu_);
 };
 
 }  // namespace leasehold::internal

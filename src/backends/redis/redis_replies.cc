@@ -79,7 +79,8 @@ Status ScriptErrorStatus(std::string_view address, std::string_view what, std::s
       std::string(error));
 }
 
-// {holder, token_prefix, fence, pttl_ms, ttl_ms} starting at element `first` of `reply`.
+// {holder, token_prefix, fence, pttl_ms, ttl_ms[, kind, limit, slot]} starting at element
+// `first` of `reply`.
 Result<LeaseInfo> ParseLeaseInfo(std::string key, const redisReply* reply, std::size_t first) {
   if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY || reply->elements < first + 5) {
     return Status::Internal("unexpected reply from redis: malformed grant");
@@ -94,13 +95,24 @@ Result<LeaseInfo> ParseLeaseInfo(std::string key, const redisReply* reply, std::
   info.fencing_token = static_cast<FencingToken>(fence);
   info.remaining = StoreMillis(pttl);
   info.ttl = StoreMillis(ttl.ok() ? *ttl : 0);
+  if (reply->elements >= first + 8 && reply->element[first + 5]->type != REDIS_REPLY_NIL) {
+    const std::string_view kind = ReplyText(reply->element[first + 5]);
+    Result<long long> limit = ParseInteger(reply->element[first + 6]);
+    Result<long long> slot = ParseInteger(reply->element[first + 7]);
+    info.mode = kind == "shared" ? LeaseMode::kShared : LeaseMode::kExclusive;
+    info.limit = static_cast<std::uint32_t>(
+        std::clamp<long long>(limit.ok() ? *limit : 1, 1, kMaxLeaseLimit));
+    info.slot =
+        static_cast<std::uint32_t>(std::clamp<long long>(slot.ok() ? *slot : 0, 0, kMaxLeaseLimit));
+  }
   return info;
 }
 
-// Turns the acquire scripts' refusal into kHeldByAnother: {0, holder fields (nil when the key is
-// free but others are queued ahead)[, next_prefix, queued, position]}.
+// Turns the acquire scripts' refusal into kHeldByAnother: {0, the 8 holder fields (nil when the
+// key is free but others are queued ahead), then intent (fair=false) or next_prefix, queued,
+// position (fair=true)}.
 Status HeldReply(std::string_view key, const redisReply* reply) {
-  const bool fair = reply->elements >= 9;
+  const bool fair = reply->elements >= 12;
   std::optional<LeaseInfo> holder;
   if (reply->elements >= 2 && reply->element[1]->type != REDIS_REPLY_NIL) {
     LH_ASSIGN_OR_RETURN(holder, ParseLeaseInfo(std::string(key), reply, 1));
@@ -111,9 +123,9 @@ Status HeldReply(std::string_view key, const redisReply* reply) {
     }
     return Status::HeldByAnother(*holder);
   }
-  const std::string next(ReplyText(reply->element[6]));
-  LH_ASSIGN_OR_RETURN(long long queued, ParseInteger(reply->element[7]));
-  LH_ASSIGN_OR_RETURN(long long position, ParseInteger(reply->element[8]));
+  const std::string next(ReplyText(reply->element[9]));
+  LH_ASSIGN_OR_RETURN(long long queued, ParseInteger(reply->element[10]));
+  LH_ASSIGN_OR_RETURN(long long position, ParseInteger(reply->element[11]));
   std::string queue = queued == 0 ? std::string("no waiters queued")
                                   : fmt::format("{} waiter(s) queued, next {}", queued, next);
   if (position >= 0) {
@@ -125,7 +137,7 @@ Status HeldReply(std::string_view key, const redisReply* reply) {
   return Status::HeldByAnother(fmt::format("{} is free but queued for: {}", key, queue));
 }
 
-// The TTL of the grant a "handed <waiter id> <fencing token> <t_q> <ttl_ms>" message
+// The TTL of the grant a "handed <waiter id> <fencing token> <t_q> <ttl_ms>[ <slot>]" message
 // (kFairEndScript) reports, if it went to a waiter other than `waiter_id`; nullopt otherwise
 // (ours, another kind of message, or unreadable).
 std::optional<Duration> HandedToOther(std::string_view payload, std::string_view waiter_id) {
@@ -137,8 +149,16 @@ std::optional<Duration> HandedToOther(std::string_view payload, std::string_view
   if (id_end == std::string_view::npos || rest.substr(0, id_end) == waiter_id) {
     return std::nullopt;
   }
-  const std::size_t ttl_at = rest.rfind(' ');
-  std::string_view ttl_text = rest.substr(ttl_at + 1);
+  // The fourth word after "handed " (the slot, for a shared or semaphore grant, follows it).
+  std::string_view ttl_text = rest;
+  for (int i = 0; i < 3; ++i) {
+    const std::size_t space = ttl_text.find(' ');
+    if (space == std::string_view::npos) {
+      return std::nullopt;
+    }
+    ttl_text = ttl_text.substr(space + 1);
+  }
+  ttl_text = ttl_text.substr(0, ttl_text.find(' '));
   long long ttl_ms = 0;
   auto [end, ec] = std::from_chars(ttl_text.data(), ttl_text.data() + ttl_text.size(), ttl_ms);
   if (ec != std::errc() || end != ttl_text.data() + ttl_text.size() || ttl_ms <= 0) {

@@ -32,16 +32,17 @@ namespace leasehold::internal {
 Status ScriptErrorStatus(std::string_view address, std::string_view what, std::string_view body,
                          std::string_view error);
 
-// Reads {holder, token_prefix, fence, pttl_ms, ttl_ms} starting at element `first` of the array
-// `reply`. Returns kInternal if the reply is not such an array.
+// Reads {holder, token_prefix, fence, pttl_ms, ttl_ms[, kind, limit, slot]} starting at element
+// `first` of the array `reply` (without the last three: an exclusive grant, slot 0). Returns
+// kInternal if the reply is not such an array.
 Result<LeaseInfo> ParseLeaseInfo(std::string key, const redisReply* reply, std::size_t first);
 
-// Turns the acquire scripts' refusal, the array {0, holder fields (nil when the key is free but
-// others are queued ahead)[, next_prefix, queued, position]}, into kHeldByAnother; kInternal if
-// the reply is not one.
+// Turns the acquire scripts' refusal, the array {0, 8 holder fields (nil when the key is free but
+// others are queued ahead), intent | next_prefix, queued, position}, into kHeldByAnother;
+// kInternal if the reply is not one.
 Status HeldReply(std::string_view key, const redisReply* reply);
 
-// The TTL of the grant a "handed <waiter id> <fencing token> <t_q> <ttl_ms>" message
+// The TTL of the grant a "handed <waiter id> <fencing token> <t_q> <ttl_ms>[ <slot>]" message
 // (kFairEndScript) reports, if it went to a waiter other than `waiter_id`; nullopt otherwise
 // (ours, another kind of message, or unreadable).
 std::optional<Duration> HandedToOther(std::string_view payload, std::string_view waiter_id);

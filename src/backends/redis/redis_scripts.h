@@ -25,6 +25,25 @@
 // keep and a force-release (kFairEndScript) grant the key to the head waiter in the same step
 // and publish "handed <waiter id> <fencing token> <t_q> <ttl_ms>"; the grant hash then also
 // holds 'handed' (the waiter id) and 'tq' (the waiter's own send time, opaque to the server).
+// Shared leases (GrantRequest::mode and ::limit) keep every grant of a key in the same hash P:{H},
+// so every script still touches one slot (Redis Cluster, issue 20, stays possible) and one
+// DEL (force-release, an old client's too) ends them all:
+//   exclusive   the hash as above, {token, holder, fence, ttl[, handed, tq]}, PEXPIRE'd: the
+//               layout of every earlier leasehold, which reads and writes it unchanged;
+//   shared or   the hash holds a header {kind = 'shared' | 'semaphore', limit = N, token = '-',
+//   semaphore   holder = '(shared holders)' | '(semaphore of N)', fence = the latest} and one
+//               field "g:<owner token>" per grant: cjson {e = expiry (server ms), s = slot,
+//               f = fencing token, t = TTL ms, h = holder[, w = handed waiter id, q = t_q]}.
+//               Redis 7.0 cannot expire a hash field, so every script judges e against TIME
+//               (kGrantLib's lh_state drops the dead ones) and the hash's own PEXPIREAT is kept
+//               at the latest grant's e: never earlier, so no grant ends before its TTL, and
+//               the hash vanishes by itself when the last holder crashed.
+// The header's token '-' is no owner token: an earlier leasehold's scripts find the key held
+// (its acquire refuses with holder '(semaphore of N)'), never renew, release or write through it.
+//   P:{H}:intent  hash {waiter, holder, ttl} with a PEXPIRE of the waiter's TTL: the writer
+//                 intent of fair=false ("Writer preference", backends/backend.h). With fair=true
+//                 the queue gives the order instead, and its entries' data also holds
+//                 "<waiter id>:kind" and ":limit".
 // Data keys, written only by the fenced-write script (Lease::Write), are the caller's own names
 // and never start with "P:": the backend refuses those before sending, since they are the keys
 // above (and their like for other leases).
@@ -40,130 +59,339 @@
 
 namespace leasehold::internal {
 
-// KEYS[1] = grant hash, KEYS[2] = fence counter.
-// ARGV[1] = owner token, ARGV[2] = holder identity, ARGV[3] = TTL in milliseconds.
-// Returns {1, fencing_token} when granted, or
-// {0, holder, token_prefix, fencing_token, pttl_ms, ttl_ms} when someone else holds it.
-inline constexpr std::string_view kAcquireScript = R"lua(
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  local h = redis.call('HMGET', KEYS[1], 'holder', 'token', 'fence', 'ttl')
-  return {0, h[1], string.sub(h[2] or '', 1, 8), h[3], redis.call('PTTL', KEYS[1]), h[4]}
+// Functions the scripts marked "with kGrantLib" share; the backend puts this text in front of
+// theirs before SCRIPT LOAD (their line numbers below count from their own first line).
+// A grant, as the functions pass it: {tok = owner token, h = holder, f = fencing token,
+// t = TTL ms, left = ms until it ends, s = slot, w = handed waiter id, q = t_q, e = expiry,
+// field = its "g:" field (shared/semaphore only)}. A state: {kind = 'none' | 'exclusive' |
+// 'shared' | 'semaphore', limit, grants = the live grants by slot}.
+inline constexpr std::string_view kGrantLib = R"lua(
+local function lh_fmt(n)
+  return string.format('%d', n)
 end
-local fence = redis.call('INCR', KEYS[2])
-redis.call('HSET', KEYS[1], 'token', ARGV[1], 'holder', ARGV[2], 'fence', fence, 'ttl', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {1, fence}
+local function lh_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function lh_state(key, now, purge)
+  local st = {kind = 'none', limit = 1, grants = {}}
+  local kind = redis.call('HGET', key, 'kind')
+  if not kind then
+    local h = redis.call('HMGET', key, 'token', 'holder', 'fence', 'ttl', 'handed', 'tq')
+    if h[1] then
+      st.kind = 'exclusive'
+      st.grants[1] = {tok = h[1], h = h[2] or '', f = h[3] or '0', t = h[4] or '0',
+                      left = redis.call('PTTL', key), s = 0, w = h[5], q = h[6]}
+    end
+    return st
+  end
+  local all = redis.call('HGETALL', key)
+  local last = 0
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 2) == 'g:' then
+      local g = cjson.decode(all[i + 1])
+      if g.e > now then
+        g.tok, g.field, g.left = string.sub(all[i], 3), all[i], g.e - now
+        st.grants[#st.grants + 1] = g
+        last = math.max(last, g.e)
+      elseif purge then
+        redis.call('HDEL', key, all[i])
+      end
+    end
+  end
+  if #st.grants == 0 then
+    if purge then
+      redis.call('DEL', key)
+    end
+    return st
+  end
+  if purge then
+    redis.call('PEXPIREAT', key, lh_fmt(last))
+  end
+  st.kind, st.limit = kind, tonumber(redis.call('HGET', key, 'limit')) or 1
+  table.sort(st.grants, function(a, b) return a.s < b.s end)
+  return st
+end
+local function lh_info(st, g)
+  return {g.h, string.sub(g.tok, 1, 8), g.f, g.left, g.t, st.kind, st.limit, g.s}
+end
+local function lh_none()
+  return {false, false, false, -2, false, false, false, false}
+end
+local function lh_admits(st, kind, limit, tok)
+  if st.kind == 'none' then
+    return 'ok'
+  end
+  if kind == 'semaphore' or st.kind == 'semaphore' then
+    if kind ~= st.kind or limit ~= st.limit then
+      return 'mismatch'
+    end
+  elseif kind ~= 'shared' or st.kind ~= 'shared' then
+    return 'full'
+  end
+  for _, g in ipairs(st.grants) do
+    if g.tok == tok then
+      return 'full'
+    end
+  end
+  return (kind == 'shared' or #st.grants < limit) and 'ok' or 'full'
+end
+local function lh_grant(key, fence_key, st, kind, limit, tok, holder, ttl, now, w, q)
+  local fence = redis.call('INCR', fence_key)
+  if kind == 'exclusive' then
+    redis.call('HSET', key, 'token', tok, 'holder', holder, 'fence', fence, 'ttl', ttl)
+    if w then
+      redis.call('HSET', key, 'handed', w, 'tq', q)
+    end
+    redis.call('PEXPIRE', key, ttl)
+    st.kind = 'exclusive'
+    st.grants[1] = {tok = tok, h = holder, f = lh_fmt(fence), t = ttl, left = tonumber(ttl), s = 0}
+    return fence, 0
+  end
+  local used = {}
+  for _, g in ipairs(st.grants) do
+    used[g.s] = true
+  end
+  local slot = 0
+  while used[slot] do
+    slot = slot + 1
+  end
+  if st.kind == 'none' then
+    redis.call('HSET', key, 'kind', kind, 'limit', limit, 'token', '-', 'holder',
+               kind == 'shared' and '(shared holders)' or '(semaphore of ' .. limit .. ')')
+    st.kind, st.limit = kind, limit
+  end
+  local g = {e = now + 1 + tonumber(ttl), s = slot, f = lh_fmt(fence), t = tonumber(ttl),
+             h = holder, w = w, q = q}
+  redis.call('HSET', key, 'fence', fence, 'g:' .. tok, cjson.encode(g))
+  local last = g.e
+  for _, o in ipairs(st.grants) do
+    last = math.max(last, o.e)
+  end
+  redis.call('PEXPIREAT', key, lh_fmt(last))
+  g.tok, g.field, g.left = tok, 'g:' .. tok, g.e - now
+  st.grants[#st.grants + 1] = g
+  table.sort(st.grants, function(a, b) return a.s < b.s end)
+  return fence, slot
+end
+local function lh_qdrop(data_key, w)
+  redis.call('HDEL', data_key, w .. ':token', w .. ':holder', w .. ':ttl', w .. ':tq',
+             w .. ':kind', w .. ':limit')
+end
+local function lh_qpurge(queue, expiry, data_key, now)
+  for _, w in ipairs(redis.call('ZRANGEBYSCORE', expiry, '-inf', lh_fmt(now))) do
+    redis.call('ZREM', queue, w)
+    lh_qdrop(data_key, w)
+  end
+  redis.call('ZREMRANGEBYSCORE', expiry, '-inf', lh_fmt(now))
+end
+local function lh_qleave(queue, expiry, seq, data_key, w)
+  redis.call('ZREM', queue, w)
+  redis.call('ZREM', expiry, w)
+  lh_qdrop(data_key, w)
+  if redis.call('EXISTS', queue) == 0 then
+    redis.call('DEL', seq, data_key)
+  end
+end
+)lua";
+// Function by function:
+//   lh_fmt    Numbers go back to Redis through string.format('%d'), never in exponent form.
+//   lh_now    Now on the server's clock, in ms, rounded down. Redis 7 replicates a script's
+//             effects, not the script, so TIME before writes is allowed and replicas store the
+//             same expiries.
+//   lh_state  The key's live grants. No 'kind' field: the exclusive layout (or no grant at all;
+//             an expired hash reads as absent: the server checks expiry), time left from PTTL.
+//             Otherwise every "g:" field whose e is after now (a grant is dead from its e on);
+//             with `purge`, the dead fields are deleted, the hash too when none is left, and the
+//             hash's expiry set to the latest live e (a release may have removed the latest).
+//             The expiry never comes before a live grant's e, so a grant never ends early.
+//   lh_info   What Inspect, Holders and a refusal show of a grant: holder, the first 8
+//             characters of its owner token (the full token never leaves the server), fencing
+//             token, time left, TTL, kind, limit, slot.
+//   lh_admits The admission rules of backend.h, "Shared leases": 'ok', 'full' (held by
+//             another), or 'mismatch' (a semaphore and a read/write request, or two limits).
+//             A live grant that already holds the request's owner token (an earlier attempt of
+//             the same Store::Acquire whose reply was lost) makes it 'full', as an exclusive
+//             grant of one's own token always did: its expiry began before this attempt's
+//             t_send, so it must not be reported as a fresh grant, nor overwritten.
+//   lh_grant  Bump the key's one fencing counter first (it survives release, expiry and
+//             force-release, so every grant's token is above every earlier one of any kind).
+//             Exclusive: the earlier layout exactly, with PEXPIRE. Shared/semaphore: the
+//             smallest slot no live grant uses, the header on the first grant, the grant's
+//             field with e = now + 1 + TTL (now is rounded down: +1 keeps e at or after the
+//             true time of this step plus the TTL), and the hash's expiry moved to the latest e.
+//   lh_qdrop, lh_qpurge, lh_qleave  fair=true: a queue entry's data goes; expired entries
+//             (their deadline passed) leave; a waiter leaves the queue, and the counter and
+//             data go with the last one.
+
+// With kGrantLib. KEYS[1] = grant hash, KEYS[2] = fence counter, KEYS[3] = writer intent.
+// ARGV[1] = owner token, ARGV[2] = holder identity, ARGV[3] = TTL in milliseconds,
+// ARGV[4] = kind ('exclusive', 'shared', 'semaphore'), ARGV[5] = limit, ARGV[6] = waiter id
+// ('' for a plain try-acquire).
+// Returns {1, fencing_token, slot} when granted; {0, <lh_info of the lowest slot>, intent}
+// when held by another, intent 1 if this attempt recorded or refreshed a writer intent;
+// {3, held kind, held limit, holder} on a family or limit mismatch; {4, <lh_info of the
+// waiting writer>} when a writer intent keeps a shared request out.
+inline constexpr std::string_view kAcquireScript = R"lua(
+local now = lh_now()
+local st = lh_state(KEYS[1], now, true)
+local kind, limit = ARGV[4], tonumber(ARGV[5])
+local admits = lh_admits(st, kind, limit, ARGV[1])
+if admits == 'mismatch' then
+  return {3, st.kind, st.limit, st.grants[1].h}
+end
+if admits == 'ok' and kind == 'shared' then
+  local i = redis.call('HMGET', KEYS[3], 'waiter', 'holder', 'ttl')
+  if i[1] then
+    return {4, i[2] or '', '', 0, redis.call('PTTL', KEYS[3]), i[3], 'exclusive', 1, 0}
+  end
+end
+if admits == 'ok' then
+  local fence, slot = lh_grant(KEYS[1], KEYS[2], st, kind, limit, ARGV[1], ARGV[2], ARGV[3], now)
+  if ARGV[6] ~= '' and redis.call('HGET', KEYS[3], 'waiter') == ARGV[6] then
+    redis.call('DEL', KEYS[3])
+  end
+  return {1, fence, slot}
+end
+local intent = 0
+if kind == 'exclusive' and ARGV[6] ~= '' then
+  local w = redis.call('HGET', KEYS[3], 'waiter')
+  if not w or w == ARGV[6] then
+    redis.call('HSET', KEYS[3], 'waiter', ARGV[6], 'holder', ARGV[2], 'ttl', ARGV[3])
+    redis.call('PEXPIRE', KEYS[3], ARGV[3])
+    intent = 1
+  end
+end
+local out = {0, unpack(lh_info(st, st.grants[1]))}
+out[10] = intent
+return out
 )lua";
 // Line by line:
-//   1   A live grant exists (an expired one reads as absent: the server checks expiry).
-//   2   Read who holds it, for the kHeldByAnother reply.
-//   3   Answer with the holder, only the first 8 characters of its owner token (the full token
-//       never leaves the server), its fencing token, the time left and its TTL.
-//   5   Bump the fencing counter first: it survives release, expiry and force-release, so the
-//       next grant's token is always higher than every earlier one.
-//   6   Record the grant: owner token (checked by renew/release), holder, fencing token, TTL.
-//   7   The grant ends by itself after the TTL unless renewed.
-//   8   Granted, with its fencing token.
+//   1-2 The key's live grants, the dead ones dropped (kGrantLib).
+//   3-7 A live grant of the other family, or of another limit: refuse, naming it.
+//   8-13 A shared request the rules admit still waits while another waiter's writer intent
+//       lives: answer with the writer's identity and the intent's time left.
+//  14-20 Admitted: grant (kGrantLib, lh_grant: exclusive exactly as every earlier version;
+//       shared and semaphore as a "g:" field). A waiting writer that gets the key ends its
+//       own intent.
+//  21-29 Refused. A waiting writer (a waiter id) records its intent, or refreshes its own, for
+//       one TTL, unless another writer's intent lives (one per key: the first waiting writer's).
+//  30-32 Answer with the grant of the lowest slot and whether we hold the intent (the backend
+//       then clears it if the waiter gives up: AbandonWait).
 
-// The acquire script of fair=true. KEYS[1] = grant hash, KEYS[2] = fence counter,
-// KEYS[3] = queue, KEYS[4] = queue expiry, KEYS[5] = queue arrival counter, KEYS[6] = queue
-// entries' grant data.
+// The acquire script of fair=true, with kGrantLib. KEYS[1] = grant hash, KEYS[2] = fence
+// counter, KEYS[3] = queue, KEYS[4] = queue expiry, KEYS[5] = queue arrival counter,
+// KEYS[6] = queue entries' grant data.
 // ARGV[1] = owner token, ARGV[2] = holder identity, ARGV[3] = TTL in milliseconds,
 // ARGV[4] = waiter id ('' for a plain try-acquire), ARGV[5] = queue entry lifetime in ms,
-// ARGV[6] = t_q: the caller's send time of this attempt, on its own steady clock (opaque here).
-// Returns {1, fencing_token} when granted; {2, fencing_token, t_q, ttl_ms} when a release
-// already handed the key to this waiter (kFairEndScript) under its owner token, t_q being the
-// send time of the waiter's attempt whose entry the release found; or {0, holder, token_prefix,
-// fencing_token, pttl_ms, ttl_ms, next_prefix, queued, position} when not: the first five
-// describe the live grant (all nil, pttl -2, when the key is free but others are queued ahead),
-// next_prefix is the first 8 characters of the head waiter's id, queued the queue length,
-// position the caller's 0-based place in the queue (-1 when not queued).
+// ARGV[6] = t_q: the caller's send time of this attempt, on its own steady clock (opaque here),
+// ARGV[7] = kind, ARGV[8] = limit (as kAcquireScript).
+// Returns {1, fencing_token, slot} when granted; {2, fencing_token, t_q, ttl_ms, slot} when a
+// release already handed the key to this waiter (kFairEndScript) under its owner token, t_q
+// being the send time of the waiter's attempt whose entry the release found; {3, ...} on a
+// mismatch as kAcquireScript; or {0, <lh_info of the lowest slot, or lh_none when no grant
+// lives>, next_prefix, queued, position} when not: next_prefix is the first 8 characters of
+// the head waiter's id, queued the queue length, position the caller's 0-based place in the
+// queue (-1 when not queued).
 inline constexpr std::string_view kFairAcquireScript = R"lua(
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', string.format('%d', now))) do
-  redis.call('ZREM', KEYS[3], w)
-  redis.call('HDEL', KEYS[6], w .. ':token', w .. ':holder', w .. ':ttl', w .. ':tq')
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', string.format('%d', now))
+local now = lh_now()
+lh_qpurge(KEYS[3], KEYS[4], KEYS[6], now)
+local st = lh_state(KEYS[1], now, true)
+local kind, limit = ARGV[7], tonumber(ARGV[8])
 if ARGV[4] ~= '' then
-  local g = redis.call('HMGET', KEYS[1], 'token', 'handed', 'fence', 'tq', 'ttl')
-  if g[1] == ARGV[1] and g[2] == ARGV[4] then
-    return {2, g[3], g[4], g[5]}
+  for _, g in ipairs(st.grants) do
+    if g.tok == ARGV[1] and g.w == ARGV[4] then
+      return {2, g.f, g.q, g.t, g.s}
+    end
   end
 end
-local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-if redis.call('EXISTS', KEYS[1]) == 0 and (head == nil or head == ARGV[4]) then
-  if head ~= nil then
-    redis.call('ZREM', KEYS[3], head)
-    redis.call('ZREM', KEYS[4], head)
-    redis.call('HDEL', KEYS[6], head .. ':token', head .. ':holder', head .. ':ttl', head .. ':tq')
+local admits = lh_admits(st, kind, limit, ARGV[1])
+if admits == 'mismatch' then
+  return {3, st.kind, st.limit, st.grants[1].h}
+end
+local rank = false
+if ARGV[4] ~= '' then
+  rank = redis.call('ZRANK', KEYS[3], ARGV[4])
+end
+local ahead = rank or redis.call('ZCARD', KEYS[3])
+local fits = admits == 'ok'
+if fits and ahead > 0 then
+  if kind == 'semaphore' then
+    fits = #st.grants + ahead < limit
+  elseif kind == 'shared' then
+    for _, w in ipairs(redis.call('ZRANGE', KEYS[3], 0, ahead - 1)) do
+      if redis.call('HGET', KEYS[6], w .. ':kind') ~= 'shared' then
+        fits = false
+        break
+      end
+    end
+  else
+    fits = false
   end
-  if redis.call('EXISTS', KEYS[3]) == 0 then
-    redis.call('DEL', KEYS[5], KEYS[6])
+end
+if fits then
+  if rank then
+    lh_qleave(KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[4])
   end
-  local fence = redis.call('INCR', KEYS[2])
-  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'holder', ARGV[2], 'fence', fence, 'ttl', ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {1, fence}
+  local fence, slot = lh_grant(KEYS[1], KEYS[2], st, kind, limit, ARGV[1], ARGV[2], ARGV[3], now)
+  return {1, fence, slot}
 end
 local position = -1
 if ARGV[4] ~= '' then
-  if not redis.call('ZSCORE', KEYS[3], ARGV[4]) then
+  if not rank then
     redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[5]), ARGV[4])
   end
-  redis.call('ZADD', KEYS[4], string.format('%d', now + tonumber(ARGV[5])), ARGV[4])
+  redis.call('ZADD', KEYS[4], lh_fmt(now + tonumber(ARGV[5])), ARGV[4])
   redis.call('HSET', KEYS[6], ARGV[4] .. ':token', ARGV[1], ARGV[4] .. ':holder', ARGV[2],
-             ARGV[4] .. ':ttl', ARGV[3], ARGV[4] .. ':tq', ARGV[6])
+             ARGV[4] .. ':ttl', ARGV[3], ARGV[4] .. ':tq', ARGV[6], ARGV[4] .. ':kind', kind,
+             ARGV[4] .. ':limit', ARGV[8])
   local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
   redis.call('PEXPIREAT', KEYS[3], last)
   redis.call('PEXPIREAT', KEYS[4], last)
   redis.call('PEXPIREAT', KEYS[5], last)
   redis.call('PEXPIREAT', KEYS[6], last)
-  head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   position = redis.call('ZRANK', KEYS[3], ARGV[4])
 end
-local queued = redis.call('ZCARD', KEYS[3])
-local first = string.sub(head or '', 1, 8)
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return {0, false, false, false, -2, false, first, queued, position}
-end
-local h = redis.call('HMGET', KEYS[1], 'holder', 'token', 'fence', 'ttl')
-return {0, h[1], string.sub(h[2] or '', 1, 8), h[3], redis.call('PTTL', KEYS[1]), h[4], first,
-        queued, position}
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+local out = {0, unpack(st.grants[1] and lh_info(st, st.grants[1]) or lh_none())}
+out[10], out[11], out[12] = string.sub(head or '', 1, 8), redis.call('ZCARD', KEYS[3]), position
+return out
 )lua";
 // Line by line:
-//   1-2 Now, on the server's clock, in ms. Redis 7 replicates a script's effects, not the
-//       script, so TIME before writes is allowed and replicas store the same deadlines. Numbers
-//       go back to Redis through string.format('%d'), never in exponent form.
-//   3-7 Drop every entry whose deadline has passed, with its grant data: a waiter that died,
-//       or stopped waiting without AbandonWait, is skipped once its entry expires.
-//   8-13 A waiter whose key a release handed over (kFairEndScript) while this attempt was on
-//       its way, or whose notification was lost: the live grant holds its owner token and
-//       names its waiter id. Answer with the fencing token and the t_q the release copied from
-//       the entry, not as a fresh grant: its expiry began at the release, before this
-//       attempt's send time, so the caller counts its validity from that t_q (a send time
-//       before the release) and renews first if too little is left (redis_backend.cc). A
-//       grant that holds the caller's token without 'handed' (its own earlier attempt whose
-//       reply was lost) still reads as held by another, as the core expects.
-//  14   The head of the queue: the lowest arrival number still live.
-//  15   Grant only if the key is free and nobody is queued ahead: the queue is empty or its
-//       head is the caller. A plain try-acquire (ARGV[4] == '') never matches a head.
-//  16-20 The caller was the head: it leaves the queue, with its grant data.
-//  21-23 The queue is now empty: drop its arrival counter and data too.
-//  24-27 As kAcquireScript: bump the fencing counter, record the grant, set its TTL.
-//  30-33 Not granted. A waiter (ARGV[4] set) takes its place at the tail on its first attempt
-//       and keeps its arrival number on later ones...
-//  34   ...and every attempt pushes its entry's deadline to now + the entry lifetime...
-//  35-36 ...and rewrites what a release needs to grant the key to it inside the release
-//       (kFairEndScript): owner token, holder, TTL, and this attempt's t_q. Every attempt
-//       refreshes t_q, so the release always finds the send time of the latest attempt that
-//       ran before it.
-//  37-41 The queue keys live until the latest deadline, then vanish by themselves.
-//  42-43 The (possibly new) head and the caller's place.
-//  45-52 Answer with the queue and, when the key is held, the holder (as kAcquireScript).
+//   1-2 Now, on the server's clock; drop every entry whose deadline has passed, with its grant
+//       data: a waiter that died, or stopped waiting without AbandonWait, is skipped once its
+//       entry expires.
+//   3   The key's live grants (kGrantLib).
+//   5-11 A waiter whose key a release handed over (kFairEndScript) while this attempt was on
+//       its way, or whose notification was lost: a live grant holds its owner token and names
+//       its waiter id. Answer with the fencing token, slot and the t_q the release copied from
+//       the entry, not as a fresh grant: its expiry began at the release, before this attempt's
+//       send time, so the caller counts its validity from that t_q (a send time before the
+//       release) and renews first if too little is left (redis_backend.cc). A grant that holds
+//       the caller's token without 'handed' (its own earlier attempt whose reply was lost)
+//       still reads as held by another, as the core expects.
+//  12-15 A mismatch is refused as by kAcquireScript, and the caller is not queued.
+//  16-20 The caller's place: its rank if queued, else behind everyone (a plain try-acquire
+//       never barges ahead of a queue).
+//  21-35 Admitted only if the grants admit the request and everyone ahead is admitted with it
+//       (backend.h, "Writer preference"): a semaphore, among the first N - live; a shared
+//       request, when everyone ahead is shared (an entry without a kind is an earlier
+//       version's exclusive one); an exclusive request only at the head.
+//  36-42 Granted: the caller leaves the queue (with its data; the counter and data go with the
+//       last entry), and the grant is made as by kAcquireScript.
+//  43-47 Not granted. A waiter takes its place at the tail on its first attempt and keeps its
+//       arrival number on later ones...
+//  48   ...and every attempt pushes its entry's deadline to now + the entry lifetime...
+//  49-51 ...and rewrites what a release needs to grant the key to it inside the release
+//       (kFairEndScript): owner token, holder, TTL, this attempt's t_q, kind and limit. Every
+//       attempt refreshes t_q, so the release always finds the send time of the latest attempt
+//       that ran before it.
+//  52-56 The queue keys live until the latest deadline, then vanish by themselves.
+//  57   The caller's place.
+//  59-62 Answer with the holder of the lowest slot (all nil, pttl -2, when no grant lives but
+//       others are queued ahead), the head's id prefix, the queue length and our place.
 
-// KEYS[1] = grant hash. ARGV[1] = owner token, ARGV[2] = TTL in milliseconds.
+// With kGrantLib. KEYS[1] = grant hash. ARGV[1] = owner token, ARGV[2] = TTL in milliseconds.
 // Returns 1 if renewed, 0 if the grant is absent, expired or someone else's.
 inline constexpr std::string_view kRenewScript = R"lua(
 if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
@@ -171,16 +399,38 @@ if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
   redis.call('HSET', KEYS[1], 'ttl', ARGV[2])
   return 1
 end
-return 0
+local field = 'g:' .. ARGV[1]
+local v = redis.call('HGET', KEYS[1], field)
+if not v then
+  return 0
+end
+local now = lh_now()
+local g = cjson.decode(v)
+if g.e <= now then
+  return 0
+end
+g.e, g.t = now + 1 + tonumber(ARGV[2]), tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], field, cjson.encode(g))
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl < 0 or now + pttl < g.e + 2 then
+  redis.call('PEXPIREAT', KEYS[1], lh_fmt(g.e + 2))
+end
+return 1
 )lua";
 // Line by line:
-//   1   Only the owner token that made the grant may extend it (HGET of a missing key is false).
-//   2   Extend to the TTL from now, on the server's clock.
-//   3   Remember the TTL for Inspect/List.
-//   4   Renewed.
-//   6   Not ours (or gone): the core turns this into kLost, terminal.
+//   1-5 An exclusive grant, as every earlier version: only the owner token that made the grant
+//       may extend it (HGET of a missing key is false); extend to the TTL from now on the
+//       server's clock; remember the TTL for Inspect/List.
+//   6-10 A shared or semaphore grant: its field, named by the owner token. (The header's token
+//       '-' never equals one.)
+//  11-15 Dead since its e, even if no script has dropped it yet: lost.
+//  16-17 Extend it to now + TTL, as lh_grant does.
+//  18-21 The hash must not expire before it: push the hash's expiry past the new e (the 2 ms
+//       cover PTTL counting from the script's start while `now` is TIME's). O(1): a renewal
+//       reads no other grant, so RenewMany stays cheap for a semaphore of 1024.
+//  22   Renewed. Otherwise 0: not ours (or gone); the core turns this into kLost, terminal.
 
-// KEYS[1] = grant hash. ARGV[1] = owner token, ARGV[2] = release channel.
+// With kGrantLib. KEYS[1] = grant hash. ARGV[1] = owner token, ARGV[2] = release channel.
 // Returns 1 if the grant was deleted, 0 if it was absent, expired or someone else's.
 inline constexpr std::string_view kReleaseScript = R"lua(
 if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
@@ -188,130 +438,189 @@ if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
   redis.call('PUBLISH', ARGV[2], 'released')
   return 1
 end
-return 0
+local field = 'g:' .. ARGV[1]
+local v = redis.call('HGET', KEYS[1], field)
+if not v then
+  return 0
+end
+local now = lh_now()
+redis.call('HDEL', KEYS[1], field)
+lh_state(KEYS[1], now, true)
+if cjson.decode(v).e <= now then
+  return 0
+end
+redis.call('PUBLISH', ARGV[2], 'released')
+return 1
 )lua";
 // Line by line:
-//   1   Compare-and-delete: never delete someone else's grant.
-//   2   Delete the grant; the fence counter stays.
-//   3   Wake every waiter subscribed to this key's channel.
-//   4   Released.
-//   6   Lost or stolen: nothing is deleted.
+//   1-5 An exclusive grant: compare-and-delete, never someone else's grant; the fence counter
+//       stays; wake every waiter subscribed to this key's channel.
+//   6-10 A shared or semaphore grant: its own field, or nothing of ours: lost or stolen.
+//  11-13 Delete it, then let lh_state drop the dead ones and the hash if it was the last grant,
+//       and bring the hash's expiry down to the latest remaining grant's.
+//  14-16 It had already expired: lost (its field is gone either way).
+//  17-18 Released: wake every waiter (any grant's end may make room).
 
-// fair=true: the end of a grant that hands the key to the head of the queue in the same step:
-// Release, Finish without keep, ForceRelease, and AbandonWait of a waiter that was handed the
-// key after it gave up. KEYS[1] = grant hash, KEYS[2] = fence counter, KEYS[3] = queue,
-// KEYS[4] = queue expiry, KEYS[5] = queue arrival counter, KEYS[6] = queue entries' grant data,
-// KEYS[7] = record. ARGV[1] = owner token ('owner'), unused ('force') or waiter id ('handed'),
-// ARGV[2] = release channel, ARGV[3] = which grant may be ended: 'owner' (the one holding
-// ARGV[1]), 'force' (any), 'handed' (the one a release handed to waiter ARGV[1]),
-// ARGV[4] = '1' to write the record, ARGV[5] = the record, ARGV[6] = its TTL in milliseconds.
-// Returns 0 if no such grant was live (nothing changes), 1 if it was deleted and nobody waits,
-// 2 if it was deleted and the key handed to the head waiter.
+// fair=true, with kGrantLib: the end of a grant that hands the key to the head(s) of the queue
+// in the same step: Release, Finish without keep, ForceRelease, ForceReleaseGrant, and
+// AbandonWait of a waiter that was handed the key after it gave up. KEYS[1] = grant hash,
+// KEYS[2] = fence counter, KEYS[3] = queue, KEYS[4] = queue expiry, KEYS[5] = queue arrival
+// counter, KEYS[6] = queue entries' grant data, KEYS[7] = record. ARGV[1] = owner token
+// ('owner'), unused ('force'), waiter id ('handed') or token prefix ('prefix'), ARGV[2] =
+// release channel, ARGV[3] = which grant may be ended: 'owner' (the one holding ARGV[1]),
+// 'force' (all), 'handed' (the one a release handed to waiter ARGV[1]), 'prefix' (the one whose
+// token starts with ARGV[1]), ARGV[4] = '1' to write the record, ARGV[5] = the record,
+// ARGV[6] = its TTL in milliseconds.
+// Returns 0 if no such grant was live (nothing changes), 1 if it was deleted and nobody was
+// handed the key, 2 if it was deleted and the key handed to one or more head waiters.
 inline constexpr std::string_view kFairEndScript = R"lua(
-local g = redis.call('HMGET', KEYS[1], 'token', 'handed')
-if ARGV[3] == 'owner' and g[1] ~= ARGV[1] then
-  return 0
-elseif ARGV[3] == 'handed' and (not g[1] or g[2] ~= ARGV[1]) then
-  return 0
-elseif not g[1] then
+local now = lh_now()
+local st = lh_state(KEYS[1], now, true)
+local victim = nil
+for _, g in ipairs(st.grants) do
+  if ARGV[3] == 'force' or (ARGV[3] == 'owner' and g.tok == ARGV[1]) or
+      (ARGV[3] == 'handed' and g.w == ARGV[1]) or
+      (ARGV[3] == 'prefix' and string.sub(g.tok, 1, #ARGV[1]) == ARGV[1]) then
+    victim = g
+    break
+  end
+end
+if not victim then
   return 0
 end
 if ARGV[4] == '1' then
   redis.call('SET', KEYS[7], ARGV[5], 'PX', ARGV[6])
 end
-redis.call('DEL', KEYS[1])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', string.format('%d', now))) do
-  redis.call('ZREM', KEYS[3], w)
-  redis.call('HDEL', KEYS[6], w .. ':token', w .. ':holder', w .. ':ttl', w .. ':tq')
+if st.kind == 'exclusive' or ARGV[3] == 'force' then
+  redis.call('DEL', KEYS[1])
+  st = {kind = 'none', limit = 1, grants = {}}
+else
+  redis.call('HDEL', KEYS[1], victim.field)
+  st = lh_state(KEYS[1], now, true)
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', string.format('%d', now))
-local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-if head then
-  local e = redis.call('HMGET', KEYS[6], head .. ':token', head .. ':holder', head .. ':ttl',
-                       head .. ':tq')
-  if e[1] and e[2] and e[3] and e[4] then
-    redis.call('ZREM', KEYS[3], head)
-    redis.call('ZREM', KEYS[4], head)
-    redis.call('HDEL', KEYS[6], head .. ':token', head .. ':holder', head .. ':ttl', head .. ':tq')
-    if redis.call('EXISTS', KEYS[3]) == 0 then
-      redis.call('DEL', KEYS[5], KEYS[6])
-    end
-    local fence = redis.call('INCR', KEYS[2])
-    redis.call('HSET', KEYS[1], 'token', e[1], 'holder', e[2], 'fence', fence, 'ttl', e[3],
-               'handed', head, 'tq', e[4])
-    redis.call('PEXPIRE', KEYS[1], e[3])
-    redis.call('PUBLISH', ARGV[2], 'handed ' .. head .. ' ' .. fence .. ' ' .. e[4] .. ' ' .. e[3])
-    return 2
+lh_qpurge(KEYS[3], KEYS[4], KEYS[6], now)
+local handed, stuck = 0, false
+while true do
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if not head then
+    break
   end
+  local e = redis.call('HMGET', KEYS[6], head .. ':token', head .. ':holder', head .. ':ttl',
+                       head .. ':tq', head .. ':kind', head .. ':limit')
+  if not (e[1] and e[2] and e[3] and e[4]) then
+    stuck = true
+    break
+  end
+  local kind, limit = e[5] or 'exclusive', tonumber(e[6]) or 1
+  local admits = lh_admits(st, kind, limit, e[1])
+  if admits ~= 'ok' then
+    stuck = admits == 'mismatch'
+    break
+  end
+  lh_qleave(KEYS[3], KEYS[4], KEYS[5], KEYS[6], head)
+  local fence, slot = lh_grant(KEYS[1], KEYS[2], st, kind, limit, e[1], e[2], e[3], now, head,
+                               e[4])
+  local message = 'handed ' .. head .. ' ' .. lh_fmt(fence) .. ' ' .. e[4] .. ' ' .. e[3]
+  if kind ~= 'exclusive' then
+    message = message .. ' ' .. slot
+  end
+  redis.call('PUBLISH', ARGV[2], message)
+  handed = handed + 1
 end
-redis.call('PUBLISH', ARGV[2], 'released')
-return 1
+if handed == 0 or stuck then
+  redis.call('PUBLISH', ARGV[2], 'released')
+end
+return handed > 0 and 2 or 1
 )lua";
 // Line by line:
-//   1-8 Which grant may be ended: the caller's own (compare-and-delete, as kReleaseScript), any
-//       live one (force), or the one handed to waiter ARGV[1] (its Acquire gave up before it
-//       took the grant: AbandonWait). No such grant: nothing changes, no record either.
-//   9-11 Finish's record, as kFinishScript 4-6.
-//  12   End the grant; the fence counter stays.
-//  13-19 Drop expired queue entries, as kFairAcquireScript 1-7: a dead waiter whose entry ran
-//       out is never handed the key.
-//  20   The head of the queue, if anyone is still queued.
-//  21-24 Its grant data, written by its latest attempt (kFairAcquireScript 35-36). An entry
-//       without it (written by a client that predates the handoff) is woken as before (39-40).
-//  25-27 The head leaves the queue, with its data...
-//  28-30 ...and the queue's counter and data go when nobody is left, as kFairAcquireScript.
-//  31-34 Grant it the key, exactly as kFairAcquireScript 24-26 would on its next attempt: bump
-//       the fencing counter (so its token is above the releaser's), record its owner token,
-//       holder, TTL, and 'handed' (its waiter id) and 'tq' (its latest attempt's send time),
-//       which its next attempt recognises (kFairAcquireScript 8-13) if the message is lost.
-//       The grant's expiry starts now, after the server ran that attempt, itself after the
-//       waiter read t_q: expiry >= t_q + TTL on any clock that does not run fast beyond drift.
-//  35   Tell it: "handed <waiter id> <fencing token> <t_q> <ttl_ms>". Others on the channel
-//       learn the key is held again.
-//  36   Handed over.
-//  39-40 Nobody (with grant data) waits: wake the waiters as kReleaseScript does.
+//   1-2 Now, and the key's live grants (kGrantLib; the dead ones dropped).
+//   3-11 Which grant may be ended: the caller's own (compare-and-delete, as kReleaseScript),
+//       any (force: all of them), the one handed to waiter ARGV[1] (its Acquire gave up before
+//       it took the grant: AbandonWait), or the one with the token prefix (ForceReleaseGrant).
+//  12-14 No such grant: nothing changes, no record either.
+//  15-17 Finish's record, as kFinishScript.
+//  18-24 End it: the whole hash for an exclusive grant or a force-release; otherwise its field,
+//       then lh_state drops the hash if it was the last and fixes the hash's expiry. The fence
+//       counter stays.
+//  25   Drop expired queue entries (kGrantLib): a dead waiter whose entry ran out is never
+//       handed the key.
+//  26-53 Hand the key to as many heads as the room now admits, in arrival order, stopping at
+//       the first that does not fit: one exclusive head (the key is then held); shared heads
+//       until an exclusive one (which keeps later shared ones out); semaphore heads until N.
+//       Each head's grant data was written by its latest attempt (kFairAcquireScript); an
+//       entry without it (written by a client that predates the handoff) stops the loop, and
+//       so does a head of the other family (its next attempt is refused, and its Acquire gives
+//       up): both are woken with 'released' instead (54-56). Each head leaves the queue
+//       (lh_qleave) and is granted exactly as kFairAcquireScript would on its next attempt
+//       (lh_grant: a fencing token above the releaser's, its owner token, holder, TTL, and its
+//       waiter id and t_q as 'handed'/'tq' or the grant's w/q, which its next attempt
+//       recognises if the message is lost). The grant's expiry starts now, after the server
+//       ran that attempt, itself after the waiter read t_q: expiry >= t_q + TTL.
+//       The message: "handed <waiter id> <fencing token> <t_q> <ttl_ms>", plus " <slot>" for a
+//       shared or semaphore grant (an exclusive one keeps the format earlier versions read).
+//  54-57 Nobody (with grant data) was handed the key, or a head could not be: wake the waiters
+//       as kReleaseScript does.
 
-// KEYS[1] = grant hash, KEYS[2] = record. ARGV[1] = owner token, ARGV[2] = release channel,
-// ARGV[3] = keep in milliseconds ('0': delete the grant), ARGV[4] = '1' to write the record,
-// ARGV[5] = the record, ARGV[6] = the record's TTL in milliseconds.
+// With kGrantLib. KEYS[1] = grant hash, KEYS[2] = record. ARGV[1] = owner token, ARGV[2] =
+// release channel, ARGV[3] = keep in milliseconds ('0': delete the grant), ARGV[4] = '1' to
+// write the record, ARGV[5] = the record, ARGV[6] = the record's TTL in milliseconds.
 // Returns 1 if the grant was ended, 0 if it was absent, expired or someone else's.
 inline constexpr std::string_view kFinishScript = R"lua(
-if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then
-  return 0
+local field = 'g:' .. ARGV[1]
+local exclusive = redis.call('HGET', KEYS[1], 'token') == ARGV[1]
+local now, g = 0, nil
+if not exclusive then
+  local v = redis.call('HGET', KEYS[1], field)
+  if not v then
+    return 0
+  end
+  now, g = lh_now(), cjson.decode(v)
+  if g.e <= now then
+    return 0
+  end
 end
 if ARGV[4] == '1' then
   redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[6])
 end
-if ARGV[3] == '0' then
+if exclusive and ARGV[3] == '0' then
   redis.call('DEL', KEYS[1])
-else
+elseif exclusive then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   redis.call('HSET', KEYS[1], 'ttl', ARGV[3], 'token', ARGV[1] .. ':kept')
+else
+  redis.call('HDEL', KEYS[1], field)
+  if ARGV[3] ~= '0' then
+    g.e, g.t = now + 1 + tonumber(ARGV[3]), tonumber(ARGV[3])
+    redis.call('HSET', KEYS[1], field .. ':kept', cjson.encode(g))
+  end
+  lh_state(KEYS[1], now, true)
 end
 redis.call('PUBLISH', ARGV[2], 'released')
 return 1
 )lua";
 // Line by line:
-//   1-3 Compare first, as kReleaseScript: someone else's grant (or none) changes nothing, and
-//       the record is not written either.
-//   4-6 Replace the record, with its own expiry: a key separate from the grant, so that no
+//   1-13 Compare first, as kReleaseScript: the exclusive grant's token, or a live "g:" field of
+//       ours; someone else's grant (or none) changes nothing, and the record is not written.
+//  14-16 Replace the record, with its own expiry: a key separate from the grant, so that no
 //       grant's end (release, expiry, force-release) touches it.
-//   7-8 keep = 0: delete the grant, as a release does; the fence counter stays.
-//   9-11 keep > 0: the grant stays, same holder and fencing token, and now ends by itself
-//       after keep. Its token gains ':kept', which no owner sends: a renewal of the owner's
-//       already on its way (the heartbeat does not wait for one in flight) finds it someone
-//       else's and cannot extend or shorten it. The token prefix shown to others is unchanged.
-//  13   Wake the waiters either way: after a delete the head of a fair queue (or the quickest
+//  17-18 Exclusive, keep = 0: delete the grant, as a release does; the fence counter stays.
+//  19-21 Exclusive, keep > 0: the grant stays, same holder and fencing token, and now ends by
+//       itself after keep. Its token gains ':kept', which no owner sends: a renewal of the
+//       owner's already on its way (the heartbeat does not wait for one in flight) finds it
+//       someone else's and cannot extend or shorten it. The token prefix shown is unchanged.
+//  22-28 Shared or semaphore: the field goes; with keep > 0 it comes back as
+//       "g:<token>:kept" (same slot, holder, fencing token) ending keep from now, which no
+//       renewal names; lh_state then sets the hash's expiry to the latest grant's.
+//  30   Wake the waiters either way: after a delete the head of a fair queue (or the quickest
 //       waiter) takes the key, as after a release; after a keep they re-read the now shorter
 //       remaining time instead of sleeping to the old expiry.
 
-// A fenced write (Backend::FencedWrite): ops on data keys, applied only while the grant is the
-// caller's. KEYS[1] = grant hash, KEYS[1 + i] = the data key of op i (i = 1..#KEYS - 1).
-// ARGV[1] = owner token, ARGV[2] = '1' to check the grant ('0' skips the check: the chaos
-// harness's negative control only); for op i, ARGV[3i] = 'put', 'del' or 'hset',
-// ARGV[3i + 1] = the hash field ('' unless hset), ARGV[3i + 2] = the value ('' for del).
+// A fenced write (Backend::FencedWrite), with kGrantLib: ops on data keys, applied only while
+// the grant is the caller's. KEYS[1] = grant hash, KEYS[1 + i] = the data key of op i
+// (i = 1..#KEYS - 1). ARGV[1] = owner token, ARGV[2] = '1' to check the grant ('0' skips the
+// check: the chaos harness's negative control only); for op i, ARGV[3i] = 'put', 'del' or
+// 'hset', ARGV[3i + 1] = the hash field ('' unless hset), ARGV[3i + 2] = the value ('' for
+// del).
 // Returns {1, count_1, ..., count_n} when applied (del: keys deleted; put, hset: 1);
 // {0, 'none'} when there is no live grant; {0, 'other' or 'kept', holder, fencing_token} when
 // the live grant is someone else's, or the caller's own kept past its release (kFinishScript);
@@ -325,8 +634,20 @@ if ARGV[2] == '1' then
     return {0, 'none'}
   end
   if token ~= ARGV[1] then
-    local h = redis.call('HMGET', KEYS[1], 'holder', 'fence')
-    return {0, token == ARGV[1] .. ':kept' and 'kept' or 'other', h[1], h[2]}
+    local state = token == ARGV[1] .. ':kept' and 'kept' or 'other'
+    if token == '-' then
+      local now = lh_now()
+      local mine = redis.call('HMGET', KEYS[1], 'g:' .. ARGV[1], 'g:' .. ARGV[1] .. ':kept')
+      if mine[1] and cjson.decode(mine[1]).e > now then
+        state = 'ours'
+      elseif mine[2] and cjson.decode(mine[2]).e > now then
+        state = 'kept'
+      end
+    end
+    if state ~= 'ours' then
+      local h = redis.call('HMGET', KEYS[1], 'holder', 'fence')
+      return {0, state, h[1], h[2]}
+    end
   end
 end
 local calls, types = {}, {}
@@ -358,15 +679,18 @@ end
 return out
 )lua";
 // Line by line:
-//   1-11 The guard: the grant hash still holds the caller's owner token. It compares the owner
-//       token, not the fencing token: with persistence off a restarted server counts fencing
-//       tokens from 1 again, so a later holder's number may equal or undercut an old one's, but
-//       an owner token (32 random hex digits) never repeats. HGET of an absent or expired grant
-//       is false (the server checks expiry): no live grant, nobody to name. A token that is the
-//       caller's plus ':kept' is the caller's own grant after a finish with keep (kFinishScript
-//       9-11): released, no longer the caller's to write with. Otherwise answer with the holder
-//       and its fencing token, for the "is now held by" message.
-//  12-32 Check everything that could fail before the first write: Redis does not undo the
+//   1-22 The guard: the grant is still the caller's. An exclusive grant: the hash holds the
+//       caller's owner token. A shared or semaphore grant (header token '-'): the caller's
+//       "g:" field is there and its e is still ahead on the server's clock. It compares the
+//       owner token, not the fencing token: with persistence off a restarted server counts
+//       fencing tokens from 1 again, so a later holder's number may equal or undercut an old
+//       one's, but an owner token (32 random hex digits) never repeats. HGET of an absent or
+//       expired grant is false (the server checks expiry): no live grant, nobody to name. A
+//       token (or field) that is the caller's plus ':kept' is the caller's own grant after a
+//       finish with keep (kFinishScript): released, no longer the caller's to write with.
+//       Otherwise answer with the holder and fencing token (for a shared key: its description
+//       and the latest fencing token), for the "is now held by" message.
+//  23-43 Check everything that could fail before the first write: Redis does not undo the
 //       earlier writes of a script whose later command errors. SET and DEL succeed on any key;
 //       HSET fails (WRONGTYPE) on a key holding anything but a hash, so each HSET target's type
 //       is read with TYPE, or taken from the earlier ops of this write on the same key (a put
@@ -375,7 +699,7 @@ return out
 //       redis.acl_check_cmd (Redis 7.0 and later; older servers, which lack it, check only at
 //       the call). The server-state refusals (OOM, a read-only replica, min-replicas-to-write)
 //       come at the first write or never: once a script has written, Redis runs it to the end.
-//  33-38 Apply the ops in order and count: DEL's own count; SET and HSET count 1 (HSET's reply
+//  44-49 Apply the ops in order and count: DEL's own count; SET and HSET count 1 (HSET's reply
 //       is the number of new fields, 0 when the field is overwritten).
 
 // KEYS[1] = grant hash. ARGV[1] = release channel.
@@ -388,92 +712,170 @@ end
 return 0
 )lua";
 // Line by line:
-//   1   Delete whoever's grant it is (operator break-glass); the fence counter stays.
+//   1   Delete whoever's grants they are, every grant of a shared or semaphore key with them
+//       (operator break-glass); the fence counter stays, a writer intent expires by itself.
 //   2   Wake waiters, as a release does.
-//   3   A grant was deleted.
+//   3   A grant was deleted. (A shared hash whose grants all expired but which no script has
+//       dropped yet counts as one, for the 2 ms at most that the hash outlives its latest
+//       grant: kRenewScript 18-21.)
 //   5   The key was already free.
 
-// KEYS[1] = grant hash.
-// Returns nil if there is no live grant, else {holder, token_prefix, fencing_token, pttl_ms,
-// ttl_ms}.
-inline constexpr std::string_view kInspectScript = R"lua(
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return false
+// With kGrantLib. KEYS[1] = grant hash. ARGV[1] = token prefix, ARGV[2] = release channel.
+// Returns 1 if the live grant whose owner token starts with ARGV[1] was deleted, else 0.
+inline constexpr std::string_view kForceGrantScript = R"lua(
+local now = lh_now()
+local st = lh_state(KEYS[1], now, true)
+for _, g in ipairs(st.grants) do
+  if string.sub(g.tok, 1, #ARGV[1]) == ARGV[1] then
+    if st.kind == 'exclusive' then
+      redis.call('DEL', KEYS[1])
+    else
+      redis.call('HDEL', KEYS[1], g.field)
+      lh_state(KEYS[1], now, true)
+    end
+    redis.call('PUBLISH', ARGV[2], 'released')
+    return 1
+  end
 end
-local h = redis.call('HMGET', KEYS[1], 'holder', 'token', 'fence', 'ttl')
-return {h[1], string.sub(h[2] or '', 1, 8), h[3], redis.call('PTTL', KEYS[1]), h[4]}
+return 0
 )lua";
 // Line by line:
-//   1-3 No live grant: a nil reply.
-//   4   Read the grant's fields.
-//   5   Answer with the same view as the acquire script's refusal, read in the same atomic
-//       step as the PTTL so that the fields and the time left belong to one grant.
+//   1-2 The key's live grants.
+//   3-4 The first (lowest slot) whose owner token starts with the prefix (the backend refuses
+//       an empty prefix before sending).
+//   5-10 Delete it: the whole hash for an exclusive grant, else its field (and the hash with
+//       the last one, its expiry fixed, by lh_state). The others and the fence counter stay.
+//  11-12 Wake waiters, as a release does.
 
-// fair=true: a waiter gives up (Backend::AbandonWait). KEYS[1] = grant hash, KEYS[2] = queue,
-// KEYS[3] = queue expiry, KEYS[4] = queue arrival counter, KEYS[5] = queue entries' grant data.
-// ARGV[1] = waiter id, ARGV[2] = release channel. Returns 1 if the waiter was queued, 2 if a
-// release already handed it the key (the caller then ends that grant with kFairEndScript,
-// 'handed'), else 0.
+// With kGrantLib. KEYS[1] = grant hash.
+// Returns the live grants by slot, each {holder, token_prefix, fencing_token, pttl_ms, ttl_ms,
+// kind, limit, slot}; an empty array if the key is free. Writes nothing.
+inline constexpr std::string_view kHoldersScript = R"lua(
+local st = lh_state(KEYS[1], lh_now(), false)
+local out = {}
+for i, g in ipairs(st.grants) do
+  out[i] = lh_info(st, g)
+end
+return out
+)lua";
+// Line by line:
+//   1   The live grants, read in the same atomic step as their time left, so that the fields
+//       and the time left belong to one grant; the dead ones are skipped, not dropped (a read
+//       writes nothing).
+//   2-6 Answer with each as lh_info shows it (Inspect takes the first: the lowest slot).
+
+// fair=true, with kGrantLib: a waiter gives up (Backend::AbandonWait). KEYS[1] = grant hash,
+// KEYS[2] = queue, KEYS[3] = queue expiry, KEYS[4] = queue arrival counter, KEYS[5] = queue
+// entries' grant data. ARGV[1] = waiter id, ARGV[2] = release channel. Returns 1 if the waiter
+// was queued, 2 if a release already handed it the key (the caller then ends that grant with
+// kFairEndScript, 'handed'), else 0.
 inline constexpr std::string_view kAbandonWaitScript = R"lua(
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
-  if redis.call('HGET', KEYS[1], 'handed') == ARGV[1] then
-    return 2
+  for _, g in ipairs(lh_state(KEYS[1], lh_now(), false).grants) do
+    if g.w == ARGV[1] then
+      return 2
+    end
   end
   return 0
 end
 redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[5], ARGV[1] .. ':token', ARGV[1] .. ':holder', ARGV[1] .. ':ttl',
-           ARGV[1] .. ':tq')
+lh_qdrop(KEYS[5], ARGV[1])
 if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('DEL', KEYS[4], KEYS[5])
-elseif redis.call('EXISTS', KEYS[1]) == 0 then
+elseif redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'kind') == 1 then
   redis.call('PUBLISH', ARGV[2], 'next')
 end
 return 1
 )lua";
 // Line by line:
-//   1-6 Leave the queue. Not queued: either a release handed the key to this waiter after it
-//       gave up (the grant names it in 'handed': answer 2, and the backend deletes that grant,
-//       handing it on, rather than leave it blocking the key for its TTL), or it was never
-//       queued, expired, or was granted by its own attempt: nothing to do.
-//   7-9 Drop the entry's deadline and grant data too.
-//  10-11 Nobody is left: drop the arrival counter and the data.
-//  12-13 The key is free and others wait: the one behind us may now be the head. Wake the
-//       waiters as a release does (the head takes the key; the others wait again).
+//   1-8 Leave the queue. Not queued: either a release handed the key to this waiter after it
+//       gave up (a live grant names it in 'handed' or w: answer 2, and the backend deletes that
+//       grant, handing it on, rather than leave it blocking the key for its TTL), or it was
+//       never queued, expired, or was granted by its own attempt: nothing to do.
+//   9-10 Drop the entry's deadline and grant data too.
+//  11-12 Nobody is left: drop the arrival counter and the data.
+//  13-14 Others wait and the key is free, or shared (there may be room: an exclusive waiter
+//       that leaves may have kept shared ones behind it out): the one behind us may now be
+//       admitted. Wake the waiters as a release does (they retry; the others wait again).
 
-// fair=true: what a waiter that was refused needs in order to sleep well (WaitForChange).
-// KEYS[1] = grant hash, KEYS[2] = queue, KEYS[3] = queue expiry. ARGV[1] = the caller's waiter
-// id, or '' if unknown.
-// Returns {pttl_ms, head_left_ms, is_head}: the grant's remaining time (-2 if the key is free),
-// the time until the head waiter's entry expires (-1 if nobody is queued), and 1 if the caller
-// is the head, 2 if a release handed the live grant to the caller (its message may have gone
-// before the caller subscribed).
+// fair=true, with kGrantLib: what a waiter that was refused needs in order to sleep well
+// (WaitForChange). KEYS[1] = grant hash, KEYS[2] = queue, KEYS[3] = queue expiry.
+// ARGV[1] = the caller's waiter id, or '' if unknown.
+// Returns {left_ms, head_left_ms, is_head, shared}: the time until the first live grant ends
+// (-2 if the key is free), the time until the head waiter's entry expires (-1 if nobody is
+// queued), 1 if the caller is the head, 2 if a release handed a live grant to the caller (its
+// message may have gone before the caller subscribed), and 1 if the key is shared or a
+// semaphore.
 inline constexpr std::string_view kQueueStateScript = R"lua(
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now))) do
+local now = lh_now()
+for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', lh_fmt(now))) do
   redis.call('ZREM', KEYS[2], w)
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', string.format('%d', now))
-local pttl = redis.call('PTTL', KEYS[1])
-if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'handed') == ARGV[1] then
-  return {pttl, -1, 2}
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', lh_fmt(now))
+local st = lh_state(KEYS[1], now, false)
+local left = -2
+for _, g in ipairs(st.grants) do
+  if ARGV[1] ~= '' and g.w == ARGV[1] then
+    return {g.left, -1, 2, 0}
+  end
+  if left < 0 or g.left < left then
+    left = g.left
+  end
 end
+local shared = (st.kind == 'shared' or st.kind == 'semaphore') and 1 or 0
 local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
 if head == nil then
-  return {pttl, -1, 0}
+  return {left, -1, 0, shared}
 end
 local deadline = redis.call('ZSCORE', KEYS[3], head)
-return {pttl, math.max(0, (tonumber(deadline) or now) - now), head == ARGV[1] and 1 or 0}
+return {left, math.max(0, (tonumber(deadline) or now) - now), head == ARGV[1] and 1 or 0, shared}
 )lua";
 // Line by line:
-//   1-6 Drop expired entries, as kFairAcquireScript does, so that a dead head is not reported.
+//   1-5 Drop expired entries, as kFairAcquireScript does, so that a dead head is not reported.
 //       (Their grant data stays until the next acquire or end script drops it, or the data
 //       key's own expiry.)
-//   7   The grant's remaining time; -2 if there is no live grant.
-//   8-10 The live grant was handed to the caller: it should take it at once.
-//  11-14 Nobody queued.
-//  15-16 How long until the head's entry expires (if the key is free and that waiter is dead,
+//   6-15 The live grants: one handed to the caller means it should take it at once; else the
+//       soonest end of any grant (an exclusive one's PTTL; any grant's end may make room).
+//  16   Shared or semaphore: the caller also re-checks when the head's entry expires.
+//  17-20 Nobody queued.
+//  21-22 How long until the head's entry expires (if the key is free and that waiter is dead,
 //       the next one in line may take the key then), and whether the head is the caller.
+
+// fair=false, with kGrantLib: what a refused waiter needs in order to sleep well.
+// KEYS[1] = grant hash, KEYS[2] = writer intent. ARGV[1] = the caller's waiter id, or ''.
+// Returns {left_ms, intent_left_ms}: the time until the first live grant ends (-2 if the key is
+// free), and the time until another waiter's writer intent expires (-2 if there is none).
+inline constexpr std::string_view kWaitStateScript = R"lua(
+local left = -2
+for _, g in ipairs(lh_state(KEYS[1], lh_now(), false).grants) do
+  if left < 0 or g.left < left then
+    left = g.left
+  end
+end
+local w = redis.call('HGET', KEYS[2], 'waiter')
+if w and w ~= ARGV[1] then
+  return {left, redis.call('PTTL', KEYS[2])}
+end
+return {left, -2}
+)lua";
+// Line by line:
+//   1-6 The soonest end of any live grant (for an exclusive grant its PTTL, as before).
+//   7-11 Another waiter's writer intent keeps shared requests out until its writer takes the
+//       key (no message: the waiter then finds an exclusive grant), leaves (AbandonWait
+//       publishes) or dies (the intent expires): wake at its expiry at the latest.
+
+// fair=false: a waiting writer gives up (Backend::AbandonWait). KEYS[1] = writer intent.
+// ARGV[1] = waiter id, ARGV[2] = release channel. Returns 1 if its intent was deleted, else 0.
+inline constexpr std::string_view kClearIntentScript = R"lua(
+if redis.call('HGET', KEYS[1], 'waiter') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+)lua";
+// Line by line:
+//   1-5 Only the waiter's own intent; the shared requests it kept out may now be admitted:
+//       wake them as a release does.
 
 }  // namespace leasehold::internal

@@ -62,26 +62,38 @@ constexpr std::size_t kTokenPrefixLength = 8;
 constexpr Duration kWalRetryInterval = std::chrono::milliseconds(5);
 
 // ---------------------------------------------------------------------------------------------
-// Schema, version 1. Created in one transaction together with application_id and user_version,
-// so a database is either fully initialised or untouched. `records` came later and is additive:
-// a file made before it gains the table at open (AddRecordsTable), and older builds, which never
-// read it, keep working on the file (a grant kept by Finish is an ordinary row to them, live
-// until its expiry), so user_version stays 1.
+// Schema, version 2. A new file is created at version 2 in one transaction together with
+// application_id and user_version, so a database is either fully initialised or untouched; a
+// version 1 file is migrated at open (kMigrateToV2Sql, below).
 //
 // fencing_counters: one row per key ever granted; `last` is the last fencing token handed out.
-//   Never deleted, so tokens keep increasing across release, expiry, force-release and reboots.
-// grants: at most one row per key, the latest grant. A row is live only while its boot_id is the
-//   current boot's and expires_ns > now (CLOCK_BOOTTIME, ns); dead rows stay until the next
-//   acquire of the key replaces them, or a release deletes them. The SQL compares
-//   CAST(expires_ns AS INTEGER), the value sqlite3_column_int64 reads: SQLite keeps a text that
-//   is no number as text in an INTEGER column, and text sorts after every integer, so a row
-//   written by another program with expires_ns 'x' would otherwise be live forever.
-//   token is the full owner token (the file is 0600); holder is the holder's free-form identity;
-//   ttl_ns is the TTL of the last acquire or renew.
+//   Never deleted, so tokens keep increasing across release, expiry, force-release and reboots,
+//   and one counter serves every grant of a key whatever its kind.
+// grants: one row per (key, slot): an exclusive grant is the key's slot 0; a shared grant or a
+//   semaphore's takes the smallest slot no live grant of the key has. A row is live only while
+//   its boot_id is the current boot's and expires_ns > now (CLOCK_BOOTTIME, ns); dead rows stay
+//   until an acquire of the key puts a grant in their slot, or a release deletes them. The SQL
+//   compares CAST(expires_ns AS INTEGER), the value sqlite3_column_int64 reads: SQLite keeps a
+//   text that is no number as text in an INTEGER column, and text sorts after every integer, so
+//   a row written by another program with expires_ns 'x' would otherwise be live forever.
+//   token is the full owner token (the file is 0600), unique among the key's live grants (an
+//   acquire refuses a token already live: Renew and Release name a grant by key and token);
+//   holder is the holder's free-form identity; ttl_ns is the TTL of the last acquire or renew;
+//   mode is 'exclusive' or 'shared' (a semaphore's grants are 'exclusive' with lease_limit N);
+//   lease_limit is the N its holder asked for (1 for exclusive and shared grants). The
+//   defaults are what a version 1 row was, and what a version 1 binary's INSERT (which names
+//   neither slot, mode nor lease_limit) writes: see kMigrateToV2Sql.
+// writer_intents: at most one row per key, the writer intent of a waiting exclusive Acquire
+//   (backend.h, "Writer preference"): waiter_id (GrantRequest::waiter_id), holder, ttl_ns, and
+//   an expiry on the grants' clock (boot_id, expires_ns). While live it keeps shared requests of
+//   other waiters out. Deleted when its waiter is granted the key or abandons its wait; else it
+//   expires, and the key's next grant or intent replaces it.
 // records: at most one row per key, the key's record (Backend::Finish), live while
 //   expires_unix_ns (CLOCK_REALTIME, ns) is after now; written only together with the end of
-//   the key's grant by its owner; never touched by grants, releases or force-release.
-// WITHOUT ROWID: the key is the primary key and the only lookup path.
+//   the key's grant by its owner; never touched by grants, releases or force-release. It came
+//   later than version 1, additively: a version 1 file made before it gains the table at open
+//   (AddRecordsTable) as well.
+// WITHOUT ROWID: the primary key is the only lookup path.
 constexpr const char* kCreateRecordsSql = R"sql(
 CREATE TABLE records (
   key             TEXT PRIMARY KEY NOT NULL,
@@ -107,14 +119,76 @@ CREATE TABLE fencing_counters (
   last INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE grants (
-  key           TEXT PRIMARY KEY NOT NULL,
+  key           TEXT NOT NULL,
+  slot          INTEGER NOT NULL DEFAULT 0,
   token         TEXT NOT NULL,
   holder        TEXT NOT NULL,
   fencing_token INTEGER NOT NULL,
   boot_id       TEXT NOT NULL,
   ttl_ns        INTEGER NOT NULL,
-  expires_ns    INTEGER NOT NULL
+  expires_ns    INTEGER NOT NULL,
+  mode          TEXT NOT NULL DEFAULT 'exclusive',
+  lease_limit   INTEGER NOT NULL DEFAULT 1,
+  PRIMARY KEY (key, slot)
 ) WITHOUT ROWID;
+CREATE TABLE writer_intents (
+  key        TEXT PRIMARY KEY NOT NULL,
+  waiter_id  TEXT NOT NULL,
+  holder     TEXT NOT NULL,
+  boot_id    TEXT NOT NULL,
+  ttl_ns     INTEGER NOT NULL,
+  expires_ns INTEGER NOT NULL
+) WITHOUT ROWID;
+)sql";
+
+// Version 1 to 2, run under BEGIN IMMEDIATE once user_version reads 1 there (MigrateToV2):
+// version 1's grants table had the key alone as its primary key (one grant per key), which a
+// semaphore's several grants of one key cannot share; SQLite cannot change a primary key in
+// place, so the table is rebuilt (https://www.sqlite.org/lang_altertable.html, "Making Other
+// Kinds Of Table Schema Changes"), every row kept as the key's slot 0, an exclusive grant of
+// limit 1: live grants stay live with their tokens, holders, fencing tokens and expiries, and
+// their owners renew and release them as before. legacy_alter_table keeps the rename from
+// checking or rewriting views of a user's that name grants (they name the new table after it).
+//
+// What a version 1 binary does with a version 2 file: one that opens it afterwards refuses it
+// (kUnimplemented, "created by a newer leasehold ... upgrade leasehold": CheckState, whose
+// check of user_version is version 1's too), so it never misreads several grants of a key. One
+// that already had the file open when it was migrated keeps working, as an exclusive-only
+// client, until it closes the file: its prepared statements are compiled again against the new
+// table (SQLITE_SCHEMA), which has every column they name; its acquire refuses while any live
+// grant of the key exists (its live-grant read names no slot) and writes slot 0 with the
+// defaults, an exclusive grant of limit 1; it renews, releases and keeps by key and token,
+// which find the one live row of its token. It ignores writer_intents, which only ever hold
+// shared requests off, and it makes none.
+constexpr const char* kMigrateToV2Sql = R"sql(
+PRAGMA legacy_alter_table = ON;
+CREATE TABLE grants_v2 (
+  key           TEXT NOT NULL,
+  slot          INTEGER NOT NULL DEFAULT 0,
+  token         TEXT NOT NULL,
+  holder        TEXT NOT NULL,
+  fencing_token INTEGER NOT NULL,
+  boot_id       TEXT NOT NULL,
+  ttl_ns        INTEGER NOT NULL,
+  expires_ns    INTEGER NOT NULL,
+  mode          TEXT NOT NULL DEFAULT 'exclusive',
+  lease_limit   INTEGER NOT NULL DEFAULT 1,
+  PRIMARY KEY (key, slot)
+) WITHOUT ROWID;
+INSERT INTO grants_v2 (key, slot, token, holder, fencing_token, boot_id, ttl_ns, expires_ns)
+SELECT key, 0, token, holder, fencing_token, boot_id, ttl_ns, expires_ns FROM grants;
+DROP TABLE grants;
+ALTER TABLE grants_v2 RENAME TO grants;
+PRAGMA legacy_alter_table = OFF;
+CREATE TABLE IF NOT EXISTS writer_intents (
+  key        TEXT PRIMARY KEY NOT NULL,
+  waiter_id  TEXT NOT NULL,
+  holder     TEXT NOT NULL,
+  boot_id    TEXT NOT NULL,
+  ttl_ns     INTEGER NOT NULL,
+  expires_ns INTEGER NOT NULL
+) WITHOUT ROWID;
+PRAGMA user_version = 2;
 )sql";
 
 // ---------------------------------------------------------------------------------------------
@@ -132,11 +206,20 @@ constexpr const char* kBeginImmediateSql = "BEGIN IMMEDIATE";
 constexpr const char* kCommitSql = "COMMIT";
 constexpr const char* kRollbackSql = "ROLLBACK";
 
-// The live grant of ?1: same boot (?2) and not yet expired at ?3 (ns since boot).
-constexpr const char* kSelectLiveGrantSql = R"sql(
-SELECT key, holder, token, fencing_token, ttl_ns, expires_ns
+// The live grants of ?1, same boot (?2) and not yet expired at ?3 (ns since boot), ordered by
+// slot: the first is Inspect's; all are Holders', and what TryAcquire admits a request against.
+constexpr const char* kSelectLiveGrantsSql = R"sql(
+SELECT key, holder, token, fencing_token, ttl_ns, expires_ns, slot, mode, lease_limit
 FROM grants
 WHERE key = ?1 AND boot_id = ?2 AND CAST(expires_ns AS INTEGER) > ?3
+ORDER BY slot
+)sql";
+
+// The live grant of ?1 with owner token ?4 (boot ?2, expiry after ?3): the fenced write's check.
+constexpr const char* kSelectOwnLiveGrantSql = R"sql(
+SELECT key, holder, token, fencing_token, ttl_ns, expires_ns, slot, mode, lease_limit
+FROM grants
+WHERE key = ?1 AND boot_id = ?2 AND CAST(expires_ns AS INTEGER) > ?3 AND token = ?4
 )sql";
 
 // Bumps the fencing counter of ?1 (starting at 1) and returns the new value.
@@ -146,27 +229,31 @@ ON CONFLICT (key) DO UPDATE SET last = last + 1
 RETURNING last
 )sql";
 
-// Writes the new grant, replacing a dead one of the same key (only called after
-// kSelectLiveGrantSql found no live grant, in the same transaction).
+// Writes the new grant in slot ?2, replacing a dead one of the same slot (only called after
+// kSelectLiveGrantsSql found no live grant in that slot, in the same transaction).
 constexpr const char* kPutGrantSql = R"sql(
-INSERT OR REPLACE INTO grants (key, token, holder, fencing_token, boot_id, ttl_ns, expires_ns)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+INSERT OR REPLACE INTO grants
+  (key, slot, token, holder, fencing_token, boot_id, ttl_ns, expires_ns, mode, lease_limit)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
 )sql";
 
-// Extends grant ?1 to ?5 (= now + ttl, computed with saturation) only if its owner token is ?2
-// and it is live at ?4 under boot ?6; sqlite3_changes() says whether it did.
+// Extends grant (?1, owner token ?2) to ?5 (= now + ttl, computed with saturation) only if it
+// is live at ?4 under boot ?6; sqlite3_changes() says whether it did. An owner token is live in
+// at most one slot of a key (TryAcquire), so no slot is needed.
 constexpr const char* kRenewGrantSql = R"sql(
 UPDATE grants SET ttl_ns = ?3, expires_ns = ?5
 WHERE key = ?1 AND token = ?2 AND boot_id = ?6 AND CAST(expires_ns AS INTEGER) > ?4
 )sql";
 
-// Any grant row of ?1, live or dead: explains a failed renew or release.
+// Every grant row of ?1, live or dead, those of owner token ?2 first, then by slot: explains a
+// failed renew or release.
 constexpr const char* kSelectAnyGrantSql = R"sql(
-SELECT token, boot_id, expires_ns FROM grants WHERE key = ?1
+SELECT token, boot_id, expires_ns, slot, mode, lease_limit FROM grants WHERE key = ?1
+ORDER BY token = ?2 DESC, slot
 )sql";
 
-// Deletes grant ?1 only if its owner token is ?2; returns it so the caller can tell whether it
-// was still live.
+// Deletes the grants of ?1 with owner token ?2 (the live one, and any dead one of an earlier
+// grant under the same token); returns them so the caller can tell whether one was still live.
 constexpr const char* kDeleteOwnGrantSql = R"sql(
 DELETE FROM grants WHERE key = ?1 AND token = ?2 RETURNING boot_id, expires_ns
 )sql";
@@ -174,7 +261,8 @@ DELETE FROM grants WHERE key = ?1 AND token = ?2 RETURNING boot_id, expires_ns
 // Keeps grant ?1 (owner token ?2, live at ?3) until ?4 (ns since boot) without renewal, with
 // ?5 as its TTL for display; sqlite3_changes() says whether it did. The token gains ':kept',
 // which no owner sends: a renewal of the owner's already in flight (queued on the write lock
-// behind this) no longer matches and cannot extend or shorten the kept grant.
+// behind this) no longer matches and cannot extend or shorten the kept grant. The kept grant
+// keeps its slot.
 constexpr const char* kKeepGrantSql = R"sql(
 UPDATE grants SET ttl_ns = ?5, expires_ns = ?4, token = token || ':kept'
 WHERE key = ?1 AND token = ?2 AND boot_id = ?6 AND CAST(expires_ns AS INTEGER) > ?3
@@ -198,45 +286,90 @@ WHERE CAST(expires_unix_ns AS INTEGER) > ?1 AND key >= ?2 AND (?3 IS NULL OR key
 ORDER BY key
 )sql";
 
-// Deletes grant ?1 whoever holds it (force-release); the fencing counter stays.
+// Deletes every grant of ?1 whoever holds it (force-release); the fencing counter and the
+// writer intent stay.
 constexpr const char* kDeleteAnyGrantSql = R"sql(
 DELETE FROM grants WHERE key = ?1 RETURNING boot_id, expires_ns
 )sql";
 
-// Live grants (boot ?1, expiry after ?2) whose key starts with a prefix, ordered by key. The
-// prefix is a byte range [?3, ?4) (?4 NULL: no upper bound) compared with the BINARY collation
-// (memcmp), so '%' and '_' in a prefix are plain characters, unlike with LIKE.
+// Deletes the live grant of ?1 (boot ?3, expiry after ?4) whose owner token starts with ?2, the
+// lowest slot's if several do (ForceReleaseGrant); returns its slot.
+constexpr const char* kDeleteGrantByPrefixSql = R"sql(
+DELETE FROM grants WHERE key = ?1 AND slot = (
+  SELECT slot FROM grants
+  WHERE key = ?1 AND boot_id = ?3 AND CAST(expires_ns AS INTEGER) > ?4
+    AND substr(token, 1, length(?2)) = ?2
+  ORDER BY slot LIMIT 1)
+RETURNING slot
+)sql";
+
+// Live grants (boot ?1, expiry after ?2) whose key starts with a prefix, ordered by key, then
+// slot. The prefix is a byte range [?3, ?4) (?4 NULL: no upper bound) compared with the BINARY
+// collation (memcmp), so '%' and '_' in a prefix are plain characters, unlike with LIKE.
 constexpr const char* kListLiveGrantsSql = R"sql(
-SELECT key, holder, token, fencing_token, ttl_ns, expires_ns
+SELECT key, holder, token, fencing_token, ttl_ns, expires_ns, slot, mode, lease_limit
 FROM grants
 WHERE boot_id = ?1 AND CAST(expires_ns AS INTEGER) > ?2 AND key >= ?3 AND (?4 IS NULL OR key < ?4)
-ORDER BY key
+ORDER BY key, slot
+)sql";
+
+// The live writer intent of ?1 (boot ?2, expiry after ?3).
+constexpr const char* kSelectLiveIntentSql = R"sql(
+SELECT waiter_id, holder, ttl_ns, expires_ns FROM writer_intents
+WHERE key = ?1 AND boot_id = ?2 AND CAST(expires_ns AS INTEGER) > ?3
+)sql";
+
+// Records (or refreshes) the writer intent of ?1 for waiter ?2, replacing a dead one or the
+// waiter's own (only called after kSelectLiveIntentSql found no live intent of another waiter).
+constexpr const char* kPutIntentSql = R"sql(
+INSERT OR REPLACE INTO writer_intents (key, waiter_id, holder, boot_id, ttl_ns, expires_ns)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+)sql";
+
+// On a grant of ?1: deletes the key's writer intent if it is waiter ?2's (granted now) or dead
+// (boot ?3, expired at ?4). A live intent of another waiter stays.
+constexpr const char* kClearIntentSql = R"sql(
+DELETE FROM writer_intents
+WHERE key = ?1 AND (waiter_id = ?2 OR boot_id != ?3 OR CAST(expires_ns AS INTEGER) <= ?4)
+)sql";
+
+// Deletes the writer intent of ?1 if it is waiter ?2's (AbandonWait).
+constexpr const char* kAbandonIntentSql = R"sql(
+DELETE FROM writer_intents WHERE key = ?1 AND waiter_id = ?2
 )sql";
 
 enum StatementId : std::size_t {
   kBeginImmediate,
   kCommit,
   kRollback,
-  kSelectLiveGrant,
+  kSelectLiveGrants,
+  kSelectOwnLiveGrant,
   kBumpFence,
   kPutGrant,
   kRenewGrant,
   kSelectAnyGrant,
   kDeleteOwnGrant,
   kDeleteAnyGrant,
+  kDeleteGrantByPrefix,
   kListLiveGrants,
   kKeepGrant,
   kPutRecord,
   kSelectRecord,
   kListRecords,
+  kSelectLiveIntent,
+  kPutIntent,
+  kClearIntent,
+  kAbandonIntent,
   kStatementCount,
 };
 
 constexpr std::array<const char*, kStatementCount> kStatementSql = {
-    kBeginImmediateSql, kCommitSql,         kRollbackSql,       kSelectLiveGrantSql,
-    kBumpFenceSql,      kPutGrantSql,       kRenewGrantSql,     kSelectAnyGrantSql,
-    kDeleteOwnGrantSql, kDeleteAnyGrantSql, kListLiveGrantsSql, kKeepGrantSql,
-    kPutRecordSql,      kSelectRecordSql,   kListRecordsSql,
+    kBeginImmediateSql,     kCommitSql,           kRollbackSql,       kSelectLiveGrantsSql,
+    kSelectOwnLiveGrantSql, kBumpFenceSql,        kPutGrantSql,       kRenewGrantSql,
+    kSelectAnyGrantSql,     kDeleteOwnGrantSql,   kDeleteAnyGrantSql, kDeleteGrantByPrefixSql,
+    kListLiveGrantsSql,     kKeepGrantSql,        kPutRecordSql,      kSelectRecordSql,
+    kListRecordsSql,        kSelectLiveIntentSql, kPutIntentSql,      kClearIntentSql,
+    kAbandonIntentSql,
 };
 
 // The wall clock (CLOCK_REALTIME) in nanoseconds since the Unix epoch, for records only: a
@@ -558,7 +691,11 @@ class SqliteConnection {
       state = *locked;
     }
     LH_RETURN_IF_ERROR(CheckState(state));
-    return AddRecordsTable();
+    LH_RETURN_IF_ERROR(AddRecordsTable());
+    if (state.user_version < kSqliteSchemaVersion) {
+      return MigrateToV2();
+    }
+    return Status::Ok();
   }
 
   // Switches to WAL (readers never block the writer; writers queue on the write lock) and
@@ -747,6 +884,27 @@ class SqliteConnection {
     return added;
   }
 
+  // Rebuilds a version 1 file's grants table as version 2's (kMigrateToV2Sql), under the write
+  // lock and re-checked there (another process may be migrating it right now). All or nothing:
+  // a failure rolls the file back to version 1, untouched.
+  Status MigrateToV2() {
+    LH_RETURN_IF_ERROR(Exec(kBeginImmediateSql, "upgrade the schema"));
+    Result<State> locked = ReadState();
+    Status migrated = locked.status();
+    if (migrated.ok() && locked->user_version == 1) {
+      migrated = Exec(kMigrateToV2Sql, "upgrade the schema to version 2");
+      if (migrated.ok()) {
+        migrated = Exec(kCommitSql, "upgrade the schema to version 2");
+      }
+    } else if (migrated.ok()) {
+      migrated = CheckState(*locked);  // migrated meanwhile, or changed beyond recognition
+    }
+    RollbackIfActive();
+    // A connection setting, not part of the transaction: leave it as SQLite's default.
+    (void)Exec("PRAGMA legacy_alter_table = OFF", "upgrade the schema");
+    return migrated;
+  }
+
   Status CheckState(const State& state) const {
     if (state.kind == Kind::kForeign) {
       return Status::InvalidArgument(fmt::format(
@@ -842,10 +1000,11 @@ class StatementRun {
     sqlite3_clear_bindings(statement_);
   }
 
-  // `text` must outlive the run (bound without a copy).
+  // `text` must outlive the run (bound without a copy). An empty view is the empty string,
+  // even a default-constructed one (whose null data() SQLite would bind as NULL).
   void Bind(int index, std::string_view text) {
-    Check(sqlite3_bind_text(statement_, index, text.data(), static_cast<int>(text.size()),
-                            SQLITE_STATIC));
+    Check(sqlite3_bind_text(statement_, index, text.data() != nullptr ? text.data() : "",
+                            static_cast<int>(text.size()), SQLITE_STATIC));
   }
 
   void Bind(int index, std::int64_t value) { Check(sqlite3_bind_int64(statement_, index, value)); }
@@ -983,7 +1142,30 @@ class WriteTransaction {
   std::string notify_key_;
 };
 
-// Reads a row of kSelectLiveGrantSql or kListLiveGrantsSql.
+// The grants.mode text of `mode`.
+std::string_view ModeText(LeaseMode mode) {
+  return mode == LeaseMode::kShared ? "shared" : "exclusive";
+}
+
+// Reads grants.mode: anything but 'shared' (a row of another program's) is exclusive, the kind
+// that admits nobody beside it.
+LeaseMode ModeFromText(std::string_view text) {
+  return text == "shared" ? LeaseMode::kShared : LeaseMode::kExclusive;
+}
+
+// Reads grants.lease_limit and grants.slot as the LeaseInfo fields they are, whatever another
+// program put there: a limit in 1..kMaxLeaseLimit, a slot in 0..UINT32_MAX.
+std::uint32_t LimitFromColumn(std::int64_t value) {
+  return static_cast<std::uint32_t>(
+      std::clamp<std::int64_t>(value, 1, static_cast<std::int64_t>(kMaxLeaseLimit)));
+}
+
+std::uint32_t SlotFromColumn(std::int64_t value) {
+  return static_cast<std::uint32_t>(std::clamp<std::int64_t>(
+      value, 0, static_cast<std::int64_t>(std::numeric_limits<std::uint32_t>::max())));
+}
+
+// Reads a row of kSelectLiveGrantsSql, kSelectOwnLiveGrantSql or kListLiveGrantsSql.
 LeaseInfo LeaseInfoFromRow(const StatementRun& row, std::int64_t now_ns) {
   using std::chrono::duration_cast;
   using std::chrono::milliseconds;
@@ -994,12 +1176,16 @@ LeaseInfo LeaseInfoFromRow(const StatementRun& row, std::int64_t now_ns) {
   info.fencing_token = static_cast<FencingToken>(row.Int(3));
   info.ttl = duration_cast<milliseconds>(Duration(row.Int(4)));
   info.remaining = duration_cast<milliseconds>(Duration(row.Int(5) - now_ns));
+  info.slot = SlotFromColumn(row.Int(6));
+  info.mode = ModeFromText(row.Text(7));
+  info.limit = LimitFromColumn(row.Int(8));
   return info;
 }
 
 // The tables of leasehold's own schema in the file: a fenced write's statements may read them,
 // never change them.
-constexpr std::array<std::string_view, 3> kLeaseTables = {"grants", "fencing_counters", "records"};
+constexpr std::array<std::string_view, 4> kLeaseTables = {"grants", "fencing_counters", "records",
+                                                          "writer_intents"};
 
 bool IsLeaseTable(const char* db_name, const char* table) {
   if (table == nullptr || (db_name != nullptr && std::string_view(db_name) != "main")) {
@@ -1393,26 +1579,153 @@ Capabilities SqliteBackend::capabilities() const {
       .native_wait = true,
       .fencing_survives_restart = true,
       .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),
+      .shared_leases = true,
   };
 }
 
 Result<Grant> SqliteBackend::TryAcquire(const GrantRequest& request) {
   LH_RETURN_IF_ERROR(CheckTtl(request.key, request.ttl));
   MutexLock lock(&mu_);
+  // Read before the transaction: a grant's end that this attempt does not see commits after
+  // its read of the grants, and bumps the generation after that, so after this read; the
+  // waiter's WaitForTurn sleeps on this value and cannot miss it.
+  const std::uint32_t generation = connection_->queue().Generation(request.key);
+  Result<Grant> result = TryAcquireLocked(request);
+  if (!request.waiter_id.empty()) {
+    if (result.ok() || result.status().code() != StatusCode::kHeldByAnother) {
+      refused_at_.erase(request.waiter_id);
+    } else {
+      if (refused_at_.size() >= kMaxRefusedWaiters && !refused_at_.contains(request.waiter_id)) {
+        refused_at_.clear();
+      }
+      refused_at_.insert_or_assign(request.waiter_id,
+                                   RefusedAt{.key = request.key, .generation = generation});
+    }
+  }
+  return result;
+}
+
+Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
   SqliteConnection& connection = *connection_;
   WriteTransaction transaction(connection);
   LH_RETURN_IF_ERROR(transaction.Begin("try-acquire"));
   // Read the clock only now that the write lock is held: the wait for it may be long, and the
   // grant's expiry must not be earlier than the caller's t_send + ttl.
   const std::int64_t now_ns = NowNs();
+  // The key's live grants, by slot; and which of them, if any, is already this owner token's.
+  std::vector<LeaseInfo> live;
+  std::optional<std::size_t> own;
   {
-    StatementRun live(connection, kSelectLiveGrant, "try-acquire");
-    live.Bind(1, request.key);
-    live.Bind(2, boot_id_);
-    live.Bind(3, now_ns);
-    LH_ASSIGN_OR_RETURN(bool held, live.Next());
-    if (held) {
-      return Status::HeldByAnother(LeaseInfoFromRow(live, now_ns));
+    StatementRun select(connection, kSelectLiveGrants, "try-acquire");
+    select.Bind(1, request.key);
+    select.Bind(2, boot_id_);
+    select.Bind(3, now_ns);
+    while (true) {
+      LH_ASSIGN_OR_RETURN(bool row, select.Next());
+      if (!row) {
+        break;
+      }
+      if (select.Text(2) == request.owner_token) {
+        own = live.size();
+      }
+      live.push_back(LeaseInfoFromRow(select, now_ns));
+    }
+  }
+  // One family per key: read/write (limit 1) or one semaphore of one N.
+  const bool asks_semaphore = request.limit > 1;
+  for (const LeaseInfo& held : live) {
+    if ((held.limit > 1) != asks_semaphore || (asks_semaphore && held.limit != request.limit)) {
+      return LimitMismatch(request.key, held.mode, held.limit, held.holder, request.mode,
+                           request.limit);
+    }
+  }
+  if (own.has_value()) {
+    // An earlier attempt of the same call was granted under this token and its reply was lost:
+    // its expiry began before this attempt's t_send, so it cannot be adopted (see Store::Acquire);
+    // it is refused as held and expires by itself.
+    return Status::HeldByAnother(live[*own], "a grant under this owner token already exists");
+  }
+
+  // The live writer intent of the key, read where it matters: for a shared request (it keeps
+  // them out) and for a waiter's exclusive request that is refused (it records or refreshes it).
+  struct Intent {
+    std::string waiter_id;
+    LeaseInfo info;
+  };
+
+  auto read_intent = [&]() -> Result<std::optional<Intent>> {
+    StatementRun select(connection, kSelectLiveIntent, "try-acquire");
+    select.Bind(1, request.key);
+    select.Bind(2, boot_id_);
+    select.Bind(3, now_ns);
+    LH_ASSIGN_OR_RETURN(bool row, select.Next());
+    if (!row) {
+      return std::optional<Intent>();
+    }
+    Intent intent{.waiter_id = select.Text(0)};
+    intent.info.key = request.key;
+    intent.info.holder = select.Text(1);
+    intent.info.ttl =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Duration(select.Int(2)));
+    intent.info.remaining =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Duration(select.Int(3) - now_ns));
+    return std::optional<Intent>(std::move(intent));
+  };
+
+  if (asks_semaphore) {
+    if (live.size() >= request.limit) {
+      return Status::HeldByAnother(live.front(),
+                                   fmt::format("all {} slots are held", request.limit));
+    }
+  } else if (request.mode == LeaseMode::kShared) {
+    const auto exclusive = std::find_if(live.begin(), live.end(), [](const LeaseInfo& held) {
+      return held.mode == LeaseMode::kExclusive;
+    });
+    if (exclusive != live.end()) {
+      return Status::HeldByAnother(live.front());
+    }
+    LH_ASSIGN_OR_RETURN(std::optional<Intent> intent, read_intent());
+    if (intent.has_value() && intent->waiter_id != request.waiter_id) {
+      const LeaseInfo& writer = intent->info;
+      return Status::HeldByAnother(
+          fmt::format("{} is kept for {}, a writer waiting for it ({} left of its intent); "
+                      "shared holders are admitted after it",
+                      request.key, writer.holder.empty() ? "another owner" : writer.holder,
+                      FormatDuration(RoundForDisplay(writer.remaining))),
+          writer);
+    }
+  } else if (!live.empty()) {
+    Status held = Status::HeldByAnother(live.front());
+    if (request.waiter_id.empty()) {
+      return held;
+    }
+    // Writer preference: record this waiter's intent, or refresh it, unless another waiter's
+    // live intent came first (one intent per key: the first waiting writer's).
+    LH_ASSIGN_OR_RETURN(std::optional<Intent> intent, read_intent());
+    if (intent.has_value() && intent->waiter_id != request.waiter_id) {
+      return held;
+    }
+    {
+      StatementRun put(connection, kPutIntent, "try-acquire");
+      put.Bind(1, request.key);
+      put.Bind(2, request.waiter_id);
+      put.Bind(3, request.holder);
+      put.Bind(4, boot_id_);
+      put.Bind(5, request.ttl.count());
+      put.Bind(6, SaturatingAdd(now_ns, request.ttl.count()));
+      LH_RETURN_IF_ERROR(put.Finish());
+    }
+    LH_RETURN_IF_ERROR(transaction.Commit("try-acquire"));
+    return held;
+  }
+
+  // Admitted. The smallest slot no live grant has (live is ordered by slot).
+  std::uint32_t slot = 0;
+  for (const LeaseInfo& held : live) {
+    if (held.slot == slot) {
+      ++slot;
+    } else if (held.slot > slot) {
+      break;
     }
   }
   std::int64_t fencing_token = 0;
@@ -1432,16 +1745,34 @@ Result<Grant> SqliteBackend::TryAcquire(const GrantRequest& request) {
   {
     StatementRun put(connection, kPutGrant, "try-acquire");
     put.Bind(1, request.key);
-    put.Bind(2, request.owner_token);
-    put.Bind(3, request.holder);
-    put.Bind(4, fencing_token);
-    put.Bind(5, boot_id_);
-    put.Bind(6, request.ttl.count());
-    put.Bind(7, SaturatingAdd(now_ns, request.ttl.count()));
+    put.Bind(2, static_cast<std::int64_t>(slot));
+    put.Bind(3, request.owner_token);
+    put.Bind(4, request.holder);
+    put.Bind(5, fencing_token);
+    put.Bind(6, boot_id_);
+    put.Bind(7, request.ttl.count());
+    put.Bind(8, SaturatingAdd(now_ns, request.ttl.count()));
+    put.Bind(9, ModeText(request.mode));
+    put.Bind(10, static_cast<std::int64_t>(request.limit));
     LH_RETURN_IF_ERROR(put.Finish());
   }
+  {
+    // The waiter's own intent is done with; a dead one of anybody's is tidied.
+    StatementRun clear(connection, kClearIntent, "try-acquire");
+    clear.Bind(1, request.key);
+    clear.Bind(2, request.waiter_id);
+    clear.Bind(3, boot_id_);
+    clear.Bind(4, now_ns);
+    LH_RETURN_IF_ERROR(clear.Finish());
+    if (sqlite3_changes(connection.db()) > 0) {
+      // Waiters on a free key that the intent held off sleep until its expiry (WaitForKey):
+      // wake them, so that they wait for this grant's end instead.
+      transaction.NotifyOnCommit(request.key);
+    }
+  }
   LH_RETURN_IF_ERROR(transaction.Commit("try-acquire"));
-  return Grant{.fencing_token = static_cast<FencingToken>(fencing_token), .ttl = request.ttl};
+  return Grant{
+      .fencing_token = static_cast<FencingToken>(fencing_token), .ttl = request.ttl, .slot = slot};
 }
 
 Status SqliteBackend::Renew(const RenewRequest& request) {
@@ -1495,6 +1826,7 @@ Status SqliteBackend::LostStatusLocked(std::string_view key, std::string_view ow
                                        std::int64_t now_ns) {
   StatementRun any(*connection_, kSelectAnyGrant, "check the grant");
   any.Bind(1, key);
+  any.Bind(2, owner_token);
   Result<bool> row = any.Next();
   if (!row.ok()) {
     // The grant is known not to be live and ours; only the reason is unknown.
@@ -1508,8 +1840,18 @@ Status SqliteBackend::LostStatusLocked(std::string_view key, std::string_view ow
         key));
   }
   if (any.Text(0) != owner_token) {
-    return Status::Lost(fmt::format("lease {} was lost: taken over by another owner", key),
-                        LostCause::kStolen);
+    // No row of ours (rows of ours sort first). Another owner's exclusive grant in slot 0 took
+    // the key after ours (which was in slot 0 too, or ended with every other grant of the key
+    // before it could be taken exclusively). A shared or semaphore grant of another owner says
+    // nothing about ours, which may have been in another slot.
+    if (any.Int(3) == 0 && ModeFromText(any.Text(4)) == LeaseMode::kExclusive && any.Int(5) == 1) {
+      return Status::Lost(fmt::format("lease {} was lost: taken over by another owner", key),
+                          LostCause::kStolen);
+    }
+    return Status::Lost(fmt::format(
+        "lease {} was lost: its grant no longer exists (released by force, or expired and its "
+        "slot was taken since)",
+        key));
   }
   if (any.Text(1) != boot_id_) {
     return Status::Lost(
@@ -1528,30 +1870,42 @@ Status SqliteBackend::Release(std::string_view key, std::string_view owner_token
   LH_RETURN_IF_ERROR(transaction.Begin("release", /*durable=*/false));
   transaction.NotifyOnCommit(key);
   const std::int64_t now_ns = NowNs();
-  Status result;
+  // The rows of this token: the live grant, if any, and dead ones of earlier grants under it
+  // (an attempt of Store::Acquire whose reply was lost). Whether one of them was live decides.
   bool found = false;
+  bool live = false;
+  std::optional<std::int64_t> expired_ns;  // the latest expiry of this boot's dead rows
   {
     StatementRun erase(connection, kDeleteOwnGrant, "release");
     erase.Bind(1, key);
     erase.Bind(2, owner_token);
-    LH_ASSIGN_OR_RETURN(found, erase.Next());
-    if (found) {
-      const bool same_boot = erase.Text(0) == boot_id_;
+    while (true) {
+      LH_ASSIGN_OR_RETURN(bool row, erase.Next());
+      if (!row) {
+        break;
+      }
+      found = true;
       const std::int64_t expires_ns = erase.Int(1);
-      LH_RETURN_IF_ERROR(erase.Finish());
-      if (!same_boot) {
-        result = Status::Lost(fmt::format(
-            "lease {} was lost before release: expired (the host rebooted since it was granted)",
-            key));
-      } else if (expires_ns <= now_ns) {
-        result = Status::Lost(fmt::format("lease {} was lost before release: expired {} ago", key,
-                                          HumanDuration(now_ns - expires_ns)));
+      if (erase.Text(0) != boot_id_) {
+        continue;
+      }
+      if (expires_ns > now_ns) {
+        live = true;
+      } else {
+        expired_ns = std::max(expired_ns.value_or(expires_ns), expires_ns);
       }
     }
   }
+  Status result;
   if (!found) {
     // Absent, or someone else's: nothing was deleted.
     result = LostStatusLocked(key, owner_token, now_ns);
+  } else if (!live && !expired_ns.has_value()) {
+    result = Status::Lost(fmt::format(
+        "lease {} was lost before release: expired (the host rebooted since it was granted)", key));
+  } else if (!live) {
+    result = Status::Lost(fmt::format("lease {} was lost before release: expired {} ago", key,
+                                      HumanDuration(now_ns - *expired_ns)));
   }
   // Commit even when lost: deleting our own expired row is harmless and tidies the table.
   LH_RETURN_IF_ERROR(transaction.Commit("release"));
@@ -1579,25 +1933,34 @@ Status SqliteBackend::Finish(const FinishRequest& request) {
     keep.Bind(5, request.keep.count());
     keep.Bind(6, boot_id_);
     LH_RETURN_IF_ERROR(keep.Finish());
+    if (sqlite3_changes(connection.db()) != 1) {
+      return LostStatusLocked(request.key, request.owner_token, now_ns);  // rolls back
+    }
   } else {
-    // Only a live grant of ours may end with a record: a dead one is deleted without it.
+    // Only a live grant of ours may end with a record: dead ones (of this token) are deleted
+    // without it.
     StatementRun erase(connection, kDeleteOwnGrant, "finish");
     erase.Bind(1, request.key);
     erase.Bind(2, request.owner_token);
-    LH_ASSIGN_OR_RETURN(bool found, erase.Next());
-    if (found && (erase.Text(0) != boot_id_ || erase.Int(1) <= now_ns)) {
-      LH_RETURN_IF_ERROR(erase.Finish());
+    bool found = false;
+    bool live = false;
+    while (true) {
+      LH_ASSIGN_OR_RETURN(bool row, erase.Next());
+      if (!row) {
+        break;
+      }
+      found = true;
+      live = live || (erase.Text(0) == boot_id_ && erase.Int(1) > now_ns);
+    }
+    if (!found) {
+      return LostStatusLocked(request.key, request.owner_token, now_ns);  // rolls back
+    }
+    if (!live) {
       Status lost = Status::Lost(
           fmt::format("lease {} was lost before release: expired (nothing recorded)", request.key));
       LH_RETURN_IF_ERROR(transaction.Commit("finish"));
       return lost;
     }
-    if (found) {
-      LH_RETURN_IF_ERROR(erase.Finish());
-    }
-  }
-  if (sqlite3_changes(connection.db()) != 1) {
-    return LostStatusLocked(request.key, request.owner_token, now_ns);  // rolls back
   }
   if (request.record.has_value()) {
     StatementRun put(connection, kPutRecord, "finish");
@@ -1680,7 +2043,7 @@ Result<Diagnosis> SqliteBackend::Diagnose() {
 Result<std::optional<LeaseInfo>> SqliteBackend::Inspect(std::string_view key) {
   MutexLock lock(&mu_);
   const std::int64_t now_ns = NowNs();
-  StatementRun live(*connection_, kSelectLiveGrant, "inspect");
+  StatementRun live(*connection_, kSelectLiveGrants, "inspect");
   live.Bind(1, key);
   live.Bind(2, boot_id_);
   live.Bind(3, now_ns);
@@ -1689,6 +2052,23 @@ Result<std::optional<LeaseInfo>> SqliteBackend::Inspect(std::string_view key) {
     return std::optional<LeaseInfo>();
   }
   return std::optional<LeaseInfo>(LeaseInfoFromRow(live, now_ns));
+}
+
+Result<std::vector<LeaseInfo>> SqliteBackend::Holders(std::string_view key) {
+  MutexLock lock(&mu_);
+  const std::int64_t now_ns = NowNs();
+  StatementRun live(*connection_, kSelectLiveGrants, "holders");
+  live.Bind(1, key);
+  live.Bind(2, boot_id_);
+  live.Bind(3, now_ns);
+  std::vector<LeaseInfo> infos;
+  while (true) {
+    LH_ASSIGN_OR_RETURN(bool row, live.Next());
+    if (!row) {
+      return infos;
+    }
+    infos.push_back(LeaseInfoFromRow(live, now_ns));
+  }
 }
 
 Result<std::vector<LeaseInfo>> SqliteBackend::List(std::string_view prefix) {
@@ -1725,18 +2105,96 @@ Result<bool> SqliteBackend::ForceRelease(std::string_view key) {
   {
     StatementRun erase(connection, kDeleteAnyGrant, "force-release");
     erase.Bind(1, key);
-    LH_ASSIGN_OR_RETURN(bool found, erase.Next());
-    if (found) {
-      was_live = erase.Text(0) == boot_id_ && erase.Int(1) > now_ns;
-      LH_RETURN_IF_ERROR(erase.Finish());
+    while (true) {
+      LH_ASSIGN_OR_RETURN(bool row, erase.Next());
+      if (!row) {
+        break;
+      }
+      was_live = was_live || (erase.Text(0) == boot_id_ && erase.Int(1) > now_ns);
     }
   }
   LH_RETURN_IF_ERROR(transaction.Commit("force-release"));
   return was_live;
 }
 
+Result<bool> SqliteBackend::ForceReleaseGrant(std::string_view key, std::string_view token_prefix) {
+  if (token_prefix.empty()) {
+    return Status::InvalidArgument("force-release of one grant: the token prefix is empty");
+  }
+  MutexLock lock(&mu_);
+  SqliteConnection& connection = *connection_;
+  WriteTransaction transaction(connection);
+  LH_RETURN_IF_ERROR(transaction.Begin("force-release", /*durable=*/false));
+  transaction.NotifyOnCommit(key);
+  const std::int64_t now_ns = NowNs();
+  bool deleted = false;
+  {
+    StatementRun erase(connection, kDeleteGrantByPrefix, "force-release");
+    erase.Bind(1, key);
+    erase.Bind(2, token_prefix);
+    erase.Bind(3, boot_id_);
+    erase.Bind(4, now_ns);
+    LH_ASSIGN_OR_RETURN(deleted, erase.Next());
+    LH_RETURN_IF_ERROR(erase.Finish());
+  }
+  LH_RETURN_IF_ERROR(transaction.Commit("force-release"));
+  return deleted;
+}
+
+void SqliteBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
+  MutexLock lock(&mu_);
+  if (auto it = refused_at_.find(waiter_id); it != refused_at_.end()) {
+    refused_at_.erase(it);
+  }
+  if (waiter_id.empty()) {
+    return;
+  }
+  SqliteConnection& connection = *connection_;
+  WriteTransaction transaction(connection);
+  // Best effort (Backend::AbandonWait): an intent left behind expires by itself within its ttl.
+  // Not durable, as a release: an intent lost in a power cut is of the old boot, dead anyway.
+  if (!transaction.Begin("abandon the wait", /*durable=*/false).ok()) {
+    return;
+  }
+  {
+    StatementRun erase(connection, kAbandonIntent, "abandon the wait");
+    erase.Bind(1, key);
+    erase.Bind(2, waiter_id);
+    if (!erase.Finish().ok()) {
+      return;
+    }
+  }
+  if (sqlite3_changes(connection.db()) > 0) {
+    // Shared requests the intent kept out may be admitted now.
+    transaction.NotifyOnCommit(key);
+  }
+  (void)transaction.Commit("abandon the wait");
+}
+
 Status SqliteBackend::WaitForChange(std::string_view key, SteadyTime deadline,
                                     std::stop_token stop) {
+  return WaitForKey(key, {}, std::nullopt, deadline, std::move(stop));
+}
+
+Status SqliteBackend::WaitForTurn(std::string_view key, std::string_view waiter_id,
+                                  SteadyTime deadline, std::stop_token stop) {
+  std::optional<std::uint32_t> seen;
+  {
+    MutexLock lock(&mu_);
+    if (auto it = refused_at_.find(waiter_id); it != refused_at_.end()) {
+      if (it->second.key == key) {
+        seen = it->second.generation;
+      }
+      // Taken: the next attempt's refusal records the generation it read.
+      refused_at_.erase(it);
+    }
+  }
+  return WaitForKey(key, waiter_id, seen, deadline, std::move(stop));
+}
+
+Status SqliteBackend::WaitForKey(std::string_view key, std::string_view waiter_id,
+                                 std::optional<std::uint32_t> seen, SteadyTime deadline,
+                                 std::stop_token stop) {
   // Cancellation bumps the slot too, so that a stop requested between the check below and the
   // futex wait is not missed (the other waiters on the slot see a spurious wake-up).
   SqliteHostQueue* queue = nullptr;
@@ -1753,28 +2211,58 @@ Status SqliteBackend::WaitForChange(std::string_view key, SteadyTime deadline,
     if (now >= deadline) {
       return Status::DeadlineExceeded("wait ran out");
     }
-    // The generation first, then the grant: a release that commits after this read of the
-    // grant bumps the generation after the read of the generation.
-    const std::uint32_t seen = queue->Generation(key);
-    std::int64_t expires_ns = 0;
+    // The generation first, then the grants: a grant's end that commits after this read of
+    // the grants bumps the generation after the read of the generation. A waiter's refused
+    // TryAcquire read it before its own read of the grants (WaitForTurn): a grant that ended
+    // since then (a semaphore's slot freed while others still hold the key) has moved it.
+    const std::uint32_t generation = seen.value_or(queue->Generation(key));
+    seen.reset();  // a later round (after a timeout) reads afresh
+    std::optional<std::int64_t> first_expiry_ns;
     std::int64_t now_ns = 0;
     {
       MutexLock lock(&mu_);
       now_ns = NowNs();
-      StatementRun live(*connection_, kSelectLiveGrant, "wait");
-      live.Bind(1, key);
-      live.Bind(2, boot_id_);
-      live.Bind(3, now_ns);
-      LH_ASSIGN_OR_RETURN(bool held, live.Next());
-      if (!held) {
-        return Status::Ok();
+      {
+        StatementRun live(*connection_, kSelectLiveGrants, "wait");
+        live.Bind(1, key);
+        live.Bind(2, boot_id_);
+        live.Bind(3, now_ns);
+        while (true) {
+          LH_ASSIGN_OR_RETURN(bool row, live.Next());
+          if (!row) {
+            break;
+          }
+          first_expiry_ns = std::min(first_expiry_ns.value_or(live.Int(5)), live.Int(5));
+        }
       }
-      expires_ns = live.Int(5);
+      if (!first_expiry_ns.has_value() && waiter_id.empty()) {
+        return Status::Ok();  // WaitForChange: the key is free
+      }
+      if (!first_expiry_ns.has_value()) {
+        // A waiter (WaitForTurn) on a free key: another waiter's writer intent still holds its
+        // shared request off. The intent ends by itself (a writer that died waiting: wake at
+        // its expiry) or by its writer's grant or AbandonWait (which wakes us). The waiter's
+        // own intent, or none: the key is its to take. (Its writer's grant, which clears it,
+        // wakes us too: we then wait for that grant's end.)
+        StatementRun intent(*connection_, kSelectLiveIntent, "wait");
+        intent.Bind(1, key);
+        intent.Bind(2, boot_id_);
+        intent.Bind(3, now_ns);
+        LH_ASSIGN_OR_RETURN(bool has_intent, intent.Next());
+        if (!has_intent || intent.Text(0) == waiter_id) {
+          return Status::Ok();
+        }
+        first_expiry_ns = intent.Int(3);
+      }
     }
-    // Without a release (the holder killed) the grant ends by itself: wake then at the latest.
-    const Duration until_expiry = Duration(expires_ns - now_ns) + std::chrono::milliseconds(1);
+    // Without a release (a holder killed) a grant ends by itself: wake then at the latest. The
+    // first expiry is a change too, though other grants may still hold the key.
+    const Duration until_expiry =
+        Duration(*first_expiry_ns - now_ns) + std::chrono::milliseconds(1);
+    const bool until_an_expiry = until_expiry <= deadline - now;
     const Duration timeout = std::min<Duration>(deadline - now, until_expiry);
-    if (queue->WaitChange(key, seen, timeout) && !stop.stop_requested()) {
+    if ((queue->WaitChange(key, generation, timeout) || until_an_expiry) &&
+        !stop.stop_requested()) {
       return Status::Ok();
     }
   }
@@ -1808,17 +2296,27 @@ Result<std::vector<std::int64_t>> SqliteBackend::FencedWrite(const FencedWriteRe
   // After the write lock, as everywhere: no other writer can change the grant until COMMIT.
   const std::int64_t now_ns = NowNs();
   if (!request.skip_guard_for_testing) {
-    StatementRun live(connection, kSelectLiveGrant, "fenced write");
-    live.Bind(1, request.key);
-    live.Bind(2, boot_id_);
-    live.Bind(3, now_ns);
-    LH_ASSIGN_OR_RETURN(bool found, live.Next());
-    const bool ours = found && live.Text(2) == request.owner_token &&
-                      static_cast<FencingToken>(live.Int(3)) == request.fencing_token;
+    bool ours = false;
+    {
+      // The caller's grant among the key's (one of several, for a shared or semaphore lease).
+      StatementRun own(connection, kSelectOwnLiveGrant, "fenced write");
+      own.Bind(1, request.key);
+      own.Bind(2, boot_id_);
+      own.Bind(3, now_ns);
+      own.Bind(4, request.owner_token);
+      LH_ASSIGN_OR_RETURN(bool found, own.Next());
+      ours = found && static_cast<FencingToken>(own.Int(3)) == request.fencing_token;
+    }
     if (!ours) {
-      // A live row of another grant names its holder; our own kept grant (token + ":kept",
-      // Finish) or none at all means ours ended.
-      const bool other = found && static_cast<FencingToken>(live.Int(3)) != request.fencing_token;
+      // Another owner's exclusive grant names its holder; our own kept grant (token + ":kept",
+      // Finish), other holders of a shared or semaphore key, or none at all: ours ended.
+      StatementRun live(connection, kSelectLiveGrants, "fenced write");
+      live.Bind(1, request.key);
+      live.Bind(2, boot_id_);
+      live.Bind(3, now_ns);
+      LH_ASSIGN_OR_RETURN(bool found, live.Next());
+      const bool other = found && static_cast<FencingToken>(live.Int(3)) != request.fencing_token &&
+                         ModeFromText(live.Text(7)) == LeaseMode::kExclusive && live.Int(8) == 1;
       return FencedOut(
           request.key, request.fencing_token,
           other ? fmt::format("is now held by {} under fencing token {}", live.Text(1), live.Int(3))

@@ -16,10 +16,14 @@
 // SQLite's busy handler; the same file carries the change generations waiters sleep on
 // (WaitForChange, native_wait).
 //
+// Shared leases (backend.h, "Shared leases"): each grant of a key is a row of its own, in the
+// key's smallest free slot; a waiting writer's intent is a row of writer_intents. Admission is
+// a read of the key's live grants and an insert in the same BEGIN IMMEDIATE transaction.
+//
 // Fenced writes (Lease::Write, FencedOp kSql) run the caller's statements on data tables in the
 // same file, inside the BEGIN IMMEDIATE transaction that first checks the grant: a holder whose
 // grant expired or was taken over writes nothing. The lease tables (grants, fencing_counters,
-// records) share the file and are off limits to those statements.
+// records, writer_intents) share the file and are off limits to those statements.
 //
 // Example:
 //
@@ -38,9 +42,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -64,9 +70,10 @@ class SqliteConnection;
 
 // Identifies a leasehold database: PRAGMA application_id, 'LEAS' in ASCII.
 inline constexpr std::int32_t kSqliteApplicationId = 0x4C454153;
-// PRAGMA user_version of the schema this build creates and understands.
-// The records table came later, additively, under the same version (sqlite_backend.cc).
-inline constexpr std::int32_t kSqliteSchemaVersion = 1;
+// PRAGMA user_version of the schema this build creates and understands: 2, whose grants table
+// holds several grants of a key (shared leases). A version 1 file is migrated at open; a
+// version 1 binary refuses a version 2 file (sqlite_backend.cc, kMigrateToV2Sql).
+inline constexpr std::int32_t kSqliteSchemaVersion = 2;
 
 // Opens (creating if needed) the leasehold database named by `url` (scheme "sqlite").
 // Returns kInvalidArgument for a bad URL or a file that is not a leasehold database (or is
@@ -97,6 +104,12 @@ class SqliteBackend final : public Backend {
 
   [[nodiscard]] Capabilities capabilities() const override;
 
+  // One BEGIN IMMEDIATE transaction: reads the key's live grants (and its writer intent where
+  // the request's mode needs it), admits the request by backend.h's rules ("Shared leases"),
+  // and writes the grant in the smallest free slot with the key's next fencing token, or, for a
+  // refused exclusive request of a waiter, its writer intent. A token that already holds a live
+  // grant of the key is refused as held (an earlier attempt's grant whose reply was lost; it
+  // expires by itself).
   Result<Grant> TryAcquire(const GrantRequest& request) override;
 
   Status Renew(const RenewRequest& request) override;
@@ -132,28 +145,51 @@ class SqliteBackend final : public Backend {
 
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
 
+  // Every live grant of the key, ordered by slot.
+  Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
+
   Result<bool> ForceRelease(std::string_view key) override;
 
+  // One DELETE of the key's lowest-slot live grant whose token starts with `token_prefix`;
+  // wakes waiters as Release.
+  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override;
+
+  // Deletes the waiter's writer intent of the key, if it has one (and wakes the key's waiters:
+  // shared requests it held off may be admitted now).
+  void AbandonWait(std::string_view key, std::string_view waiter_id) override;
+
   // Sleeps on the key's change generation in the host's shared file (SqliteHostQueue), which
-  // Release, Finish and ForceRelease of any process bump after COMMIT: a wake-up, not a poll.
-  // It reads the generation, then the grant: if the key is free (or expired) it returns OK at
-  // once; else it sleeps while the generation is unchanged, at most until the grant's expiry
-  // (nobody releases after a kill -9) or `deadline`. A release that commits after the grant was
-  // read bumps the generation after that read, so it cannot be missed. OK when woken or the
-  // grant is gone; kDeadlineExceeded; kCancelled on `stop`.
+  // Release, Finish, ForceRelease and ForceReleaseGrant of any process bump after COMMIT (and
+  // AbandonWait, and a grant that clears a writer intent): a wake-up, not a poll. It reads the
+  // generation, then the key's live grants: if there is none it returns OK at once; else it
+  // sleeps while the generation is unchanged, at most until the first of their expiries
+  // (nobody releases after a kill -9) or `deadline`, so the end of any grant of the key wakes
+  // it. A release that commits after the grants were read bumps the generation after that
+  // read, so it cannot be missed. OK when woken or the grants are gone; kDeadlineExceeded;
+  // kCancelled on `stop`.
   Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
 
-  // Sql ops only. One BEGIN IMMEDIATE transaction on the file: the key's grant row still holds
-  // request.owner_token and is live (same boot, not expired: the rule of Renew and Inspect),
-  // then each statement, prepared, its parameters bound as text ($N by name, as on PostgreSQL;
-  // else ?N or ? by index), stepped to its end; then COMMIT. Any error rolls everything back.
+  // As WaitForChange, for the waiter of Store::Acquire whose last TryAcquire was refused: it
+  // sleeps on the change generation that TryAcquire read before its transaction, not on one
+  // read now, so a grant that ended between the refusal and this call (a semaphore's slot
+  // freed, which leaves the key held) wakes it at once. Also returns at once if the key has no
+  // live grant and no live writer intent but the waiter's own; sleeps at most until the first
+  // expiry of the key's live grants or of another waiter's intent.
+  Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
+                     std::stop_token stop) override;
+
+  // Sql ops only. One BEGIN IMMEDIATE transaction on the file: a grant row of the key (one of
+  // several, for a shared or semaphore lease) still holds request.owner_token and is live
+  // (same boot, not expired: the rule of Renew and Inspect), then each statement, prepared,
+  // its parameters bound as text ($N by name, as on PostgreSQL; else ?N or ? by index),
+  // stepped to its end; then COMMIT. Any error rolls everything back.
   // Returns per statement the rows it changed (sqlite3_changes; 0 for one that changes none).
   // kLost (FencedOut) if the check fails; kInvalidArgument with SQLite's message for a
   // statement SQLite refuses (syntax, constraint, type...), for more than one statement in an
   // op, for parameters that do not match the statement's, and for statements that would end
   // the transaction (BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT, RELEASE, ATTACH, DETACH, VACUUM),
-  // change leasehold's own tables (grants, fencing_counters, records), create a TEMP table,
-  // view or trigger (it could shadow them) or any trigger, or run a PRAGMA;
+  // change leasehold's own tables (grants, fencing_counters, records, writer_intents), create a
+  // TEMP table, view or trigger (it could shadow them) or any trigger, or run a PRAGMA;
   // kUnavailable when the file stays locked (busy_timeout) or fails as elsewhere. The write
   // holds the file's write lock while it runs: other writers of the file (every lease
   // operation of every process on it) wait for it.
@@ -172,6 +208,14 @@ class SqliteBackend final : public Backend {
   // The store's time: the clock's CLOCK_BOOTTIME reading in nanoseconds, as grants record it.
   [[nodiscard]] std::int64_t NowNs() const;
 
+  // TryAcquire inside the lock.
+  Result<Grant> TryAcquireLocked(const GrantRequest& request) LH_REQUIRES(mu_);
+
+  // The wait of WaitForChange and WaitForTurn: `seen` is the key's generation before the read
+  // the caller's decision came from; `waiter_id` empty for WaitForChange.
+  Status WaitForKey(std::string_view key, std::string_view waiter_id,
+                    std::optional<std::uint32_t> seen, SteadyTime deadline, std::stop_token stop);
+
   // Renews one grant inside an open transaction, at store time `now_ns`.
   Status RenewLocked(const RenewRequest& request, std::int64_t now_ns) LH_REQUIRES(mu_);
 
@@ -185,9 +229,21 @@ class SqliteBackend final : public Backend {
   const std::string boot_id_;
   Clock& clock_;
 
+  // The change generation a waiter's refused TryAcquire read before its transaction, by
+  // waiter_id, until its WaitForTurn takes it (or it is granted, or abandons).
+  struct RefusedAt {
+    std::string key;
+    std::uint32_t generation = 0;
+  };
+
+  // At most this many RefusedAt entries; beyond, they are dropped (a WaitForTurn without one
+  // reads the generation afresh, as WaitForChange does).
+  static constexpr std::size_t kMaxRefusedWaiters = 4096;
+
   Mutex mu_;
   // Guarded by mu_.
   std::unique_ptr<SqliteConnection> connection_ LH_PT_GUARDED_BY(mu_);
+  std::map<std::string, RefusedAt, std::less<>> refused_at_ LH_GUARDED_BY(mu_);
 };
 
 }  // namespace leasehold::internal

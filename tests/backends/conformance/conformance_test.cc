@@ -1758,7 +1758,8 @@ TEST_P(SharedLeaseTest, RacingProcessesNeverExceedTheLimitThroughRandomKills) {
         killer.join();
         (void)child->Wait();
         if (open.has_value()) {
-          // Killed while holding: its window ends with the process.
+          // Killed while holding: its window ends with the process (its pipe is its own, so the
+          // end of its output comes when it dies, not when a sibling does).
           open->end = now_ns();
           std::lock_guard<std::mutex> lock(mu);
           windows.push_back(*open);

@@ -809,5 +809,255 @@ TEST_F(PostgresBackendTest, PingOfAStoppedSessionEndsWithinItsCommandTimeout) {
   }
 }
 
+// ---- shared leases (mode=table) ----
+
+// The statement by which releases before shared leases took a key (kTableAcquire), with
+// literals, as an older client still sends it: "t" if it granted the key.
+std::string OlderClientsAcquire(const std::string& schema, const std::string& key) {
+  return fmt::format(
+      "WITH granted AS (INSERT INTO {0}.leases AS l (key, fence, token, holder, ttl_ms, "
+      "expires_at) VALUES ('{1}', 1, 'ffffffffffffffffffffffffffffffff', 'old-client', 5000, "
+      "clock_timestamp() + interval '5 seconds') ON CONFLICT (key) DO UPDATE SET fence = l.fence "
+      "+ 1, token = EXCLUDED.token, holder = EXCLUDED.holder, ttl_ms = EXCLUDED.ttl_ms, "
+      "expires_at = EXCLUDED.expires_at, lock_id = NULL, pid = NULL WHERE l.token IS NULL OR "
+      "l.expires_at <= clock_timestamp() RETURNING l.fence) "
+      "SELECT count(*) > 0 FROM granted",
+      schema, key);
+}
+
+TEST_F(PostgresBackendTest, TableModeKeepsSemaphoreGrantsAsSharesRowsBySlotUnderTheKeysOneFence) {
+  const std::string url = Url("table");
+  const std::string schema = Schema(url);
+  auto store = Open(url);
+  ASSERT_NE(store, nullptr);
+  // Quotes and backslashes reach the server as the key itself (the literals of the acquire).
+  const std::string key = "pool 'a' \\b";
+  std::vector<Lease> leases;
+  for (int i = 0; i < 3; ++i) {
+    auto lease = store->TryAcquire(key, {.ttl = 10s, .limit = 3, .holder = fmt::format("w{}", i)});
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    EXPECT_EQ(lease->slot(), static_cast<std::uint32_t>(i));
+    EXPECT_EQ(lease->fencing_token(), static_cast<FencingToken>(i + 1));
+    leases.push_back(std::move(lease).value());
+  }
+  auto rows = server_->Psql(fmt::format(
+      "SELECT string_agg(slot || ':' || lim || ':' || fence || ':' || holder, ',' ORDER BY slot) "
+      "FROM {}.shares WHERE key = E'pool ''a'' \\\\b'",
+      schema));
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  EXPECT_EQ(*rows, "0:3:1:w0,1:3:2:w1,2:3:3:w2");
+  auto key_row = server_->Psql(fmt::format(
+      "SELECT token || '|' || fence FROM {}.leases WHERE key = E'pool ''a'' \\\\b'", schema));
+  ASSERT_TRUE(key_row.ok());
+  EXPECT_EQ(*key_row, "(shared)|3") << "the key's row: the marker and the one counter";
+
+  auto full = store->TryAcquire(key, {.ttl = 10s, .limit = 3});
+  ASSERT_EQ(full.status().code(), StatusCode::kHeldByAnother) << full.status().ToString();
+  ASSERT_NE(full.status().holder(), nullptr);
+  EXPECT_EQ(full.status().holder()->holder, "w0");
+  EXPECT_EQ(full.status().holder()->limit, 3u);
+  auto other_limit = store->TryAcquire(key, {.ttl = 10s, .limit = 2});
+  EXPECT_EQ(other_limit.status().code(), StatusCode::kInvalidArgument)
+      << other_limit.status().ToString();
+
+  ASSERT_TRUE(leases[1].Release().ok());
+  auto again = store->TryAcquire(key, {.ttl = 10s, .limit = 3, .holder = "w3"});
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->slot(), 1u) << "the smallest free slot";
+  EXPECT_EQ(again->fencing_token(), 4u);
+
+  auto holders = store->Holders(key);
+  ASSERT_TRUE(holders.ok()) << holders.status().ToString();
+  ASSERT_EQ(holders->size(), 3u);
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*holders)[i].slot, i);
+    EXPECT_EQ((*holders)[i].limit, 3u);
+    EXPECT_EQ((*holders)[i].key, key);
+  }
+  EXPECT_EQ((*holders)[1].holder, "w3");
+
+  // The condition by which older releases take a key finds it held.
+  auto older_on_key = server_->Psql(fmt::format(
+      "UPDATE {0}.leases SET holder = holder WHERE key = E'pool ''a'' \\\\b' AND (token IS NULL "
+      "OR expires_at <= clock_timestamp()) RETURNING 1",
+      schema));
+  ASSERT_TRUE(older_on_key.ok());
+  EXPECT_EQ(*older_on_key, "") << "the condition of older releases' acquire finds the key held";
+
+  auto one = store->ForceReleaseGrant(key, (*holders)[0].token_prefix);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_TRUE(*one);
+  EXPECT_EQ(store->Holders(key)->size(), 2u);
+  auto none = store->ForceReleaseGrant(key, "00000000");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(*none);
+  auto all = store->ForceRelease(key);
+  ASSERT_TRUE(all.ok() && *all);
+  EXPECT_TRUE(store->Holders(key)->empty());
+  // The marker stays until the next acquire through the transaction takes the key.
+  auto exclusive = store->TryAcquire(key, {.ttl = 10s, .holder = "x"});
+  ASSERT_TRUE(exclusive.ok()) << exclusive.status().ToString();
+  EXPECT_EQ(exclusive->fencing_token(), 5u);
+  key_row = server_->Psql(fmt::format(
+      "SELECT holder || '|' || fence FROM {}.leases WHERE key = E'pool ''a'' \\\\b'", schema));
+  ASSERT_TRUE(key_row.ok());
+  EXPECT_EQ(*key_row, "x|5");
+}
+
+TEST_F(PostgresBackendTest, AnExclusiveGrantOfAnOlderClientIsRecognisedBySharedAcquires) {
+  const std::string url = Url("table");
+  const std::string schema = Schema(url);
+  auto store = Open(url);
+  ASSERT_NE(store, nullptr);
+  auto granted = server_->Psql(OlderClientsAcquire(schema, "old"));
+  ASSERT_TRUE(granted.ok()) << granted.status().ToString();
+  ASSERT_EQ(*granted, "t");
+  auto shared = store->TryAcquire("old", {.ttl = 5s, .mode = LeaseMode::kShared});
+  ASSERT_EQ(shared.status().code(), StatusCode::kHeldByAnother) << shared.status().ToString();
+  ASSERT_NE(shared.status().holder(), nullptr);
+  EXPECT_EQ(shared.status().holder()->holder, "old-client");
+  auto semaphore = store->TryAcquire("old", {.ttl = 5s, .limit = 2});
+  EXPECT_EQ(semaphore.status().code(), StatusCode::kInvalidArgument)
+      << semaphore.status().ToString();
+  EXPECT_NE(semaphore.status().message().find("old-client"), std::string::npos)
+      << semaphore.status().ToString();
+  auto holders = store->Holders("old");
+  ASSERT_TRUE(holders.ok());
+  ASSERT_EQ(holders->size(), 1u);
+  EXPECT_EQ((*holders)[0].mode, LeaseMode::kExclusive);
+  EXPECT_EQ((*holders)[0].token_prefix, "ffffffff");
+  // And an older client's acquire of a key held shared is refused (the marker).
+  ASSERT_TRUE(store->TryAcquire("read", {.ttl = 5s, .mode = LeaseMode::kShared}).ok());
+  auto older = server_->Psql(OlderClientsAcquire(schema, "read"));
+  ASSERT_TRUE(older.ok()) << older.status().ToString();
+  EXPECT_EQ(*older, "f");
+}
+
+TEST_F(PostgresBackendTest, AWaitingWritersIntentIsTheSharesRowOfSlotMinusOne) {
+  const std::string url = Url("table");
+  const std::string schema = Schema(url);
+  auto store = Open(url);
+  ASSERT_NE(store, nullptr);
+  auto reader = store->TryAcquire("doc", {.ttl = 10s, .mode = LeaseMode::kShared});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  auto intent = [&] {
+    auto r = server_->Psql(
+        fmt::format("SELECT holder FROM {}.shares WHERE key = 'doc' AND slot = -1", schema));
+    return r.ok() ? *r : r.status().ToString();
+  };
+  // A writer that gives up withdraws its intent.
+  auto gave_up = store->Acquire("doc", {.ttl = 10s, .wait = 300ms, .holder = "quitter"});
+  EXPECT_EQ(gave_up.status().code(), StatusCode::kDeadlineExceeded) << gave_up.status().ToString();
+  EXPECT_EQ(intent(), "");
+  ASSERT_TRUE(store->TryAcquire("doc", {.ttl = 10s, .mode = LeaseMode::kShared}).ok());
+
+  std::atomic<bool> done{false};
+  Result<Lease> writer = Status::Internal("not run");
+  std::thread t([&] {
+    writer = store->Acquire("doc", {.ttl = 10s, .wait = 10s, .holder = "writer"});
+    done = true;
+  });
+  const auto start = Clock::now();
+  while (intent() != "writer" && MillisSince(start) < 5000) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(intent(), "writer");
+  auto late = store->TryAcquire("doc", {.ttl = 10s, .mode = LeaseMode::kShared});
+  ASSERT_EQ(late.status().code(), StatusCode::kHeldByAnother) << late.status().ToString();
+  ASSERT_NE(late.status().holder(), nullptr);
+  EXPECT_EQ(late.status().holder()->holder, "writer") << "the waiting writer keeps readers out";
+  // Every reader ends (the second one by force): the writer gets the key at once.
+  ASSERT_TRUE(reader->Release().ok());
+  ASSERT_TRUE(store->ForceRelease("doc").ok());
+  t.join();
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  EXPECT_EQ(intent(), "") << "granted: its intent is gone";
+}
+
+TEST_F(PostgresBackendTest, ASchemaFromBeforeSharesKeepsExclusiveLeasesAndNamesTheFix) {
+  ASSERT_TRUE(server_
+                  ->Psql("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
+                         "'app') THEN CREATE ROLE app LOGIN; END IF; END $$")
+                  .ok());
+  const std::string schema = fmt::format("noshares_{}", getpid());
+  ASSERT_TRUE(server_
+                  ->Psql(fmt::format(
+                      "CREATE SCHEMA {0}; CREATE TABLE {0}.leases (key text PRIMARY KEY, fence "
+                      "bigint NOT NULL, token text, holder text, ttl_ms bigint, expires_at "
+                      "timestamptz, lock_id bigint, pid integer); CREATE TABLE {0}.records (key "
+                      "text PRIMARY KEY, value bytea NOT NULL, expires_at timestamptz NOT NULL); "
+                      "GRANT USAGE ON SCHEMA {0} TO app; GRANT SELECT, INSERT, UPDATE ON "
+                      "{0}.leases, {0}.records TO app",
+                      schema))
+                  .ok());
+  const std::string app_url = fmt::format(
+      "postgres://app@127.0.0.1:{}/postgres?mode=table&schema={}", server_->port(), schema);
+  auto app = Open(app_url);
+  ASSERT_NE(app, nullptr);
+  auto lease = app->TryAcquire("job", {.ttl = 5s});
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  auto waited = app->Acquire("job", {.ttl = 5s, .wait = 200ms});
+  EXPECT_EQ(waited.status().code(), StatusCode::kDeadlineExceeded) << waited.status().ToString();
+  ASSERT_TRUE(lease->Release().ok());
+  auto shared = app->TryAcquire("doc", {.ttl = 5s, .mode = LeaseMode::kShared});
+  ASSERT_EQ(shared.status().code(), StatusCode::kPermissionDenied) << shared.status().ToString();
+  EXPECT_NE(shared.status().message().find("leasehold schema"), std::string::npos)
+      << shared.status().ToString();
+  // The owner's open adds the table; with the grant, a new handle of the role has shared leases.
+  ASSERT_NE(Open(fmt::format("{}?mode=table&schema={}", server_->Url(), schema)), nullptr);
+  ASSERT_TRUE(
+      server_->Psql(fmt::format("GRANT SELECT, INSERT, UPDATE, DELETE ON {}.shares TO app", schema))
+          .ok());
+  auto upgraded = Open(app_url);
+  ASSERT_NE(upgraded, nullptr);
+  auto now_shared = upgraded->TryAcquire("doc", {.ttl = 5s, .mode = LeaseMode::kShared});
+  EXPECT_TRUE(now_shared.ok()) << now_shared.status().ToString();
+}
+
+// The evidence for the design note in postgres_advisory_backend.h: a writer queued with the
+// blocking pg_advisory_lock keeps a later pg_try_advisory_lock_shared of another session out
+// while a reader holds the lock (the server's queue would give writer preference), and gets the
+// lock when the reader ends.
+TEST_F(PostgresBackendTest, AQueuedAdvisoryWriterKeepsLaterTryLockSharedReadersOut) {
+  std::thread reader([&] {
+    EXPECT_TRUE(server_->Psql("SELECT pg_advisory_lock_shared(424242); SELECT pg_sleep(1.5)").ok());
+  });
+  std::this_thread::sleep_for(300ms);
+  std::thread writer([&] {
+    auto got = server_->Psql("SELECT pg_advisory_lock(424242); SELECT 'writer'");
+    EXPECT_TRUE(got.ok() && got->find("writer") != std::string::npos);
+  });
+  std::this_thread::sleep_for(300ms);
+  auto later = server_->Psql("SELECT pg_try_advisory_lock_shared(424242)");
+  ASSERT_TRUE(later.ok()) << later.status().ToString();
+  EXPECT_EQ(*later, "f") << "a later shared try-lock barged past the queued writer";
+  reader.join();
+  writer.join();
+}
+
+TEST_F(PostgresBackendTest, AdvisoryModeRefusesSharedAndSemaphoreLeasesNamingTableMode) {
+  auto url = ParseUrl(Url("advisory"));
+  ASSERT_TRUE(url.ok());
+  auto backend = internal::OpenPostgresBackend(*url);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  EXPECT_FALSE((*backend)->capabilities().shared_leases);
+  for (auto [mode, limit] :
+       {std::pair{LeaseMode::kShared, 1u}, std::pair{LeaseMode::kExclusive, 3u}}) {
+    auto refused = (*backend)->TryAcquire({.key = "k",
+                                           .owner_token = std::string(32, 'a'),
+                                           .holder = "h",
+                                           .ttl = 5s,
+                                           .mode = mode,
+                                           .limit = limit});
+    ASSERT_EQ(refused.status().code(), StatusCode::kUnimplemented) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find("mode=table"), std::string::npos)
+        << refused.status().ToString();
+  }
+  auto store = Open(Url("advisory"));
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->TryAcquire("k", {.ttl = 5s, .limit = 2}).status().code(),
+            StatusCode::kUnimplemented);
+}
+
 }  // namespace
 }  // namespace leasehold

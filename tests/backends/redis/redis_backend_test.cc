@@ -39,12 +39,12 @@ using leasehold::testing::RedisServerOptions;
 // The commands the backend needs, as an ACL rule (README "Redis" section lists the same).
 constexpr char kNeededCommands[] =
     "-@all +ping +select +evalsha +script|load +scan +subscribe +unsubscribe "
-    "+exists +hmget +hget +hset +incr +pexpire +pttl +del +publish +get +set +time";
+    "+exists +hmget +hget +hset +incr +pexpire +pttl +del +publish +get +set +time +hgetall +hdel "
+    "+pexpireat";
 
 // The extra commands of fair=true (README "Redis" section lists the same).
 constexpr char kFairCommands[] =
-    "+time +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore +zrank +zcard +pexpireat "
-    "+hdel";
+    "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore +zrank +zcard +hexists";
 
 std::string Token(char c) {
   return std::string(32, c);
@@ -1307,6 +1307,276 @@ TEST(RedisBackendTest, FairQueueLetsNoWaiterStarveUnderContention) {
   // once after it queued (7 here). Without fair=true this reads 100 and more. The bound is loose
   // because a thread can be descheduled between reading the count and queueing.
   EXPECT_LE(worst_bypass, 4 * (kParticipants - 1));
+}
+
+// Shared leases (backends/backend.h, "Shared leases"; layout in redis_scripts.h).
+
+GrantRequest SemaphoreRequest(char token, std::string holder, std::uint32_t limit, Duration ttl,
+                              std::string waiter = {}) {
+  return GrantRequest{.key = "pool",
+                      .owner_token = Token(token),
+                      .holder = std::move(holder),
+                      .ttl = ttl,
+                      .waiter_id = std::move(waiter),
+                      .mode = LeaseMode::kExclusive,
+                      .limit = limit};
+}
+
+GrantRequest RwRequest(char token, std::string holder, LeaseMode mode, Duration ttl,
+                       std::string waiter = {}) {
+  return GrantRequest{.key = "doc",
+                      .owner_token = Token(token),
+                      .holder = std::move(holder),
+                      .ttl = ttl,
+                      .waiter_id = std::move(waiter),
+                      .mode = mode,
+                      .limit = 1};
+}
+
+TEST(RedisBackendTest, SemaphoreGrantsAreFieldsOfTheOneGrantHashEachAcquireOneScript) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto backend = OpenUrl(server->Url());
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  ASSERT_TRUE((*backend)->capabilities().shared_leases);
+  const long long before = CommandCalls(*server, "evalsha");
+  auto a = (*backend)->TryAcquire(SemaphoreRequest('a', "w-a", 2, 5s));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(CommandCalls(*server, "evalsha") - before, 1) << "one script per acquire";
+  auto b = (*backend)->TryAcquire(SemaphoreRequest('b', "w-b", 2, 5s));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(a->slot, 0u);
+  EXPECT_EQ(b->slot, 1u);
+  EXPECT_GT(b->fencing_token, a->fencing_token);
+  EXPECT_EQ(a->store_key, RedisBackend::LeaseKeyName("leasehold", "pool"));
+
+  // One hash, one slot of a cluster: the header and one field per grant, nothing else.
+  const std::string hash = RedisBackend::LeaseKeyName("leasehold", "pool");
+  auto kind = server->Cli({"HMGET", hash, "kind", "limit", "token"});
+  ASSERT_TRUE(kind.ok());
+  EXPECT_EQ(*kind, "semaphore\n2\n-");
+  auto fields = server->Cli({"HLEN", hash});
+  ASSERT_TRUE(fields.ok());
+  EXPECT_EQ(*fields, "7") << "kind, limit, token, holder, fence and two grants";
+  auto field = server->Cli({"HEXISTS", hash, "g:" + Token('a')});
+  ASSERT_TRUE(field.ok());
+  EXPECT_EQ(*field, "1");
+  auto keys = server->Cli({"KEYS", "leasehold:*"});
+  ASSERT_TRUE(keys.ok());
+  std::vector<std::string> names;
+  std::istringstream listed(*keys);
+  for (std::string name; std::getline(listed, name);) {
+    names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names,
+            (std::vector<std::string>{hash, RedisBackend::FenceKeyName("leasehold", "pool")}))
+      << "only the grant hash and the fence counter";
+
+  // Full: the holder of the lowest slot; another limit or an exclusive request: a mismatch.
+  auto full = (*backend)->TryAcquire(SemaphoreRequest('c', "w-c", 2, 5s));
+  ASSERT_EQ(full.status().code(), StatusCode::kHeldByAnother) << full.status().ToString();
+  ASSERT_NE(full.status().holder(), nullptr);
+  EXPECT_EQ(full.status().holder()->holder, "w-a");
+  EXPECT_EQ(full.status().holder()->slot, 0u);
+  EXPECT_EQ(full.status().holder()->limit, 2u);
+  auto other_limit = (*backend)->TryAcquire(SemaphoreRequest('c', "w-c", 3, 5s));
+  EXPECT_EQ(other_limit.status().code(), StatusCode::kInvalidArgument)
+      << other_limit.status().ToString();
+  auto exclusive = (*backend)->TryAcquire({"pool", Token('c'), "w-c", 5s});
+  EXPECT_EQ(exclusive.status().code(), StatusCode::kInvalidArgument)
+      << exclusive.status().ToString();
+
+  // Holders by slot; RenewMany of both (and a stranger) in one round trip.
+  auto holders = (*backend)->Holders("pool");
+  ASSERT_TRUE(holders.ok()) << holders.status().ToString();
+  ASSERT_EQ(holders->size(), 2u);
+  EXPECT_EQ((*holders)[0].holder, "w-a");
+  EXPECT_EQ((*holders)[1].holder, "w-b");
+  EXPECT_EQ((*holders)[1].slot, 1u);
+  const std::uint64_t trips = (*backend)->stats().round_trips;
+  const RenewRequest renewals[] = {
+      {"pool", Token('a'), 6s}, {"pool", Token('b'), 6s}, {"pool", Token('z'), 6s}};
+  std::vector<Status> renewed = (*backend)->RenewMany(renewals);
+  EXPECT_EQ((*backend)->stats().round_trips - trips, 1u);
+  EXPECT_TRUE(renewed[0].ok() && renewed[1].ok()) << renewed[0].ToString();
+  EXPECT_EQ(renewed[2].code(), StatusCode::kLost);
+  auto pttl = server->Cli({"PTTL", hash});
+  ASSERT_TRUE(pttl.ok());
+  EXPECT_GT(std::stoll(*pttl), 5000) << "the hash outlives its latest grant";
+
+  // Releasing one frees its slot for the next; the last release removes the hash.
+  ASSERT_TRUE((*backend)->Release("pool", Token('a')).ok());
+  EXPECT_EQ((*backend)->Release("pool", Token('a')).code(), StatusCode::kLost);
+  auto c = (*backend)->TryAcquire(SemaphoreRequest('c', "w-c", 2, 5s));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->slot, 0u);
+  auto one = (*backend)->ForceReleaseGrant("pool", Token('c').substr(0, 8));
+  ASSERT_TRUE(one.ok() && *one);
+  ASSERT_TRUE((*backend)->Release("pool", Token('b')).ok());
+  auto exists = server->Cli({"EXISTS", hash});
+  ASSERT_TRUE(exists.ok());
+  EXPECT_EQ(*exists, "0");
+  auto now_exclusive = (*backend)->TryAcquire({"pool", Token('d'), "x", 5s});
+  EXPECT_TRUE(now_exclusive.ok()) << "a free key takes either family";
+}
+
+// The hash's own expiry is the latest grant's; each grant's is judged on the server's clock.
+TEST(RedisBackendTest, ACrashedSemaphoreHoldersPermitReturnsAtItsTtlAndNotBefore) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto backend = OpenUrl(server->Url());
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  ASSERT_TRUE((*backend)->TryAcquire(SemaphoreRequest('a', "crashed", 2, 600ms)).ok());
+  ASSERT_TRUE((*backend)->TryAcquire(SemaphoreRequest('b', "alive", 2, 5s)).ok());
+  std::this_thread::sleep_for(300ms);
+  auto early = (*backend)->TryAcquire(SemaphoreRequest('c', "next", 2, 5s));
+  EXPECT_EQ(early.status().code(), StatusCode::kHeldByAnother) << "before its TTL: still held";
+  std::this_thread::sleep_for(400ms);
+  auto holders = (*backend)->Holders("pool");
+  ASSERT_TRUE(holders.ok());
+  ASSERT_EQ(holders->size(), 1u) << "Holders skips the expired grant";
+  auto late = (*backend)->TryAcquire(SemaphoreRequest('c', "next", 2, 5s));
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_EQ(late->slot, 0u) << "the crashed holder's slot";
+  EXPECT_EQ((*backend)->Renew({"pool", Token('a'), 5s}).code(), StatusCode::kLost);
+}
+
+// An exclusive grant in the layout every earlier version writes (a plain hash) is read, refuses
+// a semaphore, and is renewed and released by its owner; an earlier version's acquire script
+// (the plain EXISTS check) finds a semaphore key held and cannot over-admit.
+TEST(RedisBackendTest, AnOldLayoutExclusiveGrantAndAnOldClientSeeTheOtherFamily) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto backend = OpenUrl(server->Url());
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  const std::string hash = RedisBackend::LeaseKeyName("leasehold", "pool");
+  ASSERT_TRUE(
+      server->Cli({"HSET", hash, "token", Token('o'), "holder", "old", "fence", "7", "ttl", "5000"})
+          .ok());
+  ASSERT_TRUE(server->Cli({"PEXPIRE", hash, "5000"}).ok());
+  auto info = (*backend)->Inspect("pool");
+  ASSERT_TRUE(info.ok() && info->has_value());
+  EXPECT_EQ((*info)->holder, "old");
+  EXPECT_EQ((*info)->fencing_token, 7u);
+  EXPECT_EQ((*info)->mode, LeaseMode::kExclusive);
+  EXPECT_EQ((*info)->limit, 1u);
+  auto semaphore = (*backend)->TryAcquire(SemaphoreRequest('a', "new", 3, 5s));
+  EXPECT_EQ(semaphore.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(semaphore.status().message().find("old"), std::string_view::npos)
+      << semaphore.status().ToString();
+  auto shared = (*backend)->TryAcquire({.key = "pool",
+                                        .owner_token = Token('b'),
+                                        .holder = "r",
+                                        .ttl = 5s,
+                                        .mode = LeaseMode::kShared});
+  EXPECT_EQ(shared.status().code(), StatusCode::kHeldByAnother) << "same family, held";
+  EXPECT_TRUE((*backend)->Renew({"pool", Token('o'), 5s}).ok());
+  EXPECT_TRUE((*backend)->Release("pool", Token('o')).ok());
+
+  ASSERT_TRUE((*backend)->TryAcquire(SemaphoreRequest('a', "new", 3, 5s)).ok());
+  // The acquire script of the previous version, as it was.
+  constexpr std::string_view kOldAcquire = R"lua(
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local h = redis.call('HMGET', KEYS[1], 'holder', 'token', 'fence', 'ttl')
+  return {0, h[1], string.sub(h[2] or '', 1, 8), h[3], redis.call('PTTL', KEYS[1]), h[4]}
+end
+return {1}
+)lua";
+  auto old =
+      server->Cli({"EVAL", std::string(kOldAcquire), "2", hash,
+                   RedisBackend::FenceKeyName("leasehold", "pool"), Token('x'), "old", "5000"});
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(old->substr(0, 2), "0\n") << *old;
+  EXPECT_NE(old->find("(semaphore of 3)"), std::string::npos) << *old;
+}
+
+// fair=false: a refused waiting writer records its intent (one key beside the hash), which
+// keeps new readers out until it acquires or abandons.
+TEST(RedisBackendTest, WriterIntentIsOneKeyThatKeepsReadersOutUntilTheWriterLeaves) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto backend = OpenUrl(server->Url());
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  ASSERT_TRUE((*backend)->TryAcquire(RwRequest('a', "reader-1", LeaseMode::kShared, 5s)).ok());
+  ASSERT_TRUE((*backend)->TryAcquire(RwRequest('b', "reader-2", LeaseMode::kShared, 5s)).ok());
+  auto writer =
+      (*backend)->TryAcquire(RwRequest('w', "writer", LeaseMode::kExclusive, 5s, Waiter('w')));
+  ASSERT_EQ(writer.status().code(), StatusCode::kHeldByAnother);
+  const std::string intent = RedisBackend::IntentKeyName("leasehold", "doc");
+  auto recorded = server->Cli({"HGET", intent, "waiter"});
+  ASSERT_TRUE(recorded.ok());
+  EXPECT_EQ(*recorded, Waiter('w'));
+  auto reader = (*backend)->TryAcquire(RwRequest('c', "reader-3", LeaseMode::kShared, 5s));
+  ASSERT_EQ(reader.status().code(), StatusCode::kHeldByAnother) << reader.status().ToString();
+  ASSERT_NE(reader.status().holder(), nullptr);
+  EXPECT_EQ(reader.status().holder()->holder, "writer") << "the waiting writer is named";
+
+  (*backend)->AbandonWait("doc", Waiter('w'));
+  auto gone = server->Cli({"EXISTS", intent});
+  ASSERT_TRUE(gone.ok());
+  EXPECT_EQ(*gone, "0");
+  auto admitted = (*backend)->TryAcquire(RwRequest('c', "reader-3", LeaseMode::kShared, 5s));
+  ASSERT_TRUE(admitted.ok()) << admitted.status().ToString();
+  EXPECT_EQ(admitted->slot, 2u);
+
+  // Granted, the writer ends its own intent.
+  for (char token : {'a', 'b', 'c'}) {
+    ASSERT_TRUE((*backend)->Release("doc", Token(token)).ok());
+  }
+  ASSERT_TRUE((*backend)
+                  ->TryAcquire(RwRequest('w', "writer", LeaseMode::kExclusive, 5s, Waiter('w')))
+                  .ok());
+  gone = server->Cli({"EXISTS", intent});
+  ASSERT_TRUE(gone.ok());
+  EXPECT_EQ(*gone, "0");
+}
+
+// fair=true: the end of a grant hands the room to as many heads as it admits, in order; an
+// exclusive waiter keeps the shared ones behind it out.
+TEST(RedisBackendTest, FairEndHandsTheRoomToAsManyHeadsAsItAdmits) {
+  auto server = StartServer();
+  ASSERT_NE(server, nullptr);
+  auto backend = OpenUrl(server->Url() + "?fair=true");
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  for (char token : {'a', 'b', 'c'}) {
+    ASSERT_TRUE((*backend)->TryAcquire(SemaphoreRequest(token, {token}, 3, 5s)).ok());
+  }
+  for (char id : {'1', '2', '3'}) {
+    auto queued = (*backend)->TryAcquire(
+        SemaphoreRequest(static_cast<char>(id + 'k' - '1'), {'q', id}, 3, 5s, Waiter(id)));
+    ASSERT_EQ(queued.status().code(), StatusCode::kHeldByAnother) << queued.status().ToString();
+  }
+  // Two grants end by force: the first two waiters get them inside that one script.
+  ASSERT_TRUE(*(*backend)->ForceReleaseGrant("pool", Token('a').substr(0, 8)));
+  ASSERT_TRUE(*(*backend)->ForceReleaseGrant("pool", Token('b').substr(0, 8)));
+  auto holders = (*backend)->Holders("pool");
+  ASSERT_TRUE(holders.ok());
+  ASSERT_EQ(holders->size(), 3u);
+  EXPECT_EQ((*holders)[0].holder, "q1");
+  EXPECT_EQ((*holders)[1].holder, "q2");
+  EXPECT_EQ(Queued(*server, "pool"), 1);
+  auto taken = (*backend)->TryAcquire(SemaphoreRequest('k', "q1", 3, 5s, Waiter('1')));
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_EQ(taken->slot, 0u);
+  // A ForceRelease frees all three: q3 gets one, and nobody else waits.
+  ASSERT_TRUE(*(*backend)->ForceRelease("pool"));
+  holders = (*backend)->Holders("pool");
+  ASSERT_TRUE(holders.ok());
+  ASSERT_EQ(holders->size(), 1u);
+  EXPECT_EQ((*holders)[0].holder, "q3");
+
+  // Read/write: readers hold; a writer queues; a later reader waits behind it.
+  ASSERT_TRUE((*backend)->TryAcquire(RwRequest('r', "r1", LeaseMode::kShared, 5s)).ok());
+  auto writer =
+      (*backend)->TryAcquire(RwRequest('w', "writer", LeaseMode::kExclusive, 5s, Waiter('w')));
+  ASSERT_EQ(writer.status().code(), StatusCode::kHeldByAnother);
+  auto reader = (*backend)->TryAcquire(RwRequest('s', "r2", LeaseMode::kShared, 5s, Waiter('s')));
+  ASSERT_EQ(reader.status().code(), StatusCode::kHeldByAnother) << "behind the queued writer";
+  ASSERT_TRUE((*backend)->Release("doc", Token('r')).ok());
+  EXPECT_EQ(LiveHolder(**backend, "doc"), "writer") << "handed to the writer only";
+  ASSERT_TRUE((*backend)->Release("doc", Token('w')).ok());
+  EXPECT_EQ(LiveHolder(**backend, "doc"), "r2") << "then to the reader";
 }
 
 }  // namespace

@@ -170,6 +170,8 @@ class RawDb {
 
   std::int64_t QueryInt(const std::string& sql) { return std::stoll(QueryText(sql)); }
 
+  [[nodiscard]] sqlite3* db() const { return db_; }
+
  private:
   sqlite3* db_ = nullptr;
 };
@@ -772,6 +774,9 @@ TEST_F(SqliteBackendTest, InspectAndListShowLiveGrantsOnlyOrderedByKey) {
   EXPECT_THAT(
       Keys(backend->List("").value()),
       ElementsAre("job:%x", "job:a", "job:b", "job:\xC3\xA9t\xC3\xA9", "job_1", "jobs", "other"));
+  // A default-constructed view (Store::List's default prefix, data() null) is the empty prefix,
+  // not a NULL that matches no key.
+  EXPECT_EQ(backend->List(std::string_view()).value().size(), 7u);
 
   for (const LeaseInfo& info : *jobs) {
     EXPECT_EQ(info.holder, "h");
@@ -914,39 +919,157 @@ TEST_F(SqliteBackendTest, NewerSchemaVersionIsRejected) {
   EXPECT_THAT(std::string(backend.status().message()), HasSubstr(DbPath()));
 }
 
-TEST_F(SqliteBackendTest, AFileMadeBeforeRecordsGainsTheTableAndKeepsItsGrants) {
-  FencingToken before = 0;
-  {
+// The schema of version 1 exactly as its builds created it (records came later, additively,
+// under the same version: a file may have it or not).
+constexpr char kVersion1SchemaSql[] = R"sql(
+CREATE TABLE fencing_counters (
+  key  TEXT PRIMARY KEY NOT NULL,
+  last INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE grants (
+  key           TEXT PRIMARY KEY NOT NULL,
+  token         TEXT NOT NULL,
+  holder        TEXT NOT NULL,
+  fencing_token INTEGER NOT NULL,
+  boot_id       TEXT NOT NULL,
+  ttl_ns        INTEGER NOT NULL,
+  expires_ns    INTEGER NOT NULL
+) WITHOUT ROWID;
+PRAGMA application_id = 1279607123;
+PRAGMA user_version = 1;
+)sql";
+
+// Version 1's statements that a version 1 binary prepared at open: its live-grant read and its
+// grant write (they name no slot, mode or limit).
+constexpr char kVersion1SelectLiveGrantSql[] =
+    "SELECT key, holder, token, fencing_token, ttl_ns, expires_ns FROM grants "
+    "WHERE key = ?1 AND boot_id = ?2 AND CAST(expires_ns AS INTEGER) > ?3";
+constexpr char kVersion1PutGrantSql[] =
+    "INSERT OR REPLACE INTO grants (key, token, holder, fencing_token, boot_id, ttl_ns, "
+    "expires_ns) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+
+std::string RealBootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
+
+std::int64_t BootNowNs() {
+  return BootClock::now().time_since_epoch().count();
+}
+
+// Writes a version 1 file at `path` with a live grant of job:x (owner kTokenA, fencing token 7,
+// 60 s left) made in this boot, as a version 1 binary would have left it.
+void WriteVersion1File(const std::string& path, bool with_records) {
+  RawDb raw(path);
+  raw.Exec(kVersion1SchemaSql);
+  if (with_records) {
+    raw.Exec(
+        "CREATE TABLE records (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL, "
+        "expires_unix_ns INTEGER NOT NULL) WITHOUT ROWID;");
+  }
+  raw.Exec(
+      fmt::format("INSERT INTO grants VALUES ('job:x', '{}', 'old:1', 7, '{}', 60000000000, {});"
+                  "INSERT INTO fencing_counters VALUES ('job:x', 7);",
+                  kTokenA, RealBootId(), BootNowNs() + 60'000'000'000));
+}
+
+TEST_F(SqliteBackendTest, AVersion1FileIsMigratedAndKeepsItsLiveGrants) {
+  for (const bool with_records : {false, true}) {
+    SCOPED_TRACE(with_records ? "with records" : "made before records");
+    std::filesystem::remove(DbPath());
+    WriteVersion1File(DbPath(), with_records);
     auto backend = MustOpen();
     ASSERT_NE(backend, nullptr);
-    auto grant = backend->TryAcquire(Request("job:x", kTokenA));
-    ASSERT_TRUE(grant.ok());
-    before = grant->fencing_token;
+    {
+      RawDb raw(DbPath());
+      EXPECT_EQ(raw.QueryInt("PRAGMA user_version"), 2);
+      EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM sqlite_schema WHERE name = 'records'"), 1);
+      EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM sqlite_schema WHERE name = 'writer_intents'"),
+                1);
+      EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM sqlite_schema WHERE name = 'grants_v2'"), 0);
+      EXPECT_EQ(raw.QueryText("SELECT slot || ' ' || mode || ' ' || lease_limit FROM grants"),
+                "0 exclusive 1");
+    }
+    auto info = backend->Inspect("job:x");
+    ASSERT_TRUE(info.ok() && info->has_value()) << "the live grant survives the upgrade";
+    EXPECT_EQ((*info)->holder, "old:1");
+    EXPECT_EQ((*info)->fencing_token, 7u);
+    EXPECT_EQ((*info)->mode, LeaseMode::kExclusive);
+    EXPECT_EQ((*info)->limit, 1u);
+    EXPECT_EQ((*info)->slot, 0u);
+    EXPECT_EQ(backend->TryAcquire(Request("job:x", kTokenB)).status().code(),
+              StatusCode::kHeldByAnother);
+    GrantRequest shared = Request("job:x", kTokenB);
+    shared.mode = LeaseMode::kShared;
+    EXPECT_EQ(backend->TryAcquire(shared).status().code(), StatusCode::kHeldByAnother);
+    // Its owner renews, finishes with a record and releases it as before.
+    EXPECT_TRUE(backend->Renew({.key = "job:x", .owner_token = kTokenA, .ttl = seconds(10)}).ok());
+    ASSERT_TRUE(backend
+                    ->Finish({.key = "job:x",
+                              .owner_token = kTokenA,
+                              .record = std::string("r\0b", 3),
+                              .record_ttl = std::chrono::seconds(10)})
+                    .ok());
+    auto record = backend->ReadRecord("job:x");
+    ASSERT_TRUE(record.ok() && record->has_value()) << record.status().ToString();
+    EXPECT_EQ(**record, std::string("r\0b", 3)) << "records are bytes, NULs included";
+    EXPECT_EQ(backend->TryAcquire(Request("job:x", kTokenB)).value().fencing_token, 8u)
+        << "the counter goes on";
+    backend.reset();
+    // Opened again: already version 2, nothing to migrate.
+    auto again = MustOpen();
+    ASSERT_NE(again, nullptr);
+    EXPECT_EQ(again->Inspect("job:x").value()->fencing_token, 8u);
   }
-  {
-    // What a file looked like before records: no records table (same user_version).
-    RawDb raw(DbPath());
-    raw.Exec("DROP TABLE records;");
-  }
-  auto backend = MustOpen();
+}
+
+TEST_F(SqliteBackendTest, AVersion1ConnectionOpenDuringTheMigrationKeepsWorkingExclusively) {
+  WriteVersion1File(DbPath(), /*with_records=*/true);
+  // A version 1 process that had the file open: its statements were prepared against the old
+  // table.
+  RawDb old(DbPath());
+  sqlite3_stmt* select = nullptr;
+  sqlite3_stmt* put = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v3(old.db(), kVersion1SelectLiveGrantSql, -1, SQLITE_PREPARE_PERSISTENT,
+                               &select, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_prepare_v3(old.db(), kVersion1PutGrantSql, -1, SQLITE_PREPARE_PERSISTENT, &put,
+                               nullptr),
+            SQLITE_OK);
+  auto backend = MustOpen();  // migrates
   ASSERT_NE(backend, nullptr);
-  {
-    RawDb raw(DbPath());
-    EXPECT_EQ(raw.QueryInt("PRAGMA user_version"), 1) << "older builds keep opening it";
-    EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM sqlite_schema WHERE name = 'records'"), 1);
-  }
-  auto info = backend->Inspect("job:x");
-  ASSERT_TRUE(info.ok() && info->has_value()) << "the grant survives the upgrade";
-  EXPECT_EQ((*info)->fencing_token, before);
-  ASSERT_TRUE(backend
-                  ->Finish({.key = "job:x",
-                            .owner_token = kTokenA,
-                            .record = std::string("r\0b", 3),
-                            .record_ttl = std::chrono::seconds(10)})
-                  .ok());
-  auto record = backend->ReadRecord("job:x");
-  ASSERT_TRUE(record.ok() && record->has_value()) << record.status().ToString();
-  EXPECT_EQ(**record, std::string("r\0b", 3)) << "records are bytes, NULs included";
+  GrantRequest semaphore = Request("job:s", kTokenB);
+  semaphore.limit = 3;
+  ASSERT_EQ(backend->TryAcquire(semaphore).value().slot, 0u);
+  semaphore.owner_token = kTokenC;
+  ASSERT_EQ(backend->TryAcquire(semaphore).value().slot, 1u);
+
+  // Its live-grant read, compiled again against the new table, sees the semaphore's grants.
+  const std::string boot_id = RealBootId();
+  sqlite3_bind_text(select, 1, "job:s", -1, SQLITE_STATIC);
+  sqlite3_bind_text(select, 2, boot_id.c_str(), -1, SQLITE_STATIC);
+  sqlite3_bind_int64(select, 3, BootNowNs());
+  EXPECT_EQ(sqlite3_step(select), SQLITE_ROW) << sqlite3_errmsg(old.db());
+  sqlite3_finalize(select);
+  // Its grant of a free key is an exclusive grant in slot 0 to the new version.
+  sqlite3_bind_text(put, 1, "job:o", -1, SQLITE_STATIC);
+  sqlite3_bind_text(put, 2, "dddddddd444444444444444444444444", -1, SQLITE_STATIC);
+  sqlite3_bind_text(put, 3, "old:2", -1, SQLITE_STATIC);
+  sqlite3_bind_int64(put, 4, 1);
+  sqlite3_bind_text(put, 5, boot_id.c_str(), -1, SQLITE_STATIC);
+  sqlite3_bind_int64(put, 6, 60'000'000'000);
+  sqlite3_bind_int64(put, 7, BootNowNs() + 60'000'000'000);
+  EXPECT_EQ(sqlite3_step(put), SQLITE_DONE) << sqlite3_errmsg(old.db());
+  sqlite3_finalize(put);
+  auto info = backend->Inspect("job:o");
+  ASSERT_TRUE(info.ok() && info->has_value());
+  EXPECT_EQ((*info)->holder, "old:2");
+  EXPECT_EQ((*info)->mode, LeaseMode::kExclusive);
+  EXPECT_EQ((*info)->limit, 1u);
+  semaphore.key = "job:o";
+  EXPECT_EQ(backend->TryAcquire(semaphore).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(SqliteBackendTest, CorruptDatabaseIsReportedAndLeftUntouched) {
@@ -1453,6 +1576,322 @@ TEST_F(SqliteBackendTest, SkipGuardForTestingWritesWithoutTheCheck) {
   EXPECT_EQ(backend->FencedWrite(request).status().code(), StatusCode::kLost);
   request.skip_guard_for_testing = true;
   EXPECT_TRUE(backend->FencedWrite(request).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared leases: one grants row per (key, slot), writer intents in writer_intents.
+
+GrantRequest SemaphoreRequest(std::string key, std::string token, std::uint32_t limit,
+                              Duration ttl = seconds(120)) {
+  GrantRequest request = Request(std::move(key), std::move(token), ttl, "host:sem");
+  request.limit = limit;
+  return request;
+}
+
+GrantRequest SharedRequest(std::string key, std::string token, Duration ttl = seconds(120)) {
+  GrantRequest request = Request(std::move(key), std::move(token), ttl, "host:reader");
+  request.mode = LeaseMode::kShared;
+  return request;
+}
+
+GrantRequest WriterRequest(std::string key, std::string token, std::string waiter_id,
+                           Duration ttl = seconds(120)) {
+  GrantRequest request = Request(std::move(key), std::move(token), ttl, "host:writer");
+  request.waiter_id = std::move(waiter_id);
+  return request;
+}
+
+TEST_F(SqliteBackendTest, SchemeAndCapabilitiesIncludeSharedLeases) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  EXPECT_TRUE(backend->capabilities().shared_leases);
+  EXPECT_FALSE(backend->capabilities().fair_queue) << "writer intents, not a queue";
+}
+
+TEST_F(SqliteBackendTest, ASemaphoreIsOneRowPerSlotAndReusesTheSmallestFreeSlot) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    Result<Grant> grant = backend->TryAcquire(SemaphoreRequest("pool", TokenNumber(i), 3));
+    ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+    EXPECT_EQ(grant->slot, static_cast<std::uint32_t>(i));
+    EXPECT_EQ(grant->fencing_token, static_cast<FencingToken>(i + 1));
+  }
+  {
+    RawDb raw(DbPath());
+    EXPECT_EQ(raw.QueryText("SELECT group_concat(slot || ':' || mode || ':' || lease_limit || ':' "
+                            "|| fencing_token, ' ') FROM (SELECT * FROM grants WHERE key = 'pool' "
+                            "ORDER BY slot)"),
+              "0:exclusive:3:1 1:exclusive:3:2 2:exclusive:3:3");
+    EXPECT_EQ(raw.QueryInt("SELECT last FROM fencing_counters WHERE key = 'pool'"), 3)
+        << "one counter for every grant of the key";
+  }
+  Result<Grant> full = backend->TryAcquire(SemaphoreRequest("pool", TokenNumber(9), 3));
+  ASSERT_EQ(full.status().code(), StatusCode::kHeldByAnother);
+  ASSERT_NE(full.status().holder(), nullptr);
+  EXPECT_EQ(full.status().holder()->slot, 0u) << "the lowest slot's holder";
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("all 3 slots are held"));
+  Result<Grant> other_limit = backend->TryAcquire(SemaphoreRequest("pool", TokenNumber(9), 4));
+  EXPECT_EQ(other_limit.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(other_limit.status().message()), HasSubstr("limit 3"));
+  EXPECT_EQ(backend->TryAcquire(Request("pool", TokenNumber(9))).status().code(),
+            StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(backend->Release("pool", TokenNumber(1)).ok());
+  Result<Grant> again = backend->TryAcquire(SemaphoreRequest("pool", TokenNumber(9), 3));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->slot, 1u) << "the freed slot, the smallest free";
+  EXPECT_EQ(again->fencing_token, 4u);
+  Result<std::vector<LeaseInfo>> holders = backend->Holders("pool");
+  ASSERT_TRUE(holders.ok());
+  ASSERT_EQ(holders->size(), 3u);
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*holders)[i].slot, i);
+    EXPECT_EQ((*holders)[i].limit, 3u);
+    EXPECT_EQ((*holders)[i].mode, LeaseMode::kExclusive);
+  }
+  EXPECT_EQ((*holders)[1].token_prefix, TokenNumber(9).substr(0, 8));
+  // Renew and release each name one grant among the three.
+  EXPECT_TRUE(
+      backend->Renew({.key = "pool", .owner_token = TokenNumber(2), .ttl = seconds(5)}).ok());
+  EXPECT_EQ(backend->Holders("pool").value()[2].ttl, seconds(5));
+  EXPECT_EQ(backend->Holders("pool").value()[0].ttl, seconds(120));
+  EXPECT_TRUE(backend->ForceRelease("pool").value());
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM grants WHERE key = 'pool'"), 0)
+      << "force-release deletes every grant of the key";
+}
+
+TEST_F(SqliteBackendTest, AnExpiredSlotIsTakenOverWhileTheOthersStay) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(SemaphoreRequest("pool", kTokenA, 2, kShortTtl)).ok());
+  ASSERT_TRUE(backend->TryAcquire(SemaphoreRequest("pool", kTokenB, 2)).ok());
+  std::this_thread::sleep_for(kPastShortTtl);
+  Result<Grant> grant = backend->TryAcquire(SemaphoreRequest("pool", kTokenC, 2));
+  ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+  EXPECT_EQ(grant->slot, 0u) << "the dead row's slot";
+  Status renew = backend->Renew({.key = "pool", .owner_token = kTokenA, .ttl = seconds(10)});
+  EXPECT_EQ(renew.code(), StatusCode::kLost);
+  EXPECT_EQ(backend->Holders("pool").value().size(), 2u);
+}
+
+TEST_F(SqliteBackendTest, AnOwnerTokenAlreadyLiveIsRefusedRatherThanGrantedTwice) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(SemaphoreRequest("pool", kTokenA, 3)).ok());
+  // As a retry of Store::Acquire whose first reply was lost would.
+  Result<Grant> twice = backend->TryAcquire(SemaphoreRequest("pool", kTokenA, 3));
+  EXPECT_EQ(twice.status().code(), StatusCode::kHeldByAnother);
+  EXPECT_EQ(backend->Holders("pool").value().size(), 1u);
+  ASSERT_TRUE(backend->TryAcquire(SharedRequest("rw", kTokenA)).ok());
+  EXPECT_EQ(backend->TryAcquire(SharedRequest("rw", kTokenA)).status().code(),
+            StatusCode::kHeldByAnother);
+}
+
+TEST_F(SqliteBackendTest, SharedGrantsTakeSlotsAndAnExclusiveOneWaitsForAllOfThem) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  EXPECT_EQ(backend->TryAcquire(SharedRequest("rw", kTokenA)).value().slot, 0u);
+  EXPECT_EQ(backend->TryAcquire(SharedRequest("rw", kTokenB)).value().slot, 1u);
+  {
+    RawDb raw(DbPath());
+    EXPECT_EQ(raw.QueryText("SELECT group_concat(mode || ':' || lease_limit, ' ') FROM grants"),
+              "shared:1 shared:1");
+  }
+  EXPECT_EQ(backend->TryAcquire(Request("rw", kTokenC)).status().code(),
+            StatusCode::kHeldByAnother);
+  EXPECT_EQ(backend->TryAcquire(SemaphoreRequest("rw", kTokenC, 2)).status().code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(backend->Release("rw", kTokenA).ok());
+  EXPECT_EQ(backend->TryAcquire(Request("rw", kTokenC)).status().code(),
+            StatusCode::kHeldByAnother);
+  ASSERT_TRUE(backend->Release("rw", kTokenB).ok());
+  Result<Grant> writer = backend->TryAcquire(Request("rw", kTokenC));
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  EXPECT_EQ(writer->slot, 0u);
+  EXPECT_EQ(writer->fencing_token, 3u);
+  EXPECT_EQ(backend->TryAcquire(SharedRequest("rw", kTokenA)).status().code(),
+            StatusCode::kHeldByAnother);
+}
+
+TEST_F(SqliteBackendTest, AWaitingWritersIntentIsARowThatKeepsNewReadersOut) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(SharedRequest("rw", kTokenA)).ok());
+  // A plain TryAcquire records no intent.
+  EXPECT_EQ(backend->TryAcquire(Request("rw", kTokenB)).status().code(),
+            StatusCode::kHeldByAnother);
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM writer_intents"), 0);
+  // A waiting writer's does.
+  EXPECT_EQ(backend->TryAcquire(WriterRequest("rw", kTokenB, "waiter-1")).status().code(),
+            StatusCode::kHeldByAnother);
+  EXPECT_EQ(raw.QueryText("SELECT key || ' ' || waiter_id || ' ' || holder FROM writer_intents"),
+            "rw waiter-1 host:writer");
+  // A second waiting writer does not replace the first one's.
+  EXPECT_EQ(backend->TryAcquire(WriterRequest("rw", kTokenC, "waiter-2")).status().code(),
+            StatusCode::kHeldByAnother);
+  EXPECT_EQ(raw.QueryText("SELECT waiter_id FROM writer_intents"), "waiter-1");
+  Result<Grant> reader = backend->TryAcquire(SharedRequest("rw", kTokenC));
+  ASSERT_EQ(reader.status().code(), StatusCode::kHeldByAnother);
+  ASSERT_NE(reader.status().holder(), nullptr);
+  EXPECT_EQ(reader.status().holder()->holder, "host:writer") << "the waiting writer";
+  EXPECT_THAT(std::string(reader.status().message()), HasSubstr("a writer waiting"));
+  // The writer is granted once the reader leaves, and its intent goes with it.
+  ASSERT_TRUE(backend->Release("rw", kTokenA).ok());
+  ASSERT_TRUE(backend->TryAcquire(WriterRequest("rw", kTokenB, "waiter-1")).ok());
+  EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM writer_intents"), 0);
+}
+
+TEST_F(SqliteBackendTest, AWriterIntentEndsWithAbandonWaitOrByItself) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(SharedRequest("rw", kTokenA)).ok());
+  EXPECT_FALSE(backend->TryAcquire(WriterRequest("rw", kTokenB, "waiter-1")).ok());
+  EXPECT_FALSE(backend->TryAcquire(SharedRequest("rw", kTokenC)).ok());
+  backend->AbandonWait("rw", "waiter-1");
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryInt("SELECT count(*) FROM writer_intents"), 0);
+  ASSERT_TRUE(backend->TryAcquire(SharedRequest("rw", kTokenC)).ok());
+
+  // A writer that dies waiting holds readers off for its ttl at most.
+  EXPECT_FALSE(backend->TryAcquire(WriterRequest("rw", kTokenB, "waiter-2", kShortTtl)).ok());
+  EXPECT_FALSE(backend->TryAcquire(SharedRequest("rw", TokenNumber(4))).ok());
+  std::this_thread::sleep_for(kPastShortTtl);
+  EXPECT_TRUE(backend->TryAcquire(SharedRequest("rw", TokenNumber(4))).ok());
+}
+
+TEST_F(SqliteBackendTest, AGrantOfTheOldLayoutIsAnExclusiveGrantInSlotZero) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  {
+    // As a version 1 binary's INSERT writes it: no slot, mode or limit.
+    RawDb raw(DbPath());
+    raw.Exec(fmt::format(
+        "INSERT INTO grants (key, token, holder, fencing_token, boot_id, ttl_ns, expires_ns) "
+        "VALUES ('job:old', '{}', 'old:3', 5, '{}', 60000000000, 9223372036854775807);",
+        kTokenA, backend->boot_id()));
+  }
+  auto info = backend->Inspect("job:old");
+  ASSERT_TRUE(info.ok() && info->has_value());
+  EXPECT_EQ((*info)->slot, 0u);
+  EXPECT_EQ((*info)->mode, LeaseMode::kExclusive);
+  EXPECT_EQ((*info)->limit, 1u);
+  EXPECT_EQ(backend->TryAcquire(SharedRequest("job:old", kTokenB)).status().code(),
+            StatusCode::kHeldByAnother);
+  EXPECT_EQ(backend->TryAcquire(SemaphoreRequest("job:old", kTokenB, 2)).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_F(SqliteBackendTest, ForceReleaseGrantDeletesOneRowByTokenPrefixAndWakesWaiters) {
+  auto backend = MustOpen();
+  auto waiter = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_NE(waiter, nullptr);
+  for (const char* token : {kTokenA, kTokenB, kTokenC}) {
+    ASSERT_TRUE(backend->TryAcquire(SemaphoreRequest("pool", token, 3)).ok());
+  }
+  std::thread forcer([&backend] {
+    std::this_thread::sleep_for(milliseconds(100));
+    EXPECT_TRUE(backend->ForceReleaseGrant("pool", "bbbbbbbb").value());
+  });
+  // The grants outlive the deadline: only the forced release can end this wait with OK.
+  Status woken = waiter->WaitForChange("pool", BootClock::now() + seconds(60), {});
+  forcer.join();
+  EXPECT_TRUE(woken.ok()) << woken.ToString();
+  RawDb raw(DbPath());
+  EXPECT_EQ(raw.QueryText("SELECT group_concat(slot, ' ') FROM grants WHERE key = 'pool'"), "0 2");
+  EXPECT_FALSE(backend->ForceReleaseGrant("pool", "bbbbbbbb").value());
+  EXPECT_FALSE(backend->ForceReleaseGrant("pool", "eeee").value());
+  EXPECT_EQ(backend->Renew({.key = "pool", .owner_token = kTokenB, .ttl = seconds(10)}).code(),
+            StatusCode::kLost);
+  EXPECT_TRUE(backend->Renew({.key = "pool", .owner_token = kTokenC, .ttl = seconds(10)}).ok());
+}
+
+TEST_F(SqliteBackendTest, AWaiterWakesWhenAnyOfSeveralGrantsEndsByReleaseOrExpiry) {
+  auto backend = MustOpen();
+  auto waiter = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_NE(waiter, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(SharedRequest("rw", kTokenA)).ok());
+  ASSERT_TRUE(backend->TryAcquire(SharedRequest("rw", kTokenB)).ok());
+  std::thread releaser([&backend] {
+    std::this_thread::sleep_for(milliseconds(100));
+    EXPECT_TRUE(backend->Release("rw", kTokenB).ok());
+  });
+  Status woken = waiter->WaitForChange("rw", BootClock::now() + seconds(60), {});
+  releaser.join();
+  EXPECT_TRUE(woken.ok()) << woken.ToString();
+  // Nobody releases the second grant (as after a kill -9): the wait ends at its expiry, the
+  // first of the two, not at the other's or the deadline.
+  ASSERT_TRUE(backend->TryAcquire(SharedRequest("rw", kTokenC, milliseconds(200))).ok());
+  woken = waiter->WaitForChange("rw", BootClock::now() + seconds(60), {});
+  EXPECT_TRUE(woken.ok()) << woken.ToString();
+  EXPECT_EQ(waiter->Holders("rw").value().size(), 1u);
+}
+
+TEST_F(SqliteBackendTest, AWaiterRefusedByAFullSemaphoreIsWokenByASlotFreedBeforeItWaits) {
+  auto backend = MustOpen();
+  auto waiter = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_NE(waiter, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(SemaphoreRequest("pool", kTokenA, 2)).ok());
+  ASSERT_TRUE(backend->TryAcquire(SemaphoreRequest("pool", kTokenB, 2)).ok());
+  GrantRequest request = SemaphoreRequest("pool", kTokenC, 2);
+  request.waiter_id = "waiter-1";
+  ASSERT_EQ(waiter->TryAcquire(request).status().code(), StatusCode::kHeldByAnother);
+  // A slot is freed between the refusal and the wait: the key is still held (by B), so only
+  // the generation the refused attempt read can tell the waiter.
+  ASSERT_TRUE(backend->Release("pool", kTokenA).ok());
+  Status woken = waiter->WaitForTurn("pool", "waiter-1", BootClock::now() + seconds(5), {});
+  EXPECT_TRUE(woken.ok()) << woken.ToString();
+  EXPECT_TRUE(waiter->TryAcquire(request).ok());
+  // Without a refusal to go by, the wait reads the generation afresh (and sleeps).
+  EXPECT_EQ(waiter->WaitForTurn("pool", "waiter-1", BootClock::now() + milliseconds(50), {}).code(),
+            StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(SqliteBackendTest, AReaderWaitingOnAWritersIntentWakesWhenTheWriterAbandons) {
+  auto backend = MustOpen();
+  auto waiter = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  ASSERT_NE(waiter, nullptr);
+  ASSERT_TRUE(backend->TryAcquire(SharedRequest("rw", kTokenA, kShortTtl)).ok());
+  ASSERT_FALSE(backend->TryAcquire(WriterRequest("rw", kTokenB, "writer")).ok());
+  std::this_thread::sleep_for(kPastShortTtl);  // the key is free; the intent holds readers off
+  GrantRequest reader = SharedRequest("rw", kTokenC);
+  reader.waiter_id = "reader";
+  ASSERT_EQ(waiter->TryAcquire(reader).status().code(), StatusCode::kHeldByAnother);
+  EXPECT_EQ(waiter->WaitForTurn("rw", "reader", BootClock::now() + milliseconds(50), {}).code(),
+            StatusCode::kDeadlineExceeded)
+      << "a free key held off by another's intent is not the reader's turn";
+  EXPECT_TRUE(backend->WaitForTurn("rw", "writer", BootClock::now() + seconds(5), {}).ok())
+      << "but the writer's";
+  std::thread abandoner([&backend] {
+    std::this_thread::sleep_for(milliseconds(100));
+    backend->AbandonWait("rw", "writer");
+  });
+  Status woken = waiter->WaitForTurn("rw", "reader", BootClock::now() + seconds(60), {});
+  abandoner.join();
+  EXPECT_TRUE(woken.ok()) << woken.ToString();
+  EXPECT_TRUE(waiter->TryAcquire(reader).ok());
+}
+
+TEST_F(SqliteBackendTest, FencedWriteChecksTheCallersGrantAmongSeveral) {
+  auto backend = MustOpen();
+  ASSERT_NE(backend, nullptr);
+  Result<Grant> a = backend->TryAcquire(SemaphoreRequest("pool", kTokenA, 2));
+  Result<Grant> b = backend->TryAcquire(SemaphoreRequest("pool", kTokenB, 2));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(
+      backend->FencedWrite(SqlWrite("pool", kTokenB, b->fencing_token, {{kCreateData, {}}})).ok())
+      << "slot 1's holder, though slot 0 is another's";
+  ASSERT_TRUE(backend->Release("pool", kTokenB).ok());
+  auto late =
+      backend->FencedWrite(SqlWrite("pool", kTokenB, b->fencing_token, {{kCreateData, {}}}));
+  EXPECT_EQ(late.status().code(), StatusCode::kLost);
+  EXPECT_THAT(std::string(late.status().message()), HasSubstr("is no longer held"));
 }
 
 }  // namespace
