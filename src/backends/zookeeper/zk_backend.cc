@@ -10,6 +10,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,7 @@ using zk_layout::KeysWithPrefix;
 using zk_layout::kKeptName;
 using zk_layout::kRecordName;
 using zk_layout::NodeData;
+using zk_layout::NodeKind;
 using zk_layout::ParseKeptData;
 using zk_layout::ParseNodeData;
 using zk_layout::RecordData;
@@ -51,6 +53,12 @@ constexpr int kReaperMaxAttempts = 300;
 // second on what a pipelined exists of every node said, then one more per node that another
 // client created or deleted between that exists and the multi.
 constexpr int kFencedAttempts = 2 + kRaceRetries;
+// How many times ClaimSlot looks again after another grant of the key chose its slot first (each
+// retry follows another claim's success: one release admits at most N at once).
+constexpr int kClaimAttempts = 32;
+// How long ClaimSlot lets an admitted child ahead write its slot first (grants in queue order):
+// a live waiter woken by the same release does it within a few round trips.
+constexpr Duration kInOrderWait = std::chrono::milliseconds(100);
 
 // The ACL of every node the store creates: creator-only with credentials, else open.
 const struct ACL_vector* NodeAcl(const ZkOptions& options) {
@@ -112,6 +120,112 @@ FencedPlan PlanFencedWrite(const std::vector<FencedOp>& ops, const std::string& 
   return plan;
 }
 
+// A key's children as one listing shows them: the queued nodes (grants and waiters) in
+// sequence order with their kinds, and the names of its kept nodes.
+struct Listing {
+  std::vector<std::string> queued;
+  std::vector<NodeKind> kinds;
+  std::vector<std::string> kept;
+};
+
+Listing ParseListing(std::vector<std::string> children) {
+  Listing listing;
+  for (const std::string& child : children) {
+    if (zk_layout::ParseKeptName(child).has_value()) {
+      listing.kept.push_back(child);
+    }
+  }
+  SortBySequence(children);
+  listing.queued = std::move(children);
+  for (const std::string& name : listing.queued) {
+    listing.kinds.push_back(zk_layout::KindOfNode(name));
+  }
+  return listing;
+}
+
+// True if the child `name` is the node of the id `prefix` ("<id>-" or "<id>", any kind's tag
+// after it): the id ends where a '.' (a tag) or the '-' before the sequence follows it.
+bool HasIdPrefix(std::string_view name, std::string_view prefix) {
+  if (!name.starts_with(prefix)) {
+    return false;
+  }
+  return prefix.ends_with('-') ||
+         (name.size() > prefix.size() && (name[prefix.size()] == '.' || name[prefix.size()] == '-'));
+}
+
+bool IsExclusive(const NodeKind& kind) {
+  return kind.limit == 1 && kind.mode == LeaseMode::kExclusive;
+}
+
+// Admission, by position in the queue (the recipe of Curator's InterProcessSemaphoreV2 and
+// InterProcessReadWriteLock, over one queue). Child i of a listing (in sequence order, with the
+// key's live kept grants `kept`) holds the key when every child before it and every live kept
+// grant asks for its limit, and:
+//   a semaphore of N   fewer than N children before it, counting the live kept grants;
+//   shared             no exclusive child before it and no live exclusive kept grant;
+//   exclusive          it is the first child and there is no live kept grant.
+// Why deciding from a listing after the create is safe (no over-admission, no two families at
+// once): sequence numbers only grow, so every child created later sorts after ours and every
+// child before ours was created before it; children only leave (a kept grant only replaces the
+// child it was, in the same multi). So the children before ours, which are all a decision reads,
+// only shrink, and a child admitted stays admitted while it lives. A child admitted while an
+// earlier one still lives read that one in its listing, with its kind; and no child counts
+// fewer than N children before it unless fewer than N children and kept grants are live before
+// it. So at most N grants of a semaphore are live, an exclusive one alone, shared ones only with
+// no exclusive one before them, which is writer preference by order: an exclusive waiter keeps
+// every later shared child out. A child of another limit than one before it is never admitted
+// (TryAcquire reports LimitMismatch and deletes it), and a child after one of another limit
+// neither: it may be refused because of a mismatched child that is about to go, never admitted
+// next to one.
+std::vector<bool> GrantedOf(const std::vector<NodeKind>& kinds, const std::vector<NodeKind>& kept) {
+  std::vector<bool> granted(kinds.size(), false);
+  std::optional<std::uint32_t> limit;
+  bool mixed = false;
+  bool exclusive_before = false;
+  auto see = [&](const NodeKind& kind) {
+    if (!limit.has_value()) {
+      limit = kind.limit;
+    } else if (*limit != kind.limit) {
+      mixed = true;
+    }
+    exclusive_before = exclusive_before || IsExclusive(kind);
+  };
+  for (const NodeKind& kind : kept) {
+    see(kind);
+  }
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    const NodeKind& kind = kinds[i];
+    if (!mixed && (!limit.has_value() || *limit == kind.limit)) {
+      if (kind.limit > 1) {
+        granted[i] = i + kept.size() < kind.limit;
+      } else if (kind.mode == LeaseMode::kExclusive) {
+        granted[i] = i == 0 && kept.empty();
+      } else {
+        granted[i] = !exclusive_before;
+      }
+    }
+    see(kind);
+  }
+  return granted;
+}
+
+// What child `mine` of a listing disagrees with: a live kept grant (kept index k, as -2 - k) or
+// a child before it (its index) of another limit; -1 if none.
+int MismatchOf(const std::vector<NodeKind>& kinds, const std::vector<NodeKind>& kept,
+               std::size_t mine) {
+  for (std::size_t k = 0; k < kept.size(); ++k) {
+    if (kept[k].limit != kinds[mine].limit) {
+      return -2 - static_cast<int>(k);
+    }
+  }
+  for (std::size_t j = 0; j < mine; ++j) {
+    if (kinds[j].limit != kinds[mine].limit) {
+      return static_cast<int>(j);
+    }
+  }
+  return -1;
+}
+
 // The parent of a data path, as the caller named it ("/" for a top-level node).
 std::string ParentOf(std::string_view path) {
   const std::size_t slash = path.rfind('/');
@@ -162,7 +276,8 @@ Capabilities ZkBackend::capabilities() const {
       .native_wait = true,
       .fencing_survives_restart = true,
       .fair_queue = true,
-      .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete)};
+      .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete),
+      .shared_leases = true};
 }
 
 Result<std::shared_ptr<ZkSession>> ZkBackend::Connect(Duration timeout) {
@@ -250,43 +365,164 @@ std::string ZkBackend::KeyDir(std::string_view key) const {
 }
 
 Result<std::optional<LeaseInfo>> ZkBackend::ReadHolder(ZkSession& session, std::string_view key) {
+  LH_ASSIGN_OR_RETURN(std::vector<LiveGrant> grants, ReadGrants(session, key));
+  if (grants.empty()) {
+    return std::optional<LeaseInfo>();
+  }
+  return std::optional<LeaseInfo>(std::move(grants.front().info));
+}
+
+Result<std::vector<ZkBackend::LiveGrant>> ZkBackend::ReadGrants(ZkSession& session,
+                                                                std::string_view key) {
   const std::string dir = KeyDir(key);
   for (int attempt = 0; attempt < kRaceRetries; ++attempt) {
-    ZkRequests requests(session, options_.command_timeout);
     std::vector<std::string> children;
-    int rc = requests.Children(dir, &children);
+    int rc = ZOK;
+    {
+      ZkRequests requests(session, options_.command_timeout);
+      rc = requests.Children(dir, &children);
+    }
     if (rc == ZNONODE) {
-      return std::optional<LeaseInfo>();
+      return std::vector<LiveGrant>();
     }
     if (rc != ZOK) {
       return ZkErrorStatus(rc, "reading a lease", options_);
     }
-    if (std::find(children.begin(), children.end(), kKeptName) != children.end()) {
-      LH_ASSIGN_OR_RETURN(std::optional<Kept> kept, ReadKept(session, key, dir));
-      if (kept.has_value() && kept->remaining > Duration::zero()) {
-        return std::optional<LeaseInfo>(std::move(kept->info));  // ahead of any queued node
-      }
+    Listing listing = ParseListing(std::move(children));
+    LH_ASSIGN_OR_RETURN(std::vector<Kept> kept, ReadKeptNodes(session, key, dir, listing.kept));
+    std::erase_if(kept, [](const Kept& k) { return k.remaining <= Duration::zero(); });
+    int grc = ZOK;
+    LH_ASSIGN_OR_RETURN(std::vector<LiveGrant> grants,
+                        GrantsOf(session, key, dir, listing.queued, listing.kinds, kept,
+                                 listing.queued.size(), &grc));
+    if (grc == ZNONODE) {
+      continue;  // a holder left between the two reads
     }
-    SortBySequence(children);
-    if (children.empty()) {
-      return std::optional<LeaseInfo>();
-    }
-    std::string data;
-
-    struct Stat stat {};
-
-    rc = requests.Get(dir + "/" + children.front(), &data, &stat);
-    if (rc == ZNONODE) {
-      continue;  // the holder left between the two reads
-    }
-    if (rc != ZOK) {
-      return ZkErrorStatus(rc, "reading a lease", options_);
-    }
-    return std::optional<LeaseInfo>(
-        ParseNodeData(key, data, static_cast<FencingToken>(stat.czxid)));
+    return grants;
   }
   return Status::Unavailable(
-      fmt::format("the holder of {} kept changing while it was read; try again", key));
+      fmt::format("the holders of {} kept changing while they were read; try again", key));
+}
+
+Result<std::vector<ZkBackend::LiveGrant>> ZkBackend::GrantsOf(
+    ZkSession& session, std::string_view key, const std::string& dir,
+    const std::vector<std::string>& queued, const std::vector<NodeKind>& kinds,
+    const std::vector<Kept>& kept, std::size_t end, int* rc) {
+  *rc = ZOK;
+  std::vector<NodeKind> kept_kinds;
+  for (const Kept& k : kept) {
+    kept_kinds.push_back(k.kind);
+  }
+  const std::vector<bool> granted = GrantedOf(kinds, kept_kinds);
+  std::vector<std::size_t> at;
+  std::vector<std::string> paths;
+  for (std::size_t i = 0; i < std::min(end, queued.size()); ++i) {
+    if (granted[i]) {
+      at.push_back(i);
+      paths.push_back(dir + "/" + queued[i]);
+    }
+  }
+  std::vector<std::string> values;
+  std::vector<struct Stat> stats;
+  std::vector<int> rcs;
+  if (!paths.empty()) {
+    ZkRequests requests(session, options_.command_timeout);
+    rcs = requests.GetAll(paths, &values, &stats);
+  }
+  std::vector<LiveGrant> out;
+  for (std::size_t n = 0; n < paths.size(); ++n) {
+    if (rcs[n] == ZNONODE) {
+      *rc = ZNONODE;  // it left: those after it may have been admitted since, read again
+      return std::vector<LiveGrant>();
+    }
+    if (rcs[n] != ZOK) {
+      return ZkErrorStatus(rcs[n], "reading a lease", options_);
+    }
+    LiveGrant g{.info = zk_layout::ParseNode(key, queued[at[n]], values[n],
+                                             static_cast<FencingToken>(stats[n].czxid)),
+                .path = paths[n],
+                .version = stats[n].version};
+    g.slotted = kinds[at[n]] == NodeKind{} || zk_layout::SlotOfNodeData(values[n]).has_value();
+    out.push_back(std::move(g));
+  }
+  for (const Kept& k : kept) {
+    out.push_back({.info = k.info, .path = dir + "/" + k.name, .version = k.version, .kept = true});
+  }
+  // Children admitted but not yet made grants get the smallest slots left, in queue order.
+  std::set<std::uint32_t> used;
+  for (const LiveGrant& g : out) {
+    if (g.slotted) {
+      used.insert(g.info.slot);
+    }
+  }
+  std::uint32_t next = 0;
+  for (LiveGrant& g : out) {
+    if (!g.slotted) {
+      while (used.contains(next)) {
+        ++next;
+      }
+      g.info.slot = next++;
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const LiveGrant& a, const LiveGrant& b) {
+    return a.info.slot != b.info.slot ? a.info.slot < b.info.slot
+                                      : a.info.fencing_token < b.info.fencing_token;
+  });
+  return out;
+}
+
+Result<std::vector<ZkBackend::Kept>> ZkBackend::ReadKeptNodes(
+    ZkSession& session, std::string_view key, const std::string& dir,
+    const std::vector<std::string>& names) {
+  std::vector<Kept> out;
+  if (names.empty()) {
+    return out;
+  }
+  std::vector<std::string> paths;
+  for (const std::string& name : names) {
+    paths.push_back(dir + "/" + name);
+  }
+  std::vector<std::string> values;
+  std::vector<struct Stat> stats;
+  std::vector<int> rcs;
+  {
+    ZkRequests requests(session, options_.command_timeout);
+    rcs = requests.GetAll(paths, &values, &stats);
+  }
+  std::vector<std::int64_t> mtimes;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (rcs[i] == ZNONODE) {
+      continue;
+    }
+    if (rcs[i] != ZOK) {
+      return ZkErrorStatus(rcs[i], "reading a kept grant", options_);
+    }
+    std::optional<LeaseInfo> info = ParseKeptData(key, values[i]);
+    std::optional<zk_layout::KeptSlot> slot = zk_layout::ParseKeptName(names[i]);
+    if (!info.has_value() || !slot.has_value()) {
+      continue;  // not our layout: never taken for a grant
+    }
+    info->mode = slot->kind.mode;
+    info->limit = slot->kind.limit;
+    info->slot = slot->slot;
+    out.push_back({.info = std::move(*info),
+                   .version = stats[i].version,
+                   .name = names[i],
+                   .kind = slot->kind});
+    mtimes.push_back(stats[i].mtime);
+  }
+  if (out.empty()) {
+    return out;
+  }
+  // Judged on the leader's clock, read after the nodes: an mtime is never ahead of it.
+  LH_ASSIGN_OR_RETURN(SystemTime now, LeaderNow(session));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    Kept& kept = out[i];
+    kept.remaining = duration_cast<Duration>(FromZkMillis(mtimes[i]) + kept.info.ttl - now);
+    kept.info.remaining =
+        std::chrono::ceil<milliseconds>(std::max(Duration::zero(), kept.remaining));
+  }
+  return out;
 }
 
 Result<SystemTime> ZkBackend::LeaderNow(ZkSession& session) {
@@ -310,34 +546,6 @@ Result<SystemTime> ZkBackend::LeaderNow(ZkSession& session) {
   return FromZkMillis(stat.mtime);
 }
 
-Result<std::optional<ZkBackend::Kept>> ZkBackend::ReadKept(ZkSession& session, std::string_view key,
-                                                           const std::string& dir) {
-  std::string data;
-
-  struct Stat stat {};
-
-  {
-    ZkRequests requests(session, options_.command_timeout);
-    int rc = requests.Get(dir + "/" + std::string(kKeptName), &data, &stat);
-    if (rc == ZNONODE) {
-      return std::optional<Kept>();
-    }
-    if (rc != ZOK) {
-      return ZkErrorStatus(rc, "reading a kept grant", options_);
-    }
-  }
-  std::optional<LeaseInfo> info = ParseKeptData(key, data);
-  if (!info.has_value()) {
-    return std::optional<Kept>();  // not our layout: never taken for a grant
-  }
-  // Judged on the leader's clock, read after the node: an mtime is never ahead of it.
-  LH_ASSIGN_OR_RETURN(SystemTime now, LeaderNow(session));
-  Kept kept{.info = std::move(*info), .version = stat.version};
-  kept.remaining = duration_cast<Duration>(FromZkMillis(stat.mtime) + kept.info.ttl - now);
-  kept.info.remaining = std::chrono::ceil<milliseconds>(std::max(Duration::zero(), kept.remaining));
-  return std::optional<Kept>(std::move(kept));
-}
-
 Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
   // Our own t_send, read after the core's: the local deadline is never before safe_until.
   const SteadyTime t_send = clock_.Now();
@@ -351,7 +559,11 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
     LH_ASSIGN_OR_RETURN(std::string random, NewOwnerToken());
     id = "g" + random;
   }
-  const std::string prefix = id + "-";
+  // The kind is in the name (zk_layout::KindTag: none for an exclusive grant, as every earlier
+  // version names it), so one listing tells every child's kind.
+  const NodeKind my_kind{.mode = request.mode, .limit = request.limit};
+  const bool exclusive = IsExclusive(my_kind);
+  const std::string prefix = id + zk_layout::KindTag(my_kind) + "-";
   const KeyAndId waiter_key{request.key, request.waiter_id};
   const std::string data = NodeData(session->negotiated(), request.owner_token, request.holder);
   const struct ACL_vector* acl = NodeAcl(options_);
@@ -471,7 +683,9 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
   auto node_watch = std::make_shared<ZkNodeWatch>();
   std::optional<ZkPending> arm;
   std::uint64_t arm_epoch = session->epoch();
-  if (have_stat) {
+  if (have_stat && exclusive) {
+    // (A shared or semaphore grant's node is written when it is made, ClaimSlot, which would
+    // fire this watch: its watch is set after that write.)
     arm = ZkPending::WatchGet(*session, my_path, node_watch);
   }
   // After a transient error: a plain try-acquire's node goes (its name is never used again); a
@@ -489,11 +703,9 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
       forget_node();
       return ZkErrorStatus(rc, fmt::format("acquiring {}", request.key), options_);
     }
-    const bool kept_present =
-        std::find(children.begin(), children.end(), kKeptName) != children.end();
-    SortBySequence(children);
-    auto mine = std::find(children.begin(), children.end(), my_name);
-    if (mine == children.end()) {
+    const Listing listing = ParseListing(std::move(children));
+    auto mine = std::find(listing.queued.begin(), listing.queued.end(), my_name);
+    if (mine == listing.queued.end()) {
       // Our node is gone: the session expired under us, or someone force-released the queue.
       {
         MutexLock lock(&mu_);
@@ -502,27 +714,29 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
       return Status::Unavailable(fmt::format(
           "the node of {} vanished while acquiring (session expiry?); try again", request.key));
     }
-    // A kept grant (Finish with keep > 0) holds the key ahead of every queued node while it is
-    // live. It is only ever created together with the delete of the holder's node, so a
-    // listing without that node (we are lowest) already shows it.
-    std::optional<Kept> kept;
-    if (kept_present) {
-      Result<std::optional<Kept>> read = ReadKept(*session, request.key, dir);
+    const auto m = static_cast<std::size_t>(mine - listing.queued.begin());
+    // A kept grant (Finish with keep > 0) holds its place ahead of every queued node while it
+    // is live. It is only ever created together with the delete of its grant's node, so a
+    // listing without that node already shows it.
+    std::vector<Kept> kept;
+    if (!listing.kept.empty()) {
+      Result<std::vector<Kept>> read = ReadKeptNodes(*session, request.key, dir, listing.kept);
       if (!read.ok()) {
         forget_node();
         return read.status();
       }
       kept = std::move(*read);
     }
-    const bool kept_live = kept.has_value() && kept->remaining > Duration::zero();
-    if (mine == children.begin() && kept.has_value() && !kept_live) {
+    auto old_kept =
+        std::find_if(kept.begin(), kept.end(), [](const Kept& k) { return k.name == kKeptName; });
+    if (exclusive && m == 0 && old_kept != kept.end() && old_kept->remaining <= Duration::zero()) {
       // Expired: take over. The versioned delete fails if someone else already did (or a
       // force-release); the check fails if our node went. Either way: decide again.
       std::vector<int> errors;
       rc = requests.Multi({{.kind = ZkMultiOp::kCheck, .path = my_path},
                            {.kind = ZkMultiOp::kDelete,
                             .path = dir + "/" + std::string(kKeptName),
-                            .version = kept->version}},
+                            .version = old_kept->version}},
                           acl, &errors);
       if (rc == ZNONODE || rc == ZBADVERSION) {
         continue;
@@ -533,8 +747,62 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
                              options_);
       }
     }
-    if (mine == children.begin() && !kept_live) {
-      if (!have_stat) {
+    // Expired kept grants hold nothing (they stay until replaced or force-released).
+    std::erase_if(kept, [](const Kept& k) { return k.remaining <= Duration::zero(); });
+    std::vector<NodeKind> kept_kinds;
+    for (const Kept& k : kept) {
+      kept_kinds.push_back(k.kind);
+    }
+    if (const int other = MismatchOf(listing.kinds, kept_kinds, m); other != -1) {
+      // Another limit or family holds or waits ahead: refused, and our node goes (a waiter's
+      // too: it would never be admitted, and it would refuse those behind it).
+      LeaseInfo held;
+      if (other <= -2) {
+        held = kept[static_cast<std::size_t>(-2 - other)].info;
+      } else {
+        std::string data;
+
+        struct Stat stat {};
+
+        const std::string& name = listing.queued[static_cast<std::size_t>(other)];
+        rc = requests.Get(dir + "/" + name, &data, &stat);
+        if (rc == ZNONODE) {
+          continue;  // it left: decide again
+        }
+        if (rc == ZOK) {
+          held =
+              zk_layout::ParseNode(request.key, name, data, static_cast<FencingToken>(stat.czxid));
+        } else {
+          const NodeKind kind = listing.kinds[static_cast<std::size_t>(other)];
+          held.mode = kind.mode;
+          held.limit = kind.limit;
+        }
+      }
+      {
+        MutexLock lock(&mu_);
+        waiters_.erase(waiter_key);
+      }
+      (void)DeleteOrDoom(session, my_path);
+      return LimitMismatch(request.key, held.mode, held.limit, held.holder, request.mode,
+                           request.limit);
+    }
+    if (GrantedOf(listing.kinds, kept_kinds)[m]) {
+      std::uint32_t slot = 0;
+      if (!exclusive) {
+        // The grant is made: its slot is written into its node data (ClaimSlot), with this
+        // attempt's token, and its watch set after that write (same round trip as the write's
+        // reply is awaited in ClaimSlot; the get below).
+        Result<std::uint32_t> claimed =
+            ClaimSlot(*session, request.key, dir, my_name, session->negotiated(),
+                      request.owner_token, request.holder);
+        if (!claimed.ok()) {
+          forget_node();
+          return claimed.status();
+        }
+        slot = *claimed;
+        arm_epoch = session->epoch();
+        arm = ZkPending::WatchGet(*session, my_path, node_watch);
+      } else if (!have_stat) {
         // A queued node carries the token of the attempt that created it: show this one's (any
         // version: the name is ours alone). The watching get after it (same round trip) reads
         // the node's Stat and sets its watch after the write, so the write does not fire it.
@@ -576,13 +844,16 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
                  .ttl = session->negotiated(),
                  .deadline = t_send + session->negotiated(),
                  .watch = node_watch,
-                 .armed_epoch = armed_epoch};
+                 .armed_epoch = armed_epoch,
+                 .kind = my_kind,
+                 .slot = slot};
         reaper_cv_.NotifyAll();
       }
       // The node's path in the URL's chroot, as data paths are named (Lease::store_key).
       return Grant{.fencing_token = static_cast<FencingToken>(my_stat.czxid),
                    .ttl = session->negotiated(),
-                   .store_key = my_path.substr(options_.chroot.size())};
+                   .store_key = my_path.substr(options_.chroot.size()),
+                   .slot = slot};
     }
     // A waiter stays queued: its node, and (if this attempt created it) the node's watch,
     // whose reply came before the listing's (or not at all: then it is not known registered).
@@ -603,42 +874,185 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
         q.token = request.owner_token;
       }
     };
-    if (kept_live) {
-      if (waiting) {
-        stay_queued();
-      } else {
-        (void)DeleteOrDoom(session, my_path);
-      }
-      // The time left (kept->info.remaining) is the kept grant's, on the leader's clock.
-      return Status::HeldByAnother(kept->info, "kept after its holder (hold_at_least)");
+    // Refused: report the live grant of the lowest slot (a live kept grant, or a child ahead).
+    int grc = ZOK;
+    Result<std::vector<LiveGrant>> holders =
+        GrantsOf(*session, request.key, dir, listing.queued, listing.kinds, kept, m, &grc);
+    if (holders.ok() && grc == ZNONODE) {
+      continue;  // a holder just left: decide again
     }
-    // Not lowest: report the holder (the lowest child).
-    std::string holder_data;
+    // Writer preference by order: a shared child behind a waiting exclusive one names that
+    // writer, as the other stores name the writer whose intent refused the request.
+    std::optional<LeaseInfo> writer;
+    if (holders.ok() && my_kind.mode == LeaseMode::kShared) {
+      const std::vector<bool> granted = GrantedOf(listing.kinds, kept_kinds);
+      for (std::size_t j = 0; j < m; ++j) {
+        if (IsExclusive(listing.kinds[j]) && !granted[j]) {
+          std::string writer_data;
 
-    struct Stat holder_stat {};
+          struct Stat writer_stat {};
 
-    rc = requests.Get(dir + "/" + children.front(), &holder_data, &holder_stat);
-    if (rc == ZNONODE) {
-      continue;  // the holder just left: decide again
+          if (requests.Get(dir + "/" + listing.queued[j], &writer_data, &writer_stat) == ZOK) {
+            writer = zk_layout::ParseNode(request.key, listing.queued[j], writer_data,
+                                          static_cast<FencingToken>(writer_stat.czxid));
+          }
+          break;
+        }
+      }
     }
     if (waiting) {
       stay_queued();
     } else {
       (void)DeleteOrDoom(session, my_path);
     }
-    if (rc != ZOK) {
-      return ZkErrorStatus(rc, fmt::format("reading the holder of {}", request.key), options_);
+    if (!holders.ok()) {
+      return holders.status();
+    }
+    if (writer.has_value()) {
+      return Status::HeldByAnother(*writer, "an exclusive waiter is ahead (writer preference)",
+                                   /*remaining_is_upper_bound=*/true);
+    }
+    if (holders->empty()) {
+      return Status::HeldByAnother(
+          fmt::format("{} is held by another (its holders changed while read)", request.key));
+    }
+    const LiveGrant& holder = holders->front();
+    if (holder.kept) {
+      // The time left (remaining) is the kept grant's, on the leader's clock.
+      return Status::HeldByAnother(holder.info, "kept after its holder (hold_at_least)");
     }
     // The holder's session timeout bounds its time left; its age is not known here.
-    return Status::HeldByAnother(
-        ParseNodeData(request.key, holder_data, static_cast<FencingToken>(holder_stat.czxid)), {},
-        /*remaining_is_upper_bound=*/true);
+    return Status::HeldByAnother(holder.info, {}, /*remaining_is_upper_bound=*/true);
   }
   if (!waiting) {
     (void)DeleteOrDoom(session, my_path);
   }
   return Status::Unavailable(
       fmt::format("the holder of {} kept changing while acquiring; try again", request.key));
+}
+
+// Slots. A shared or semaphore grant's slot is the smallest no other live grant of the key
+// has, and stays its own while it lives. The queue's order cannot give it (positions move as
+// earlier children leave), so it is written into the grant's node data when the grant is made.
+// Two grants made at once (one release can admit several) must not take one slot: each reads
+// the key node's data version, then the listing and the other grants' slots (reads of one
+// session are served in order, so no older than that version), and writes its slot in one multi
+// that also sets the key node's data at that version. Of two such multis the second fails (the
+// first moved the version) and its retry reads the first's slot: claims are serialised by the
+// key node's version, and each sees every earlier one. A child admitted but not yet a grant (a
+// waiter admitted while it sleeps) claims later and sees ours. A Finish that turns a grant into
+// a kept node named by its slot moves the version too, so a claim that read the grant's node
+// gone and the listing without the kept node is retried. A slot freed by a release is free at
+// once: nothing to undo. Grants of one limit N are at most N (GrantedOf), so at most N - 1
+// others hold slots, and the smallest free one is below N.
+Result<std::uint32_t> ZkBackend::ClaimSlot(ZkSession& session, std::string_view key,
+                                           const std::string& dir, const std::string& my_name,
+                                           Duration ttl, std::string_view owner_token,
+                                           std::string_view holder) {
+  const std::string my_path = dir + "/" + my_name;
+  const struct ACL_vector* acl = NodeAcl(options_);
+  const SteadyTime in_order_until = clock_.Now() + std::min(options_.command_timeout, kInOrderWait);
+  for (int attempt = 0; attempt < kClaimAttempts; ++attempt) {
+    const SteadyTime until = clock_.Now() + options_.command_timeout;
+    ZkPending version_read = ZkPending::Exists(session, dir);
+    ZkPending listing_read = ZkPending::Children(session, dir);
+    ZkAnswer dir_answer;
+    ZkAnswer list_answer;
+    int rc = version_read.Await(until, &dir_answer);
+    const int list_rc = listing_read.Await(until, &list_answer);
+    rc = rc == ZOK ? list_rc : rc;
+    if (rc != ZOK && rc != ZNONODE) {
+      return ZkErrorStatus(rc, fmt::format("choosing a slot of {}", key), options_);
+    }
+    const Listing listing = ParseListing(std::move(list_answer.strings));
+    if (rc == ZNONODE ||
+        std::find(listing.queued.begin(), listing.queued.end(), my_name) == listing.queued.end()) {
+      return Status::Unavailable(
+          fmt::format("the node of {} vanished while acquiring (session expiry?); try again", key));
+    }
+    LH_ASSIGN_OR_RETURN(std::vector<Kept> kept, ReadKeptNodes(session, key, dir, listing.kept));
+    std::erase_if(kept, [](const Kept& k) { return k.remaining <= Duration::zero(); });
+    int grc = ZOK;
+    LH_ASSIGN_OR_RETURN(std::vector<LiveGrant> grants,
+                        GrantsOf(session, key, dir, listing.queued, listing.kinds, kept,
+                                 listing.queued.size(), &grc));
+    if (grc == ZNONODE) {
+      continue;
+    }
+    // Grants are made in queue order: an admitted child ahead of ours that has not written its
+    // slot yet (a waiter woken by the same release, still on its way) goes first, so that the
+    // key is granted first come, first served, not by who wins the multi below. Waited for on a
+    // watch of its node (its slot's write or its delete fires it), for kInOrderWait in all: one
+    // that stalls longer (a holder killed between its admission and its write, whose node stays
+    // until its session expires) does not hold later grants back.
+    const auto mine = std::find(listing.queued.begin(), listing.queued.end(), my_name);
+    std::string earlier;
+    for (auto it = listing.queued.begin(); it != mine && clock_.Now() < in_order_until; ++it) {
+      const std::string path = dir + "/" + *it;
+      auto g = std::find_if(grants.begin(), grants.end(),
+                            [&](const LiveGrant& each) { return each.path == path; });
+      if (g != grants.end() && !g->slotted) {
+        earlier = path;
+        break;
+      }
+    }
+    if (!earlier.empty()) {
+      auto waker = std::make_shared<ZkWaker>();
+      ZkRequests watch(session, options_.command_timeout);
+      const int wrc = watch.Watch(earlier, waker);
+      if (wrc == ZOK) {
+        ZkWaker& w = *waker;
+        MutexLock lock(&w.mu);
+        (void)w.cv.WaitUntil(ToSteady(in_order_until, clock_), std::stop_token(),
+                             [&]() LH_REQUIRES(w.mu) { return w.fired; });
+      } else if (wrc != ZNONODE) {
+        return ZkErrorStatus(wrc, fmt::format("choosing a slot of {}", key), options_);
+      }
+      --attempt;  // waiting in order is not a lost race
+      continue;
+    }
+    std::set<std::uint32_t> used;
+    bool admitted = false;
+    for (const LiveGrant& g : grants) {
+      if (g.path == my_path) {
+        admitted = true;
+      } else if (g.slotted) {
+        used.insert(g.info.slot);
+      }
+    }
+    if (!admitted) {
+      // Only a kept grant judged live again (a new leader's clock behind the old one's) can
+      // do this: not granted, try again.
+      return Status::Unavailable(
+          fmt::format("the node of {} was admitted, then not (a kept grant?); try again", key));
+    }
+    std::uint32_t slot = 0;
+    while (used.contains(slot)) {
+      ++slot;
+    }
+    ZkRequests requests(session, options_.command_timeout);
+    std::vector<int> errors;
+    rc = requests.Multi(
+        {{.kind = ZkMultiOp::kSet, .path = dir, .data = "", .version = dir_answer.stat.version},
+         {.kind = ZkMultiOp::kSet,
+          .path = my_path,
+          .data = NodeData(ttl, owner_token, holder, slot),
+          .version = -1}},
+        acl, &errors);
+    if (rc == ZOK) {
+      return slot;
+    }
+    if (errors.size() == 2 && errors[0] == ZBADVERSION) {
+      continue;  // another grant of the key chose its slot meanwhile: look again
+    }
+    if (errors.size() == 2 && errors[0] == ZOK && errors[1] == ZNONODE) {
+      return Status::Unavailable(
+          fmt::format("the node of {} vanished while acquiring (session expiry?); try again", key));
+    }
+    return ZkErrorStatus(rc, fmt::format("writing the slot of a grant of {}", key), options_);
+  }
+  return Status::Unavailable(
+      fmt::format("the grants of {} kept changing while a slot was chosen; try again", key));
 }
 
 Status ZkBackend::Renew(const RenewRequest& request) {
@@ -925,6 +1339,12 @@ Status ZkBackend::Finish(const FinishRequest& request) {
     // in order and fires each one's watches as it applies it, so a waiter that watches our node
     // and <key>/kept sees the kept node's create before our node's delete (Wait's handoff).
     std::vector<ZkMultiOp> ops;
+    const bool slotted = !IsExclusive(held.kind);
+    if (slotted && request.keep > Duration::zero()) {
+      // The grant's slot moves to a kept node: a slot being chosen meanwhile (ClaimSlot) must
+      // look again, so the key node's version moves with it.
+      ops.push_back({.kind = ZkMultiOp::kSet, .path = dir, .data = "", .version = -1});
+    }
     auto write = [&](std::string_view name, std::string data) -> int {
       const std::string path = dir + "/" + std::string(name);
 
@@ -947,7 +1367,8 @@ Status ZkBackend::Finish(const FinishRequest& request) {
       return erc;
     };
     if (request.keep > Duration::zero()) {
-      rc = write(kKeptName, KeptData(request.keep, held.czxid, request.owner_token, held.holder));
+      rc = write(zk_layout::KeptName(held.kind, held.slot),
+                 KeptData(request.keep, held.czxid, request.owner_token, held.holder));
     }
     if (rc == ZOK && request.record.has_value()) {
       rc = write(kRecordName, RecordData(request.record_ttl, *request.record));
@@ -1262,6 +1683,17 @@ Result<std::optional<LeaseInfo>> ZkBackend::Inspect(std::string_view key) {
   return ReadHolder(*session, key);
 }
 
+Result<std::vector<LeaseInfo>> ZkBackend::Holders(std::string_view key) {
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> session, ServiceSession());
+  LH_ASSIGN_OR_RETURN(std::vector<LiveGrant> grants, ReadGrants(*session, key));
+  std::vector<LeaseInfo> out;
+  out.reserve(grants.size());
+  for (LiveGrant& g : grants) {
+    out.push_back(std::move(g.info));
+  }
+  return out;
+}
+
 Result<std::vector<LeaseInfo>> ZkBackend::List(std::string_view prefix) {
   LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> session, ServiceSession());
   std::vector<std::string> names;
@@ -1278,9 +1710,9 @@ Result<std::vector<LeaseInfo>> ZkBackend::List(std::string_view prefix) {
   const std::vector<std::string> keys = KeysWithPrefix(names, prefix);
   std::vector<LeaseInfo> out;
   for (const std::string& key : keys) {
-    LH_ASSIGN_OR_RETURN(std::optional<LeaseInfo> info, ReadHolder(*session, key));
-    if (info.has_value()) {
-      out.push_back(std::move(*info));
+    LH_ASSIGN_OR_RETURN(std::vector<LiveGrant> grants, ReadGrants(*session, key));
+    for (LiveGrant& g : grants) {
+      out.push_back(std::move(g.info));
     }
   }
   return out;
@@ -1299,40 +1731,84 @@ Result<bool> ZkBackend::ForceRelease(std::string_view key) {
     if (rc != ZOK) {
       return ZkErrorStatus(rc, fmt::format("force-releasing {}", key), options_);
     }
-    if (std::find(children.begin(), children.end(), kKeptName) != children.end()) {
-      LH_ASSIGN_OR_RETURN(std::optional<Kept> kept, ReadKept(*session, key, dir));
-      if (kept.has_value()) {
-        rc = requests.Delete(dir + "/" + std::string(kKeptName), kept->version);
-        if (rc == ZNONODE || rc == ZBADVERSION) {
-          continue;  // taken over or replaced meanwhile: decide again
-        }
-        if (rc != ZOK) {
-          return ZkErrorStatus(rc, fmt::format("force-releasing {}", key), options_);
-        }
-        if (kept->remaining > Duration::zero()) {
-          LogEvent(LogLevel::kWarning, "zk_force_release",
-                   {{"key", std::string(key)}, {"node", std::string(kKeptName)}});
-          return true;  // the kept grant was the holder; queued nodes stay queued
-        }
-        // An expired one, tidied away: the holder is the lowest queued node, if any.
+    const Listing listing = ParseListing(std::move(children));
+    LH_ASSIGN_OR_RETURN(std::vector<Kept> kept, ReadKeptNodes(*session, key, dir, listing.kept));
+    // Every kept node goes, live or expired (an expired one is tidied away); of the queued
+    // nodes only the granted ones (as the live kept grants leave them): waiters stay queued, so
+    // the next ones then hold the key.
+    bool released = false;
+    bool raced = false;
+    for (const Kept& k : kept) {
+      rc = requests.Delete(dir + "/" + k.name, k.version);
+      if (rc == ZBADVERSION) {
+        raced = true;  // replaced meanwhile (a new kept grant): decide again
+      } else if (rc != ZOK && rc != ZNONODE) {
+        return ZkErrorStatus(rc, fmt::format("force-releasing {}", key), options_);
+      } else if (rc == ZOK && k.remaining > Duration::zero()) {
+        released = true;
+        LogEvent(LogLevel::kWarning, "zk_force_release",
+                 {{"key", std::string(key)}, {"node", k.name}});
       }
     }
-    SortBySequence(children);
-    if (children.empty()) {
-      return false;
+    if (raced) {
+      continue;
     }
-    rc = requests.Delete(dir + "/" + children.front(), -1);
-    if (rc == ZOK) {
-      LogEvent(LogLevel::kWarning, "zk_force_release",
-               {{"key", std::string(key)}, {"node", children.front().substr(0, 9)}});
-      return true;
+    std::erase_if(kept, [](const Kept& k) { return k.remaining <= Duration::zero(); });
+    std::vector<NodeKind> kept_kinds;
+    for (const Kept& k : kept) {
+      kept_kinds.push_back(k.kind);
     }
-    if (rc != ZNONODE) {
-      return ZkErrorStatus(rc, fmt::format("force-releasing {}", key), options_);
+    const std::vector<bool> granted = GrantedOf(listing.kinds, kept_kinds);
+    for (std::size_t i = 0; i < listing.queued.size(); ++i) {
+      if (!granted[i]) {
+        continue;
+      }
+      rc = requests.Delete(dir + "/" + listing.queued[i], -1);
+      if (rc == ZOK) {
+        released = true;
+        LogEvent(LogLevel::kWarning, "zk_force_release",
+                 {{"key", std::string(key)}, {"node", listing.queued[i].substr(0, 9)}});
+      } else if (rc != ZNONODE) {
+        return ZkErrorStatus(rc, fmt::format("force-releasing {}", key), options_);
+      }
     }
+    // Grants that left by themselves meanwhile are not followed by the waiters they admitted:
+    // those were not grants when the key was read.
+    return released;
   }
   return Status::Unavailable(
       fmt::format("the holder of {} kept changing while force-releasing; try again", key));
+}
+
+Result<bool> ZkBackend::ForceReleaseGrant(std::string_view key, std::string_view token_prefix) {
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> session, ServiceSession());
+  for (int attempt = 0; attempt < kRaceRetries; ++attempt) {
+    LH_ASSIGN_OR_RETURN(std::vector<LiveGrant> grants, ReadGrants(*session, key));
+    // A node keeps 8 hex digits of its token (zk_layout::NodeData): a longer prefix is matched
+    // on those.
+    auto match = std::find_if(grants.begin(), grants.end(), [&](const LiveGrant& g) {
+      const std::size_t n = std::min(token_prefix.size(), g.info.token_prefix.size());
+      return n > 0 && g.info.token_prefix.substr(0, n) == token_prefix.substr(0, n);
+    });
+    if (match == grants.end()) {
+      return false;
+    }
+    ZkRequests requests(*session, options_.command_timeout);
+    // Versioned for a kept node (its name is reused by the next kept grant of its slot); a
+    // child's name is never reused.
+    const int rc = requests.Delete(match->path, match->kept ? match->version : -1);
+    if (rc == ZOK) {
+      LogEvent(
+          LogLevel::kWarning, "zk_force_release",
+          {{"key", std::string(key)}, {"node", match->path.substr(match->path.rfind('/') + 1, 9)}});
+      return true;
+    }
+    if (rc != ZNONODE && rc != ZBADVERSION) {
+      return ZkErrorStatus(rc, fmt::format("force-releasing a grant of {}", key), options_);
+    }
+  }
+  return Status::Unavailable(
+      fmt::format("the holders of {} kept changing while force-releasing; try again", key));
 }
 
 void ZkBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
@@ -1353,9 +1829,9 @@ void ZkBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
     return;
   }
   // By prefix, through the waiter's own session: this also finds a node whose create reply was
-  // lost. The waiter is done, so its prefix is never used again.
-  Doomed doomed{
-      .session = queued.session, .dir = KeyDir(key), .prefix = "w" + std::string(waiter_id) + "-"};
+  // lost. The waiter is done, so its prefix is never used again. The prefix stops before the
+  // kind's tag ("w<id>.s-", zk_layout::KindTag): HasIdPrefix matches it up to a '.' or '-'.
+  Doomed doomed{.session = queued.session, .dir = KeyDir(key), .prefix = "w" + std::string(waiter_id)};
   if (!queued.path.empty()) {
     ZkRequests requests(*queued.session, options_.command_timeout);
     int rc = requests.Delete(queued.path, -1);
@@ -1371,7 +1847,7 @@ void ZkBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
     }
     bool all_gone = rc == ZOK;
     for (const std::string& child : children) {
-      if (child.starts_with(doomed.prefix)) {
+      if (HasIdPrefix(child, doomed.prefix)) {
         int drc = requests.Delete(doomed.dir + "/" + child, -1);
         all_gone = all_gone && (drc == ZOK || drc == ZNONODE);
       }
@@ -1427,43 +1903,76 @@ Status ZkBackend::Wait(const std::shared_ptr<ZkSession>& session, const std::str
     return ZkErrorStatus(rc, "waiting for a lease", options_);
   }
   session->NoteHeard(t_list);
-  const bool kept_listed =
-      std::find(children.begin(), children.end(), kKeptName) != children.end();
-  // A live kept grant holds the key until its expiry, which nothing announces (the node is not
-  // deleted then): wait until then at most, watching the node for an earlier delete.
+  const Listing listing = ParseListing(std::move(children));
+  const bool kept_listed = !listing.kept.empty();
+  // A live kept grant holds its place until its expiry, which nothing announces (the node is
+  // not deleted then): wait until the first expiry at most, watching the nodes for an earlier
+  // delete.
   SteadyTime until = deadline;
-  bool kept_live = false;
-  if (std::find(children.begin(), children.end(), kKeptName) != children.end()) {
-    LH_ASSIGN_OR_RETURN(std::optional<Kept> kept, ReadKept(*session, "", dir));
-    if (kept.has_value() && kept->remaining > Duration::zero()) {
-      kept_live = true;
-      until = std::min(deadline, clock_.Now() + kept->remaining);
+  std::vector<Kept> kept;
+  if (kept_listed) {
+    LH_ASSIGN_OR_RETURN(kept, ReadKeptNodes(*session, "", dir, listing.kept));
+    std::erase_if(kept, [](const Kept& k) { return k.remaining <= Duration::zero(); });
+    for (const Kept& k : kept) {
+      until = std::min(until, clock_.Now() + k.remaining);
     }
   }
-  SortBySequence(children);
-  std::string watched;
-  if (my_name.empty()) {
-    if (children.empty()) {
-      if (!kept_live) {
-        return Status();
-      }
-      watched = kKeptName;
-    } else {
-      watched = children.front();
+  std::vector<NodeKind> kept_kinds;
+  for (const Kept& k : kept) {
+    kept_kinds.push_back(k.kind);
+  }
+  const std::vector<bool> granted = GrantedOf(listing.kinds, kept_kinds);
+  // The nodes whose change may admit us: any grant's end wakes WaitForChange; a waiter watches
+  // only the nodes ahead that keep it out (the predecessor for an exclusive child: no herd when
+  // the holder leaves; the nearest exclusive child ahead for a shared one; every child ahead
+  // for a semaphore's, since any of them leaving moves it up).
+  std::vector<std::string> watched;
+  auto watch_kept = [&] {
+    for (const Kept& k : kept) {
+      watched.push_back(k.name);
     }
+  };
+  std::size_t m = 0;
+  if (my_name.empty()) {
+    for (std::size_t i = 0; i < listing.queued.size(); ++i) {
+      if (granted[i]) {
+        watched.push_back(listing.queued[i]);
+      }
+    }
+    watch_kept();
   } else {
-    auto mine = std::find(children.begin(), children.end(), my_name);
-    if (mine == children.end()) {
+    auto mine = std::find(listing.queued.begin(), listing.queued.end(), my_name);
+    if (mine == listing.queued.end()) {
       return Status();  // our node is gone: the next try says why
     }
-    if (mine == children.begin()) {
-      if (!kept_live) {
-        return Status();  // our turn
-      }
-      watched = kKeptName;
-    } else {
-      watched = *(mine - 1);  // the predecessor only: no herd when the holder leaves
+    m = static_cast<std::size_t>(mine - listing.queued.begin());
+    if (granted[m] || MismatchOf(listing.kinds, kept_kinds, m) != -1) {
+      return Status();  // our turn, or the next try reports the mismatch
     }
+    const NodeKind kind = listing.kinds[m];
+    if (kind.limit > 1) {
+      for (std::size_t j = 0; j < m; ++j) {
+        watched.push_back(listing.queued[j]);
+      }
+      watch_kept();
+    } else if (kind.mode == LeaseMode::kShared) {
+      std::size_t j = m;
+      while (j > 0 && !IsExclusive(listing.kinds[j - 1])) {
+        --j;
+      }
+      if (j > 0) {
+        watched.push_back(listing.queued[j - 1]);
+      } else {
+        watch_kept();
+      }
+    } else if (m > 0) {
+      watched.push_back(listing.queued[m - 1]);
+    } else {
+      watch_kept();
+    }
+  }
+  if (watched.empty()) {
+    return Status();  // nothing holds the key
   }
   // Handoff from the delete event: if the predecessor is the lowest node (the holder) and there
   // is no kept node, its delete alone proves this waiter is now lowest (later nodes get higher
@@ -1475,16 +1984,22 @@ Status ZkBackend::Wait(const std::shared_ptr<ZkSession>& session, const std::str
   // runs events in order, so when the delete's event is seen a kept node would have been
   // recorded. Both watches and the waiter's own node watch must be on the connection the event
   // came by (the epoch did not move); else, or without a predecessor that is the holder, the
-  // next TryAcquire lists the queue again.
-  const bool may_hand = waiter != nullptr && !my_name.empty() && !kept_listed &&
-                        watched != kKeptName && !children.empty() && watched == children.front();
+  // next TryAcquire lists the queue again. Exclusive children only, behind an exclusive holder:
+  // a shared holder's kept node has another name, and a shared or semaphore grant is made by
+  // ClaimSlot's write anyway.
+  const bool may_hand = waiter != nullptr && !my_name.empty() && !kept_listed && m == 1 &&
+                        IsExclusive(listing.kinds[0]) && IsExclusive(listing.kinds[1]);
   std::shared_ptr<ZkNodeWatch> kept_watch;
   std::optional<ZkPending> kept_arm;
   if (may_hand) {
     kept_arm = ZkPending::WatchExists(*session, dir + "/" + std::string(kKeptName), &kept_watch);
   }
   auto waker = std::make_shared<ZkWaker>();
-  rc = requests.Watch(dir + "/" + watched, waker);
+  std::vector<std::string> paths;
+  for (const std::string& name : watched) {
+    paths.push_back(dir + "/" + name);
+  }
+  rc = requests.WatchAny(paths, waker);
   if (rc == ZNONODE) {
     return Status();
   }
@@ -1570,7 +2085,7 @@ void ZkBackend::ReaperLoop(std::stop_token stop) {
         std::vector<std::string> children;
         rc = requests.Children(d.dir, &children);
         for (const std::string& child : children) {
-          if (child.starts_with(d.prefix)) {
+          if (HasIdPrefix(child, d.prefix)) {
             paths.push_back(d.dir + "/" + child);
           }
         }

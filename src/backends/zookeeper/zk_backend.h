@@ -15,6 +15,15 @@
 // other client's node can have our name even if the key's container was deleted and recreated
 // (sequence numbers restart then).
 //
+// Shared leases: the node's name also carries its kind ("<id><tag>-<sequence>", zk_layout::
+// KindTag: no tag for exclusive, so an exclusive grant is named as by earlier versions), and one
+// listing decides every child's admission (zk_backend.cc, GrantedOf): a semaphore's child holds
+// the key while fewer than N children (and live kept grants) are ahead of it, a shared child
+// while no exclusive one is, an exclusive child when it is first. "The lowest child holds the
+// key" is the exclusive case of that rule. A shared or semaphore grant's slot is written into
+// its node data when it is made (ClaimSlot), in one multi with a versioned setData of the key
+// node that serialises the slot choices of grants admitted at once.
+//
 // Ends that outlive the holder (Backend::Finish): a grant kept after its holder (keep > 0) must
 // survive the holder's session, which an ephemeral node cannot. So one multi, checked by the
 // holder node's version, deletes the ephemeral node and creates the persistent node
@@ -95,7 +104,9 @@
 //
 // Waiting is the ZooKeeper lock recipe: a waiter (Store::Acquire, GrantRequest::waiter_id)
 // keeps its node between attempts and watches only its predecessor, so the key goes first come,
-// first served and a release wakes one waiter, not a herd. A TryAcquire without a waiter id that
+// first served and a release wakes one waiter, not a herd. (A shared waiter watches the nearest
+// exclusive child ahead; a semaphore's waiter every child ahead, since any of them leaving moves
+// it up: a herd of the queue, as Curator's semaphore.) A TryAcquire without a waiter id that
 // is not lowest deletes its node and reports the holder. Handoff from the delete event: when the
 // predecessor a waiter watches is the lowest node (the holder) and there is no kept node, Wait
 // also sets an exists watch on <key>/kept, and if the predecessor's delete event comes with no
@@ -150,6 +161,7 @@
 #include "leasehold/status.h"
 
 #include "backends/backend.h"
+#include "backends/zookeeper/zk_layout.h"
 #include "backends/zookeeper/zk_options.h"
 #include "core/url.h"
 #include "util/mutex.h"
@@ -179,9 +191,12 @@ class ZkBackend final : public Backend {
   // native_wait and fair_queue: the lock recipe; fencing survives restarts (czxid).
   [[nodiscard]] Capabilities capabilities() const override;
 
-  // Grant.ttl is the negotiated session timeout. Returns kHeldByAnother with the holder's
-  // LeaseInfo (remaining = its session timeout: the server cannot say more) if another node is
-  // lowest; with a waiter id the waiter's node stays queued.
+  // Grant.ttl is the negotiated session timeout. Returns kHeldByAnother with the LeaseInfo of
+  // the live grant of the lowest slot (remaining = its session timeout: the server cannot say
+  // more), or of the exclusive waiter a shared request is queued behind, if the node is not
+  // admitted (GrantedOf); with a waiter id the waiter's node stays queued. Returns LimitMismatch
+  // (and deletes the node, a waiter's too) if a child ahead or a live kept grant asks for
+  // another limit.
   Result<Grant> TryAcquire(const GrantRequest& request) override;
 
   Status Renew(const RenewRequest& request) override;
@@ -234,21 +249,29 @@ class ZkBackend final : public Backend {
 
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
 
-  // Reads the key nodes under <chroot>/leasehold, then each key's lowest child.
+  // A listing of the key's children, then one round of gets of the granted ones (and of the kept
+  // nodes, with a clock read).
+  Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
+
+  // Reads the key nodes under <chroot>/leasehold, then each key's holders.
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
 
-  // Deletes the lowest child of the key (the grant); queued waiters stay, so the next one then
-  // holds the key.
+  // Deletes the granted children of the key (and its kept nodes); queued waiters stay, so the
+  // next ones then hold the key.
   Result<bool> ForceRelease(std::string_view key) override;
+
+  // Deletes the one granted child (or live kept node) whose data carries the token prefix.
+  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override;
 
   // Deletes the waiter's node (or, if that fails, leaves it to the reaper).
   void AbandonWait(std::string_view key, std::string_view waiter_id) override;
 
-  // Watches the key's lowest child (the holder).
+  // Watches the key's granted children (and live kept nodes): any grant's end wakes it.
   Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) override;
 
-  // Returns OK at once if the waiter's node is lowest (or gone); else watches its predecessor
-  // only.
+  // Returns OK at once if the waiter's node is admitted (or gone); else watches what keeps it
+  // out: its predecessor (exclusive), the nearest exclusive child ahead (shared), every child
+  // ahead (a semaphore's).
   Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
                      std::stop_token stop) override;
 
@@ -281,6 +304,9 @@ class ZkBackend final : public Backend {
     // connection epoch it is known to be registered on (0: not known; RenewMany re-arms it).
     std::shared_ptr<ZkNodeWatch> watch;
     std::uint64_t armed_epoch = 0;
+    // The grant's kind (its node name's tag) and slot: a kept node (Finish) is named by both.
+    zk_layout::NodeKind kind;
+    std::uint32_t slot = 0;
   };
 
   // A queued waiter's node, by (key, waiter id).
@@ -317,6 +343,20 @@ class ZkBackend final : public Backend {
     LeaseInfo info;
     int version = 0;
     Duration remaining{};
+    std::string name;  // "kept", or "kept<tag>.<slot>" (zk_layout::KeptName)
+    zk_layout::NodeKind kind;
+  };
+
+  // A live grant of a key as ReadGrants found it: a granted child or a live kept node.
+  struct LiveGrant {
+    LeaseInfo info;
+    std::string path;
+    int version = 0;
+    bool kept = false;
+    // The slot is the grant's own (an exclusive or kept grant's, or written in its node data);
+    // false: a shared or semaphore child admitted but not yet made a grant by its TryAcquire
+    // (ClaimSlot), shown with the smallest slot free at the time of reading.
+    bool slotted = true;
   };
 
   ZkBackend(ZkOptions options, Clock& clock);
@@ -333,9 +373,36 @@ class ZkBackend final : public Backend {
 
   std::string KeyDir(std::string_view key) const;
 
-  // Reads the key's holder as a LeaseInfo: a live kept node, else the lowest child; nullopt if
-  // the key has neither.
+  // Reads the key's holder as a LeaseInfo: its live grant of the lowest slot; nullopt if the key
+  // has none.
   Result<std::optional<LeaseInfo>> ReadHolder(ZkSession& session, std::string_view key);
+
+  // Reads the key's live grants, ordered by slot: its granted children (zk_backend.cc,
+  // GrantedOf) and live kept nodes, from one listing and one round of gets (re-read if a child
+  // left in between).
+  Result<std::vector<LiveGrant>> ReadGrants(ZkSession& session, std::string_view key);
+
+  // The live grants among `queued` (a listing's sequence nodes, in order, with their kinds)
+  // before index `end`, and the live kept nodes `kept`, ordered by slot: one round of gets.
+  // Returns ZNONODE in *rc (and nothing) if a granted child left before its get.
+  Result<std::vector<LiveGrant>> GrantsOf(ZkSession& session, std::string_view key,
+                                          const std::string& dir,
+                                          const std::vector<std::string>& queued,
+                                          const std::vector<zk_layout::NodeKind>& kinds,
+                                          const std::vector<Kept>& kept, std::size_t end, int* rc);
+
+  // Writes the slot of the shared or semaphore grant `my_name` into its node data (the
+  // smallest slot no other live grant of the key has), in one multi checked by the key node's
+  // version (zk_backend.cc says why that cannot give two grants one slot). Returns the slot.
+  Result<std::uint32_t> ClaimSlot(ZkSession& session, std::string_view key, const std::string& dir,
+                                  const std::string& my_name, Duration ttl,
+                                  std::string_view owner_token, std::string_view holder);
+
+  // Reads the kept nodes `names` of `dir` and judges each on the leader's clock (one clock read
+  // for all); those not in our layout are left out.
+  Result<std::vector<Kept>> ReadKeptNodes(ZkSession& session, std::string_view key,
+                                          const std::string& dir,
+                                          const std::vector<std::string>& names);
 
   // The Status of a fenced write whose op `op` failed with `rc` (a missing parent, children,
   // an ephemeral parent, a path ZooKeeper refused, or ZkErrorStatus).
@@ -347,11 +414,6 @@ class ZkBackend final : public Backend {
 
   // The leader's wall clock: the mtime of a setData on the clock node (created if missing).
   Result<SystemTime> LeaderNow(ZkSession& session);
-
-  // Reads <dir>/kept and judges it on the leader's clock; nullopt if there is none (or it is
-  // not in our layout).
-  Result<std::optional<Kept>> ReadKept(ZkSession& session, std::string_view key,
-                                       const std::string& dir);
 
   // Deletes `path` now (bounded); on a transient failure hands it to the reaper.
   Status DeleteOrDoom(const std::shared_ptr<ZkSession>& session, const std::string& path)

@@ -102,9 +102,112 @@ void SortBySequence(std::vector<std::string>& children) {
   });
 }
 
-std::string NodeData(Duration ttl, std::string_view owner_token, std::string_view holder) {
-  return fmt::format("{}\n{}\n{}", duration_cast<milliseconds>(ttl).count(),
-                     owner_token.substr(0, 8), holder);
+namespace {
+
+// Reads a decimal number of at most `max` (no sign, no leading zero) from the whole of `text`.
+std::optional<std::uint32_t> ReadSmallNumber(std::string_view text, std::uint32_t max) {
+  if (text.empty() || (text.size() > 1 && text.front() == '0')) {
+    return std::nullopt;
+  }
+  std::uint32_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size() || n > max) {
+    return std::nullopt;
+  }
+  return n;
+}
+
+// The highest slot read from a node: a shared key's slots are not bounded by a limit, but no
+// more grants than this can be live (ZooKeeper would be out of memory first).
+constexpr std::uint32_t kMaxSlot = 1U << 30;
+
+// The kind a tag names (without its leading '.'); nullopt for an unknown one.
+std::optional<NodeKind> KindOfTag(std::string_view tag) {
+  if (tag == "s") {
+    return NodeKind{.mode = LeaseMode::kShared, .limit = 1};
+  }
+  if (tag.starts_with('n')) {
+    std::optional<std::uint32_t> n = ReadSmallNumber(tag.substr(1), kMaxLeaseLimit);
+    if (n.has_value() && *n > 1) {
+      return NodeKind{.mode = LeaseMode::kExclusive, .limit = *n};
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string KindTag(NodeKind kind) {
+  if (kind.limit > 1) {
+    return fmt::format(".n{}", kind.limit);
+  }
+  return kind.mode == LeaseMode::kShared ? ".s" : "";
+}
+
+NodeKind KindOfNode(std::string_view name) {
+  const std::size_t dash = name.rfind('-');
+  const std::string_view id = name.substr(0, dash == std::string_view::npos ? 0 : dash);
+  const std::size_t dot = id.rfind('.');
+  if (dot == std::string_view::npos) {
+    return NodeKind{};
+  }
+  return KindOfTag(id.substr(dot + 1)).value_or(NodeKind{});
+}
+
+std::string KeptName(NodeKind kind, std::uint32_t slot) {
+  if (kind == NodeKind{}) {
+    return std::string(kKeptName);
+  }
+  return fmt::format("{}{}.{}", kKeptName, KindTag(kind), slot);
+}
+
+std::optional<KeptSlot> ParseKeptName(std::string_view name) {
+  if (name == kKeptName) {
+    return KeptSlot{};
+  }
+  if (!name.starts_with(kKeptName) || name.size() <= kKeptName.size() ||
+      name[kKeptName.size()] != '.') {
+    return std::nullopt;
+  }
+  std::string_view rest = name.substr(kKeptName.size() + 1);
+  const std::size_t dot = rest.find('.');
+  if (dot == std::string_view::npos) {
+    return std::nullopt;
+  }
+  std::optional<NodeKind> kind = KindOfTag(rest.substr(0, dot));
+  std::optional<std::uint32_t> slot = ReadSmallNumber(rest.substr(dot + 1), kMaxSlot);
+  if (!kind.has_value() || !slot.has_value()) {
+    return std::nullopt;
+  }
+  return KeptSlot{.kind = *kind, .slot = *slot};
+}
+
+std::string NodeData(Duration ttl, std::string_view owner_token, std::string_view holder,
+                     std::optional<std::uint32_t> slot) {
+  const std::int64_t ms = duration_cast<milliseconds>(ttl).count();
+  if (slot.has_value()) {
+    return fmt::format("{} {}\n{}\n{}", ms, *slot, owner_token.substr(0, 8), holder);
+  }
+  return fmt::format("{}\n{}\n{}", ms, owner_token.substr(0, 8), holder);
+}
+
+std::optional<std::uint32_t> SlotOfNodeData(std::string_view data) {
+  const std::string_view first = data.substr(0, data.find('\n'));
+  const std::size_t space = first.find(' ');
+  if (space == std::string_view::npos) {
+    return std::nullopt;
+  }
+  return ReadSmallNumber(first.substr(space + 1), kMaxSlot);
+}
+
+LeaseInfo ParseNode(std::string_view key, std::string_view name, std::string_view data,
+                    FencingToken czxid) {
+  LeaseInfo info = ParseNodeData(key, data, czxid);
+  const NodeKind kind = KindOfNode(name);
+  info.mode = kind.mode;
+  info.limit = kind.limit;
+  info.slot = SlotOfNodeData(data).value_or(0);
+  return info;
 }
 
 LeaseInfo ParseNodeData(std::string_view key, std::string_view data, FencingToken czxid) {

@@ -4,11 +4,15 @@
 // each kind of node holds, written and parsed in one place. Plain functions of strings: no
 // client call, no zookeeper.h.
 //
-//   <chroot>/leasehold/<escaped key>/<id>-<sequence>   a grant or queued waiter (ephemeral):
-//                                                      "<ttl ms>\n<token prefix>\n<holder>"
-//   <chroot>/leasehold/<escaped key>/kept              a grant kept after its holder:
-//                                                      "kept1\n<keep ms>\n<fencing token>\n
-//                                                       <token prefix>\n<holder>"
+//   <chroot>/leasehold/<escaped key>/<id><tag>-<sequence>
+//                                    a grant or queued waiter (ephemeral): "<ttl ms>[ <slot>]\n
+//                                    <token prefix>\n<holder>"; <tag> is the kind (KindTag):
+//                                    "" exclusive, ".s" shared, ".n<N>" a semaphore of N; the
+//                                    slot is written when a shared or semaphore grant is made
+//   <chroot>/leasehold/<escaped key>/kept[<tag>.<slot>]
+//                                    a grant kept after its holder ("kept" for an exclusive one):
+//                                    "kept1\n<keep ms>\n<fencing token>\n<token prefix>\n
+//                                    <holder>"
 //   <chroot>/leasehold/<escaped key>/record            the record: "<ttl ms>\n<bytes>"
 //
 // Example:
@@ -57,11 +61,50 @@ std::int64_t SequenceOf(std::string_view name);
 // not ours (no sequence) are dropped: never taken for a holder.
 void SortBySequence(std::vector<std::string>& children);
 
-// A grant's or waiter's node data.
-std::string NodeData(Duration ttl, std::string_view owner_token, std::string_view holder);
+// How a queued node's grant shares its key (LeaseInfo::mode and ::limit), from its name.
+struct NodeKind {
+  LeaseMode mode = LeaseMode::kExclusive;
+  std::uint32_t limit = 1;
+  friend bool operator==(const NodeKind&, const NodeKind&) = default;
+};
+
+// The tag a node name carries for `kind`, between the id and the '-' before the sequence: ""
+// for an exclusive grant (the layout of every earlier version, so that an older client and this
+// one see each other's exclusive grants), ".s" for a shared one, ".n<N>" for a semaphore of N.
+std::string KindTag(NodeKind kind);
+// The kind of a queued node "<id><tag>-<sequence>". A name without a tag (an exclusive grant,
+// or one of an older client) or with a tag this version does not know is exclusive: it keeps
+// every other grant out, never lets one in.
+NodeKind KindOfNode(std::string_view name);
+
+// The name of the node that keeps a grant of `kind` in `slot` after its holder: "kept" for an
+// exclusive grant (as earlier versions name it), "kept<tag>.<slot>" otherwise (one per slot:
+// a live kept grant holds its slot, so the grant that finishes in a slot only ever meets an
+// expired one there, which it replaces).
+std::string KeptName(NodeKind kind, std::uint32_t slot);
+
+// A kept node's kind and slot, from its name; nullopt if `name` is not one.
+struct KeptSlot {
+  NodeKind kind;
+  std::uint32_t slot = 0;
+};
+
+std::optional<KeptSlot> ParseKeptName(std::string_view name);
+
+// A grant's or waiter's node data, with the grant's slot once it is known (a shared or
+// semaphore grant's, written when it is made). The slot goes after the TTL on the first line:
+// an older client reads the TTL there with from_chars, which stops at the space.
+std::string NodeData(Duration ttl, std::string_view owner_token, std::string_view holder,
+                     std::optional<std::uint32_t> slot = std::nullopt);
 // Reads a grant's node data; `czxid` (the node's) is the fencing token, and remaining = ttl (the
-// server cannot say more).
+// server cannot say more). The slot is 0 if the data has none.
 LeaseInfo ParseNodeData(std::string_view key, std::string_view data, FencingToken czxid);
+// The slot written in a node's data; nullopt if none (an exclusive grant, a queued waiter, or a
+// shared or semaphore grant not yet made).
+std::optional<std::uint32_t> SlotOfNodeData(std::string_view data);
+// ParseNodeData, with the kind of the node's name, and the slot of its data.
+LeaseInfo ParseNode(std::string_view key, std::string_view name, std::string_view data,
+                    FencingToken czxid);
 
 // The kept grant's node data. It is live until its mtime (the leader's time of the Finish) plus
 // keep.

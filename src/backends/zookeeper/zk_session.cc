@@ -818,4 +818,46 @@ int ZkRequests::Watch(const std::string& path, const std::shared_ptr<ZkWaker>& w
   return rc;
 }
 
+int ZkRequests::WatchAny(const std::vector<std::string>& paths,
+                         const std::shared_ptr<ZkWaker>& waker) {
+  struct Sent {
+    ZkSession::WatchContext* watch;
+    ReplyPtr reply;
+    int rc;
+  };
+
+  std::vector<Sent> sent;
+  sent.reserve(paths.size());
+  for (const std::string& path : paths) {
+    auto* watch = new ZkSession::WatchContext{.waker = waker, .session = session_};
+    session_->AddWatch(watch);
+    auto reply = std::make_shared<ZkReply>();
+    void* data = Hold(reply);
+    int rc = zoo_awget(session_->zh(), path.c_str(), &ZkSession::NodeWatcher, watch, DataCompletion,
+                       data);
+    if (rc != ZOK) {
+      Take(data);
+      (void)session_->ReleaseWatch(watch);
+    }
+    sent.push_back({watch, std::move(reply), rc});
+  }
+  int result = ZOK;
+  for (Sent& s : sent) {
+    int rc = s.rc;
+    if (rc == ZOK) {
+      rc = AwaitReply(*s.reply, session_->clock(), deadline_, /*answer=*/nullptr);
+      // As in Watch: only ZNONODE is known to have left no watch behind.
+      if (rc == ZNONODE) {
+        (void)session_->ReleaseWatch(s.watch);
+      }
+    }
+    if (rc == ZNONODE) {
+      result = ZNONODE;
+    } else if (rc != ZOK && result == ZOK) {
+      result = rc;
+    }
+  }
+  return result;
+}
+
 }  // namespace leasehold::internal

@@ -301,6 +301,10 @@ class ZkRequests {
   // Sets a one-shot data watch on `path` that sets waker->fired. Returns ZNONODE if the node is
   // already gone (no watch then).
   int Watch(const std::string& path, const std::shared_ptr<ZkWaker>& waker);
+  // As Watch, for every path at once, all sent before any reply is awaited (one round of
+  // latency), all firing the one waker. Returns ZNONODE if any node is already gone (the waiter
+  // need not sleep), else the first error, else ZOK.
+  int WatchAny(const std::vector<std::string>& paths, const std::shared_ptr<ZkWaker>& waker);
 
  private:
   ZkSession* const session_;

@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -295,6 +296,362 @@ int CountNodes(const std::string& hosts, const std::string& key_dir) {
   }
   zookeeper_close(zh);
   return count;
+}
+
+// The names of the children of `dir` (a full path), read with the C client; empty if none.
+std::vector<std::string> ChildNames(const std::string& hosts, const std::string& dir) {
+  zhandle_t* zh =
+      zookeeper_init2(hosts.c_str(), nullptr, 10'000, nullptr, nullptr, 0, [](const char*) {});
+  std::vector<std::string> names;
+  if (zh == nullptr) {
+    return names;
+  }
+  for (int i = 0; i < 100; ++i) {  // zoo_get_children fails until connected
+
+    struct String_vector children {};
+
+    int rc = zoo_get_children(zh, dir.c_str(), 0, &children);
+    if (rc == ZOK) {
+      for (int c = 0; c < children.count; ++c) {
+        names.emplace_back(children.data[c]);
+      }
+      deallocate_String_vector(&children);
+      break;
+    }
+    if (rc == ZNONODE) {
+      break;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  zookeeper_close(zh);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+internal::GrantRequest Semaphore(std::string token, std::string holder, std::uint32_t limit,
+                                 std::string waiter = "") {
+  return {.key = "job",
+          .owner_token = std::move(token),
+          .holder = std::move(holder),
+          .ttl = 4s,
+          .waiter_id = std::move(waiter),
+          .mode = LeaseMode::kExclusive,
+          .limit = limit};
+}
+
+internal::GrantRequest SharedOrExclusive(std::string token, std::string holder, LeaseMode mode,
+                                         std::string waiter = "") {
+  return {.key = "job",
+          .owner_token = std::move(token),
+          .holder = std::move(holder),
+          .ttl = 4s,
+          .waiter_id = std::move(waiter),
+          .mode = mode,
+          .limit = 1};
+}
+
+// A semaphore's grants are children tagged ".n<N>" in their names; each one's slot is written
+// on the first line of its data after the TTL ("<ttl ms> <slot>"), the smallest one free, and a
+// freed slot is the next grant's. A request of another limit (or an exclusive one) is
+// LimitMismatch and leaves no node behind.
+TEST(ZkBackendTest, SemaphoreGrantsAreTaggedChildrenWithTheirSlotInTheirData) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/sem");
+  const std::string hosts = (*zk)->Url().substr(5);
+  const std::string key_dir = "/sem/leasehold/job";
+  auto a = OpenZk(url);
+  auto b = OpenZk(url);
+  ASSERT_TRUE(a && b);
+  std::vector<internal::Grant> grants;
+  for (char c : {'a', 'b', 'c'}) {
+    auto granted = (c == 'b' ? b : a)->TryAcquire(Semaphore(std::string(32, c), {c}, 3));
+    ASSERT_TRUE(granted.ok()) << granted.status().ToString();
+    EXPECT_EQ(granted->slot, grants.size());
+    if (!grants.empty()) {
+      EXPECT_GT(granted->fencing_token, grants.back().fencing_token);
+    }
+    grants.push_back(*granted);
+  }
+  const std::vector<std::string> names = ChildNames(hosts, key_dir);
+  ASSERT_EQ(names.size(), 3u);
+  for (const std::string& name : names) {
+    EXPECT_NE(name.find(".n3-"), std::string::npos) << name;
+  }
+  for (std::size_t i = 0; i < grants.size(); ++i) {
+    auto data = testing::ReadZkNodeData(url, grants[i].store_key);
+    ASSERT_TRUE(data.ok() && data->has_value()) << data.status().ToString();
+    EXPECT_TRUE((*data)->starts_with(fmt::format("4000 {}\n", i))) << **data;
+  }
+  auto full = b->TryAcquire(Semaphore(std::string(32, 'd'), "d", 3));
+  ASSERT_EQ(full.status().code(), StatusCode::kHeldByAnother) << full.status().ToString();
+  ASSERT_NE(full.status().holder(), nullptr);
+  EXPECT_EQ(full.status().holder()->holder, "a") << "the holder of the lowest slot";
+  EXPECT_EQ(full.status().holder()->slot, 0u);
+  EXPECT_EQ(full.status().holder()->limit, 3u);
+  for (auto request : {Semaphore(std::string(32, 'e'), "e", 4),
+                       SharedOrExclusive(std::string(32, 'f'), "f", LeaseMode::kExclusive),
+                       SharedOrExclusive(std::string(32, 'g'), "g", LeaseMode::kShared, "wg")}) {
+    auto refused = b->TryAcquire(request);
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find("semaphore"), std::string::npos)
+        << refused.status().ToString();
+  }
+  EXPECT_EQ(CountNodes(hosts, key_dir), 3) << "a refused request left its node behind";
+  auto holders = a->Holders("job");
+  ASSERT_TRUE(holders.ok()) << holders.status().ToString();
+  ASSERT_EQ(holders->size(), 3u);
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ((*holders)[i].slot, i);
+    EXPECT_EQ((*holders)[i].limit, 3u);
+    EXPECT_EQ((*holders)[i].fencing_token, grants[i].fencing_token);
+  }
+  // The middle slot freed is the next grant's; its token is higher than every earlier one.
+  ASSERT_TRUE(b->Release("job", std::string(32, 'b')).ok());
+  auto next = b->TryAcquire(Semaphore(std::string(32, 'h'), "h", 3));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(next->slot, 1u);
+  EXPECT_GT(next->fencing_token, grants[2].fencing_token);
+  // ForceReleaseGrant deletes exactly the grant with that token prefix.
+  auto forced = b->ForceReleaseGrant("job", std::string(8, 'c'));
+  ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+  EXPECT_TRUE(*forced);
+  EXPECT_EQ(CountNodes(hosts, key_dir), 2);
+  auto again = b->ForceReleaseGrant("job", std::string(8, 'c'));
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(*again);
+  auto all = b->ForceRelease("job");
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(*all);
+  EXPECT_EQ(CountNodes(hosts, key_dir), 0);
+}
+
+// A semaphore grant kept after its holder (Finish with keep) is the persistent node
+// <key>/kept.n<N>.<slot>: it still counts against the limit and holds its slot until the keep
+// ends, then the slot is the next grant's; a shared one is kept.s.<slot> and keeps a writer out.
+TEST(ZkBackendTest, ASemaphoreGrantKeptAfterItsHolderHoldsItsSlotUntilTheKeepEnds) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/keptsem");
+  const std::string hosts = (*zk)->Url().substr(5);
+  const std::string key_dir = "/keptsem/leasehold/job";
+  auto a = OpenZk(url);
+  auto b = OpenZk(url);
+  ASSERT_TRUE(a && b);
+  auto first = a->TryAcquire(Semaphore(std::string(32, 'a'), "a", 2));
+  auto second = b->TryAcquire(Semaphore(std::string(32, 'b'), "b", 2));
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_EQ(first->slot, 0u);
+  ASSERT_TRUE(a->Finish({.key = "job", .owner_token = std::string(32, 'a'), .keep = 1500ms}).ok());
+  const std::vector<std::string> names = ChildNames(hosts, key_dir);
+  EXPECT_NE(std::find(names.begin(), names.end(), "kept.n2.0"), names.end())
+      << fmt::format("{}", fmt::join(names, " "));
+  auto full = b->TryAcquire(Semaphore(std::string(32, 'c'), "c", 2));
+  ASSERT_EQ(full.status().code(), StatusCode::kHeldByAnother) << full.status().ToString();
+  EXPECT_EQ(full.status().holder()->holder, "a") << "the kept grant, in slot 0";
+  auto holders = b->Holders("job");
+  ASSERT_TRUE(holders.ok()) << holders.status().ToString();
+  ASSERT_EQ(holders->size(), 2u);
+  EXPECT_EQ((*holders)[0].holder, "a");
+  EXPECT_EQ((*holders)[0].fencing_token, first->fencing_token);
+  EXPECT_EQ((*holders)[0].limit, 2u);
+  EXPECT_EQ((*holders)[1].holder, "b");
+  EXPECT_EQ(b->TryAcquire(Semaphore(std::string(32, 'd'), "d", 3)).status().code(),
+            StatusCode::kInvalidArgument)
+      << "the kept grant's limit counts for a mismatch";
+  std::this_thread::sleep_for(1600ms);
+  auto after = b->TryAcquire(Semaphore(std::string(32, 'e'), "e", 2));
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_EQ(after->slot, 0u);
+  EXPECT_GT(after->fencing_token, second->fencing_token);
+
+  // Shared: a kept reader keeps a writer out until its keep ends.
+  auto reader = a->TryAcquire({.key = "rw",
+                               .owner_token = std::string(32, 'r'),
+                               .holder = "r",
+                               .ttl = 4s,
+                               .mode = LeaseMode::kShared});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  ASSERT_TRUE(a->Finish({.key = "rw", .owner_token = std::string(32, 'r'), .keep = 1s}).ok());
+  EXPECT_EQ(ChildNames(hosts, "/keptsem/leasehold/rw"), std::vector<std::string>{"kept.s.0"});
+  EXPECT_EQ(b->TryAcquire({.key = "rw", .owner_token = std::string(32, 'w'), .holder = "w", .ttl = 4s})
+                .status()
+                .code(),
+            StatusCode::kHeldByAnother);
+  EXPECT_TRUE(b->TryAcquire({.key = "rw",
+                             .owner_token = std::string(32, 's'),
+                             .holder = "s",
+                             .ttl = 4s,
+                             .mode = LeaseMode::kShared})
+                  .ok())
+      << "a kept reader lets readers in";
+  auto forced = b->ForceRelease("rw");
+  ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+  EXPECT_TRUE(*forced);
+  EXPECT_TRUE(ChildNames(hosts, "/keptsem/leasehold/rw").empty()) << "every grant deleted";
+}
+
+// Readers and writers share one queue: shared children are tagged ".s"; a writer's waiting node
+// keeps every later reader out (writer preference by order), and such a reader is told the
+// waiting writer; the writer is admitted once the readers ahead of it are gone.
+TEST(ZkBackendTest, ReadersAndAWaitingWriterShareOneQueueInOrder) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/rw");
+  const std::string hosts = (*zk)->Url().substr(5);
+  const std::string key_dir = "/rw/leasehold/job";
+  auto a = OpenZk(url);
+  auto b = OpenZk(url);
+  ASSERT_TRUE(a && b);
+  const std::string r1(32, '1');
+  const std::string r2(32, '2');
+  const std::string w(32, 'e');
+  auto first = a->TryAcquire(SharedOrExclusive(r1, "r1", LeaseMode::kShared));
+  auto second = b->TryAcquire(SharedOrExclusive(r2, "r2", LeaseMode::kShared));
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first->slot, 0u);
+  EXPECT_EQ(second->slot, 1u);
+  for (const std::string& name : ChildNames(hosts, key_dir)) {
+    EXPECT_NE(name.find(".s-"), std::string::npos) << name;
+  }
+  auto writer = a->TryAcquire(SharedOrExclusive(w, "w", LeaseMode::kExclusive, "ww"));
+  ASSERT_EQ(writer.status().code(), StatusCode::kHeldByAnother) << writer.status().ToString();
+  auto reader = b->TryAcquire(SharedOrExclusive(std::string(32, '3'), "r3", LeaseMode::kShared));
+  ASSERT_EQ(reader.status().code(), StatusCode::kHeldByAnother) << reader.status().ToString();
+  ASSERT_NE(reader.status().holder(), nullptr);
+  EXPECT_EQ(reader.status().holder()->holder, "w") << "the waiting writer";
+  EXPECT_EQ(CountNodes(hosts, key_dir), 3) << "two readers and the waiting writer";
+  // A waiting reader queues a tagged node, and leaves nothing behind when it gives up.
+  auto queued = b->TryAcquire(SharedOrExclusive(std::string(32, '4'), "r4", LeaseMode::kShared,
+                                                std::string(32, 'f')));
+  ASSERT_EQ(queued.status().code(), StatusCode::kHeldByAnother) << queued.status().ToString();
+  EXPECT_EQ(CountNodes(hosts, key_dir), 4);
+  b->AbandonWait("job", std::string(32, 'f'));
+  EXPECT_EQ(CountNodes(hosts, key_dir), 3) << "an abandoned waiter's node was left behind";
+  std::jthread release([&] {
+    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(a->Release("job", r1).ok());
+    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(b->Release("job", r2).ok());
+  });
+  Result<internal::Grant> granted = Status::Internal("not run");
+  for (int i = 0; i < 20 && !granted.ok(); ++i) {
+    ASSERT_TRUE(a->WaitForTurn("job", "ww", Clock::Real().Now() + 20s, {}).ok());
+    granted = a->TryAcquire(SharedOrExclusive(w, "w", LeaseMode::kExclusive, "ww"));
+  }
+  release.join();
+  ASSERT_TRUE(granted.ok()) << granted.status().ToString();
+  EXPECT_EQ(granted->slot, 0u);
+  EXPECT_GT(granted->fencing_token, second->fencing_token);
+  EXPECT_TRUE(a->Release("job", w).ok());
+}
+
+// A node in the layout of earlier versions ("<id>-<sequence>", no tag, "<ttl>\n<prefix>\n
+// <holder>") is an exclusive grant: it keeps readers out, refuses a semaphore as LimitMismatch,
+// and is shown as exclusive in slot 0.
+TEST(ZkBackendTest, AnExclusiveNodeOfAnEarlierVersionIsRecognised) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/old");
+  const std::string hosts = (*zk)->Url().substr(5);
+  zhandle_t* zh =
+      zookeeper_init2(hosts.c_str(), nullptr, 10'000, nullptr, nullptr, 0, [](const char*) {});
+  ASSERT_NE(zh, nullptr);
+  int rc = ZCONNECTIONLOSS;
+  for (const char* path : {"/old", "/old/leasehold", "/old/leasehold/job"}) {
+    for (int i = 0; i < 100; ++i) {
+      rc = zoo_create(zh, path, "", 0, &ZOO_OPEN_ACL_UNSAFE, 0, nullptr, 0);
+      if (rc == ZOK || rc == ZNODEEXISTS) {
+        break;
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    ASSERT_TRUE(rc == ZOK || rc == ZNODEEXISTS) << path << ": " << zerror(rc);
+  }
+  const std::string data = "4000\nabcdef01\nold-client";
+  rc = zoo_create(zh, ("/old/leasehold/job/g" + std::string(32, '0') + "-").c_str(), data.data(),
+                  static_cast<int>(data.size()), &ZOO_OPEN_ACL_UNSAFE, ZOO_EPHEMERAL_SEQUENTIAL,
+                  nullptr, 0);
+  ASSERT_EQ(rc, ZOK) << zerror(rc);
+  auto b = OpenZk(url);
+  ASSERT_TRUE(b);
+  auto reader = b->TryAcquire(SharedOrExclusive(std::string(32, 'r'), "r", LeaseMode::kShared));
+  ASSERT_EQ(reader.status().code(), StatusCode::kHeldByAnother) << reader.status().ToString();
+  ASSERT_NE(reader.status().holder(), nullptr);
+  EXPECT_EQ(reader.status().holder()->holder, "old-client");
+  auto semaphore = b->TryAcquire(Semaphore(std::string(32, 's'), "s", 2));
+  EXPECT_EQ(semaphore.status().code(), StatusCode::kInvalidArgument)
+      << semaphore.status().ToString();
+  auto holders = b->Holders("job");
+  ASSERT_TRUE(holders.ok()) << holders.status().ToString();
+  ASSERT_EQ(holders->size(), 1u);
+  EXPECT_EQ((*holders)[0].mode, LeaseMode::kExclusive);
+  EXPECT_EQ((*holders)[0].limit, 1u);
+  EXPECT_EQ((*holders)[0].slot, 0u);
+  EXPECT_EQ((*holders)[0].token_prefix, "abcdef01");
+  zookeeper_close(zh);  // the old client's session ends: its node goes
+  auto after = b->TryAcquire(Semaphore(std::string(32, 's'), "s", 2));
+  for (int i = 0; i < 50 && !after.ok(); ++i) {
+    std::this_thread::sleep_for(100ms);
+    after = b->TryAcquire(Semaphore(std::string(32, 's'), "s", 2));
+  }
+  EXPECT_TRUE(after.ok()) << after.status().ToString();
+}
+
+// Many waiters of one semaphore at once (one release admits several, whose slots are chosen
+// concurrently): never more than N holders, never two in one slot.
+TEST(ZkBackendTest, ConcurrentSemaphoreWaitersNeverShareASlotNorExceedTheLimit) {
+  auto zk = ZkEnsemble::Start({.tick_time = 200ms});
+  ASSERT_TRUE(zk.ok()) << zk.status().ToString();
+  const std::string url = (*zk)->Url("/many");
+  constexpr std::uint32_t kLimit = 3;
+  constexpr int kThreads = 6;
+  constexpr int kRounds = 4;
+  std::mutex mu;
+  std::vector<int> owner(kLimit, -1);
+  int live = 0;
+  int most = 0;
+  std::atomic<int> failures{0};
+  std::vector<std::jthread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto store = Store::Open(url);
+      if (!store.ok()) {
+        ++failures;
+        return;
+      }
+      for (int round = 0; round < kRounds; ++round) {
+        auto lease = (*store)->Acquire("job", {.ttl = 4s, .wait = 60s, .limit = kLimit});
+        if (!lease.ok()) {
+          ADD_FAILURE() << lease.status().ToString();
+          ++failures;
+          return;
+        }
+        {
+          std::lock_guard lock(mu);
+          EXPECT_LT(lease->slot(), kLimit);
+          if (lease->slot() < kLimit) {
+            EXPECT_EQ(owner[lease->slot()], -1) << "two holders in slot " << lease->slot();
+            owner[lease->slot()] = t;
+          }
+          most = std::max(most, ++live);
+        }
+        std::this_thread::sleep_for(20ms);
+        {
+          std::lock_guard lock(mu);
+          if (lease->slot() < kLimit) {
+            owner[lease->slot()] = -1;
+          }
+          --live;
+        }
+        EXPECT_TRUE(lease->Release().ok());
+      }
+    });
+  }
+  threads.clear();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_LE(most, static_cast<int>(kLimit));
+  std::printf("at most %d of %u holders at once\n", most, kLimit);
 }
 
 // The lock recipe's bookkeeping: a waiter keeps one node across its attempts (never a second),
