@@ -1187,7 +1187,7 @@ int Main(int argc, char** argv) {
     }
     return HandoffWorker(args[1], args[2], std::stoi(args[3]), std::stoll(args[5]), args[6]);
   }
-  if (!args.empty() && args[0] == "--worker=semaphore-handoff" && args.size() == 9) {
+  if (!args.empty() && args[0] == "--worker=semaphore-handoff" && args.size() == 8) {
     const long long start_ns = std::stoll(args[4]);
     while (NowNs() < start_ns) {
       std::this_thread::sleep_for(1ms);
