@@ -124,8 +124,8 @@ Config QuickConfig() {
   c.floor_calls = 300;
   c.sequential_calls = 200;
   c.handoff_time = 2s;
-  c.semaphore_time = 1000ms;
-  c.semaphore_lead = 1000ms;
+  c.semaphore_time = 500ms;  // ~1 s a store in all: the smoke run stays within seconds of before
+  c.semaphore_lead = 500ms;
   c.independent_time = 1s;
   c.heartbeat_leases = 500;
   c.heartbeat_hold = 3s;
@@ -569,21 +569,21 @@ class Runner {
       LH_RETURN_IF_ERROR(probe.status());
       LH_RETURN_IF_ERROR(probe->Release());
     }
-    LH_ASSIGN_OR_RETURN(json out, RunHandoff(
-                                      [&](int w, long long start_ns, long long until_ns,
-                                          const std::string& events) {
-                                        return std::vector<std::string>{
-                                            SelfPath(),
-                                            "--worker=semaphore-handoff",
-                                            s_.url,
-                                            key,
-                                            std::to_string(w),
-                                            std::to_string(start_ns),
-                                            std::to_string(until_ns),
-                                            events,
-                                            std::to_string(limit)};
-                                      },
-                                      limit, config_.semaphore_time, config_.semaphore_lead));
+    LH_ASSIGN_OR_RETURN(
+        json out,
+        RunHandoff(
+            [&](int w, long long start_ns, long long until_ns, const std::string& events) {
+              return std::vector<std::string>{SelfPath(),
+                                              "--worker=semaphore-handoff",
+                                              s_.url,
+                                              key,
+                                              std::to_string(w),
+                                              std::to_string(start_ns),
+                                              std::to_string(until_ns),
+                                              events,
+                                              std::to_string(limit)};
+            },
+            limit, config_.semaphore_time, config_.semaphore_lead));
     out["limit"] = limit;
     if (exclusive_grants_per_second_ > 0) {
       out["grants_ratio_to_exclusive"] =
@@ -654,10 +654,12 @@ class Runner {
     std::vector<double> handoff_us;
     std::vector<double> wait_us;
     int to_self = 0;
+
     struct Freed {
       long long at;
       int worker;
     };
+
     std::vector<Freed> releases;
     releases.reserve(all.size());
     for (const GrantTimes& g : all) {
@@ -1107,13 +1109,14 @@ void PrintTable(const json& results) {
                 native_ratio(h, "grants_ratio_to_exclusive").c_str(),
                 h["handoff"]["median_us"].get<double>(), h["handoff"]["p99_us"].get<double>(),
                 h["handoff_median_floors"].get<double>(),
-                native_ratio(h, "handoff_ratio_to_exclusive").c_str(),
-                h["fairness"].get<double>(), h["max_wait_holds"].get<double>());
+                native_ratio(h, "handoff_ratio_to_exclusive").c_str(), h["fairness"].get<double>(),
+                h["max_wait_holds"].get<double>());
   }
   if (semaphore_header) {
-    std::printf("(%d processes, each hold 1 ms then pause 1 ms; /excl: over the exclusive "
-                "lease's handoff row above)\n",
-                semaphore_processes);
+    std::printf(
+        "(%d processes, each hold 1 ms then pause 1 ms; /excl: over the exclusive "
+        "lease's handoff row above)\n",
+        semaphore_processes);
   }
   std::printf("\n%-18s %10s %10s %7s %-9s\n", "independent (16t)", "acq+rel/s", "floor/s", "ops/fl",
               ">=0.5");

@@ -383,12 +383,11 @@ class UnsafeClient : public Client {
     }
     while (true) {
       SteadyTime t_send = BootClock::now();
-      Result<internal::Grant> grant = backend_->TryAcquire(
-          {.key = key,
-           .owner_token = *owner,
-           .holder = config_.id,
-           .ttl = config_.ttl,
-           .limit = config_.AskedLimit()});
+      Result<internal::Grant> grant = backend_->TryAcquire({.key = key,
+                                                            .owner_token = *owner,
+                                                            .holder = config_.id,
+                                                            .ttl = config_.ttl,
+                                                            .limit = config_.AskedLimit()});
       SteadyTime t_reply = BootClock::now();
       if (grant.ok()) {
         return std::make_unique<UnsafeHolding>(backend_, config_, log_, key, *owner, *grant, t_send,
@@ -546,13 +545,12 @@ int Run(const Config& config) {
     return 1;
   }
   EventLog log(fd, config.id);
-  log.Event("start", "pid=" + std::to_string(getpid()) +
-                         " mode=" + (config.unsafe ? "unsafe" : "safe") +
-                         " guard=" + (config.native ? "native" : "register") +
-                         (config.unsafe_noguard ? " noguard=1" : "") +
-                         " limit=" + std::to_string(config.limit) +
-                         (config.unsafe_overlimit ? " overlimit=1" : "") +
-                         " ttl_ms=" + std::to_string(config.ttl.count()));
+  log.Event("start",
+            "pid=" + std::to_string(getpid()) + " mode=" + (config.unsafe ? "unsafe" : "safe") +
+                " guard=" + (config.native ? "native" : "register") +
+                (config.unsafe_noguard ? " noguard=1" : "") + " limit=" +
+                std::to_string(config.limit) + (config.unsafe_overlimit ? " overlimit=1" : "") +
+                " ttl_ms=" + std::to_string(config.ttl.count()));
   const SteadyTime deadline = BootClock::now() + config.duration;
 
   // Opening is retried for a while: a store under fault injection may be down at start.
