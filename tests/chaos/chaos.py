@@ -1126,6 +1126,7 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
     bound_violations = []
     per_worker_selfpause = {}
     native_writes = []  # --guard native: (worker, key, token, result, t_send, seq, msg)
+    first_acq_fail = None
     lines = 0
     for name in sorted(os.listdir(run_dir)):
         if not (name.startswith("w") and name.endswith(".log")):
@@ -1145,6 +1146,8 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
             if ev == "write" and f.get("guard") == "native":
                 native_writes.append((wid, f["key"], int(f["token"]), f["result"],
                                       int(f["t_send"]), f.get("seq"), f.get("msg")))
+            if ev == "acq-fail" and first_acq_fail is None:
+                first_acq_fail = f.get("msg", "?")
             if ev == "acq-sent":
                 sent = t
             elif ev == "acquired":
@@ -1375,7 +1378,7 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
         ineffective = True
         print(f"  harness-ineffective: at most {lim['max_open']} grants of a key were valid at "
               f"once: the run never filled the limit {limit} ({len(grants)} grants; "
-              f"does the store take limit > 1? see the workers' acq-fail lines)")
+              f"the first refused acquire said: {first_acq_fail or '-'})")
     if crashes:
         ineffective = True
         print(f"  worker-crashes: {len(crashes)} workers died unbidden (rc -N: signal N), e.g. "

@@ -659,6 +659,10 @@ int Run(const Config& config) {
     std::unique_ptr<Holding> holding = client->Acquire(key, std::min(config.wait, left), &error);
     if (holding == nullptr) {
       log.Event("acq-fail", "key=" + key + " msg=" + error);
+      if (error.find("Unimplemented") != std::string::npos) {
+        // The store refuses the kind at once (no shared leases): no busy loop of refusals.
+        std::this_thread::sleep_for(milliseconds(100));
+      }
       continue;
     }
     const FencingToken token = holding->Token();
