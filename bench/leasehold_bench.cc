@@ -1112,7 +1112,7 @@ void PrintTable(const json& results) {
                 native_ratio(h, "handoff_ratio_to_exclusive").c_str(), h["fairness"].get<double>(),
                 h["max_wait_holds"].get<double>());
   }
-  if (semaphore_header) {
+  if (semaphore_processes > 0) {
     std::printf(
         "(%d processes, each hold 1 ms then pause 1 ms; /excl: over the exclusive "
         "lease's handoff row above)\n",
