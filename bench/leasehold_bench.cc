@@ -21,6 +21,12 @@
 //                  release: grants/s, release -> next grant by another process (CLOCK_BOOTTIME,
 //                  shared by every process on the host), fewest/most grants per process, and the
 //                  longest wait in hold times
+//   4b semaphore   the handoff of step 4 on a counting semaphore (LeaseOptions::limit = 4, issue
+//                  19): 8 processes, each holds 1 ms and pauses 1 ms; grants/s and the handoff
+//                  (a release -> the grant that took its permit, by another process that was
+//                  waiting: permits are matched to grants first come first served), each also
+//                  as a ratio to the exclusive lease of the same store (step 4; "/excl"). A
+//                  store without shared leases (Capabilities::shared_leases) is noted, not run.
 //   5 independent  16 threads, each its own handle and key: (acquire + release)/s, against the
 //                  floor command's throughput from 16 threads, each its own connection
 //   6 heartbeat    N leases held by one handle: CPU of this process, renewal calls and leases per
@@ -34,8 +40,8 @@
 //   leasehold-bench [--quick] [--stores=sqlite,redis,...] [--steps=floor,native,heartbeat,...]
 //                   [--handoff-processes=8] [--json=FILE]
 //
-// Step names for --steps=: floor native uncontended conflict handoff independent heartbeat
-// takeover (the ratios to a floor need `floor`, those to the native lock need `native`).
+// Step names for --steps=: floor native uncontended conflict handoff semaphore independent
+// heartbeat takeover (the ratios to a floor need `floor`, those to the native lock need `native`).
 //
 // --quick (the test suite's smoke run) uses small counts: its figures are noisy. Full mode is
 // the one quoted in bench/RESULTS.md.
@@ -99,6 +105,11 @@ struct Config {
   int floor_calls = 2000;
   int sequential_calls = 2000;
   std::chrono::seconds handoff_time{10};
+  // Step 4b: the semaphore's limit (its processes are handoff_processes), and how long it runs
+  // after its lead (the workers' time to open their handles).
+  std::uint32_t semaphore_limit = 4;
+  std::chrono::milliseconds semaphore_time{10'000};
+  std::chrono::milliseconds semaphore_lead{1500};
   std::chrono::seconds independent_time{5};
   int heartbeat_leases = 10'000;
   std::chrono::seconds heartbeat_hold{60};
@@ -113,6 +124,8 @@ Config QuickConfig() {
   c.floor_calls = 300;
   c.sequential_calls = 200;
   c.handoff_time = 2s;
+  c.semaphore_time = 500ms;  // ~1 s a store in all: the smoke run stays within seconds of before
+  c.semaphore_lead = 500ms;
   c.independent_time = 1s;
   c.heartbeat_leases = 500;
   c.heartbeat_hold = 3s;
@@ -177,8 +190,9 @@ struct Subject {
 
 // ---- worker processes (the handoff contenders and the takeover holder) ----
 
+// `limit`: LeaseOptions::limit (1: the exclusive lease of step 4; N: the semaphore of step 4b).
 int HandoffWorker(const std::string& url, const std::string& key, int id, long long until_ns,
-                  const std::string& out_path) {
+                  const std::string& out_path, std::uint32_t limit = 1) {
   auto store = Store::Open(url);
   if (!store.ok()) {
     std::fprintf(stderr, "worker %d: %s\n", id, store.status().ToString().c_str());
@@ -190,6 +204,7 @@ int HandoffWorker(const std::string& url, const std::string& key, int id, long l
     auto wait = std::chrono::nanoseconds(std::max(0LL, until_ns - started));
     auto lease = (*store)->Acquire(key, {.ttl = 10s,
                                          .wait = std::chrono::duration_cast<Duration>(wait),
+                                         .limit = limit,
                                          .holder = fmt::format("w{}", id)});
     long long acquired = NowNs();
     if (!lease.ok()) {
@@ -379,6 +394,7 @@ class Runner {
     step("uncontended", [&] { return Uncontended(); });
     step("conflict", [&] { return Conflict(); });
     step("handoff", [&] { return Handoff(); });
+    step("semaphore", [&] { return Semaphore(); });
     if (floor) {
       step("independent", [&] { return Independent(); });
     }
@@ -534,21 +550,71 @@ class Runner {
       out["grants_ratio_to_native"] =
           out["grants_per_second"].get<double>() / native_grants_per_second_;
     }
+    exclusive_grants_per_second_ = out["grants_per_second"].get<double>();
+    exclusive_handoff_median_us_ = out["handoff"]["median_us"].get<double>();
+    return out;
+  }
+
+  // Step 4b: step 4's handoff on a semaphore of config_.semaphore_limit permits.
+  Result<json> Semaphore() {
+    const std::uint32_t limit = config_.semaphore_limit;
+    const std::string key = fmt::format("bench:semaphore:{}", NowNs());
+    {
+      // A store without shared leases refuses before sending anything: noted, not measured.
+      LH_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(s_.url));
+      Result<Lease> probe = store->TryAcquire(key, {.ttl = 10s, .limit = limit});
+      if (!probe.ok() && probe.status().code() == StatusCode::kUnimplemented) {
+        return json{{"limit", limit}, {"skipped", probe.status().ToString()}};
+      }
+      LH_RETURN_IF_ERROR(probe.status());
+      LH_RETURN_IF_ERROR(probe->Release());
+    }
+    LH_ASSIGN_OR_RETURN(
+        json out,
+        RunHandoff(
+            [&](int w, long long start_ns, long long until_ns, const std::string& events) {
+              return std::vector<std::string>{SelfPath(),
+                                              "--worker=semaphore-handoff",
+                                              s_.url,
+                                              key,
+                                              std::to_string(w),
+                                              std::to_string(start_ns),
+                                              std::to_string(until_ns),
+                                              events,
+                                              std::to_string(limit)};
+            },
+            limit, config_.semaphore_time, config_.semaphore_lead));
+    out["limit"] = limit;
+    if (exclusive_grants_per_second_ > 0) {
+      out["grants_ratio_to_exclusive"] =
+          out["grants_per_second"].get<double>() / exclusive_grants_per_second_;
+    }
+    if (exclusive_handoff_median_us_ > 0 && out["handoff"]["n"].get<std::size_t>() > 0) {
+      out["handoff_ratio_to_exclusive"] =
+          out["handoff"]["median_us"].get<double>() / exclusive_handoff_median_us_;
+    }
     return out;
   }
 
   // The handoff measurement: config_.handoff_processes processes, started by argv_for(worker,
-  // start, until, events file), each writing "started acquired released" per grant.
+  // start, until, events file), each writing "started acquired released" per grant, on a key
+  // of `limit` permits (1: exclusive), for `run_for` after a lead of `lead`.
   using WorkerArgv = std::function<std::vector<std::string>(int, long long, long long,
                                                             const std::string&)>;
   Result<json> RunHandoff(const WorkerArgv& argv_for) {
+    return RunHandoff(argv_for, 1, config_.handoff_time, 1500ms);
+  }
+
+  Result<json> RunHandoff(const WorkerArgv& argv_for, std::uint32_t limit, Duration run_for,
+                          Duration lead) {
     char tmpl[] = "/tmp/leasehold-bench-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
       return Status::Unavailable("mkdtemp failed");
     }
     const std::string dir = tmpl;
-    const long long start_ns = NowNs() + 1'500'000'000LL;  // time for every worker to open
-    const long long until_ns = start_ns + std::chrono::nanoseconds(config_.handoff_time).count();
+    const long long start_ns =
+        NowNs() + std::chrono::nanoseconds(lead).count();  // time for every worker to open
+    const long long until_ns = start_ns + std::chrono::nanoseconds(run_for).count();
     std::vector<std::unique_ptr<testing::SpawnedProcess>> workers;
     for (int w = 0; w < config_.handoff_processes; ++w) {
       workers.push_back(std::make_unique<testing::SpawnedProcess>(
@@ -581,24 +647,46 @@ class Runner {
     }
     std::sort(all.begin(), all.end(),
               [](const GrantTimes& a, const GrantTimes& b) { return a.acquired < b.acquired; });
-    // A handoff: the next grant went to another process that was already waiting when the
-    // release was sent. Its latency is release sent -> grant returned.
+    // A handoff: the permit a release freed went to another process that was already waiting
+    // when the release was sent. Its latency is release sent -> grant returned. Each grant takes
+    // the permit of the earliest release not yet taken (the first `limit` grants the key's free
+    // permits); with limit 1 that is the previous grant's release.
     std::vector<double> handoff_us;
     std::vector<double> wait_us;
     int to_self = 0;
+
+    struct Freed {
+      long long at;
+      int worker;
+    };
+
+    std::vector<Freed> releases;
+    releases.reserve(all.size());
+    for (const GrantTimes& g : all) {
+      releases.push_back({g.released, g.worker});
+    }
+    std::sort(releases.begin(), releases.end(),
+              [](const Freed& a, const Freed& b) { return a.at < b.at; });
+    std::size_t next_release = 0;  // releases[next_release..] not yet taken
+    std::uint32_t free_permits = limit;
     for (std::size_t i = 0; i < all.size(); ++i) {
       wait_us.push_back(static_cast<double>(all[i].acquired - all[i].started) / 1000.0);
-      if (i == 0) {
+      if (free_permits > 0) {
+        --free_permits;
         continue;
       }
-      if (all[i].worker == all[i - 1].worker) {
+      if (next_release >= releases.size() || releases[next_release].at > all[i].acquired) {
+        continue;  // no release before this grant (clock noise): nothing to match
+      }
+      const Freed& freed = releases[next_release++];
+      if (freed.worker == all[i].worker) {
         ++to_self;
-      } else if (all[i].started < all[i - 1].released) {
-        handoff_us.push_back(static_cast<double>(all[i].acquired - all[i - 1].released) / 1000.0);
+      } else if (all[i].started < freed.at) {
+        handoff_us.push_back(static_cast<double>(all[i].acquired - freed.at) / 1000.0);
       }
     }
     const auto [fewest, most] = std::minmax_element(per_worker.begin(), per_worker.end());
-    const double seconds = std::chrono::duration<double>(config_.handoff_time).count();
+    const double seconds = std::chrono::duration<double>(run_for).count();
     Dist h = Summarize(handoff_us);
     const double hold_us = std::chrono::duration<double, std::micro>(kHold).count();
     return json{
@@ -819,6 +907,9 @@ class Runner {
   Dist native_pair_;
   double native_handoff_median_us_ = 0;
   double native_grants_per_second_ = 0;
+  // Step 4's figures, for step 4b's ratios; zero when it did not run.
+  double exclusive_grants_per_second_ = 0;
+  double exclusive_handoff_median_us_ = 0;
   bool failed_ = false;
 };
 
@@ -994,6 +1085,39 @@ void PrintTable(const json& results) {
                 h["max_wait_holds"].get<double>());
   }
   std::printf("(* fairness target for fair stores only; maxwait in hold times, target <= 10x)\n");
+  bool semaphore_header = false;
+  int semaphore_processes = 0;
+  for (const json& r : results) {
+    if (!r.contains("semaphore")) {
+      continue;
+    }
+    const json& h = r["semaphore"];
+    if (!semaphore_header) {
+      semaphore_header = true;
+      std::printf("\n%-18s %8s %6s %9s %9s %7s %6s %7s %8s\n",
+                  fmt::format("semaphore N={}", h["limit"].get<std::uint32_t>()).c_str(),
+                  "grants/s", "/excl", "p50 us", "p99 us", "/floor", "/excl", "fair", "maxwait");
+    }
+    if (h.contains("skipped")) {
+      std::printf("%-18s (not run: %s)\n", r["store"].get<std::string>().c_str(),
+                  h["skipped"].get<std::string>().c_str());
+      continue;
+    }
+    semaphore_processes = h["processes"].get<int>();
+    std::printf("%-18s %8.0f %6s %9.1f %9.1f %7.1f %6s %7.2f %7.0fx\n",
+                r["store"].get<std::string>().c_str(), h["grants_per_second"].get<double>(),
+                native_ratio(h, "grants_ratio_to_exclusive").c_str(),
+                h["handoff"]["median_us"].get<double>(), h["handoff"]["p99_us"].get<double>(),
+                h["handoff_median_floors"].get<double>(),
+                native_ratio(h, "handoff_ratio_to_exclusive").c_str(), h["fairness"].get<double>(),
+                h["max_wait_holds"].get<double>());
+  }
+  if (semaphore_processes > 0) {
+    std::printf(
+        "(%d processes, each hold 1 ms then pause 1 ms; /excl: over the exclusive "
+        "lease's handoff row above)\n",
+        semaphore_processes);
+  }
   std::printf("\n%-18s %10s %10s %7s %-9s\n", "independent (16t)", "acq+rel/s", "floor/s", "ops/fl",
               ">=0.5");
   for (const json& r : results) {
@@ -1066,6 +1190,14 @@ int Main(int argc, char** argv) {
     }
     return HandoffWorker(args[1], args[2], std::stoi(args[3]), std::stoll(args[5]), args[6]);
   }
+  if (!args.empty() && args[0] == "--worker=semaphore-handoff" && args.size() == 8) {
+    const long long start_ns = std::stoll(args[4]);
+    while (NowNs() < start_ns) {
+      std::this_thread::sleep_for(1ms);
+    }
+    return HandoffWorker(args[1], args[2], std::stoi(args[3]), std::stoll(args[5]), args[6],
+                         static_cast<std::uint32_t>(std::stoul(args[7])));
+  }
   if (!args.empty() && args[0] == "--worker=native-handoff" && args.size() == 8) {
     auto lock = OpenNativeLock(args[1], args[2], args[3]);
     if (!lock.ok()) {
@@ -1103,7 +1235,7 @@ int Main(int argc, char** argv) {
           "usage: leasehold-bench [--quick] [--stores=NAME,...] [--handoff-processes=8] "
           "[--json=FILE]\n"
           "Starts every store on loopback and measures floor, native lock, uncontended,\n"
-          "conflict, handoff,\n"
+          "conflict, handoff, semaphore handoff (limit 4),\n"
           "independent keys, heartbeat at scale and takeover; prints a table and writes JSON\n"
           "(default leasehold-bench.json). Stores: sqlite redis redis_fair postgres_advisory\n"
           "postgres_table etcd etcd_fair zk (those compiled in).\n");

@@ -20,6 +20,8 @@ write attempted in a pause scenario: the pauses did not bite) or the harness its
                           catches it (every control), 1 if it does not
   --check-only DIR        re-run the checker on a kept run directory
   --guard register|native where the workers write (below; default register)
+  --limit N               semaphore runs: workers acquire with limit N (below)
+  --control NAME          with --negative-control: only this control (repeatable)
   --cli LEASEHOLD         CLI mode (below): the workers are `leasehold run` processes
 
 Guards. register: the fenced register, a SQLite file outside the store (fenced_register.h);
@@ -37,6 +39,29 @@ skipped/failed) and audit_violations in place of register_order_regressions. A n
 which no write was accepted (the store lacks Lease::Write) is ineffective (exit 2). With
 --negative-control the control is noguard (pause-hot): the library's leases, every write sent
 with the store's guard skipped; it must be caught as stale_accepted > 0.
+
+Semaphores (--limit N, N > 1; issue 19). Every worker acquires with LeaseOptions::limit = N
+(N + 2 workers unless --workers says otherwise, so that the permits are contended) and logs its
+grant's slot. The checker adds, per key: at most N validity windows open at once (over_limit:
+grants whose window opened while N others were open), open windows have distinct slots in
+0..N-1 (slot_clashes), and no two grants of a key share a fencing token (token_dups); token order
+(token_regressions) stays per key, since one counter serves every grant of the key. The summary
+line then carries limit=N max_concurrent=<most windows of a key open at once> over_limit=
+slot_clashes= token_dups= after the scenario, and `overlaps` counts over_limit + slot_clashes.
+A run whose keys never had N windows open at once did not test the limit (exit 2).
+The register for N > 1: N holders write at once with different tokens, legitimately, so one
+register per key would call every write of a lower-token holder stale. Each slot is an exclusive
+lease of its own instead (a live grant's slot is never given to another grant while it lives,
+and the key's counter makes the next holder of the slot's token higher), so every holder writes
+the register key "<key>#s<slot>" and the register's stale/accepted/order checks apply per slot
+unchanged: a paused holder whose slot was retaken must be fenced out by its slot's newer token.
+The exclusive checks that compare a grant with the key's later grants compare it with the later
+grants of its slot (overlap, foreign release, takeover after a kill: the next grant of the slot).
+--guard native with N > 1 is refused: the native data key is the lease's, shared by all N.
+With --negative-control and --limit N the first control is overlimit: the library's leases, every
+acquire asking for N + 1 while the run is judged by N (what a store whose admission counts one
+grant too few would do); it must be caught as over_limit > 0. The exclusive controls follow, at
+limit N (nofence: stale writes accepted by a slot's register); --control NAME picks some.
 
 CLI mode (--cli PATH_TO_leasehold, --store sqlite or redis, --quick for the CTest runs) tests
 `leasehold run`'s supervision of the command's whole process tree. Each worker wN is
@@ -790,6 +815,8 @@ class Orchestrator:
                f"--hold-min-ms={self.args.hold_min_ms}", f"--hold-max-ms={self.args.hold_max_ms}",
                f"--write-gap-ms={self.args.write_gap_ms}", f"--idle-max-ms={self.args.idle_max_ms}", f"--wait-ms={4 * self.args.ttl_ms}",
                f"--seed={self.rng.getrandbits(63)}"] + self.worker_flags
+        if self.args.limit > 1:
+            cmd.append(f"--limit={self.args.limit}")
         if self.args.ignore_sigpipe:
             cmd.append("--ignore-sigpipe=1")
         cmd = self.wrap_worker(wid, cmd)
@@ -918,7 +945,7 @@ class Orchestrator:
         start = now_ns()
         end = start + int(duration_s * 1e9)
         self.log("run-start", scenario=self.args.scenario_name, ttl_ms=self.args.ttl_ms,
-                 end=end, store=self.store.scheme, guard=self.args.guard)
+                 end=end, store=self.store.scheme, guard=self.args.guard, limit=self.args.limit)
         if self.args.guard == "native":
             self.store.prepare_native(self.sc["keys"])
         else:
@@ -1006,17 +1033,58 @@ def pct(values, q):
 
 class Grant:
     __slots__ = ("worker", "key", "token", "sent", "start", "su", "lost", "lost_reason",
-                 "release", "release_result", "killed", "end", "invalid", "ended_known")
+                 "release", "release_result", "killed", "end", "invalid", "ended_known", "slot")
 
-    def __init__(self, worker, key, token, sent, start, su):
-        self.worker, self.key, self.token = worker, key, token
+    def __init__(self, worker, key, token, sent, start, su, slot=0):
+        self.worker, self.key, self.token, self.slot = worker, key, token, slot
         self.sent, self.start, self.su = sent, start, su
         self.lost = self.release = self.killed = self.invalid = None
         self.lost_reason = self.release_result = None
         self.ended_known = False
 
 
-def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register"):
+def check_limit(by_key, limit):
+    """--limit N > 1: the semaphore's invariant, per key, over the validity windows.
+
+    A sweep over window starts and ends (an end before a start at the same instant): a grant
+    whose window opens while N others are open is over the limit; one whose slot an open window
+    already has, or whose slot is not in 0..N-1, is a slot clash; two grants of a key with one
+    fencing token are a token duplicate (the key's one counter is strictly increasing). Also
+    returns the most windows open at once (over every key)."""
+    over, clashes, dups, examples = 0, 0, 0, []
+    max_open = 0
+    for key, gs in by_key.items():
+        seen = {}
+        for g in gs:
+            if g.token in seen:
+                dups += 1
+                examples.append(("token-dup", key, seen[g.token], g.worker, g.token))
+            seen.setdefault(g.token, g.worker)
+        edges = []
+        for g in gs:
+            if g.end > g.start:
+                edges += [(g.start, 1, id(g), g), (g.end, 0, id(g), g)]
+        edges.sort(key=lambda e: e[:3])
+        open_ = {}
+        for _, is_start, gid, g in edges:
+            if not is_start:
+                open_.pop(gid, None)
+                continue
+            if len(open_) >= limit:
+                over += 1
+                examples.append(("over-limit", key, g.worker, g.token, len(open_) + 1,
+                                 sorted(h.worker for h in open_.values())))
+            if not 0 <= g.slot < limit or any(h.slot == g.slot for h in open_.values()):
+                clashes += 1
+                examples.append(("slot-clash", key, g.worker, g.token, g.slot,
+                                 [(h.worker, h.slot) for h in open_.values()]))
+            open_[gid] = g
+            max_open = max(max_open, len(open_))
+    return dict(over_limit=over, slot_clashes=clashes, token_dups=dups, max_open=max_open,
+                examples=examples)
+
+
+def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limit=1):
     ttl = ttl_ms * MS
     drift = ttl // 100 + 2 * MS  # the library's default drift allowance: ttl/100 + 2 ms
     bound = ttl - drift
@@ -1058,6 +1126,7 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register"):
     bound_violations = []
     per_worker_selfpause = {}
     native_writes = []  # --guard native: (worker, key, token, result, t_send, seq, msg)
+    first_acq_fail = None
     lines = 0
     for name in sorted(os.listdir(run_dir)):
         if not (name.startswith("w") and name.endswith(".log")):
@@ -1077,11 +1146,13 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register"):
             if ev == "write" and f.get("guard") == "native":
                 native_writes.append((wid, f["key"], int(f["token"]), f["result"],
                                       int(f["t_send"]), f.get("seq"), f.get("msg")))
+            if ev == "acq-fail" and first_acq_fail is None:
+                first_acq_fail = f.get("msg", "?")
             if ev == "acq-sent":
                 sent = t
             elif ev == "acquired":
                 cur = Grant(wid, f["key"], int(f["token"]), sent if sent is not None else t, t,
-                            int(f["safe_until"]))
+                            int(f["safe_until"]), int(f.get("slot", "0")))
                 grants.append(cur)
                 if cur.su - t > bound:
                     bound_violations.append(("acquired", wid, cur.key, cur.token,
@@ -1137,22 +1208,34 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register"):
     for g in grants:
         by_key.setdefault(g.key, []).append(g)
 
+    # A semaphore's slot is an exclusive lease of its own: two live grants of a key never share a
+    # slot, so the exclusive checks below that compare a grant with the key's later ones (overlap,
+    # foreign release, takeover) compare it with the later ones of its slot. Token order and
+    # uniqueness stay per key: one counter serves every slot.
+    by_lane = {}
+    for g in grants:
+        by_lane.setdefault((g.key, g.slot) if limit > 1 else g.key, []).append(g)
+    lim = check_limit(by_key, limit) if limit > 1 else None
+
     overlaps = []
     token_regressions = []
     handoffs = 0
     foreign = []
-    for key, gs in by_key.items():
+    for lane, gs in by_lane.items():
+        key = lane[0] if limit > 1 else lane
         gs.sort(key=lambda g: (g.start, g.token))
-        # Overlaps: a sweep over windows sorted by start.
+        # Overlaps: a sweep over windows sorted by start (limit > 1: check_limit's sweep).
         best = None
-        for g in gs:
+        for g in gs if limit == 1 else ():
             if g.end <= g.start:
                 continue
             if best is not None and g.start < best.end:
-                overlaps.append((key, best.worker, best.token, g.worker, g.token,
+                overlaps.append((lane, best.worker, best.token, g.worker, g.token,
                                  (best.end - g.start) / MS))
             if best is None or g.end > best.end:
                 best = g
+    for key, gs in by_key.items():
+        gs.sort(key=lambda g: (g.start, g.token))
         # Token regressions: a grant acquired before another's request was sent must carry a
         # lower token (definitely ordered pairs only, so no false alarms from races).
         starts = [g.start for g in gs]
@@ -1168,6 +1251,14 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register"):
         # Handoffs: successive grants (by token) taken by different workers.
         by_token = sorted(gs, key=lambda g: g.token)
         handoffs += sum(1 for a, b in zip(by_token, by_token[1:]) if a.worker != b.worker)
+    for lane, gs in by_lane.items():
+        key = lane[0] if limit > 1 else lane
+        starts = [g.start for g in gs]
+        prefix_max = []
+        m = -1
+        for g in gs:
+            m = max(m, g.token)
+            prefix_max.append(m)
         # Foreign release: a release reported as having deleted a live grant, sent after a
         # newer grant of the key had been acquired: it deleted someone else's lease.
         for g in gs:
@@ -1220,7 +1311,7 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register"):
         g = holding_at(w, t)
         if g is None or any(e[2] == "final-kill" and e[3]["worker"] == w for e in orch):
             continue
-        nxt = [h.start for h in by_key[g.key] if h.start > t]
+        nxt = [h.start for h in by_lane[(g.key, g.slot) if limit > 1 else g.key] if h.start > t]
         if nxt:
             takeovers.append((min(nxt) - t) / MS)
 
@@ -1237,8 +1328,13 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register"):
 
     violations = (len(overlaps) + stale_accepted + len(token_regressions) + len(foreign) +
                   order_regressions + len(bound_violations))
+    if lim:
+        violations += lim["over_limit"] + lim["slot_clashes"] + lim["token_dups"]
     print(f"chaos: store={scheme} scenario={scenario} "
-          + ("guard=native " if native else "") + f"handoffs={handoffs} "
+          + ("guard=native " if native else "")
+          + (f"limit={limit} max_concurrent={lim['max_open']} over_limit={lim['over_limit']} "
+             f"slot_clashes={lim['slot_clashes']} token_dups={lim['token_dups']} " if lim else "")
+          + f"handoffs={handoffs} "
           f"pauses_gt_ttl={pauses_gt_ttl} overlaps={len(overlaps)} "
           f"stale_attempted={stale_attempted} stale_accepted={stale_accepted} "
           f"token_regressions={len(token_regressions)} "
@@ -1261,6 +1357,9 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register"):
                          ("foreign", foreign), ("safe-until-bound", bound_violations)):
         for item in items[:5]:
             print(f"  violation {title}: {item}")
+    if lim:
+        for item in lim["examples"][:5]:
+            print(f"  violation {item[0]}: {item[1:]}")
     if native:
         for item in nat["examples"][:5]:
             print(f"  violation {item[0]}: {item[1:]}")
@@ -1275,12 +1374,22 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register"):
         ineffective = True
         print(f"  harness-ineffective: no native write was accepted ({writes} sent; e.g. "
               f"{nat['first_error']}): does this store implement Lease::Write?")
+    if lim and lim["max_open"] < limit:
+        ineffective = True
+        print(f"  harness-ineffective: at most {lim['max_open']} grants of a key were valid at "
+              f"once: the run never filled the limit {limit} ({len(grants)} grants; "
+              f"the first refused acquire said: {first_acq_fail or '-'})")
     if crashes:
         ineffective = True
         print(f"  worker-crashes: {len(crashes)} workers died unbidden (rc -N: signal N), e.g. "
               f"{crashes[:4]}; see <worker>.stderr in the run directory")
-    return dict(violations=violations, overlaps=len(overlaps), stale_accepted=stale_accepted,
-                stale_attempted=stale_attempted, ineffective=ineffective, bound=len(bound_violations), foreign=len(foreign))
+    # overlaps: two valid windows of an exclusive key; limit > 1: the limit's sweep's findings.
+    return dict(violations=violations,
+                overlaps=len(overlaps) + (lim["over_limit"] + lim["slot_clashes"] if lim else 0),
+                stale_accepted=stale_accepted,
+                stale_attempted=stale_attempted, ineffective=ineffective, bound=len(bound_violations), foreign=len(foreign),
+                over_limit=lim["over_limit"] if lim else 0,
+                slot_clashes=lim["slot_clashes"] if lim else 0)
 
 
 def check_native(run_dir, by_key, native_writes):
@@ -1854,6 +1963,13 @@ NEGATIVE_CONTROLS = [
 NATIVE_NEGATIVE_CONTROLS = [
     ("noguard", "noguard", "pause-hot", ("stale_accepted",)),
 ]
+# --limit N > 1: first the limit's own control (the library's leases, every acquire asking for
+# N + 1 while the run is judged by N: chaos_worker --unsafe=overlimit), then the controls above,
+# their workers asking for N.
+LIMIT_NEGATIVE_CONTROLS = [
+    ("overlimit", "overlimit", "pause-hot", ("over_limit",)),
+]
+LIMIT_CONTROL_QUICK_S = 6  # the over-limit control needs no fault to bite: a few seconds
 
 
 def main():
@@ -1870,7 +1986,14 @@ def main():
                     choices=sorted(SCENARIOS) + sorted(CLI_SCENARIOS))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--duration", type=float, help="seconds per scenario")
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=None,
+                    help="default 4; with --limit N > 1: N + 2")
+    ap.add_argument("--limit", type=int, default=1, metavar="N",
+                    help="workers acquire with LeaseOptions::limit = N (a semaphore when N > 1): "
+                         "the checker verifies at most N valid windows per key, distinct slots "
+                         "and unique tokens (see the header)")
+    ap.add_argument("--control", action="append", metavar="NAME",
+                    help="--negative-control: only these controls (repeatable; default all)")
     ap.add_argument("--ttl-ms", type=int, default=None,
                     help="lease TTL (default: 500, or the store's minimum: etcd 2000; "
                          f"--cli: {CLI_DEFAULT_TTL_MS})")
@@ -1898,6 +2021,10 @@ def main():
                          "holder's session (the documented window: expect overlaps)")
     ap.add_argument("--check-only", metavar="DIR")
     args = ap.parse_args()
+    if not 1 <= args.limit <= 1024:
+        ap.error("--limit must be 1..1024 (kMaxLeaseLimit)")
+    if args.workers is None:
+        args.workers = 4 if args.limit == 1 else args.limit + 2
     store_ttl_ms = getattr(STORES[args.store], "default_ttl_ms", 500)
     if args.ttl_ms is None:
         args.ttl_ms = max(store_ttl_ms, CLI_DEFAULT_TTL_MS) if args.cli else store_ttl_ms
@@ -1919,18 +2046,21 @@ def main():
                     sc, args.ttl_ms, store = e[3]["scenario"], int(e[3]["ttl_ms"]), e[3]["store"]
                     cli_mode = e[3].get("mode") == "cli"
                     args.guard = e[3].get("guard", "register")
+                    args.limit = int(e[3].get("limit", "1"))
                     break
         if cli_mode:
             r = check_cli(args.check_only, args.ttl_ms, store, sc,
                           bool(CLI_SCENARIOS.get(sc, {}).get("faults")))
             return 1 if r["violations"] else (2 if r["ineffective"] else 0)
         r = check(args.check_only, args.ttl_ms, store, sc, SCENARIOS.get(sc, {}).get(
-            "needs_stale", False), args.guard)
+            "needs_stale", False), args.guard, args.limit)
         return 1 if r["violations"] else (2 if r["ineffective"] else 0)
 
     if args.cli:
         if args.guard != "register":
             ap.error("--guard is for chaos_worker runs, not --cli")
+        if args.limit != 1:
+            ap.error("--limit is for chaos_worker runs, not --cli")
         if not os.access(args.cli, os.X_OK):
             ap.error("--cli must name the leasehold executable")
         return main_cli(args, ap)
@@ -1942,13 +2072,17 @@ def main():
     if args.workdir:
         os.makedirs(args.workdir, exist_ok=True)
 
+    if args.limit > 1 and args.guard == "native":
+        ap.error("--limit N > 1 is checked with the fenced register only (see the header)")
     guard_flags = ["--guard=native"] if args.guard == "native" else []
     if args.negative_control and args.guard == "native":
         plan = [(n, guard_flags + [f"--unsafe={u}"], sc, must)
                 for n, u, sc, must in NATIVE_NEGATIVE_CONTROLS]
     elif args.negative_control:
-        plan = [(n, ["--mode=unsafe", f"--unsafe={u}"], sc, must)
-                for n, u, sc, must in NEGATIVE_CONTROLS]
+        plan = [(n, [f"--unsafe={u}"], sc, must)
+                for n, u, sc, must in (LIMIT_NEGATIVE_CONTROLS if args.limit > 1 else [])]
+        plan += [(n, ["--mode=unsafe", f"--unsafe={u}"], sc, must)
+                 for n, u, sc, must in NEGATIVE_CONTROLS]
     else:
         has_server = bool(STORES[args.store].server_faults)
         chosen = args.scenario or [sc for sc in SCENARIOS
@@ -1959,6 +2093,12 @@ def main():
             if SCENARIOS[sc].get("server") and not has_server:
                 ap.error(f"scenario {sc} needs a store with a server, not {args.store}")
         plan = [(None, guard_flags, sc, None) for sc in chosen]
+    if args.negative_control and args.control:
+        unknown = set(args.control) - {p[0] for p in plan}
+        if unknown:
+            ap.error(f"--control: no such control here: {', '.join(sorted(unknown))} (one of "
+                     f"{', '.join(p[0] for p in plan)})")
+        plan = [p for p in plan if p[0] in args.control]
 
     status = 0
     # A quick run whose faults happened not to bite (no stale write attempted: the random
@@ -1972,7 +2112,7 @@ def main():
         elif args.quick:
             duration = SCENARIOS[scenario]["quick_s"] * STORES[args.store].quick_scale
             if control:
-                duration = min(duration, 10)
+                duration = min(duration, LIMIT_CONTROL_QUICK_S if control == "overlimit" else 10)
         else:
             duration = 60
         run_dir = tempfile.mkdtemp(prefix=f"chaos-{args.store}-{scenario}-", dir=args.workdir)
@@ -1989,8 +2129,10 @@ def main():
         finally:
             store.stop()
         name = scenario if control is None else f"{scenario}/unsafe-{control}"
+        if args.limit > 1:
+            name += f"/limit-{args.limit}"
         r = check(run_dir, args.ttl_ms, store.scheme, name,
-                  SCENARIOS[scenario]["needs_stale"] and control is None, args.guard)
+                  SCENARIOS[scenario]["needs_stale"] and control is None, args.guard, args.limit)
         sys.stdout.flush()
         if control is None:
             rc = 1 if r["violations"] else (2 if r["ineffective"] else 0)

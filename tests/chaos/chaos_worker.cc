@@ -8,7 +8,7 @@
 //
 //   <CLOCK_BOOTTIME ns> <worker id> <event> key=value ...
 //
-// Events: start, acq-sent, acquired (token, safe_until), acq-fail, renew-ok (safe_until moved
+// Events: start, acq-sent, acquired (token, safe_until, slot), acq-fail, renew-ok (safe_until moved
 // forward), state (at_risk/held), lost (reason), valid-check (safe_until), pause-self, resumed,
 // write (accepted/rejected/error; the register's max before, or the native write's t_send),
 // release-sent, release-done, exit.
@@ -37,6 +37,13 @@
 //                     every write goes to a second internal backend on the same URL with
 //                     FencedWriteRequest::skip_guard_for_testing, carrying the lease's key,
 //                     fencing token and store key, so the store applies it unchecked.
+//
+// Semaphores (--limit=N, N > 1): every acquire asks for LeaseOptions::limit = N (the unsafe
+// client: GrantRequest::limit), the `acquired` line carries the grant's slot, and the register
+// writes go to the slot's own register key "<key>#s<slot>" (chaos.py's header says why).
+//   --unsafe=overlimit  (in either mode) the negative control of the limit: every acquire asks
+//                       for N + 1 while the run is judged by N, as a store whose admission counts
+//                       one grant too few would behave (`count <= N` for `count < N`).
 //
 // Pause point: on SIGUSR1 the worker stops itself (raise(SIGSTOP)) right after its next
 // validity check and before the write that check allowed, so a pause lands exactly where it
@@ -140,6 +147,11 @@ struct Config {
   bool unsafe_plaindelete = false;
   bool native = false;
   bool unsafe_noguard = false;
+  std::uint32_t limit = 1;
+  bool unsafe_overlimit = false;
+
+  // The limit every acquire asks for: --limit, one more with --unsafe=overlimit.
+  std::uint32_t AskedLimit() const { return limit + (unsafe_overlimit ? 1 : 0); }
 };
 
 // One held lease, whichever client took it.
@@ -148,6 +160,8 @@ class Holding {
   virtual ~Holding() = default;
   virtual bool Valid() = 0;
   virtual FencingToken Token() = 0;
+  // The grant's slot (Lease::slot, Grant::slot): 0 for an exclusive lease.
+  virtual std::uint32_t Slot() = 0;
   virtual SteadyTime SafeUntil() = 0;
   // Where the store keeps the grant (Lease::store_key, Grant::store_key).
   virtual std::string StoreKey() = 0;
@@ -175,6 +189,8 @@ class LibraryHolding : public Holding {
   bool Valid() override { return lease_.valid(); }
 
   FencingToken Token() override { return lease_.fencing_token(); }
+
+  std::uint32_t Slot() override { return lease_.slot(); }
 
   SteadyTime SafeUntil() override { return lease_.safe_until(); }
 
@@ -205,6 +221,7 @@ class LibraryClient : public Client {
     options.ttl = config_.ttl;
     options.wait = wait;
     options.holder = config_.id;
+    options.limit = config_.AskedLimit();
     // Callbacks run on the heartbeat threads; the worker holds one lease at a time, so the
     // checker attributes these lines to the worker's current grant.
     options.on_state_change = [this, key](LeaseState state, const Status& reason) {
@@ -247,6 +264,7 @@ class UnsafeHolding : public Holding {
         key_(std::move(key)),
         owner_(std::move(owner)),
         token_(grant.fencing_token),
+        slot_(grant.slot),
         store_key_(grant.store_key.empty() ? key_ : grant.store_key) {
     safe_until_ = Bound(t_send, t_reply);
     renewer_ = std::jthread([this](std::stop_token stop) { RenewLoop(stop); });
@@ -265,6 +283,8 @@ class UnsafeHolding : public Holding {
   }
 
   FencingToken Token() override { return token_; }
+
+  std::uint32_t Slot() override { return slot_; }
 
   SteadyTime SafeUntil() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -340,6 +360,7 @@ class UnsafeHolding : public Holding {
   const std::string key_;
   const std::string owner_;
   const FencingToken token_;
+  const std::uint32_t slot_;
   const std::string store_key_;
   std::mutex mu_;
   SteadyTime safe_until_;
@@ -362,8 +383,11 @@ class UnsafeClient : public Client {
     }
     while (true) {
       SteadyTime t_send = BootClock::now();
-      Result<internal::Grant> grant = backend_->TryAcquire(
-          {.key = key, .owner_token = *owner, .holder = config_.id, .ttl = config_.ttl});
+      Result<internal::Grant> grant = backend_->TryAcquire({.key = key,
+                                                            .owner_token = *owner,
+                                                            .holder = config_.id,
+                                                            .ttl = config_.ttl,
+                                                            .limit = config_.AskedLimit()});
       SteadyTime t_reply = BootClock::now();
       if (grant.ok()) {
         return std::make_unique<UnsafeHolding>(backend_, config_, log_, key, *owner, *grant, t_send,
@@ -501,6 +525,13 @@ bool ParseFlag(const char* arg, Config* c) {
     c->unsafe_nofence = all || value.find("nofence") != std::string::npos;
     c->unsafe_plaindelete = all || value.find("plaindelete") != std::string::npos;
     c->unsafe_noguard = value.find("noguard") != std::string::npos;
+    c->unsafe_overlimit = value.find("overlimit") != std::string::npos;
+  } else if (name == "limit") {
+    long n = std::atol(value.c_str());
+    if (n < 1 || n > static_cast<long>(kMaxLeaseLimit)) {
+      return false;
+    }
+    c->limit = static_cast<std::uint32_t>(n);
   } else {
     return false;
   }
@@ -514,11 +545,12 @@ int Run(const Config& config) {
     return 1;
   }
   EventLog log(fd, config.id);
-  log.Event("start", "pid=" + std::to_string(getpid()) +
-                         " mode=" + (config.unsafe ? "unsafe" : "safe") +
-                         " guard=" + (config.native ? "native" : "register") +
-                         (config.unsafe_noguard ? " noguard=1" : "") +
-                         " ttl_ms=" + std::to_string(config.ttl.count()));
+  log.Event("start",
+            "pid=" + std::to_string(getpid()) + " mode=" + (config.unsafe ? "unsafe" : "safe") +
+                " guard=" + (config.native ? "native" : "register") +
+                (config.unsafe_noguard ? " noguard=1" : "") + " limit=" +
+                std::to_string(config.limit) + (config.unsafe_overlimit ? " overlimit=1" : "") +
+                " ttl_ms=" + std::to_string(config.ttl.count()));
   const SteadyTime deadline = BootClock::now() + config.duration;
 
   // Opening is retried for a while: a store under fault injection may be down at start.
@@ -627,12 +659,20 @@ int Run(const Config& config) {
     std::unique_ptr<Holding> holding = client->Acquire(key, std::min(config.wait, left), &error);
     if (holding == nullptr) {
       log.Event("acq-fail", "key=" + key + " msg=" + error);
+      if (error.find("Unimplemented") != std::string::npos) {
+        // The store refuses the kind at once (no shared leases): no busy loop of refusals.
+        std::this_thread::sleep_for(milliseconds(100));
+      }
       continue;
     }
     const FencingToken token = holding->Token();
     const std::string tok = std::to_string(token);
+    const std::uint32_t slot = holding->Slot();
     log.Event("acquired", "key=" + key + " token=" + tok +
-                              " safe_until=" + std::to_string(Ns(holding->SafeUntil())));
+                              " safe_until=" + std::to_string(Ns(holding->SafeUntil())) +
+                              " slot=" + std::to_string(slot));
+    // A semaphore's holders each write their slot's own register (chaos.py's header).
+    const std::string reg_key = config.limit > 1 ? key + "#s" + std::to_string(slot) : key;
     {
       std::lock_guard<std::mutex> lock(current_mu);
       current = holding.get();
@@ -670,7 +710,7 @@ int Run(const Config& config) {
         }
         log.Event("write", fields);
       } else {
-        WriteResult w = reg->Write(key, token, config.id);
+        WriteResult w = reg->Write(reg_key, token, config.id);
         log.Event("write", "key=" + key + " token=" + tok + " result=" + w.outcome +
                                " max_before=" + std::to_string(w.max_before) +
                                " t_commit=" + std::to_string(w.t_commit_ns));
@@ -717,7 +757,7 @@ int main(int argc, char** argv) {
                  "[--hold-max-ms=N] [--write-gap-ms=N] [--idle-max-ms=N] [--wait-ms=N] [--seed=N] "
                  "[--mode=safe|unsafe] [--unsafe=all|reply,nodrift,nofence,plaindelete] "
                  "[--guard=register|native] [--unsafe=noguard (native only)] "
-                 "[--ignore-sigpipe=1]\n"
+                 "[--limit=N] [--unsafe=overlimit] [--ignore-sigpipe=1]\n"
                  "  (--register is not needed with --guard=native)\n");
     return 2;
   }
