@@ -35,11 +35,14 @@ std::vector<std::string> BuildChildEnvironment(const std::vector<std::string>& d
 std::vector<std::string> LeaseChildEnvironment(const Lease& lease, FencingToken token,
                                                std::vector<std::string> extra) {
   // An environment cannot carry a NUL byte: the etcd store key of a shared or semaphore grant
-  // has one (README, "etcd"), and goes to the command with it written as %00.
+  // has one (README, "etcd"), and goes to the command with it written as %00, and so a % as
+  // %25 (a key name may have one): percent-decoding gives the key back exactly.
   std::string store_key;
   for (char c : lease.store_key()) {
     if (c == '\0') {
       store_key += "%00";
+    } else if (c == '%') {
+      store_key += "%25";
     } else {
       store_key += c;
     }

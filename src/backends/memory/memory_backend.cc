@@ -37,6 +37,13 @@ class MemoryTable {
                              request.limit);
       }
     }
+    for (const Entry& e : state.grants) {
+      // This owner token holds a grant of the key already (a re-sent attempt whose first reply
+      // was lost): held, never a second slot.
+      if (e.token == request.owner_token) {
+        return Status::HeldByAnother(InfoLocked(request.key, e, now));
+      }
+    }
     const Entry* blocker = nullptr;
     if (semaphore) {
       if (state.grants.size() >= request.limit) {

@@ -92,13 +92,16 @@ inline constexpr std::string_view kCreateSharesTable =
 
 // The token of a key's `leases` row while shared or semaphore grants of it may be live: no
 // owner token (32 hex digits) equals it, so no renew, release or fenced write of an exclusive
-// grant matches it, and its expiry (kSharedMarkerUntil, far away) makes every exclusive acquire
-// statement (kTableAcquire, also that of releases before shared leases) refuse the key. Only the
+// grant matches it, and its expiry (LH_PG_SHARED_MARKER_UNTIL: NULL, neither past nor future)
+// makes every exclusive acquire statement (kTableAcquire, also that of releases before shared
+// leases: `token IS NULL OR expires_at <= now` is not true) refuse the key, while every
+// statement that looks for a live grant (`expires_at > now`: inspect, list, force-release, old
+// and new) passes it by: an older release's force-release cannot clear it. Only the
 // transaction of kTableAcquireShared, which reads `shares` under the key row's lock, grants an
 // exclusive lease over it (or replaces it). The marker outlives the shares (a release leaves it):
 // the next acquire through kTableAcquireShared clears or replaces it.
 #define LH_PG_SHARED_MARKER "'(shared)'"
-#define LH_PG_SHARED_MARKER_UNTIL "'9999-12-31 00:00:00+00'::timestamptz"
+#define LH_PG_SHARED_MARKER_UNTIL "NULL::timestamptz"
 #define LH_PG_SHARED_HOLDER "'shared or semaphore holders (leasehold status lists them)'"
 
 // Whether the shares table exists and this role may use it (SELECT, INSERT, UPDATE, DELETE).
@@ -338,11 +341,15 @@ d AS (
          f.lim IS NOT NULL AND ((f.lim > 1) <> (r.lim > 1) OR (r.lim > 1 AND f.lim <> r.lim))
            AS mismatch,
          (SELECT count(*) FROM g) AS n,
-         EXISTS (SELECT 1 FROM i) AS intent
+         EXISTS (SELECT 1 FROM i) AS intent,
+         -- This owner token holds a grant of the key already (an earlier attempt of the same
+         -- Acquire whose reply was lost, re-sent): held, never a second slot.
+         EXISTS (SELECT 1 FROM g WHERE token = {token})
+           OR EXISTS (SELECT 1 FROM k WHERE token = {token}) AS mine
   FROM r LEFT JOIN f ON true),
 e AS (
   SELECT d.*,
-         NOT d.mismatch AND CASE
+         NOT d.mismatch AND NOT d.mine AND CASE
            WHEN d.lim > 1 THEN d.n < d.lim
            WHEN d.mode = 'x' THEN d.hlim IS NULL
            ELSE (d.hlim IS NULL OR d.hmode = 's') AND NOT d.intent END AS admit,
