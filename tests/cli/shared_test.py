@@ -13,7 +13,8 @@
 #   jobs that overlap have different slots (LEASEHOLD_SLOT in 0..2), every run exits 0.
 # - kill -9 of one of three `leasehold run --limit 3 --ttl 2s` holders: its keeper takes its
 #   tree down, and a fourth run waiting for a slot gets one within the granted TTL + 1 s of the
-#   kill (and not before half the TTL: the permit is still counted while its grant lives).
+#   kill, as `status --json` shows the grant (and not before half the TTL: the permit is still
+#   counted while its grant lives).
 # - status and list show every holder with mode and slot; `release --force KEY --holder ID`
 #   frees that one (its run finds out at the next renewal and stops its command), the others
 #   keep theirs.
@@ -148,13 +149,29 @@ class SharedTest(CliHarness, unittest.TestCase):
         killed = time.monotonic()
         slot_file = os.path.join(self.tmp, "late.slot")
         time.sleep(granted_ms / 2000)
-        self.assertFalse(os.path.exists(slot_file),
+        self.assertFalse(any(h["holder"] == "late" for h in self.holders()),
                          "a permit came back before half its holder's TTL")
-        self.wait_for(lambda: os.path.exists(slot_file) and open(slot_file).read().strip(),
-                      granted_ms / 1000 + 5, "the waiter to take the freed slot")
-        took = time.monotonic() - killed
-        figure(f"{STORE}: kill -9 of a --limit 3 holder (granted {granted_ms} ms) to its slot "
-               "taken by a waiter", took, granted_ms / 1000 + 1)
+        # The grant, as the store shows it (each read ends after the grant it sees: an upper
+        # bound), rather than the command's first line, a process start later.
+        deadline = killed + granted_ms / 1000 + 5
+        took = None
+        while time.monotonic() < deadline:
+            seen = any(h["holder"] == "late" for h in self.holders())
+            if seen:
+                took = time.monotonic() - killed
+                break
+            time.sleep(0.01)
+        self.assertIsNotNone(took, "the waiter never took the freed slot")
+
+        def slot_written():
+            if not os.path.exists(slot_file):
+                return False
+            with open(slot_file) as f:
+                return bool(f.read().strip())
+
+        self.wait_for(slot_written, 10, "the waiter's command to write its slot")
+        figure(f"{STORE}: kill -9 of a --limit 3 holder (granted {granted_ms} ms) to the waiter's "
+               "grant", took, granted_ms / 1000 + 1)
         self.assertLess(took, granted_ms / 1000 + 1)
         with open(slot_file) as f:
             self.assertEqual(int(f.read()), victim_slot, "the waiter got the dead holder's slot")
