@@ -65,7 +65,8 @@ and one summary line:
 
 Exit status: 0 clean; 1 on any violation (the run directory is kept and named); 2 if the run
 could not have shown anything (the cluster never settled, no partition ended in a takeover, a
-worker crashed); 77 (CTest's SKIP_RETURN_CODE) if network namespaces cannot be created here
+worker crashed) twice in a row: an ineffective run is run once more with the seed's next draws;
+77 (CTest's SKIP_RETURN_CODE) if network namespaces cannot be created here
 (not root, no `ip netns`, no nft, no store binary), with the reason on stdout.
 
   partition.py --worker PATH --store etcd|zk [--store ...] --quick      (CTest, label partition)
@@ -824,6 +825,14 @@ def main():
         t0 = time.time()
         rc = run_store(args, s, plan, rng)
         print(f"partition: store={s} rc={rc} wall={time.time() - t0:.1f}s", flush=True)
+        if rc == 2:
+            # Ineffective (no takeover, a partition not applied, a worker crash, no settled
+            # holder in time: a loaded machine, never a safety finding) is run once more with
+            # the seed's next draws, as chaos.py does; violations always count.
+            print(f"partition: store={s} was ineffective; running it once more", flush=True)
+            t0 = time.time()
+            rc = run_store(args, s, plan, rng)
+            print(f"partition: store={s} rc={rc} wall={time.time() - t0:.1f}s", flush=True)
         status = 1 if 1 in (status, rc) else max(status, rc)
     return status
 

@@ -129,6 +129,12 @@ std::string TailFile(const std::string& path, std::size_t max_bytes) {
   return all.size() > max_bytes ? all.substr(all.size() - max_bytes) : all;
 }
 
+bool LogShowsPortInUse(const std::string& path) {
+  const std::string all = TailFile(path, 1 << 20);
+  return all.find("Address already in use") != std::string::npos ||
+         all.find("BindException") != std::string::npos;
+}
+
 std::string ShellQuote(std::string_view arg) {
   std::string quoted = "'";
   for (char c : arg) {

@@ -60,6 +60,11 @@ void StopPid(pid_t& pid, int first_signal,
 // Returns the last `max_bytes` of a file (for error messages about a server that failed).
 std::string TailFile(const std::string& path, std::size_t max_bytes = 800);
 
+// True if a server's log says it could not bind a port ("Address already in use", Java's
+// BindException): a port picked free was taken by another test's server meanwhile, and the
+// caller may retry on new ports.
+bool LogShowsPortInUse(const std::string& path);
+
 // Quotes one argument for /bin/sh.
 std::string ShellQuote(std::string_view arg);
 

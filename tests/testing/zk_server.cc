@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -113,6 +114,30 @@ Result<std::unique_ptr<ZkEnsemble>> ZkEnsemble::Start(ZkEnsembleOptions options)
   }
   const int n = std::max(1, options.servers);
   std::unique_ptr<ZkEnsemble> zk(new ZkEnsemble(options, tmpl));
+  // A port picked free can be taken by another test's server before ZooKeeper binds it (the
+  // JVM starts slowly; ctest -j runs ensembles side by side): such a start is retried on new
+  // ports, any other failure is returned.
+  constexpr int kStartAttempts = 4;
+  for (int start = 1;; ++start) {
+    Status started = zk->StartOnFreshPorts(n);
+    const bool clash = std::any_of(zk->servers_.begin(), zk->servers_.end(), [](const Server& s) {
+      return LogShowsPortInUse(s.dir + "/zookeeper.log");
+    });
+    if (started.ok() || start == kStartAttempts || !clash) {
+      LH_RETURN_IF_ERROR(started);
+      return zk;
+    }
+    for (Server& s : zk->servers_) {
+      StopPid(s.pid, SIGKILL);
+    }
+    std::error_code ignored;
+    std::filesystem::remove_all(zk->dir_, ignored);
+    std::filesystem::create_directories(zk->dir_, ignored);
+    zk->servers_.clear();
+  }
+}
+
+Status ZkEnsemble::StartOnFreshPorts(int n) {
   std::set<int> taken;
   auto pick = [&] {
     for (int attempt = 0; attempt < 50; ++attempt) {
@@ -131,20 +156,20 @@ Result<std::unique_ptr<ZkEnsemble>> ZkEnsemble::Start(ZkEnsembleOptions options)
     if (server.client_port <= 0 || server.peer_port <= 0 || server.election_port <= 0) {
       return Status::Unavailable("no free loopback ports for ZooKeeper");
     }
-    server.dir = fmt::format("{}/server{}", zk->dir_, i + 1);
+    server.dir = fmt::format("{}/server{}", dir_, i + 1);
     std::filesystem::create_directories(server.dir + "/data");
-    zk->servers_.push_back(server);
+    servers_.push_back(server);
   }
   for (int i = 0; i < n; ++i) {
-    LH_RETURN_IF_ERROR(zk->WriteConfig(i));
+    LH_RETURN_IF_ERROR(WriteConfig(i));
   }
   for (int i = 0; i < n; ++i) {
-    LH_RETURN_IF_ERROR(zk->Launch(i));
+    LH_RETURN_IF_ERROR(Launch(i));
   }
   for (int i = 0; i < n; ++i) {
-    LH_RETURN_IF_ERROR(zk->AwaitServing(i));
+    LH_RETURN_IF_ERROR(AwaitServing(i));
   }
-  return zk;
+  return Status();
 }
 
 ZkEnsemble::~ZkEnsemble() {

@@ -100,6 +100,8 @@ class ZkEnsemble {
 
   ZkEnsemble(ZkEnsembleOptions options, std::string dir);
 
+  // Picks ports for n servers, writes their configs, launches them and waits until each serves.
+  Status StartOnFreshPorts(int n);
   Status WriteConfig(int i);
   Status Launch(int i);
   Status AwaitServing(int i);
