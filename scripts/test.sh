@@ -44,10 +44,13 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
   step "tests under AddressSanitizer + UBSan"
   # `check` (tests/cli/check_test.py) is left out: the code it drives (Store::Check, every
   # backend's Ping and Diagnose) runs here through the conformance suite's Check case; so is
-  # `shared` (tests/cli/shared_test.py): shared leases run here through SharedLeaseTest.
+  # `shared` (tests/cli/shared_test.py): shared leases run here through SharedLeaseTest. Its
+  # racing-processes case (lease_holder processes killed at random for seconds, a timing
+  # load test whose code paths the suite's other cases cover) is left out here and below.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -j "$jobs" --timeout 900 \
-    -LE "install|chaos|partition|model|package|slots|contention|check|shared"
+    -LE "install|chaos|partition|model|package|slots|contention|check|shared" \
+    -E "SharedLeaseTest.RacingProcesses"
 
   step "build with ThreadSanitizer"
   # etcd:// is left out here: TSan needs every library instrumented, and Debian's gRPC is not
@@ -58,6 +61,7 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
     -DLEASEHOLD_WITH_ETCD=OFF
   step "tests under ThreadSanitizer"
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-    ctest --test-dir build-tsan -j "$jobs" --timeout 900 -L 'unit|conformance'
+    ctest --test-dir build-tsan -j "$jobs" --timeout 900 -L 'unit|conformance' \
+    -E "SharedLeaseTest.RacingProcesses"
 fi
 step "all tests passed"

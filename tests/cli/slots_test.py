@@ -7,7 +7,7 @@
 #   python3 tests/cli/slots_test.py --store sqlite|redis|postgres|postgres-table|etcd|zk \
 #       --leasehold build/tools/cli/leasehold [--require-faketime] [--slots N] [-v] [SlotsTest.test_x]
 #
-# The fleet (test_fleet_*): 5 "hosts" per slot over --slots (default 20; CTest: 10) consecutive
+# The fleet (test_fleet_*): 5 "hosts" per slot over --slots (default 20; CTest: 6) consecutive
 # slots of --once-per 2s. Each
 # host is `leasehold run --quiet --once-per 2s KEY -- JOB` under libfaketime (FAKETIME=-0.6,
 # -0.3, +0, +0.3, +0.6 s, FAKETIME_DONT_FAKE_MONOTONIC=1), launched when ITS clock reads the
@@ -66,7 +66,7 @@ JOB_FAIL = 3
 
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 PERIOD = 2.0  # --once-per 2s
-SLOTS = 20  # --slots (CTest passes 10: CI time; the figures in RESULTS.md are from 20)
+SLOTS = 20  # --slots (CTest passes 6: CI time; the figures in RESULTS.md are from 20)
 OFFSETS_MS = (-600, -300, 0, 300, 600)  # the hosts' clock skews
 TOLERANCE = min(PERIOD / 4, 300.0)  # leasehold's default --slot-tolerance: min(P/4, 5m)
 JOB_SLEEP = 0.1
