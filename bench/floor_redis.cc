@@ -1,9 +1,13 @@
 // File: bench/floor_redis.cc
 //
-// Redis floor: PING on a hiredis connection of its own (the backend's client library).
+// Redis floor: PING on a connection of its own, opened the way the store opens its connections
+// (backends/redis/redis_connection.h: TCP or a Unix socket, TLS for rediss://), so that the
+// floor of each topology pays what the store's own round trips pay and no more.
 
-#include <hiredis/hiredis.h>
+#include <memory>
+#include <vector>
 
+#include "backends/redis/redis_connection.h"
 #include "backends/redis/redis_options.h"
 #include "core/url.h"
 #include "floor.h"
@@ -13,24 +17,21 @@ namespace {
 
 class RedisFloor final : public FloorProbe {
  public:
-  explicit RedisFloor(redisContext* context) : context_(context) {}
-
-  ~RedisFloor() override { redisFree(context_); }
-
-  RedisFloor(const RedisFloor&) = delete;
-  RedisFloor& operator=(const RedisFloor&) = delete;
+  RedisFloor(std::shared_ptr<const internal::RedisTlsContext> tls,
+             std::unique_ptr<internal::RedisConnection> connection, std::string address)
+      : tls_(std::move(tls)), connection_(std::move(connection)), address_(std::move(address)) {}
 
   Status Call() override {
-    auto* reply = static_cast<redisReply*>(redisCommand(context_, "PING"));
-    if (reply == nullptr) {
-      return Status::Unavailable("redis PING failed");
-    }
-    freeReplyObject(reply);
+    static const std::vector<internal::Command> kPing = {{"PING"}};
+    LH_ASSIGN_OR_RETURN(std::vector<internal::ReplyPtr> replies,
+                        connection_->Pipeline(kPing, address_));
     return Status();
   }
 
  private:
-  redisContext* context_;
+  std::shared_ptr<const internal::RedisTlsContext> tls_;  // outlives the connection
+  std::unique_ptr<internal::RedisConnection> connection_;
+  std::string address_;
 };
 
 }  // namespace
@@ -38,16 +39,12 @@ class RedisFloor final : public FloorProbe {
 Result<std::unique_ptr<FloorProbe>> OpenRedisFloor(const std::string& url) {
   LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
   LH_ASSIGN_OR_RETURN(internal::RedisOptions options, internal::RedisOptions::FromUrl(parsed));
-  redisContext* context = options.unix_socket.empty()
-                              ? redisConnect(options.host.c_str(), options.port)
-                              : redisConnectUnix(options.unix_socket.c_str());
-  if (context == nullptr || context->err != 0) {
-    if (context != nullptr) {
-      redisFree(context);
-    }
-    return Status::Unavailable("cannot connect to redis for the floor probe");
-  }
-  return std::unique_ptr<FloorProbe>(new RedisFloor(context));
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<const internal::RedisTlsContext> tls,
+                      internal::RedisTlsContext::Create(options));
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<internal::RedisConnection> connection,
+                      internal::RedisConnection::Connect(options, tls.get()));
+  return std::unique_ptr<FloorProbe>(
+      new RedisFloor(std::move(tls), std::move(connection), options.Address()));
 }
 
 }  // namespace leasehold::bench

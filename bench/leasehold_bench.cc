@@ -934,6 +934,7 @@ struct Floors {
   Result<std::unique_ptr<FloorProbe>> (*open_floor)(const std::string& url);
   Result<std::unique_ptr<FloorProbe>> (*open_durable_floor)(const std::string& url);
 };
+
 constexpr Floors kFloors[] = {
 #if LEASEHOLD_WITH_SQLITE
     {"sqlite", OpenSqliteFloor, OpenSqliteDurableFloor},
@@ -941,6 +942,7 @@ constexpr Floors kFloors[] = {
 #if LEASEHOLD_WITH_REDIS
     {"redis", OpenRedisFloor, nullptr},
     {"redis_fair", OpenRedisFloor, nullptr},
+    {"rediss", OpenRedisFloor, nullptr},
 #endif
 #if LEASEHOLD_WITH_POSTGRES
     {"postgres_advisory", OpenPostgresFloor, nullptr},
@@ -1239,7 +1241,8 @@ int Main(int argc, char** argv) {
           "Starts every store on loopback and measures floor, native lock, uncontended,\n"
           "conflict, handoff, semaphore handoff (limit 4),\n"
           "independent keys, heartbeat at scale and takeover; prints a table and writes JSON\n"
-          "(default leasehold-bench.json). Stores: sqlite redis redis_fair postgres_advisory\n"
+          "(default leasehold-bench.json). Stores: sqlite redis redis_fair rediss "
+          "postgres_advisory\n"
           "postgres_table etcd etcd_fair zk (those compiled in).\n");
       return 0;
     } else {

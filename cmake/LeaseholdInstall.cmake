@@ -31,7 +31,7 @@ if(LEASEHOLD_WITH_SQLITE)
   string(APPEND LEASEHOLD_PC_REQUIRES_PRIVATE " sqlite3")
 endif()
 if(LEASEHOLD_WITH_REDIS)
-  string(APPEND LEASEHOLD_PC_REQUIRES_PRIVATE " hiredis")
+  string(APPEND LEASEHOLD_PC_REQUIRES_PRIVATE " hiredis openssl")
 endif()
 # libpq by name, not through Requires.private: Debian's libpq.pc lists, for --static, the
 # libraries of a static libpq (-lpgcommon -lpgport -lgssapi_krb5...) that libpq-dev lacks, while

@@ -12,7 +12,7 @@ set -euo pipefail
 build_packages=(
   g++ cmake make pkg-config ccache
   libfmt-dev libcli11-dev libsqlite3-dev nlohmann-json3-dev libcpp-httplib-dev
-  libhiredis-dev libpq-dev libzookeeper-mt-dev
+  libhiredis-dev libssl-dev libpq-dev libzookeeper-mt-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
 )
 # The stores the tests start (redis-server, PostgreSQL, PgBouncer, etcd, ZooKeeper and its

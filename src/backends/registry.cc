@@ -31,8 +31,8 @@ namespace {
 struct StoreRow {
   // For messages: "compiled without <product> support".
   std::string_view product;
-  // The URL schemes that name the store; the first is its own, the second an alias or variant.
-  std::string_view schemes[2];
+  // The URL schemes that name the store; the first is its own, the others aliases or variants.
+  std::string_view schemes[3];
   // Opens the backend; null when the store is not compiled in.
   Result<std::shared_ptr<Backend>> (*open)(const Url& url, Clock& clock) = nullptr;
   // True if the store keeps no time of its own that other processes read, so that any Clock
@@ -58,21 +58,27 @@ Result<std::string> DefaultSqliteUrl() {
 const StoreRow kStores[] = {
     {.product = "memory", .schemes = {"memory"}, .open = OpenMemoryBackend, .any_clock = true},
 #if LEASEHOLD_WITH_SQLITE
-    {.product = "SQLite", .schemes = {"sqlite"}, .open = OpenSqliteBackend,
+    {.product = "SQLite",
+     .schemes = {"sqlite"},
+     .open = OpenSqliteBackend,
      .default_url = DefaultSqliteUrl},
 #else
     {.product = "SQLite", .schemes = {"sqlite"}},
 #endif
 #if LEASEHOLD_WITH_REDIS
-    {.product = "Redis", .schemes = {"redis", "redis+unix"}, .open = OpenRedisBackend},
+    {.product = "Redis", .schemes = {"redis", "rediss", "redis+unix"}, .open = OpenRedisBackend},
 #else
-    {.product = "Redis", .schemes = {"redis", "redis+unix"}},
+    {.product = "Redis", .schemes = {"redis", "rediss", "redis+unix"}},
 #endif
 #if LEASEHOLD_WITH_POSTGRES
-    {.product = "PostgreSQL", .schemes = {"postgres", "postgresql"}, .open = OpenPostgresBackend,
-     .schema_sql = PostgresSchemaSql, .parse_schemeless = ParsePostgresConninfo},
+    {.product = "PostgreSQL",
+     .schemes = {"postgres", "postgresql"},
+     .open = OpenPostgresBackend,
+     .schema_sql = PostgresSchemaSql,
+     .parse_schemeless = ParsePostgresConninfo},
 #else
-    {.product = "PostgreSQL", .schemes = {"postgres", "postgresql"},
+    {.product = "PostgreSQL",
+     .schemes = {"postgres", "postgresql"},
      .parse_schemeless = ParsePostgresConninfo},  // so that a conninfo says "compiled without"
 #endif
 #if LEASEHOLD_WITH_ETCD

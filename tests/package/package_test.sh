@@ -23,7 +23,7 @@ info="$(dpkg-deb --info "$deb")"
 depends="$(dpkg-deb --field "$deb" Depends)"
 echo "package_test: Depends: $depends"
 [ "$(dpkg-deb --field "$deb" Package)" = leasehold ] || fail "Package: is not leasehold"
-for lib in libc6 libstdc++6 libsqlite3 libhiredis libpq5 libgrpc++ libprotobuf libzookeeper-mt libfmt; do
+for lib in libc6 libstdc++6 libsqlite3 libhiredis libssl3 libpq5 libgrpc++ libprotobuf libzookeeper-mt libfmt; do
   grep -q "$lib" <<<"$depends" || fail "Depends: lacks $lib (dpkg-shlibdeps did not run?)"
 done
 grep -q "libleasehold" <<<"$depends" && fail "Depends: names the package's own library"

@@ -20,8 +20,8 @@ namespace leasehold::testing {
 
 using namespace std::chrono_literals;
 
-RedisServer::RedisServer(RedisServerOptions options, std::string dir, int port)
-    : options_(std::move(options)), dir_(std::move(dir)), port_(port) {}
+RedisServer::RedisServer(RedisServerOptions options, std::string dir, int port, int tls_port)
+    : options_(std::move(options)), dir_(std::move(dir)), port_(port), tls_port_(tls_port) {}
 
 Result<std::unique_ptr<RedisServer>> RedisServer::Start(RedisServerOptions options) {
   char tmpl[] = "/tmp/leasehold-redis-XXXXXX";
@@ -29,10 +29,14 @@ Result<std::unique_ptr<RedisServer>> RedisServer::Start(RedisServerOptions optio
     return Status::Unavailable("cannot create a temporary directory for redis-server");
   }
   int port = PickFreeLoopbackPort();
-  if (port <= 0) {
+  int tls_port = options.tls ? PickFreeLoopbackPort({6379, 6380, port}) : 0;
+  if (port <= 0 || tls_port < 0) {
     return Status::Unavailable("no free loopback port");
   }
-  std::unique_ptr<RedisServer> server(new RedisServer(std::move(options), tmpl, port));
+  std::unique_ptr<RedisServer> server(new RedisServer(std::move(options), tmpl, port, tls_port));
+  if (server->options_.tls) {
+    LH_RETURN_IF_ERROR(server->MakeCertificates());
+  }
   if (!server->options_.acl_users.empty()) {
     std::ofstream acl(server->dir_ + "/users.acl");
     acl << "user default on nopass ~* &* +@all\n";
@@ -52,6 +56,52 @@ RedisServer::~RedisServer() {
 
 std::string RedisServer::Url() const {
   return fmt::format("redis://127.0.0.1:{}", port_);
+}
+
+std::string RedisServer::TlsUrl(const std::string& path_and_query) const {
+  const char* join = path_and_query.find('?') == std::string::npos ? "?" : "&";
+  return fmt::format("rediss://127.0.0.1:{}{}{}ca={}", tls_port_, path_and_query, join,
+                     TlsFile("ca.crt"));
+}
+
+std::string RedisServer::TlsFile(const std::string& name) const {
+  return dir_ + "/tls/" + name;
+}
+
+// EC keys (fast to make); every certificate signed by the test CA but other-ca.crt's.
+Status RedisServer::MakeCertificates() const {
+  const std::string tls = dir_ + "/tls";
+  std::filesystem::create_directories(tls);
+  {
+    std::ofstream san(tls + "/server.ext");
+    san << "subjectAltName=DNS:localhost,IP:127.0.0.1\n";
+  }
+  const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  std::string script = fmt::format(
+      "set -e; cd {0}; "
+      "openssl req -x509 {1} -keyout ca.key -out ca.crt -days 30 -subj /CN=leasehold-test-ca; "
+      "openssl req -x509 {1} -keyout other-ca.key -out other-ca.crt -days 30 "
+      "-subj /CN=leasehold-other-ca; "
+      "openssl req {1} -keyout server.key -out server.csr -subj /CN=localhost; "
+      "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+      "-out server.crt -days 30 -extfile server.ext; "
+      "openssl req {1} -keyout client.key -out client.csr -subj /CN=leasehold-test-client; "
+      "openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+      "-out client.crt -days 30",
+      ShellQuote(tls), key);
+  if (options_.tls_expired) {
+    script +=
+        "; faketime '2020-01-01 00:00:00' openssl x509 -req -in server.csr -CA ca.crt "
+        "-CAkey ca.key -CAcreateserial -out expired.crt -days 1 -extfile server.ext";
+  }
+  Result<std::string> made =
+      RunCommand(fmt::format("timeout 30 sh -c {} 2>&1", ShellQuote(script)));
+  if (!made.ok()) {
+    return Status::Unavailable(fmt::format("cannot make the test certificates with openssl{}: {}",
+                                           options_.tls_expired ? " (and faketime)" : "",
+                                           made.status().message()));
+  }
+  return Status();
 }
 
 Status RedisServer::Launch() {
@@ -80,6 +130,13 @@ Status RedisServer::Launch() {
   }
   if (!options_.requirepass.empty()) {
     args.insert(args.end(), {"--requirepass", options_.requirepass});
+  }
+  if (options_.tls) {
+    args.insert(args.end(),
+                {"--tls-port", std::to_string(tls_port_), "--tls-cert-file",
+                 TlsFile(options_.tls_expired ? "expired.crt" : "server.crt"), "--tls-key-file",
+                 TlsFile("server.key"), "--tls-ca-cert-file", TlsFile("ca.crt"),
+                 "--tls-auth-clients", options_.tls_auth_clients ? "yes" : "no"});
   }
   // Resolve the binary: Debian's, else a local build.
   args[0] = access("/usr/bin/redis-server", X_OK) == 0 ? "/usr/bin/redis-server"

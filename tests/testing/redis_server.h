@@ -38,6 +38,18 @@ struct RedisServerOptions {
   std::string requirepass;
   // How long Start/Restart wait for the server to answer PING. Default: 10 s.
   std::chrono::milliseconds ready_timeout{10'000};
+  // TLS: a second port (tls_port(), TlsUrl()) speaks TLS only, with certificates that Start
+  // makes with `openssl` in dir()/tls: a test CA (ca.crt), the server's certificate for
+  // localhost and 127.0.0.1 signed by it, a client certificate (client.crt, client.key) signed
+  // by it, and another CA that signed none of them (other-ca.crt). The plain port stays, for
+  // Cli() and the test's own checks. Default: false.
+  bool tls = false;
+  // With tls: the server asks for a client certificate signed by the test CA
+  // (tls-auth-clients yes). Default: false (none asked).
+  bool tls_auth_clients = false;
+  // With tls: the server presents a certificate that expired in 2020 (signed by the test CA,
+  // made under faketime; Start fails if faketime is missing). Default: false.
+  bool tls_expired = false;
 };
 
 class RedisServer {
@@ -63,6 +75,15 @@ class RedisServer {
   // Returns "redis://127.0.0.1:PORT" (add user info, path and query as needed).
   [[nodiscard]] std::string Url() const;
 
+  // With tls: the TLS port, and "rediss://127.0.0.1:TLS_PORT" plus `path_and_query` with the
+  // test CA as ca= appended to the query (path_and_query "/0?prefix=x" gives
+  // rediss://127.0.0.1:P/0?prefix=x&ca=DIR/tls/ca.crt).
+  [[nodiscard]] int tls_port() const { return tls_port_; }
+
+  [[nodiscard]] std::string TlsUrl(const std::string& path_and_query = "") const;
+  // A file of dir()/tls, e.g. TlsFile("client.key").
+  [[nodiscard]] std::string TlsFile(const std::string& name) const;
+
   // kill -9, and reap. The port and data directory stay reserved for Restart().
   void Kill9();
 
@@ -81,13 +102,15 @@ class RedisServer {
   Result<std::string> Cli(const std::vector<std::string>& args) const;
 
  private:
-  RedisServer(RedisServerOptions options, std::string dir, int port);
+  RedisServer(RedisServerOptions options, std::string dir, int port, int tls_port);
 
+  Status MakeCertificates() const;
   Status Launch();
 
   const RedisServerOptions options_;
   const std::string dir_;
   const int port_;
+  const int tls_port_;
   pid_t pid_ = -1;
 };
 

@@ -168,44 +168,82 @@ std::vector<StoreFixture> MakeFixtures() {
 #endif
 #if LEASEHOLD_WITH_REDIS
   {
-    auto redis = [] {
+    // redis and redis_fair on one plain server; rediss (TLS, the server's certificate verified
+    // against the test CA) on a server of its own, so that its every command goes over TLS.
+    auto plain = [] {
       return &Server<RedisServer>([] { return RedisServer::Start({.aof = Options().redis_aof}); });
     };
-    auto requests = [redis]() -> std::optional<double> {
-      RedisServer* server = redis()->Get();
-      if (server == nullptr) {
-        return std::nullopt;
-      }
-      auto info = server->Cli({"INFO", "stats"});
-      auto at = info.ok() ? info->find("total_reads_processed:") : std::string::npos;
-      if (at == std::string::npos) {
-        return std::nullopt;
-      }
-      return std::strtod(info->c_str() + at + 22, nullptr);
+
+    struct TlsServer {
+      std::unique_ptr<RedisServer> server;
     };
-    for (bool fair : {false, true}) {
+
+    auto tls = [] {
+      return &Server<TlsServer>([]() -> Result<std::unique_ptr<TlsServer>> {
+        auto holder = std::make_unique<TlsServer>();
+        LH_ASSIGN_OR_RETURN(holder->server,
+                            RedisServer::Start({.aof = Options().redis_aof, .tls = true}));
+        return holder;
+      });
+    };
+
+    struct Row {
+      const char* name;
+      bool fair;
+      bool tls;
+    };
+
+    for (const Row row :
+         {Row{"redis", false, false}, Row{"redis_fair", true, false}, Row{"rediss", false, true}}) {
+      const bool use_tls = row.tls;
+      auto server_of = [plain, tls, use_tls]() -> RedisServer* {
+        if (use_tls) {
+          TlsServer* holder = tls()->Get();
+          return holder != nullptr ? holder->server.get() : nullptr;
+        }
+        return plain()->Get();
+      };
+      auto status_of = [plain, tls, use_tls]() -> Status {
+        return use_tls ? tls()->status() : plain()->status();
+      };
+      auto requests = [server_of]() -> std::optional<double> {
+        RedisServer* server = server_of();
+        if (server == nullptr) {
+          return std::nullopt;
+        }
+        auto info = server->Cli({"INFO", "stats"});
+        auto at = info.ok() ? info->find("total_reads_processed:") : std::string::npos;
+        if (at == std::string::npos) {
+          return std::nullopt;
+        }
+        return std::strtod(info->c_str() + at + 22, nullptr);
+      };
+      const bool fair = row.fair;
       fixtures.push_back(
-          {.name = fair ? "redis_fair" : "redis",
+          {.name = row.name,
            .fair = fair,
-           .start = [redis] { return redis()->status(); },
+           .start = status_of,
            .new_store_url =
-               [redis, fair](const std::string&) {
-                 RedisServer* server = redis()->Get();
-                 return fmt::format("{}/0?prefix=fixture-{}{}",
-                                    server ? server->Url() : "redis://127.0.0.1:1", Fresh(),
-                                    fair ? "&fair=true" : "");
+               [server_of, fair, use_tls](const std::string&) {
+                 RedisServer* server = server_of();
+                 const std::string path =
+                     fmt::format("/0?prefix=fixture-{}{}", Fresh(), fair ? "&fair=true" : "");
+                 if (server == nullptr) {
+                   return "redis://127.0.0.1:1" + path;
+                 }
+                 return use_tls ? server->TlsUrl(path) : server->Url() + path;
                },
            .server_requests = requests,
            .server_requests_what = "Redis total_reads_processed (socket reads holding commands)",
-           .read_data = [redis](const std::string&,
-                                const std::string& data_key) -> Result<std::optional<std::string>> {
-             RedisServer* server = redis()->Get();
+           .read_data = [server_of, status_of](const std::string&, const std::string& data_key)
+               -> Result<std::optional<std::string>> {
+             RedisServer* server = server_of();
              if (server == nullptr) {
-               return redis()->status();
+               return status_of();
              }
-             // GET through redis-cli (db 0, the fixture's URLs' database); the value is framed
-             // as 'v' + value + '.', so that a missing key ('n'), an empty value and trailing
-             // newlines (which the output loses) read back exactly.
+             // GET through redis-cli on the plain port (db 0, the fixture's URLs' database);
+             // the value is framed as 'v' + value + '.', so that a missing key ('n'), an empty
+             // value and trailing newlines (which the output loses) read back exactly.
              Result<std::string> read =
                  server->Cli({"EVAL",
                               "local v = redis.call('GET', KEYS[1]) "

@@ -38,8 +38,9 @@ struct StoreFixtureOptions {
 void SetStoreFixtureOptions(const StoreFixtureOptions& options);
 
 struct StoreFixture {
-  // The store and its mode: "memory", "sqlite", "redis", "redis_fair", "postgres_advisory",
-  // "postgres_table", "postgres_table_pgbouncer", "etcd", "etcd_fair", "zk".
+  // The store and its mode: "memory", "sqlite", "redis", "redis_fair", "rediss" (TLS),
+  // "postgres_advisory", "postgres_table", "postgres_table_pgbouncer", "etcd", "etcd_fair",
+  // "zk".
   std::string name;
   // Waiters queue in the store (fair=true): the fairness targets apply.
   bool fair = false;

@@ -545,7 +545,8 @@ Result<std::shared_ptr<Backend>> OpenRedisBackend(const Url& url, Clock& clock) 
 }
 
 Result<std::shared_ptr<RedisBackend>> RedisBackend::Open(RedisOptions options, Clock& clock) {
-  auto pool = std::make_shared<RedisConnectionPool>(options, clock);
+  LH_ASSIGN_OR_RETURN(std::shared_ptr<const RedisTlsContext> tls, RedisTlsContext::Create(options));
+  auto pool = std::make_shared<RedisConnectionPool>(options, clock, std::move(tls));
   bool persistence_off = false;
   {
     LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool->Borrow());

@@ -44,7 +44,7 @@
 // (PEXPIRE), outside the process, which is why the registry opens redis:// with Clock::Real()
 // only.
 //
-// Thread safety: thread-safe. hiredis contexts are not, so commands borrow a connection from
+// Thread safety: thread-safe. Connections are not, so commands borrow a connection from
 // a small pool (RedisOptions::pool_size, redis_connection.h) and waiters share one subscriber
 // connection (redis_subscriber.h), read by one std::jthread owned by the backend and joined in
 // its destructor. A broken connection is dropped and a new one is opened on the next call,

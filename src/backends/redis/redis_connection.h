@@ -1,26 +1,39 @@
 // File: backends/redis/redis_connection.h (internal to backends/redis)
 //
-// The command connections of the redis:// store: RedisConnection, one blocking hiredis context
-// that sends a pipelined batch and reads every reply back, and RedisConnectionPool, a bounded
-// pool of them with reconnect backoff, plus the reply helpers the store's other files share.
-// Only backends/redis includes this header (and with it hiredis); redis_backend.h does not.
+// The connections of the redis:// and rediss:// store: RedisConnection, one socket that leasehold
+// owns (TCP, a Unix socket, or TLS over TCP through OpenSSL), with hiredis's command formatter
+// and reply reader on it; RedisTlsContext, the TLS settings of a store loaded once; and
+// RedisConnectionPool, a bounded pool of connections with reconnect backoff, plus the reply
+// helpers the store's other files share. Only backends/redis includes this header (and with it
+// hiredis); redis_backend.h does not, and no header includes OpenSSL's.
+//
+// Why not hiredis's own connections: Debian 12's hiredis 0.14.1 has no TLS (hiredis_ssl came
+// in 1.0), and the Sentinel and Cluster clients to come need connections to many nodes driven
+// the same way. The RESP parser and formatter stay hiredis's (redisReader,
+// redisFormatCommandArgv): only the bytes' transport is ours.
 //
 // Invariants:
-// - A connection that saw an I/O error or timeout is never reused: hiredis cannot resync a
-//   stream whose replies may still be in flight. The pool drops it and opens a new one.
-// - Every socket read and write is bounded (SO_RCVTIMEO/SO_SNDTIMEO via redisSetTimeout), so no
-//   call blocks longer than the command timeout per read, whatever the server does.
+// - A connection that saw an I/O error or timeout is never reused: a stream whose replies may
+//   still be in flight cannot be resynchronised. The pool drops it and opens a new one.
+// - Every wait for the socket is bounded (poll with the connection's I/O timeout: the connect
+//   timeout while connecting, the command timeout after), so no call blocks longer than that per
+//   read or write, whatever the server does.
+// - rediss:// verifies the server's certificate chain and name unless insecure=true; a
+//   certificate that is not accepted is kPermissionDenied (retrying cannot fix it, as with a
+//   wrong password), a handshake that breaks off or times out is kUnavailable.
 //
 // Example:
 //
-//   RedisConnectionPool pool(options, clock);
+//   LH_ASSIGN_OR_RETURN(std::shared_ptr<const RedisTlsContext> tls,
+//                       RedisTlsContext::Create(options));  // nullptr for redis://
+//   RedisConnectionPool pool(options, clock, tls);
 //   LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool.Borrow());
 //   std::vector<Command> ping = {{"PING"}};
 //   LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
 //                       connection->Pipeline(ping, options.Address()));
 //
-// Thread safety: RedisConnection is not thread-safe (one borrower at a time); the pool is
-// thread-safe.
+// Thread safety: RedisConnection is not thread-safe (one borrower at a time); RedisTlsContext is
+// immutable after Create and shared; the pool is thread-safe.
 
 #pragma once
 
@@ -34,6 +47,12 @@
 #include <vector>
 
 #include <hiredis/hiredis.h>
+
+// OpenSSL's types, without its headers.
+struct ssl_ctx_st;
+struct ssl_st;
+struct x509_st;
+struct evp_pkey_st;
 
 #include "leasehold/clock.h"
 #include "leasehold/status.h"
@@ -59,12 +78,6 @@ struct ReplyDeleter {
 
 using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
 
-struct ContextDeleter {
-  void operator()(redisContext* context) const { redisFree(context); }
-};
-
-using ContextPtr = std::unique_ptr<redisContext, ContextDeleter>;
-
 // Returns the reply's string (status, error or bulk), or "" for null or another type.
 std::string_view ReplyText(const redisReply* reply);
 
@@ -84,41 +97,101 @@ Result<long long> ParseInteger(const redisReply* reply);
 // into the detail.
 Status ErrorReplyStatus(std::string_view address, std::string_view what, std::string_view error);
 
-// One hiredis context: blocking, with connect and per-read/write timeouts.
+// The TLS client settings of a rediss:// store: trust anchors, optional client certificate,
+// verification mode. Loaded once, when the store opens, so a missing or unreadable file is an
+// error at open, not at the first reconnect.
+class RedisTlsContext {
+ public:
+  // Returns nullptr for a plain store (options.tls false). kInvalidArgument names a CA,
+  // certificate or key file that cannot be loaded (and why), or a key that does not match the
+  // certificate.
+  static Result<std::shared_ptr<const RedisTlsContext>> Create(const RedisOptions& options);
+
+  ~RedisTlsContext();
+  RedisTlsContext(const RedisTlsContext&) = delete;
+  RedisTlsContext& operator=(const RedisTlsContext&) = delete;
+
+  [[nodiscard]] ssl_ctx_st* get() const { return ctx_; }
+
+ private:
+  explicit RedisTlsContext(ssl_ctx_st* ctx) : ctx_(ctx) {}
+
+  ssl_ctx_st* ctx_;
+};
+
+// One connection: a non-blocking socket driven with poll, TLS when the store is rediss://.
 // Not thread-safe: used by one borrower (or the subscriber thread) at a time.
 class RedisConnection {
  public:
-  explicit RedisConnection(ContextPtr context) : context_(std::move(context)) {}
+  ~RedisConnection();
+  RedisConnection(const RedisConnection&) = delete;
+  RedisConnection& operator=(const RedisConnection&) = delete;
 
-  // Connects, then AUTH, SELECT and PING in one round trip. Returns kUnavailable if the server
-  // cannot be reached (the connect, and each read of that round trip's replies, bounded by
-  // connect_timeout), and the mapped error reply if it refuses one of
-  // those commands (named, never with its arguments).
-  static Result<std::unique_ptr<RedisConnection>> Connect(const RedisOptions& options);
+  // Connects (TCP, Unix socket; then the TLS handshake when `tls` is not null), then AUTH,
+  // SELECT and PING in one round trip. Returns kUnavailable if the server cannot be reached
+  // (the connect, the handshake and each read of that round trip's replies bounded by
+  // connect_timeout), kPermissionDenied if its certificate is not accepted or it refuses ours,
+  // and the mapped error reply if it refuses one of those commands (named, never with its
+  // arguments).
+  static Result<std::unique_ptr<RedisConnection>> Connect(const RedisOptions& options,
+                                                          const RedisTlsContext* tls);
 
   // Writes every command, then reads one reply per command: one round trip. Returns
   // kUnavailable (and marks the connection broken) on an I/O error or timeout.
   Result<std::vector<ReplyPtr>> Pipeline(std::span<const Command> commands,
                                          std::string_view address);
 
+  // For the subscriber, which polls the socket itself: writes `commands` without reading.
+  Status Send(std::span<const Command> commands, std::string_view address);
+
+  // The socket, to poll for POLLIN.
+  [[nodiscard]] int fd() const { return fd_; }
+
+  // True if input was already taken off the socket (decrypted TLS data) that poll cannot see:
+  // read it before polling again.
+  [[nodiscard]] bool HasBufferedInput() const;
+
+  // Reads what has arrived, without waiting, into the reply reader. kUnavailable (broken) if the
+  // server closed the connection or the read failed.
+  Status ReadAvailable(std::string_view address);
+
+  // The next complete reply read so far, or nullptr if none is complete yet. kUnavailable
+  // (broken) on a protocol error.
+  Result<ReplyPtr> NextReply(std::string_view address);
+
   [[nodiscard]] bool broken() const { return broken_; }
 
-  // For the subscriber, which drives the socket itself (poll + redisBufferRead).
-  [[nodiscard]] redisContext* context() const { return context_.get(); }
-
  private:
-  Status Broken(std::string_view address);
+  RedisConnection(int fd, Duration io_timeout);
 
-  ContextPtr context_;
+  Status Handshake(const RedisOptions& options, const RedisTlsContext& tls);
+  // Waits up to `timeout` for `events` on the socket; kUnavailable naming `what` on a timeout.
+  Status Wait(short events, Duration timeout, std::string_view address, std::string_view what);
+  Status WriteAll(std::string_view bytes, std::string_view address);
+  // One read into the reader. With `wait`, waits up to the I/O timeout for something to read;
+  // without, returns OK at once when nothing has arrived.
+  Status ReadOnce(bool wait, std::string_view address);
+  Status Broken(std::string_view address, std::string why);
+
+  int fd_;
+  ssl_st* ssl_ = nullptr;
+  redisReader* reader_;
+  Duration io_timeout_;
   bool broken_ = false;
+  // Set by OpenSSL's client-certificate callback (a store without cert=) during the handshake.
+  bool asked_for_client_certificate_ = false;
+
+  friend int NoteClientCertificateRequest(ssl_st* ssl, x509_st** cert, evp_pkey_st** key);
 };
 
 // A bounded pool of RedisConnections with reconnect backoff on the backend's clock.
 // Thread-safe.
 class RedisConnectionPool {
  public:
-  // `clock` must outlive the pool.
-  RedisConnectionPool(RedisOptions options, Clock& clock);
+  // `clock` must outlive the pool. `tls`: RedisTlsContext::Create(options) (nullptr for a plain
+  // store).
+  RedisConnectionPool(RedisOptions options, Clock& clock,
+                      std::shared_ptr<const RedisTlsContext> tls);
 
   // A borrowed connection; goes back to the pool on destruction unless broken.
   class Borrowed {
@@ -169,6 +242,7 @@ class RedisConnectionPool {
   // Immutable after construction.
   const RedisOptions options_;
   Clock& clock_;
+  const std::shared_ptr<const RedisTlsContext> tls_;
 
   Mutex mu_;
   CondVar cv_;

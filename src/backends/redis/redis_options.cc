@@ -6,6 +6,8 @@
 
 #include "backends/redis/redis_options.h"
 
+#include <algorithm>
+#include <iterator>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,12 +30,19 @@ constexpr std::string_view kReplicaTimeoutParam = "replica_timeout";
 constexpr std::string_view kPoolSizeParam = "pool_size";
 constexpr std::string_view kFairParam = "fair";
 constexpr std::string_view kDbParam = "db";
+constexpr std::string_view kCaParam = "ca";
+constexpr std::string_view kCertParam = "cert";
+constexpr std::string_view kKeyParam = "key";
+constexpr std::string_view kSniParam = "sni";
+constexpr std::string_view kInsecureParam = "insecure";
 
-// db comes last: a redis:// URL knows every parameter but it (its database is the path).
 constexpr std::string_view kKnownParams[] = {
     kConnectTimeoutParam, kCommandTimeoutParam, kPrefixParam, kMinReplicasParam,
-    kReplicaTimeoutParam, kPoolSizeParam,       kFairParam,   kDbParam,
+    kReplicaTimeoutParam, kPoolSizeParam,       kFairParam,
 };
+// rediss:// knows these too; redis+unix:// knows db (a redis:// URL's database is the path).
+constexpr std::string_view kTlsParams[] = {kCaParam, kCertParam, kKeyParam, kSniParam,
+                                           kInsecureParam};
 
 constexpr std::string_view kDefaultHost = "127.0.0.1";
 constexpr int kMaxPoolSize = 64;
@@ -52,16 +61,25 @@ std::string RedisOptions::Address() const {
 
 Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
   const bool unix_socket = url.scheme == "redis+unix";
-  if (url.scheme != "redis" && !unix_socket) {
-    return Status::InvalidArgument(
-        fmt::format("expected a redis:// or redis+unix:// URL, got scheme \"{}\"", url.scheme));
+  const bool tls = url.scheme == "rediss";
+  if (url.scheme != "redis" && !tls && !unix_socket) {
+    return Status::InvalidArgument(fmt::format(
+        "expected a redis://, rediss:// or redis+unix:// URL, got scheme \"{}\"", url.scheme));
   }
-  const std::span<const std::string_view> known(kKnownParams);
+  std::vector<std::string_view> known(std::begin(kKnownParams), std::end(kKnownParams));
   if (unix_socket) {
+    known.push_back(kDbParam);
     LH_RETURN_IF_ERROR(RefuseUnknownParams(url, known));
   } else {
-    LH_RETURN_IF_ERROR(RefuseUnknownParams(url, known.first(known.size() - 1),
-                                           "the database goes in the path: redis://host:port/2"));
+    if (tls) {
+      known.insert(known.end(), std::begin(kTlsParams), std::end(kTlsParams));
+    }
+    std::string hint = "the database goes in the path: redis://host:port/2";
+    if (!tls && std::any_of(std::begin(kTlsParams), std::end(kTlsParams),
+                            [&](std::string_view p) { return url.query.contains(p); })) {
+      hint = "TLS parameters need a rediss:// URL";
+    }
+    LH_RETURN_IF_ERROR(RefuseUnknownParams(url, known, hint));
   }
 
   RedisOptions options;
@@ -88,14 +106,16 @@ Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
                                        /*allow_empty_host=*/true));
     if (hosts.size() > 1) {
       return Status::InvalidArgument(
-          "redis:// URL names several hosts; Redis Cluster and Sentinel are not supported yet");
+          fmt::format("{}:// URL names several hosts; Redis Cluster and Sentinel are not "
+                      "supported yet",
+                      url.scheme));
     }
     options.host = std::move(hosts[0].host);
     options.port = hosts[0].port;
     if (!url.path.empty() && url.path != "/") {
       if (!ParseWholeNumber(std::string_view(url.path).substr(1), 0, kMaxDb, &options.db)) {
         return Status::InvalidArgument(fmt::format(
-            "redis:// URL path must be a database number, e.g. /2; got '{}'", url.path));
+            "{}:// URL path must be a database number, e.g. /2; got '{}'", url.scheme, url.path));
       }
     }
   }
@@ -112,6 +132,18 @@ Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
     return BadParam(url, kPrefixParam, "must contain no '{' or '}'");
   }
   LH_RETURN_IF_ERROR(ReadBoolParam(url, kFairParam, &options.fair));
+  if (tls) {
+    options.tls = true;
+    LH_RETURN_IF_ERROR(ReadStringParam(url, kCaParam, &options.tls_ca));
+    LH_RETURN_IF_ERROR(ReadStringParam(url, kCertParam, &options.tls_cert));
+    LH_RETURN_IF_ERROR(ReadStringParam(url, kKeyParam, &options.tls_key));
+    LH_RETURN_IF_ERROR(ReadStringParam(url, kSniParam, &options.tls_sni));
+    LH_RETURN_IF_ERROR(ReadBoolParam(url, kInsecureParam, &options.tls_insecure));
+    if (options.tls_cert.empty() != options.tls_key.empty()) {
+      return BadParam(url, options.tls_cert.empty() ? kKeyParam : kCertParam,
+                      "needs its pair: a client certificate takes both cert= and key=");
+    }
+  }
   return options;
 }
 

@@ -4,10 +4,12 @@
 // configuration:
 //
 //   redis://[user[:password]@]host[:port][/db][?param=value&...]
+//   rediss://[user[:password]@]host[:port][/db][?ca=...&cert=...&key=...&sni=...&...]  (TLS)
 //   redis+unix://[user[:password]@]/path/to/redis.sock[?db=N&...]
 //
 // Parameters: connect_timeout, command_timeout (durations, e.g. 500ms), prefix (key
-// namespace), min_replicas, replica_timeout, pool_size, fair. Unknown parameters are errors.
+// namespace), min_replicas, replica_timeout, pool_size, fair; rediss:// only: ca, cert, key,
+// sni, insecure. Unknown parameters are errors.
 //
 // Example:
 //
@@ -42,6 +44,20 @@ struct RedisOptions {
 
   // Path of a Unix domain socket (redis+unix://). Default: empty (use TCP).
   std::string unix_socket;
+
+  // TLS (rediss://): every connection is TLS 1.2 or later, and the server's certificate is
+  // verified against `tls_ca` (or the system's trust store when it is empty), its name (or IP
+  // address) against `tls_sni` or, when that is empty, the URL's host. URL: ca=/path/ca.pem
+  // (a file, or a directory of hashed certificates), cert=/path/client.pem and key=/path/key.pem
+  // (a client certificate, for servers with tls-auth-clients yes; both or neither), sni=NAME
+  // (sent as the server name and checked in the certificate: for a host given by address),
+  // insecure=true (no verification at all: only by that name, for tests). Default: off.
+  bool tls = false;
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_sni;
+  bool tls_insecure = false;
 
   // ACL user and password (AUTH user password; AUTH password when only a password is given).
   // The password never appears in logs or errors. Default: none (no AUTH).
@@ -86,9 +102,9 @@ struct RedisOptions {
   // Returns "host:port" or "unix:/path" (never credentials), for messages.
   [[nodiscard]] std::string Address() const;
 
-  // Builds options from a "redis" or "redis+unix" URL. Returns kInvalidArgument for another
-  // scheme, an unknown or malformed parameter (named in the message), a bad port or db, or
-  // several hosts.
+  // Builds options from a "redis", "rediss" or "redis+unix" URL. Returns kInvalidArgument for
+  // another scheme, an unknown or malformed parameter (named in the message), a bad port or db,
+  // several hosts, TLS parameters on a plain URL, or cert= without key= (or the reverse).
   static Result<RedisOptions> FromUrl(const Url& url);
 };
 

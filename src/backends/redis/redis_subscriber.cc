@@ -1,7 +1,7 @@
 // File: backends/redis/redis_subscriber.cc (internal)
 //
-// RedisSubscriber over hiredis 0.14: the thread drives the socket itself (poll, then
-// redisBufferRead and redisGetReplyFromReader), since a subscribed context only reads pushes.
+// RedisSubscriber on a RedisConnection of its own: the thread drives the socket itself (poll,
+// then ReadAvailable and NextReply), since a subscribed connection only reads pushes.
 
 #include "backends/redis/redis_subscriber.h"
 
@@ -9,17 +9,14 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstring>
 #include <utility>
 #include <vector>
 
-#include <hiredis/hiredis.h>
 #include <sys/eventfd.h>
 
 #include "backends/common/time.h"
 #include "backends/redis/redis_connection.h"
 #include "core/backoff.h"
-#include "util/sigpipe_guard.h"
 
 namespace leasehold::internal {
 
@@ -180,22 +177,12 @@ bool RedisSubscriber::SendChanges() {
       }
     }
   }
-  SigpipeGuard no_sigpipe;
+  std::vector<Command> commands;
   for (const Sent& sent : to_send) {
-    const char* argv[] = {sent.subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", sent.channel.c_str()};
-    std::size_t argvlen[] = {std::strlen(argv[0]), sent.channel.size()};
-    if (redisAppendCommandArgv(connection_->context(), 2, argv, argvlen) != REDIS_OK) {
-      return false;
-    }
+    commands.push_back({sent.subscribe ? "SUBSCRIBE" : "UNSUBSCRIBE", sent.channel});
     in_flight_.push_back(sent);
   }
-  int done = 0;
-  while (done == 0) {
-    if (redisBufferWrite(connection_->context(), &done) != REDIS_OK) {
-      return false;
-    }
-  }
-  return true;
+  return commands.empty() || connection_->Send(commands, pool_->options().Address()).ok();
 }
 
 void RedisSubscriber::Handle(const redisReply* reply) {
@@ -254,31 +241,32 @@ void RedisSubscriber::Run(std::stop_token stop) {
       Disconnected();
       continue;
     }
-    pollfd fds[2] = {{connection_->context()->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    int n = poll(fds, 2, kSubscriberPollMs);
+    const std::string address = pool_->options().Address();
+    pollfd fds[2] = {{connection_->fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    // Decrypted TLS data already taken off the socket is invisible to poll: read it first.
+    const int n = connection_->HasBufferedInput() ? 0 : poll(fds, 2, kSubscriberPollMs);
     if (n < 0) {
       continue;  // EINTR
     }
     if ((fds[1].revents & POLLIN) != 0) {
       DrainWake();
     }
-    if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
-      if (redisBufferRead(connection_->context()) != REDIS_OK) {
+    if (connection_->HasBufferedInput() || (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+      if (!connection_->ReadAvailable(address).ok()) {
         Disconnected();
         continue;
       }
       bool ok = true;
       while (true) {
-        void* raw = nullptr;
-        if (redisGetReplyFromReader(connection_->context(), &raw) != REDIS_OK) {
+        Result<ReplyPtr> reply = connection_->NextReply(address);
+        if (!reply.ok()) {
           ok = false;
           break;
         }
-        if (raw == nullptr) {
+        if (*reply == nullptr) {
           break;
         }
-        ReplyPtr reply(static_cast<redisReply*>(raw));
-        Handle(reply.get());
+        Handle(reply->get());
       }
       if (!ok) {
         Disconnected();

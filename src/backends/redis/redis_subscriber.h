@@ -1,7 +1,7 @@
 // File: backends/redis/redis_subscriber.h (internal to backends/redis)
 //
 // RedisSubscriber: the one pub/sub connection of a redis:// backend. A std::jthread owns a
-// hiredis context in subscribe mode and multiplexes every channel some waiter waits on. Waiters
+// RedisConnection in subscribe mode and multiplexes every channel some waiter waits on. Waiters
 // register a channel, wait for the SUBSCRIBE to be confirmed, and then for a message on it. If
 // the connection breaks, every waiter is woken (a spurious wake-up: it retries and waits again)
 // and the thread reconnects with backoff and resubscribes. A channel stays subscribed a little
