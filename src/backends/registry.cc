@@ -32,7 +32,7 @@ struct StoreRow {
   // For messages: "compiled without <product> support".
   std::string_view product;
   // The URL schemes that name the store; the first is its own, the others aliases or variants.
-  std::string_view schemes[3];
+  std::string_view schemes[5];
   // Opens the backend; null when the store is not compiled in.
   Result<std::shared_ptr<Backend>> (*open)(const Url& url, Clock& clock) = nullptr;
   // True if the store keeps no time of its own that other processes read, so that any Clock
@@ -66,9 +66,12 @@ const StoreRow kStores[] = {
     {.product = "SQLite", .schemes = {"sqlite"}},
 #endif
 #if LEASEHOLD_WITH_REDIS
-    {.product = "Redis", .schemes = {"redis", "rediss", "redis+unix"}, .open = OpenRedisBackend},
+    {.product = "Redis",
+     .schemes = {"redis", "rediss", "redis+unix", "redis+sentinel", "rediss+sentinel"},
+     .open = OpenRedisBackend},
 #else
-    {.product = "Redis", .schemes = {"redis", "rediss", "redis+unix"}},
+    {.product = "Redis",
+     .schemes = {"redis", "rediss", "redis+unix", "redis+sentinel", "rediss+sentinel"}},
 #endif
 #if LEASEHOLD_WITH_POSTGRES
     {.product = "PostgreSQL",

@@ -1,6 +1,7 @@
 // File: tests/fuzz/redis_options_fuzz.cc
 //
-// RedisOptions::FromUrl (backends/redis/redis_options.h) on redis:// and redis+unix:// URLs.
+// RedisOptions::FromUrl (backends/redis/redis_options.h) on redis://, rediss://, redis+unix://
+// and redis+sentinel:// URLs.
 // Invariants: success gives every field inside its documented bounds; failure is
 // kInvalidArgument; neither Address() nor an error depends on the password.
 
@@ -16,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   using leasehold::internal::RedisOptions;
   using namespace leasehold::fuzz;
   std::optional<leasehold::internal::Url> url =
-      SteeredUrl(AsText(data, size), {"redis", "redis+unix"});
+      SteeredUrl(AsText(data, size), {"redis", "rediss", "redis+unix", "redis+sentinel"});
   if (!url) {
     return 0;
   }
@@ -31,8 +32,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto timeout_ok = [](Duration d) {
     return d > Duration::zero() && d <= leasehold::internal::kMaxUrlTimeout;
   };
-  if (o.unix_socket.empty()) {
-    FUZZ_CHECK(url->scheme == "redis", url->scheme);
+  FUZZ_CHECK(o.tls == url->scheme.starts_with("rediss"), url->scheme);
+  FUZZ_CHECK(o.tls_cert.empty() == o.tls_key.empty(), "a certificate without its key");
+  if (o.sentinel()) {
+    FUZZ_CHECK(url->scheme.ends_with("+sentinel"), url->scheme);
+    FUZZ_CHECK(!o.sentinels.empty() && o.require_master, "sentinel without sentinels");
+    for (const auto& [host, port] : o.sentinels) {
+      FUZZ_CHECK(!host.empty() && port >= 1 && port <= 65535, host);
+    }
+  } else if (o.unix_socket.empty()) {
+    FUZZ_CHECK(url->scheme == "redis" || url->scheme == "rediss", url->scheme);
     FUZZ_CHECK(!o.host.empty(), "empty host");
     FUZZ_CHECK(o.port >= 1 && o.port <= 65535, std::to_string(o.port));
   } else {

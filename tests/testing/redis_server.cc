@@ -105,21 +105,12 @@ Status RedisServer::MakeCertificates() const {
 }
 
 Status RedisServer::Launch() {
-  std::vector<std::string> args = {"redis-server",
-                                   "--bind",
-                                   "127.0.0.1",
-                                   "--port",
-                                   std::to_string(port_),
-                                   "--dir",
-                                   dir_,
-                                   "--save",
-                                   "",
-                                   "--daemonize",
-                                   "no",
-                                   "--logfile",
-                                   dir_ + "/redis.log",
-                                   "--protected-mode",
-                                   "no"};
+  std::vector<std::string> args = {
+      "redis-server", "--bind", "127.0.0.1", "--port", std::to_string(port_), "--dir", dir_,
+      "--save", "", "--daemonize", "no", "--logfile", dir_ + "/redis.log", "--protected-mode", "no",
+      // A replica's first sync starts at once (Redis 7 waits 5 s
+      // for more replicas to share a diskless transfer).
+      "--repl-diskless-sync-delay", "0"};
   if (options_.aof) {
     args.insert(args.end(), {"--appendonly", "yes", "--appendfsync", "always"});
   } else {
@@ -130,6 +121,9 @@ Status RedisServer::Launch() {
   }
   if (!options_.requirepass.empty()) {
     args.insert(args.end(), {"--requirepass", options_.requirepass});
+  }
+  if (options_.replica_of > 0) {
+    args.insert(args.end(), {"--replicaof", "127.0.0.1", std::to_string(options_.replica_of)});
   }
   if (options_.tls) {
     args.insert(args.end(),

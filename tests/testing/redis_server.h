@@ -38,6 +38,9 @@ struct RedisServerOptions {
   std::string requirepass;
   // How long Start/Restart wait for the server to answer PING. Default: 10 s.
   std::chrono::milliseconds ready_timeout{10'000};
+  // Starts as a replica of the server on 127.0.0.1 at this port (--replicaof). Default: 0 (a
+  // master).
+  int replica_of = 0;
   // TLS: a second port (tls_port(), TlsUrl()) speaks TLS only, with certificates that Start
   // makes with `openssl` in dir()/tls: a test CA (ca.crt), the server's certificate for
   // localhost and 127.0.0.1 signed by it, a client certificate (client.crt, client.key) signed

@@ -18,6 +18,7 @@
 #include <sqlite3.h>
 #endif
 #if LEASEHOLD_WITH_REDIS
+#include "testing/redis_sentinel.h"
 #include "testing/redis_server.h"
 #endif
 #if LEASEHOLD_WITH_POSTGRES
@@ -142,6 +143,30 @@ Result<std::optional<std::string>> ReadSqliteData(const std::string& url,
 }
 #endif
 
+#if LEASEHOLD_WITH_REDIS
+// read_data of the Redis rows: GET through redis-cli on the server's plain port (db 0, the
+// fixtures' URLs' database); the value is framed as 'v' + value + '.', so that a missing key
+// ('n'), an empty value and trailing newlines (which the output loses) read back exactly.
+Result<std::optional<std::string>> ReadRedisData(const RedisServer& server,
+                                                 const std::string& data_key) {
+  Result<std::string> read = server.Cli({"EVAL",
+                                         "local v = redis.call('GET', KEYS[1]) "
+                                         "if v then return 'v' .. v .. '.' end return 'n'",
+                                         "1", data_key});
+  if (!read.ok()) {
+    return read.status();
+  }
+  const std::string& out = *read;
+  if (out == "n") {
+    return std::optional<std::string>();
+  }
+  if (out.size() < 2 || out.front() != 'v' || out.back() != '.') {
+    return Status::Internal(fmt::format("unexpected GET output: {}", out));
+  }
+  return std::optional<std::string>(out.substr(1, out.size() - 2));
+}
+#endif
+
 std::vector<StoreFixture> MakeFixtures() {
   std::vector<StoreFixture> fixtures;
   auto no_server = [] { return Status(); };
@@ -241,27 +266,61 @@ std::vector<StoreFixture> MakeFixtures() {
              if (server == nullptr) {
                return status_of();
              }
-             // GET through redis-cli on the plain port (db 0, the fixture's URLs' database);
-             // the value is framed as 'v' + value + '.', so that a missing key ('n'), an empty
-             // value and trailing newlines (which the output loses) read back exactly.
-             Result<std::string> read =
-                 server->Cli({"EVAL",
-                              "local v = redis.call('GET', KEYS[1]) "
-                              "if v then return 'v' .. v .. '.' end return 'n'",
-                              "1", data_key});
-             if (!read.ok()) {
-               return read.status();
-             }
-             const std::string& out = *read;
-             if (out == "n") {
-               return std::optional<std::string>();
-             }
-             if (out.size() < 2 || out.front() != 'v' || out.back() != '.') {
-               return Status::Internal(fmt::format("unexpected GET output: {}", out));
-             }
-             return std::optional<std::string>(out.substr(1, out.size() - 2));
+             return ReadRedisData(*server, data_key);
            }});
     }
+  }
+  {
+    // redis_sentinel: one master, one replica, three sentinels; every connection learns the
+    // master from them and checks ROLE.
+    struct Sentinel {
+      std::unique_ptr<RedisSentinelSetup> setup;
+    };
+
+    auto sentinel = [] {
+      return &Server<Sentinel>([]() -> Result<std::unique_ptr<Sentinel>> {
+        auto holder = std::make_unique<Sentinel>();
+        LH_ASSIGN_OR_RETURN(holder->setup, RedisSentinelSetup::Start({.aof = Options().redis_aof}));
+        return holder;
+      });
+    };
+    auto master = [sentinel]() -> RedisServer* {
+      Sentinel* holder = sentinel()->Get();
+      if (holder == nullptr) {
+        return nullptr;
+      }
+      Result<int> port = holder->setup->MasterPort();
+      return port.ok() ? holder->setup->ServerOnPort(*port) : nullptr;
+    };
+    fixtures.push_back(
+        {.name = "redis_sentinel",
+         .start = [sentinel] { return sentinel()->status(); },
+         .new_store_url =
+             [sentinel](const std::string&) {
+               Sentinel* holder = sentinel()->Get();
+               const std::string path = fmt::format("/0?prefix=fixture-{}", Fresh());
+               return holder != nullptr ? holder->setup->Url(path) : "redis://127.0.0.1:1" + path;
+             },
+         .server_requests = [master]() -> std::optional<double> {
+           RedisServer* server = master();
+           auto info = server != nullptr ? server->Cli({"INFO", "stats"})
+                                         : Result<std::string>(Status::Unavailable(""));
+           auto at = info.ok() ? info->find("total_reads_processed:") : std::string::npos;
+           if (at == std::string::npos) {
+             return std::nullopt;
+           }
+           return std::strtod(info->c_str() + at + 22, nullptr);
+         },
+         .server_requests_what = "the master's total_reads_processed",
+         .read_data = [master, sentinel](const std::string&, const std::string& data_key)
+             -> Result<std::optional<std::string>> {
+           RedisServer* server = master();
+           if (server == nullptr) {
+             return sentinel()->status().ok() ? Status::Unavailable("no master")
+                                              : sentinel()->status();
+           }
+           return ReadRedisData(*server, data_key);
+         }});
   }
 #endif
 #if LEASEHOLD_WITH_POSTGRES

@@ -28,6 +28,8 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include "backends/common/url_params.h"
+#include "core/backoff.h"
 #include "core/duration.h"
 #include "util/sigpipe_guard.h"
 
@@ -304,6 +306,9 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Connect(const RedisOpt
     hello.push_back({"SELECT", std::to_string(options.db)});
   }
   hello.push_back({"PING"});
+  if (options.require_master) {
+    hello.push_back({"ROLE"});
+  }
   Result<std::vector<ReplyPtr>> answered = connection->Pipeline(hello, address);
   if (!answered.ok()) {
     const std::string_view detail = answered.status().detail();
@@ -335,6 +340,21 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Connect(const RedisOpt
     if (IsError(replies[i].get())) {
       // Name the command, never its arguments (AUTH's are credentials).
       return ErrorReplyStatus(address, hello[i][0], ReplyText(replies[i].get()));
+    }
+  }
+  if (options.require_master) {
+    // ROLE: ["master", offset, replicas] on a master; ["slave", host, port, ...] on a replica.
+    const redisReply* role = replies.back().get();
+    const std::string_view what =
+        role != nullptr && role->type == REDIS_REPLY_ARRAY && role->elements > 0
+            ? ReplyText(role->element[0])
+            : std::string_view("?");
+    if (what != "master") {
+      return Status::Unavailable(
+          fmt::format("redis at {} is not a master (ROLE says {}): the sentinels' failover has "
+                      "moved it, or the address is stale; asking the sentinels again",
+                      address, what),
+          "not a master");
     }
   }
   // A WAIT may legitimately take replica_timeout on top of the command's own time.
@@ -595,7 +615,11 @@ RedisConnectionPool::RedisConnectionPool(RedisOptions options, Clock& clock,
       clock_(clock),
       tls_(std::move(tls)),
       cv_(&mu_),
-      backoff_(clock, kRedisReconnectBackoffBase, kRedisReconnectBackoffCap) {}
+      backoff_(clock, kRedisReconnectBackoffBase, kRedisReconnectBackoffCap) {
+  if (options_.sentinel()) {
+    watcher_ = std::jthread([this](std::stop_token stop) { WatchSentinels(stop); });
+  }
+}
 
 Result<RedisConnectionPool::Borrowed> RedisConnectionPool::Borrow() {
   const SteadyTime give_up = clock_.Now() + options_.command_timeout;
@@ -636,8 +660,7 @@ Result<RedisConnectionPool::Borrowed> RedisConnectionPool::Borrow() {
 }
 
 Result<std::unique_ptr<RedisConnection>> RedisConnectionPool::Connect() {
-  Result<std::unique_ptr<RedisConnection>> connection =
-      RedisConnection::Connect(options_, tls_.get());
+  Result<std::unique_ptr<RedisConnection>> connection = ConnectToMaster();
   MutexLock lock(&mu_);
   if (connection.ok()) {
     connects_.fetch_add(1, std::memory_order_relaxed);
@@ -651,14 +674,208 @@ Result<std::unique_ptr<RedisConnection>> RedisConnectionPool::Connect() {
   return connection;
 }
 
-void RedisConnectionPool::GiveBack(std::unique_ptr<RedisConnection> connection) {
-  MutexLock lock(&mu_);
-  if (connection->broken()) {
-    --open_;  // dropped: a stream with replies possibly in flight cannot be reused
-  } else {
-    idle_.push_back(std::move(connection));
+Result<std::unique_ptr<RedisConnection>> RedisConnectionPool::ConnectToMaster() {
+  if (!options_.sentinel()) {
+    return RedisConnection::Connect(options_, tls_.get());
   }
-  cv_.NotifyAll();
+  RedisOptions target = options_;
+  std::uint64_t generation = 0;
+  {
+    MutexLock lock(&mu_);
+    target.host = master_host_;
+    target.port = master_port_;
+    generation = generation_;
+  }
+  if (target.port == 0) {
+    LH_ASSIGN_OR_RETURN(auto master, AskSentinels());
+    MutexLock lock(&mu_);
+    if (generation_ == generation) {
+      master_host_ = master.first;
+      master_port_ = master.second;
+    }
+    target.host = master_host_;
+    target.port = master_port_;
+    generation = generation_;
+  }
+  Result<std::unique_ptr<RedisConnection>> connection =
+      RedisConnection::Connect(target, tls_.get());
+  if (!connection.ok()) {
+    if (connection.status().code() == StatusCode::kUnavailable) {
+      MasterMoved();  // down, or a replica now: ask the sentinels on the next connect
+    }
+    return connection.status();
+  }
+  (*connection)->generation = generation;
+  return connection;
+}
+
+Result<std::pair<std::string, int>> RedisConnectionPool::AskSentinels() const {
+  std::string unreachable;
+  std::string unknown;
+  for (const auto& [host, port] : options_.sentinels) {
+    RedisOptions s;
+    s.host = host;
+    s.port = port;
+    s.connect_timeout = options_.connect_timeout;
+    s.command_timeout = options_.command_timeout;
+    s.tls = options_.tls;
+    s.tls_sni = options_.tls_sni;
+    s.tls_insecure = options_.tls_insecure;
+    const std::string at = s.Address();
+    Result<std::unique_ptr<RedisConnection>> connection = RedisConnection::Connect(s, tls_.get());
+    if (!connection.ok()) {
+      unreachable += fmt::format("{}{}: {}", unreachable.empty() ? "" : "; ", at,
+                                 connection.status().message());
+      continue;
+    }
+    const std::vector<Command> ask = {
+        {"SENTINEL", "get-master-addr-by-name", options_.sentinel_master}};
+    Result<std::vector<ReplyPtr>> replies = (*connection)->Pipeline(ask, at);
+    if (!replies.ok()) {
+      unreachable +=
+          fmt::format("{}{}: {}", unreachable.empty() ? "" : "; ", at, replies.status().message());
+      continue;
+    }
+    const redisReply* r = (*replies)[0].get();
+    if (r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
+      int master_port = 0;
+      const std::string_view port_text = ReplyText(r->element[1]);
+      if (ParseWholeNumber(port_text, 1, 65535, &master_port)) {
+        return std::make_pair(std::string(ReplyText(r->element[0])), master_port);
+      }
+    }
+    if (IsError(r)) {
+      unreachable += fmt::format("{}{}: {}", unreachable.empty() ? "" : "; ", at, ReplyText(r));
+      continue;
+    }
+    unknown += (unknown.empty() ? "" : ", ") + at;
+  }
+  if (unreachable.empty()) {
+    return Status::InvalidArgument(fmt::format(
+        "no sentinel knows a master named '{}' (asked {}): check MASTER_NAME in the URL "
+        "(SENTINEL MASTERS lists the names a sentinel monitors)",
+        options_.sentinel_master, unknown));
+  }
+  return Status::Unavailable(
+      fmt::format("cannot learn the address of redis master '{}' from its sentinels: {}{}",
+                  options_.sentinel_master, unreachable,
+                  unknown.empty() ? "" : fmt::format(" (and {} know no such master)", unknown)));
+}
+
+void RedisConnectionPool::MasterMoved(std::optional<std::pair<std::string, int>> to) {
+  std::vector<std::unique_ptr<RedisConnection>> closing;
+  {
+    MutexLock lock(&mu_);
+    if (to && to->first == master_host_ && to->second == master_port_) {
+      return;
+    }
+    if (to) {
+      master_host_ = to->first;
+      master_port_ = to->second;
+    } else {
+      master_port_ = 0;
+    }
+    ++generation_;
+    open_ -= static_cast<int>(idle_.size());
+    closing.swap(idle_);
+    cv_.NotifyAll();
+  }
+  // `closing` closes its sockets here, outside the lock.
+}
+
+void RedisConnectionPool::WatchSentinels(std::stop_token stop) {
+  Backoff backoff(kRedisReconnectBackoffBase, kRedisReconnectBackoffCap);
+  std::size_t next = 0;
+  constexpr int kPollMs = 200;
+  while (!stop.stop_requested()) {
+    const auto& [host, port] = options_.sentinels[next++ % options_.sentinels.size()];
+    RedisOptions s;
+    s.host = host;
+    s.port = port;
+    s.connect_timeout = options_.connect_timeout;
+    s.command_timeout = options_.command_timeout;
+    s.tls = options_.tls;
+    s.tls_sni = options_.tls_sni;
+    s.tls_insecure = options_.tls_insecure;
+    const std::string at = s.Address();
+    Result<std::unique_ptr<RedisConnection>> connection = RedisConnection::Connect(s, tls_.get());
+    const std::vector<Command> subscribe = {{"SUBSCRIBE", "+switch-master"}};
+    if (!connection.ok() || !(*connection)->Send(subscribe, at).ok()) {
+      const auto wait = backoff.Next();
+      for (auto slept = Duration::zero(); slept < wait && !stop.stop_requested();
+           slept += std::chrono::milliseconds(kPollMs)) {
+        std::this_thread::sleep_for(
+            std::min<Duration>(wait - slept, std::chrono::milliseconds(kPollMs)));
+      }
+      continue;
+    }
+    backoff.Reset();
+    // Until this sentinel's connection breaks: "<name> <old ip> <old port> <new ip> <new port>".
+    while (!stop.stop_requested()) {
+      RedisConnection& c = **connection;
+      pollfd p{c.fd(), POLLIN, 0};
+      const int n = c.HasBufferedInput() ? 1 : poll(&p, 1, kPollMs);
+      if (n <= 0) {
+        continue;
+      }
+      if (!c.ReadAvailable(at).ok()) {
+        break;
+      }
+      bool ok = true;
+      while (true) {
+        Result<ReplyPtr> reply = c.NextReply(at);
+        if (!reply.ok()) {
+          ok = false;
+          break;
+        }
+        if (*reply == nullptr) {
+          break;
+        }
+        const redisReply* r = reply->get();
+        if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
+            ReplyText(r->element[0]) != "message") {
+          continue;
+        }
+        std::istringstream words{std::string(ReplyText(r->element[2]))};
+        std::string name, old_host, old_port, new_host;
+        int new_port = 0;
+        if (words >> name >> old_host >> old_port >> new_host >> new_port &&
+            name == options_.sentinel_master && new_port > 0) {
+          switches_.fetch_add(1, std::memory_order_relaxed);
+          MasterMoved(std::make_pair(new_host, new_port));
+        }
+      }
+      if (!ok) {
+        break;
+      }
+    }
+    // The sentinel went away: a switch may have been missed meanwhile, so ask again.
+    MasterMoved();
+  }
+}
+
+void RedisConnectionPool::GiveBack(std::unique_ptr<RedisConnection> connection) {
+  std::vector<std::unique_ptr<RedisConnection>> closing;
+  {
+    MutexLock lock(&mu_);
+    if (!connection->broken() && connection->generation == generation_) {
+      idle_.push_back(std::move(connection));
+    } else {
+      // Dropped: a stream with replies possibly in flight cannot be reused, and one to an old
+      // master must not be.
+      --open_;
+      if (connection->broken() && options_.sentinel() && connection->generation == generation_) {
+        // Perhaps the master went: ask the sentinels on the next connect, and close the idle
+        // connections to it too.
+        master_port_ = 0;
+        ++generation_;
+        open_ -= static_cast<int>(idle_.size());
+        closing.swap(idle_);
+      }
+    }
+    cv_.NotifyAll();
+  }
+  // `connection` (if dropped) and `closing` close their sockets here, outside the lock.
 }
 
 }  // namespace leasehold::internal

@@ -41,9 +41,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <hiredis/hiredis.h>
@@ -161,6 +164,10 @@ class RedisConnection {
 
   [[nodiscard]] bool broken() const { return broken_; }
 
+  // Which master address the pool opened this connection to (Sentinel: it changes at each
+  // failover, and a connection to an older one is not given back to the pool).
+  std::uint64_t generation = 0;
+
  private:
   RedisConnection(int fd, Duration io_timeout);
 
@@ -224,8 +231,22 @@ class RedisConnectionPool {
   Result<Borrowed> Borrow() LH_EXCLUDES(mu_);
 
   // Opens a connection outside the pool's count (the subscriber's), with the same backoff
-  // bookkeeping: a failure to reach the server delays the pool's next connect too.
+  // bookkeeping: a failure to reach the server delays the pool's next connect too. With
+  // Sentinel, to the master as last learnt, asking the sentinels first when it is not known.
   Result<std::unique_ptr<RedisConnection>> Connect() LH_EXCLUDES(mu_);
+
+  // Sentinel: asks the sentinels in turn for the master's address. kUnavailable if none
+  // answers, kInvalidArgument if every one that answers knows no master of that name.
+  Result<std::pair<std::string, int>> AskSentinels() const;
+
+  // Sentinel: the master moved (a +switch-master message, or any sign that the address is
+  // stale: a broken connection, a replica's ROLE). With an address, that is the new master;
+  // without, the next connect asks the sentinels. Idle connections to the old one are closed,
+  // borrowed ones are not given back.
+  void MasterMoved(std::optional<std::pair<std::string, int>> to = std::nullopt) LH_EXCLUDES(mu_);
+
+  // Sentinel: failovers seen (+switch-master messages for this master) since the pool opened.
+  std::atomic<std::uint64_t> switches_{0};
 
   [[nodiscard]] const RedisOptions& options() const { return options_; }
 
@@ -244,6 +265,14 @@ class RedisConnectionPool {
   Clock& clock_;
   const std::shared_ptr<const RedisTlsContext> tls_;
 
+  // RedisConnection::Connect to the server, or with Sentinel to the master as last learnt
+  // (asking the sentinels first when it is not known; forgetting it when it cannot be reached
+  // or is no master).
+  Result<std::unique_ptr<RedisConnection>> ConnectToMaster() LH_EXCLUDES(mu_);
+
+  // Sentinel: follows +switch-master on one sentinel at a time until the pool goes.
+  void WatchSentinels(std::stop_token stop);
+
   Mutex mu_;
   CondVar cv_;
   std::vector<std::unique_ptr<RedisConnection>> idle_ LH_GUARDED_BY(mu_);
@@ -251,6 +280,13 @@ class RedisConnectionPool {
   ReconnectBackoff backoff_ LH_GUARDED_BY(mu_);
   // Why the last connect failed, for the refusals during its backoff.
   Status last_error_ LH_GUARDED_BY(mu_);
+  // Sentinel: the master as last learnt (port 0: ask the sentinels), and its generation.
+  std::string master_host_ LH_GUARDED_BY(mu_);
+  int master_port_ LH_GUARDED_BY(mu_) = 0;
+  std::uint64_t generation_ LH_GUARDED_BY(mu_) = 0;
+
+  // Last: stopped and joined first, while everything above still exists.
+  std::jthread watcher_;
 };
 
 }  // namespace leasehold::internal

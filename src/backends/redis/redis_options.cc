@@ -56,15 +56,27 @@ std::string RedisOptions::Address() const {
   if (!unix_socket.empty()) {
     return "unix:" + unix_socket;
   }
-  return HostPort{.host = host, .port = port}.ToString();
+  const std::string at = HostPort{.host = host, .port = port}.ToString();
+  return sentinel() ? fmt::format("master {} at {}", sentinel_master, at) : at;
+}
+
+std::string RedisOptions::SentinelList() const {
+  std::string list;
+  for (const auto& [h, p] : sentinels) {
+    list += (list.empty() ? "" : ",") + HostPort{.host = h, .port = p}.ToString();
+  }
+  return list;
 }
 
 Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
   const bool unix_socket = url.scheme == "redis+unix";
-  const bool tls = url.scheme == "rediss";
-  if (url.scheme != "redis" && !tls && !unix_socket) {
+  const bool sentinel = url.scheme == "redis+sentinel" || url.scheme == "rediss+sentinel";
+  const bool tls = url.scheme == "rediss" || url.scheme == "rediss+sentinel";
+  if (url.scheme != "redis" && !tls && !unix_socket && !sentinel) {
     return Status::InvalidArgument(fmt::format(
-        "expected a redis://, rediss:// or redis+unix:// URL, got scheme \"{}\"", url.scheme));
+        "expected a redis://, rediss://, redis+unix://, redis+sentinel:// or rediss+sentinel:// "
+        "URL, got scheme \"{}\"",
+        url.scheme));
   }
   std::vector<std::string_view> known(std::begin(kKnownParams), std::end(kKnownParams));
   if (unix_socket) {
@@ -77,7 +89,7 @@ Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
     std::string hint = "the database goes in the path: redis://host:port/2";
     if (!tls && std::any_of(std::begin(kTlsParams), std::end(kTlsParams),
                             [&](std::string_view p) { return url.query.contains(p); })) {
-      hint = "TLS parameters need a rediss:// URL";
+      hint = "TLS parameters need a rediss:// or rediss+sentinel:// URL";
     }
     LH_RETURN_IF_ERROR(RefuseUnknownParams(url, known, hint));
   }
@@ -100,14 +112,43 @@ Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
     }
     options.unix_socket = url.path;
     LH_RETURN_IF_ERROR(ReadIntParam(url, kDbParam, 0, kMaxDb, &options.db));
+  } else if (sentinel) {
+    // redis+sentinel://h1:p1,h2:p2/MASTER_NAME[/db]
+    LH_ASSIGN_OR_RETURN(std::vector<HostPort> hosts,
+                        ParseHostPorts(url.scheme, url.authority, kRedisSentinelDefaultPort));
+    for (HostPort& h : hosts) {
+      options.sentinels.emplace_back(std::move(h.host), h.port);
+    }
+    std::string_view path = url.path;
+    if (path.starts_with('/')) {
+      path.remove_prefix(1);
+    }
+    const std::size_t slash = path.find('/');
+    options.sentinel_master = std::string(path.substr(0, slash));
+    if (options.sentinel_master.empty()) {
+      return Status::InvalidArgument(fmt::format(
+          "{}:// URL names no master: {}://h1:p1,h2:p2/MASTER_NAME[/db]", url.scheme, url.scheme));
+    }
+    if (slash != std::string_view::npos &&
+        !ParseWholeNumber(path.substr(slash + 1), 0, kMaxDb, &options.db)) {
+      return Status::InvalidArgument(fmt::format(
+          "{}:// URL path must be /MASTER_NAME or /MASTER_NAME/db with a database number; got "
+          "'{}'",
+          url.scheme, url.path));
+    }
+    options.require_master = true;
+    // Until the sentinels are asked: the first sentinel's host, for the TLS name default.
+    options.host = options.sentinels.front().first;
+    options.port = 0;
   } else {
     LH_ASSIGN_OR_RETURN(std::vector<HostPort> hosts,
                         ParseHostPorts(url.scheme, url.authority, kRedisDefaultPort, kDefaultHost,
                                        /*allow_empty_host=*/true));
     if (hosts.size() > 1) {
       return Status::InvalidArgument(
-          fmt::format("{}:// URL names several hosts; Redis Cluster and Sentinel are not "
-                      "supported yet",
+          fmt::format("{}:// URL names several hosts: for Sentinel, use "
+                      "redis+sentinel://h1:p1,h2:p2/MASTER_NAME (Redis Cluster is not supported "
+                      "yet)",
                       url.scheme));
     }
     options.host = std::move(hosts[0].host);

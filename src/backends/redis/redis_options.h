@@ -6,6 +6,8 @@
 //   redis://[user[:password]@]host[:port][/db][?param=value&...]
 //   rediss://[user[:password]@]host[:port][/db][?ca=...&cert=...&key=...&sni=...&...]  (TLS)
 //   redis+unix://[user[:password]@]/path/to/redis.sock[?db=N&...]
+//   redis+sentinel://[user[:password]@]h1:p1[,h2:p2,...]/MASTER_NAME[/db][?...]    (Sentinel)
+//   rediss+sentinel://...                                           (Sentinel, TLS everywhere)
 //
 // Parameters: connect_timeout, command_timeout (durations, e.g. 500ms), prefix (key
 // namespace), min_replicas, replica_timeout, pool_size, fair; rediss:// only: ca, cert, key,
@@ -26,6 +28,8 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "leasehold/clock.h"
 #include "leasehold/status.h"
@@ -35,6 +39,7 @@
 namespace leasehold::internal {
 
 inline constexpr int kRedisDefaultPort = 6379;
+inline constexpr int kRedisSentinelDefaultPort = 26379;
 
 struct RedisOptions {
   // TCP host and port. Unused when unix_socket is set.
@@ -58,6 +63,18 @@ struct RedisOptions {
   std::string tls_key;
   std::string tls_sni;
   bool tls_insecure = false;
+
+  // Sentinel (redis+sentinel://): the sentinels to ask, in order, for the address of the master
+  // named `sentinel_master`; host and port above are then the master's, as last learnt (the
+  // pool asks again after any broken connection, a READONLY reply and every +switch-master).
+  // The URL's user and password are the master's; the sentinels are asked without AUTH.
+  // Default: empty (a plain server).
+  std::vector<std::pair<std::string, int>> sentinels;
+  std::string sentinel_master;
+
+  // Every connection checks ROLE in its first round trip and is refused unless the server is a
+  // master (set for Sentinel: a failover can leave a client's address pointing at a replica).
+  bool require_master = false;
 
   // ACL user and password (AUTH user password; AUTH password when only a password is given).
   // The password never appears in logs or errors. Default: none (no AUTH).
@@ -99,8 +116,15 @@ struct RedisOptions {
   // URL: fair=true. Default: false.
   bool fair = false;
 
-  // Returns "host:port" or "unix:/path" (never credentials), for messages.
+  // Returns "host:port" or "unix:/path" (never credentials), for messages; with Sentinel,
+  // "master NAME at host:port".
   [[nodiscard]] std::string Address() const;
+
+  // True for redis+sentinel:// and rediss+sentinel://.
+  [[nodiscard]] bool sentinel() const { return !sentinel_master.empty(); }
+
+  // With Sentinel: "h1:p1,h2:p2" (for messages).
+  [[nodiscard]] std::string SentinelList() const;
 
   // Builds options from a "redis", "rediss" or "redis+unix" URL. Returns kInvalidArgument for
   // another scheme, an unknown or malformed parameter (named in the message), a bad port or db,
