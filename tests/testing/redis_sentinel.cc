@@ -191,6 +191,17 @@ RedisServer* RedisSentinelSetup::ServerOnPort(int port) const {
   return nullptr;
 }
 
+std::vector<RedisServer*> RedisSentinelSetup::Replicas() const {
+  Result<int> master = MasterPort();
+  std::vector<RedisServer*> replicas;
+  for (const auto& server : servers_) {
+    if (!master.ok() || server->port() != *master) {
+      replicas.push_back(server.get());
+    }
+  }
+  return replicas;
+}
+
 Result<int> RedisSentinelSetup::Kill9Master() {
   LH_ASSIGN_OR_RETURN(int port, MasterPort());
   RedisServer* master = ServerOnPort(port);

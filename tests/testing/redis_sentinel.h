@@ -64,6 +64,9 @@ class RedisSentinelSetup {
   // The data server on `port` (the master or a replica), or null.
   [[nodiscard]] RedisServer* ServerOnPort(int port) const;
 
+  // The data servers the sentinels do not name as the master.
+  [[nodiscard]] std::vector<RedisServer*> Replicas() const;
+
   // kill -9 of the current master; returns its port.
   Result<int> Kill9Master();
 
