@@ -544,6 +544,140 @@ class RedisFairStore(RedisStore):
         return f"redis://127.0.0.1:{self.proxy.port}?prefix=chaos&fair=true"
 
 
+class RedisSentinelStore(RedisStore):
+    """redis+sentinel://: a master (AOF, appendfsync always), one replica and three sentinels
+    (`redis-server CONF --sentinel`, down-after-milliseconds 1000), as
+    tests/testing/redis_sentinel.cc starts them; the workers learn the master from the
+    sentinels. min_replicas=1 unless --sentinel-min-replicas says otherwise.
+
+    Server fault: master-kill (kill -9 of the master the sentinels name; once they name
+    another, the old one is started again on its port and data, and the sentinels make it a
+    replica of the new master, ready for the next kill). No proxy: the workers reach several
+    servers."""
+
+    scheme = "redis-sentinel"
+    server_faults = ("master-kill",)
+    min_replicas = 1
+
+    def start(self, run_dir):
+        self.dir = os.path.join(run_dir, "sentinel")
+        os.makedirs(self.dir)
+        self.undo = []
+        self.pending = None  # (old port, deadline ns) of a killed master not yet started again
+        self.kills = 0
+        self.servers = {}  # port -> Popen
+        master = free_port()
+        replica = free_port()
+        self._launch_data(master, None)
+        self._launch_data(replica, master)
+        deadline = time.time() + 20
+        while time.time() < deadline and "state=online" not in self._cli(master, "INFO",
+                                                                         "replication"):
+            time.sleep(0.05)
+        self.sentinels = []
+        for i in range(3):
+            port = free_port()
+            d = os.path.join(self.dir, f"sentinel{i}")
+            os.makedirs(d)
+            conf = os.path.join(d, "sentinel.conf")
+            with open(conf, "w") as f:
+                f.write(f"port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {d}\n"
+                        f"sentinel monitor chaos 127.0.0.1 {master} 2\n"
+                        f"sentinel down-after-milliseconds chaos 1000\n"
+                        f"sentinel failover-timeout chaos 5000\n")
+            log = open(os.path.join(d, "sentinel.log"), "ab")
+            self.servers[("s", port)] = subprocess.Popen(
+                ["redis-server", conf, "--sentinel"], stdout=log, stderr=log,
+                start_new_session=True)
+            self.sentinels.append(port)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            out = self._cli(self.sentinels[0], "SENTINEL", "MASTER", "chaos").split("\n")
+            fields = dict(zip(out[::2], out[1::2]))
+            if fields.get("num-slaves") == "1" and fields.get("num-other-sentinels") == "2":
+                return
+            time.sleep(0.1)
+        raise SystemExit("chaos: the sentinels did not find the replica and each other in 30 s")
+
+    def _launch_data(self, port, replica_of):
+        d = os.path.join(self.dir, f"redis-{port}")
+        os.makedirs(d, exist_ok=True)
+        args = ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", d,
+                "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+                "--repl-diskless-sync-delay", "0", "--daemonize", "no"]
+        if replica_of:
+            args += ["--replicaof", "127.0.0.1", str(replica_of)]
+        log = open(os.path.join(d, "redis.log"), "ab")
+        self.servers[port] = subprocess.Popen(args, stdout=log, stderr=log,
+                                              start_new_session=True)
+        deadline = time.time() + 10
+        while time.time() < deadline and "PONG" not in self._cli(port, "PING"):
+            time.sleep(0.02)
+
+    def _cli(self, port, *args):
+        r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), *args],
+                           capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    def master_port(self):
+        for port in self.sentinels:
+            out = self._cli(port, "SENTINEL", "get-master-addr-by-name", "chaos").split("\n")
+            if len(out) == 2 and out[1].isdigit():
+                return int(out[1])
+        return None
+
+    def url(self):
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinels)
+        return (f"redis+sentinel://{hosts}/chaos?prefix=chaos&min_replicas={self.min_replicas}"
+                f"&replica_timeout=200ms")
+
+    def read_native(self, keys):
+        port = self.master_port()
+        out = {}
+        for k in keys:
+            v = self._cli(port, "--raw", "GET", native_data_key("redis", k))
+            out[k] = v if v else None
+        return out
+
+    def inject(self, fault, ttl_ns, orch):
+        if fault != "master-kill":
+            raise ValueError(fault)
+        port = self.master_port()
+        if port is None or port not in self.servers:
+            return False
+        proc = self.servers[port]
+        proc.kill()
+        proc.wait()
+        self.kills += 1
+        self.pending = (port, now_ns() + 30 * 10**9)
+        orch.log("store-fault", kind=fault, dur_ms=0, port=port)
+        return True
+
+    def busy(self):
+        return self.pending is not None
+
+    def tick(self, orch):
+        if self.pending is None:
+            return
+        old, deadline = self.pending
+        now_master = self.master_port()
+        if (now_master is not None and now_master != old) or now_ns() > deadline:
+            self._launch_data(old, now_master if now_master != old else None)
+            self.pending = None
+            orch.log("store-heal", kind="master-kill", new_master=now_master)
+
+    def heal(self, orch):
+        self.tick(orch)
+
+    def stop(self):
+        for proc in self.servers.values():
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
 class EtcdStore(RedisStore):
     """etcd://: a throwaway single-member etcd (/usr/bin/etcd) on free loopback client and peer
     ports (never 2379/2380), its data directory in the run directory, reached through a
@@ -730,6 +864,7 @@ def native_data_key(scheme, key):
 
 
 STORES = {"sqlite": SqliteStore, "redis": RedisStore, "redis-fair": RedisFairStore,
+          "redis-sentinel": RedisSentinelStore,
           "postgres": PostgresStore,
           "postgres-table": PostgresTableStore, "etcd": EtcdStore, "zk": ZkStore}
 
@@ -748,7 +883,7 @@ SCENARIOS = {
     "store-faults": dict(keys=["hot", "k1"],
                          faults={"pause-check": 2, "pause": 1, "kill": 1, "store-pause": 2,
                                  "store-restart": 1, "proxy-blackhole": 2, "proxy-reset": 1,
-                                 "proxy-delay": 2},
+                                 "proxy-delay": 2, "master-kill": 2},
                          quick_s=18, needs_stale=False, server=True),
     "calm": dict(keys=["hot", "k1"], faults={}, quick_s=5, needs_stale=False),
 }

@@ -315,9 +315,11 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Connect(const RedisOpt
     // TLS 1.3: the server judges our certificate after our side of the handshake is done, so
     // its refusal arrives on the first read: as an alert ("certificate required"), or as a
     // reset when the connection is closed before the alert is read.
+    const bool closed = detail.find("reset") != std::string_view::npos ||
+                        detail.find("closed") != std::string_view::npos;
     if (tls != nullptr &&
         (detail.find("certificate") != std::string_view::npos ||
-         (options.tls_cert.empty() && connection->asked_for_client_certificate_))) {
+         (closed && options.tls_cert.empty() && connection->asked_for_client_certificate_))) {
       return Status::PermissionDenied(
           fmt::format("redis at {} refused the TLS client certificate ({}): {}", address,
                       options.tls_cert.empty() ? "none given: set cert= and key="
@@ -366,6 +368,7 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Connect(const RedisOpt
 }
 
 Status RedisConnection::Handshake(const RedisOptions& options, const RedisTlsContext& tls) {
+  SigpipeGuard no_sigpipe;  // OpenSSL's socket BIO writes with write(): alerts too
   const std::string address = options.Address();
   ERR_clear_error();
   ssl_ = SSL_new(tls.get());
@@ -414,6 +417,17 @@ Status RedisConnection::Handshake(const RedisOptions& options, const RedisTlsCon
     const long verified = SSL_get_verify_result(ssl_);
     std::string reason = TakeSslError();
     broken_ = true;
+    if (verified == X509_V_OK && ((options.tls_cert.empty() && asked_for_client_certificate_) ||
+                                  (reason.find("alert") != std::string::npos &&
+                                   reason.find("certificate") != std::string::npos))) {
+      // TLS 1.2: the server refuses a missing or unknown client certificate in the handshake.
+      return Status::PermissionDenied(
+          fmt::format("redis at {} refused the TLS client certificate ({}): {}", address,
+                      options.tls_cert.empty() ? "none given: set cert= and key="
+                                               : "cert=" + options.tls_cert,
+                      reason.empty() ? "the handshake failed" : reason),
+          reason);
+    }
     if (verified != X509_V_OK) {
       std::string why = X509_verify_cert_error_string(verified);
       return Status::PermissionDenied(
@@ -460,9 +474,9 @@ Status RedisConnection::Wait(short events, Duration timeout, std::string_view ad
 }
 
 Status RedisConnection::WriteAll(std::string_view bytes, std::string_view address) {
-  SigpipeGuard no_sigpipe;  // SSL_write writes with write(): a reset must fail, not kill
   while (!bytes.empty()) {
     if (ssl_ != nullptr) {
+      SigpipeGuard no_sigpipe;  // SSL_write writes with write(): a reset must fail, not kill
       ERR_clear_error();
       const int n = SSL_write(ssl_, bytes.data(), static_cast<int>(bytes.size()));
       if (n > 0) {
@@ -476,7 +490,10 @@ Status RedisConnection::WriteAll(std::string_view bytes, std::string_view addres
         continue;
       }
       std::string reason = TakeSslError();
-      return Broken(address, reason.empty() ? std::string(std::strerror(errno)) : reason);
+      if (reason.empty()) {
+        reason = errno != 0 ? std::strerror(errno) : "the server closed the connection";
+      }
+      return Broken(address, reason);
     }
     const ssize_t n = send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
     if (n > 0) {
@@ -496,6 +513,7 @@ Status RedisConnection::ReadOnce(bool wait, std::string_view address) {
   char buf[16 * 1024];
   while (true) {
     if (ssl_ != nullptr) {
+      SigpipeGuard no_sigpipe;  // SSL_read may write (an alert, a KeyUpdate reply)
       ERR_clear_error();
       const int n = SSL_read(ssl_, buf, sizeof(buf));
       if (n > 0) {
@@ -597,6 +615,13 @@ Result<std::vector<ReplyPtr>> RedisConnection::Pipeline(std::span<const Command>
     }
     LH_RETURN_IF_ERROR(ReadOnce(/*wait=*/true, address));
   }
+  for (const ReplyPtr& reply : replies) {
+    if (IsError(reply.get()) && ReplyText(reply.get()).starts_with("READONLY")) {
+      // A replica now (a failover demoted the server under this connection): never reused, so
+      // the pool's next connect finds the master again.
+      broken_ = true;
+    }
+  }
   return replies;
 }
 
@@ -678,35 +703,69 @@ Result<std::unique_ptr<RedisConnection>> RedisConnectionPool::ConnectToMaster() 
   if (!options_.sentinel()) {
     return RedisConnection::Connect(options_, tls_.get());
   }
-  RedisOptions target = options_;
-  std::uint64_t generation = 0;
-  {
-    MutexLock lock(&mu_);
-    target.host = master_host_;
-    target.port = master_port_;
-    generation = generation_;
-  }
-  if (target.port == 0) {
-    LH_ASSIGN_OR_RETURN(auto master, AskSentinels());
-    MutexLock lock(&mu_);
-    if (generation_ == generation) {
-      master_host_ = master.first;
-      master_port_ = master.second;
+  // Twice at most: a failover can move the master while a connect is under way.
+  for (int attempt = 0;; ++attempt) {
+    RedisOptions target = options_;
+    std::uint64_t generation = 0;
+    {
+      MutexLock lock(&mu_);
+      target.host = master_host_;
+      target.port = master_port_;
+      generation = generation_;
     }
-    target.host = master_host_;
-    target.port = master_port_;
-    generation = generation_;
-  }
-  Result<std::unique_ptr<RedisConnection>> connection =
-      RedisConnection::Connect(target, tls_.get());
-  if (!connection.ok()) {
-    if (connection.status().code() == StatusCode::kUnavailable) {
-      MasterMoved();  // down, or a replica now: ask the sentinels on the next connect
+    if (target.port == 0) {
+      LH_ASSIGN_OR_RETURN(auto master, AskSentinels());
+      MutexLock lock(&mu_);
+      if (generation_ == generation || master_port_ == 0) {
+        master_host_ = master.first;
+        master_port_ = master.second;
+      }
+      target.host = master_host_;
+      target.port = master_port_;
+      generation = generation_;
     }
-    return connection.status();
+    Result<std::unique_ptr<RedisConnection>> connection =
+        RedisConnection::Connect(target, tls_.get());
+    if (!connection.ok()) {
+      if (connection.status().code() == StatusCode::kUnavailable) {
+        // Down, or a replica now: ask the sentinels on the next connect, unless a newer
+        // address came meanwhile (+switch-master), which stands.
+        ForgetMaster(generation);
+      }
+      return connection.status();
+    }
+    {
+      MutexLock lock(&mu_);
+      if (generation_ == generation) {
+        (*connection)->generation = generation;
+        return connection;
+      }
+    }
+    if (attempt == 1) {
+      return Status::Unavailable(
+          fmt::format("redis master '{}' moved twice while connecting to it; retrying later",
+                      options_.sentinel_master));
+    }
+    // The master moved while this connect was under way: this one goes to the old one.
   }
-  (*connection)->generation = generation;
-  return connection;
+}
+
+void RedisConnectionPool::ForgetMaster(std::uint64_t generation) {
+  std::vector<std::unique_ptr<RedisConnection>> closing;
+  MutexLock lock(&mu_);
+  if (generation_ != generation) {
+    return;
+  }
+  master_port_ = 0;
+  ++generation_;
+  open_ -= static_cast<int>(idle_.size());
+  closing.swap(idle_);
+  cv_.NotifyAll();
+}
+
+std::uint64_t RedisConnectionPool::generation() const {
+  MutexLock lock(&mu_);
+  return generation_;
 }
 
 Result<std::pair<std::string, int>> RedisConnectionPool::AskSentinels() const {
@@ -772,6 +831,7 @@ void RedisConnectionPool::MasterMoved(std::optional<std::pair<std::string, int>>
     if (to) {
       master_host_ = to->first;
       master_port_ = to->second;
+      backoff_.Succeeded();  // the failures were the old master's: the new one is known
     } else {
       master_port_ = 0;
     }
@@ -810,9 +870,30 @@ void RedisConnectionPool::WatchSentinels(std::stop_token stop) {
       continue;
     }
     backoff.Reset();
-    // Until this sentinel's connection breaks: "<name> <old ip> <old port> <new ip> <new port>".
+    // Until this sentinel's connection breaks or goes quiet: "<name> <old ip> <old port> <new
+    // ip> <new port>" messages. The SUBSCRIBE must be confirmed, and a PING (allowed in
+    // subscribed mode) answered, within command_timeout, or the next sentinel is tried: a
+    // sentinel whose host died without a reset would otherwise leave this thread deaf.
+    using SteadyNow = std::chrono::steady_clock;
+    const auto started = SteadyNow::now();
+    bool confirmed = false;
+    bool ping_out = false;  // a PING sent at last_ping and not answered yet
+    auto last_ping = SteadyNow::now();
+    const std::vector<Command> ping = {{"PING"}};
     while (!stop.stop_requested()) {
       RedisConnection& c = **connection;
+      const auto now = SteadyNow::now();
+      if ((!confirmed && now - started > options_.command_timeout) ||
+          (ping_out && now - last_ping > options_.command_timeout)) {
+        break;
+      }
+      if (confirmed && !ping_out && now - last_ping > std::chrono::seconds(1)) {
+        if (!c.Send(ping, at).ok()) {
+          break;
+        }
+        ping_out = true;
+        last_ping = now;
+      }
       pollfd p{c.fd(), POLLIN, 0};
       const int n = c.HasBufferedInput() ? 1 : poll(&p, 1, kPollMs);
       if (n <= 0) {
@@ -832,8 +913,16 @@ void RedisConnectionPool::WatchSentinels(std::stop_token stop) {
           break;
         }
         const redisReply* r = reply->get();
-        if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
-            ReplyText(r->element[0]) != "message") {
+        if (r->type != REDIS_REPLY_ARRAY || r->elements < 1) {
+          continue;
+        }
+        const std::string_view kind = ReplyText(r->element[0]);
+        if (kind == "subscribe") {
+          confirmed = true;
+        } else if (kind == "pong") {
+          ping_out = false;
+        }
+        if (kind != "message" || r->elements < 3) {
           continue;
         }
         std::istringstream words{std::string(ReplyText(r->element[2]))};

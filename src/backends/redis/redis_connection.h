@@ -16,8 +16,9 @@
 // - A connection that saw an I/O error or timeout is never reused: a stream whose replies may
 //   still be in flight cannot be resynchronised. The pool drops it and opens a new one.
 // - Every wait for the socket is bounded (poll with the connection's I/O timeout: the connect
-//   timeout while connecting, the command timeout after), so no call blocks longer than that per
-//   read or write, whatever the server does.
+//   timeout while connecting, the command timeout after, plus replica_timeout with
+//   min_replicas), so no call blocks longer than that per read or write, whatever the server
+//   does.
 // - rediss:// verifies the server's certificate chain and name unless insecure=true; a
 //   certificate that is not accepted is kPermissionDenied (retrying cannot fix it, as with a
 //   wrong password), a handshake that breaks off or times out is kUnavailable.
@@ -227,7 +228,9 @@ class RedisConnectionPool {
   };
 
   // Returns an idle connection, or opens one (up to pool_size), or waits up to the command
-  // timeout for one to come back. Returns kUnavailable while a reconnect backoff runs.
+  // timeout for one to come back. Returns kUnavailable while a reconnect backoff runs. With
+  // Sentinel, opening one may first ask the sentinels (each bounded by connect_timeout and
+  // command_timeout).
   Result<Borrowed> Borrow() LH_EXCLUDES(mu_);
 
   // Opens a connection outside the pool's count (the subscriber's), with the same backoff
@@ -244,6 +247,10 @@ class RedisConnectionPool {
   // without, the next connect asks the sentinels. Idle connections to the old one are closed,
   // borrowed ones are not given back.
   void MasterMoved(std::optional<std::pair<std::string, int>> to = std::nullopt) LH_EXCLUDES(mu_);
+
+  // Sentinel: the generation of the master address (RedisConnection::generation); a connection
+  // of an older one goes to a master that has since moved.
+  [[nodiscard]] std::uint64_t generation() const LH_EXCLUDES(mu_);
 
   // Sentinel: failovers seen (+switch-master messages for this master) since the pool opened.
   std::atomic<std::uint64_t> switches_{0};
@@ -270,10 +277,13 @@ class RedisConnectionPool {
   // or is no master).
   Result<std::unique_ptr<RedisConnection>> ConnectToMaster() LH_EXCLUDES(mu_);
 
+  // Sentinel: MasterMoved() without an address, if the address is still that of `generation`.
+  void ForgetMaster(std::uint64_t generation) LH_EXCLUDES(mu_);
+
   // Sentinel: follows +switch-master on one sentinel at a time until the pool goes.
   void WatchSentinels(std::stop_token stop);
 
-  Mutex mu_;
+  mutable Mutex mu_;
   CondVar cv_;
   std::vector<std::unique_ptr<RedisConnection>> idle_ LH_GUARDED_BY(mu_);
   int open_ LH_GUARDED_BY(mu_) = 0;

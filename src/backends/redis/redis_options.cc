@@ -57,7 +57,12 @@ std::string RedisOptions::Address() const {
     return "unix:" + unix_socket;
   }
   const std::string at = HostPort{.host = host, .port = port}.ToString();
-  return sentinel() ? fmt::format("master {} at {}", sentinel_master, at) : at;
+  if (!sentinel()) {
+    return at;
+  }
+  // The store's own options name no master yet (port 0): the pool's connections do.
+  return port == 0 ? fmt::format("master {} via sentinels {}", sentinel_master, SentinelList())
+                   : fmt::format("master {} at {}", sentinel_master, at);
 }
 
 std::string RedisOptions::SentinelList() const {
@@ -137,8 +142,8 @@ Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
           url.scheme, url.path));
     }
     options.require_master = true;
-    // Until the sentinels are asked: the first sentinel's host, for the TLS name default.
-    options.host = options.sentinels.front().first;
+    // No master yet: the pool learns it from the sentinels and connects to it by address.
+    options.host.clear();
     options.port = 0;
   } else {
     LH_ASSIGN_OR_RETURN(std::vector<HostPort> hosts,

@@ -65,10 +65,11 @@ struct RedisOptions {
   bool tls_insecure = false;
 
   // Sentinel (redis+sentinel://): the sentinels to ask, in order, for the address of the master
-  // named `sentinel_master`; host and port above are then the master's, as last learnt (the
-  // pool asks again after any broken connection, a READONLY reply and every +switch-master).
-  // The URL's user and password are the master's; the sentinels are asked without AUTH.
-  // Default: empty (a plain server).
+  // named `sentinel_master`. Host and port above stay empty and 0 here: the pool keeps the
+  // master as last learnt and connects with a copy that names it (asking again after any broken
+  // connection, a READONLY reply, a server whose ROLE is not master, and following every
+  // +switch-master). The URL's user and password are the master's; the sentinels are asked
+  // without AUTH. Default: empty (a plain server).
   std::vector<std::pair<std::string, int>> sentinels;
   std::string sentinel_master;
 
@@ -117,7 +118,7 @@ struct RedisOptions {
   bool fair = false;
 
   // Returns "host:port" or "unix:/path" (never credentials), for messages; with Sentinel,
-  // "master NAME at host:port".
+  // "master NAME at host:port", or "master NAME via sentinels h1:p1,..." before one is known.
   [[nodiscard]] std::string Address() const;
 
   // True for redis+sentinel:// and rediss+sentinel://.

@@ -237,6 +237,12 @@ void RedisSubscriber::Run(std::stop_token stop) {
       }
       backoff.Reset();
     }
+    if (pool_->options().sentinel() && connection_->generation != pool_->generation()) {
+      // The master moved (a failover): this connection is to the old one, where the releases
+      // are no longer published. Waiters wake (spuriously) and the next turn connects anew.
+      Disconnected();
+      continue;
+    }
     if (!SendChanges()) {
       Disconnected();
       continue;
