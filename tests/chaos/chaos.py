@@ -2127,6 +2127,9 @@ def main():
                     help="workers acquire with LeaseOptions::limit = N (a semaphore when N > 1): "
                          "the checker verifies at most N valid windows per key, distinct slots "
                          "and unique tokens (see the header)")
+    ap.add_argument("--sentinel-min-replicas", type=int, default=1, metavar="N",
+                    help="--store redis-sentinel: the workers' min_replicas (default 1; 0 shows "
+                         "what asynchronous replication can lose in a failover)")
     ap.add_argument("--control", action="append", metavar="NAME",
                     help="--negative-control: only these controls (repeatable; default all)")
     ap.add_argument("--ttl-ms", type=int, default=None,
@@ -2156,6 +2159,7 @@ def main():
                          "holder's session (the documented window: expect overlaps)")
     ap.add_argument("--check-only", metavar="DIR")
     args = ap.parse_args()
+    RedisSentinelStore.min_replicas = args.sentinel_min_replicas
     if not 1 <= args.limit <= 1024:
         ap.error("--limit must be 1..1024 (kMaxLeaseLimit)")
     if args.workers is None:
