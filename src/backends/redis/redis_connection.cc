@@ -768,18 +768,24 @@ std::uint64_t RedisConnectionPool::generation() const {
   return generation_;
 }
 
+// A sentinel is reached as a plain server would be (TLS alike), without AUTH or SELECT.
+RedisOptions RedisConnectionPool::SentinelOptions(const std::string& host, int port) const {
+  RedisOptions s;
+  s.host = host;
+  s.port = port;
+  s.connect_timeout = options_.connect_timeout;
+  s.command_timeout = options_.command_timeout;
+  s.tls = options_.tls;
+  s.tls_sni = options_.tls_sni;
+  s.tls_insecure = options_.tls_insecure;
+  return s;
+}
+
 Result<std::pair<std::string, int>> RedisConnectionPool::AskSentinels() const {
   std::string unreachable;
   std::string unknown;
   for (const auto& [host, port] : options_.sentinels) {
-    RedisOptions s;
-    s.host = host;
-    s.port = port;
-    s.connect_timeout = options_.connect_timeout;
-    s.command_timeout = options_.command_timeout;
-    s.tls = options_.tls;
-    s.tls_sni = options_.tls_sni;
-    s.tls_insecure = options_.tls_insecure;
+    const RedisOptions s = SentinelOptions(host, port);
     const std::string at = s.Address();
     Result<std::unique_ptr<RedisConnection>> connection = RedisConnection::Connect(s, tls_.get());
     if (!connection.ok()) {
@@ -849,14 +855,7 @@ void RedisConnectionPool::WatchSentinels(std::stop_token stop) {
   constexpr int kPollMs = 200;
   while (!stop.stop_requested()) {
     const auto& [host, port] = options_.sentinels[next++ % options_.sentinels.size()];
-    RedisOptions s;
-    s.host = host;
-    s.port = port;
-    s.connect_timeout = options_.connect_timeout;
-    s.command_timeout = options_.command_timeout;
-    s.tls = options_.tls;
-    s.tls_sni = options_.tls_sni;
-    s.tls_insecure = options_.tls_insecure;
+    const RedisOptions s = SentinelOptions(host, port);
     const std::string at = s.Address();
     Result<std::unique_ptr<RedisConnection>> connection = RedisConnection::Connect(s, tls_.get());
     const std::vector<Command> subscribe = {{"SUBSCRIBE", "+switch-master"}};

@@ -277,6 +277,9 @@ class RedisConnectionPool {
   // or is no master).
   Result<std::unique_ptr<RedisConnection>> ConnectToMaster() LH_EXCLUDES(mu_);
 
+  // Sentinel: how sentinel host:port is reached (the store's timeouts and TLS, no AUTH).
+  [[nodiscard]] RedisOptions SentinelOptions(const std::string& host, int port) const;
+
   // Sentinel: MasterMoved() without an address, if the address is still that of `generation`.
   void ForgetMaster(std::uint64_t generation) LH_EXCLUDES(mu_);
 
