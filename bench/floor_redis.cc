@@ -1,8 +1,9 @@
 // File: bench/floor_redis.cc
 //
 // Redis floor: PING on a connection of its own, opened the way the store opens its connections
-// (backends/redis/redis_connection.h: TCP or a Unix socket, TLS for rediss://), so that the
-// floor of each topology pays what the store's own round trips pay and no more.
+// (backends/redis/redis_connection.h: TCP or a Unix socket, TLS for rediss://, the master learnt
+// from the sentinels for redis+sentinel://), so that the floor of each topology pays what the
+// store's own round trips pay and no more.
 
 #include <memory>
 #include <vector>
@@ -18,8 +19,12 @@ namespace {
 class RedisFloor final : public FloorProbe {
  public:
   RedisFloor(std::shared_ptr<const internal::RedisTlsContext> tls,
+             std::unique_ptr<internal::RedisConnectionPool> pool,
              std::unique_ptr<internal::RedisConnection> connection, std::string address)
-      : tls_(std::move(tls)), connection_(std::move(connection)), address_(std::move(address)) {}
+      : tls_(std::move(tls)),
+        pool_(std::move(pool)),
+        connection_(std::move(connection)),
+        address_(std::move(address)) {}
 
   Status Call() override {
     static const std::vector<internal::Command> kPing = {{"PING"}};
@@ -30,6 +35,7 @@ class RedisFloor final : public FloorProbe {
 
  private:
   std::shared_ptr<const internal::RedisTlsContext> tls_;  // outlives the connection
+  std::unique_ptr<internal::RedisConnectionPool> pool_;     // Sentinel: found the master
   std::unique_ptr<internal::RedisConnection> connection_;
   std::string address_;
 };
@@ -41,10 +47,16 @@ Result<std::unique_ptr<FloorProbe>> OpenRedisFloor(const std::string& url) {
   LH_ASSIGN_OR_RETURN(internal::RedisOptions options, internal::RedisOptions::FromUrl(parsed));
   LH_ASSIGN_OR_RETURN(std::shared_ptr<const internal::RedisTlsContext> tls,
                       internal::RedisTlsContext::Create(options));
-  LH_ASSIGN_OR_RETURN(std::unique_ptr<internal::RedisConnection> connection,
-                      internal::RedisConnection::Connect(options, tls.get()));
+  std::unique_ptr<internal::RedisConnectionPool> pool;
+  std::unique_ptr<internal::RedisConnection> connection;
+  if (options.sentinel()) {
+    pool = std::make_unique<internal::RedisConnectionPool>(options, Clock::Real(), tls);
+    LH_ASSIGN_OR_RETURN(connection, pool->Connect());
+  } else {
+    LH_ASSIGN_OR_RETURN(connection, internal::RedisConnection::Connect(options, tls.get()));
+  }
   return std::unique_ptr<FloorProbe>(
-      new RedisFloor(std::move(tls), std::move(connection), options.Address()));
+      new RedisFloor(std::move(tls), std::move(pool), std::move(connection), options.Address()));
 }
 
 }  // namespace leasehold::bench

@@ -943,6 +943,7 @@ constexpr Floors kFloors[] = {
     {"redis", OpenRedisFloor, nullptr},
     {"redis_fair", OpenRedisFloor, nullptr},
     {"rediss", OpenRedisFloor, nullptr},
+    {"redis_sentinel", OpenRedisFloor, nullptr},
 #endif
 #if LEASEHOLD_WITH_POSTGRES
     {"postgres_advisory", OpenPostgresFloor, nullptr},
