@@ -45,7 +45,7 @@ struct StoreFixture {
   // Waiters queue in the store (fair=true): the fairness targets apply.
   bool fair = false;
   // Measured by leasehold-bench by default (memory:// is in-process; the PgBouncer path is table
-  // mode again).
+  // mode again; redis_sentinel is the redis row behind a learnt address).
   bool in_bench = true;
   // Starts the store's server if it has one and it is not running yet; returns why it would not
   // start (kUnavailable), the same answer on every later call.
