@@ -60,11 +60,13 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
   # load test whose code paths the suite's other cases cover) is left out here and below. So
   # are the Sentinel failovers (label `sentinel`: kill -9 of a master, seconds of waiting for
   # the sentinels); Sentinel itself runs here through the conformance suite's redis_sentinel row.
+  # The conformance row postgres_table_pgbouncer is the postgres_table row's client code (libpq,
+  # the same calls) behind a pooler: it runs in the plain test step, not here or below.
   seed_costs build-asan
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -j "$jobs" --timeout 900 \
     -LE "install|chaos|partition|model|package|slots|contention|check|shared|sentinel" \
-    -E "SharedLeaseTest.RacingProcesses"
+    -E "SharedLeaseTest.RacingProcesses|/postgres_table_pgbouncer"
 
   step "build with ThreadSanitizer"
   # etcd:// is left out here: TSan needs every library instrumented, and Debian's gRPC is not
@@ -79,6 +81,6 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
   # TLS code runs under ASan + UBSan above.
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir build-tsan -j "$jobs" --timeout 900 -L 'unit|conformance' \
-    -E "SharedLeaseTest.RacingProcesses|/rediss"
+    -E "SharedLeaseTest.RacingProcesses|/rediss|/postgres_table_pgbouncer"
 fi
 step "all tests passed"
