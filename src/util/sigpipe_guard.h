@@ -3,9 +3,10 @@
 // SigpipeGuard: while alive, a write to a closed socket in this thread cannot kill the process.
 // Client libraries that write with plain write() (OpenSSL's socket BIO, under rediss:// and
 // libpq's TLS) raise SIGPIPE when the peer has reset the connection; its default action ends
-// the process, which for a lease holder would orphan the work it guards. The guard blocks SIGPIPE in the calling thread and,
-// on destruction, consumes a SIGPIPE raised meanwhile, so the write just fails with EPIPE and
-// the caller reports the store unavailable. The process's own SIGPIPE disposition is untouched.
+// the process, which for a lease holder would orphan the work it guards. The guard blocks
+// SIGPIPE in the calling thread and, on destruction, consumes a SIGPIPE raised meanwhile, so
+// the write just fails with EPIPE and the caller reports the store unavailable. The process's
+// own SIGPIPE disposition is untouched.
 //
 // Thread safety: affects only the calling thread; create and destroy it on the same thread.
 
