@@ -28,6 +28,7 @@
 #include "core/logging.h"
 #include "core/url.h"
 #include "testing/redis_server.h"
+#include "redis_test_util.h"
 
 namespace leasehold::internal {
 namespace {
@@ -46,9 +47,8 @@ constexpr char kNeededCommands[] =
 constexpr char kFairCommands[] =
     "+zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zscore +zrank +zcard +hexists";
 
-std::string Token(char c) {
-  return std::string(32, c);
-}
+using redis_test::OpenUrl;
+using redis_test::Token;
 
 // A waiter id, as Store::Acquire makes one (32 hex digits).
 std::string Waiter(char c) {
@@ -56,15 +56,7 @@ std::string Waiter(char c) {
 }
 
 std::unique_ptr<RedisServer> StartServer(RedisServerOptions options = {}) {
-  auto server = RedisServer::Start(std::move(options));
-  EXPECT_TRUE(server.ok()) << server.status().ToString();
-  return server.ok() ? std::move(server).value() : nullptr;
-}
-
-Result<std::shared_ptr<RedisBackend>> OpenUrl(const std::string& text) {
-  LH_ASSIGN_OR_RETURN(Url url, ParseUrl(text));
-  LH_ASSIGN_OR_RETURN(RedisOptions options, RedisOptions::FromUrl(url));
-  return RedisBackend::Open(options);
+  return redis_test::StartOrFail<RedisServer>(std::move(options));
 }
 
 // Calls of `command` so far, from INFO commandstats ("cmdstat_evalsha:calls=12,...").

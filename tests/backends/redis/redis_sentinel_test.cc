@@ -11,6 +11,7 @@
 // conformance suite runs the store through Sentinel as its `redis_sentinel` row.
 
 #include "testing/redis_sentinel.h"
+#include "redis_test_util.h"
 
 #include <atomic>
 #include <chrono>
@@ -36,20 +37,11 @@ using namespace std::chrono_literals;
 using leasehold::testing::RedisSentinelOptions;
 using leasehold::testing::RedisSentinelSetup;
 
-std::string Token(char c) {
-  return std::string(32, c);
-}
+using redis_test::OpenUrl;
+using redis_test::Token;
 
 std::unique_ptr<RedisSentinelSetup> StartSetup(RedisSentinelOptions options = {}) {
-  auto setup = RedisSentinelSetup::Start(std::move(options));
-  EXPECT_TRUE(setup.ok()) << setup.status().ToString();
-  return setup.ok() ? std::move(setup).value() : nullptr;
-}
-
-Result<std::shared_ptr<RedisBackend>> OpenUrl(const std::string& text) {
-  LH_ASSIGN_OR_RETURN(Url url, ParseUrl(text));
-  LH_ASSIGN_OR_RETURN(RedisOptions options, RedisOptions::FromUrl(url));
-  return RedisBackend::Open(options);
+  return redis_test::StartOrFail<RedisSentinelSetup>(std::move(options));
 }
 
 TEST(RedisSentinelOptionsTest, ParsesTheSentinelsTheMasterNameAndTheDatabase) {

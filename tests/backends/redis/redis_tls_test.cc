@@ -18,6 +18,7 @@
 #include "backends/redis/redis_options.h"
 #include "core/url.h"
 #include "testing/redis_server.h"
+#include "redis_test_util.h"
 
 namespace leasehold::internal {
 namespace {
@@ -26,21 +27,12 @@ using namespace std::chrono_literals;
 using leasehold::testing::RedisServer;
 using leasehold::testing::RedisServerOptions;
 
-std::string Token(char c) {
-  return std::string(32, c);
-}
+using redis_test::OpenUrl;
+using redis_test::Token;
 
 std::unique_ptr<RedisServer> StartTlsServer(RedisServerOptions options = {}) {
   options.tls = true;
-  auto server = RedisServer::Start(std::move(options));
-  EXPECT_TRUE(server.ok()) << server.status().ToString();
-  return server.ok() ? std::move(server).value() : nullptr;
-}
-
-Result<std::shared_ptr<RedisBackend>> OpenUrl(const std::string& text) {
-  LH_ASSIGN_OR_RETURN(Url url, ParseUrl(text));
-  LH_ASSIGN_OR_RETURN(RedisOptions options, RedisOptions::FromUrl(url));
-  return RedisBackend::Open(options);
+  return redis_test::StartOrFail<RedisServer>(std::move(options));
 }
 
 Status OpenStatus(const std::string& text) {
