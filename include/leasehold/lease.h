@@ -27,6 +27,7 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <string_view>
 
 #include "leasehold/clock.h"
 #include "leasehold/fenced_write.h"
@@ -89,6 +90,13 @@ class Lease {
   // key ("<prefix>/<key>"), the ZooKeeper node of this grant, the SQL row's key (the lease key).
   // Empty for an empty Lease.
   [[nodiscard]] const std::string& store_key() const;
+
+  // Returns the name to give a fenced write's data key `name` so that the store keeps it beside
+  // this grant: for Redis "{<hex key>}:<name>", in the lease's hash slot, which a Redis Cluster
+  // needs (one script checks the grant and writes the data, and a script's keys must share a
+  // slot); for every other store `name` unchanged. The same name for every holder of the key,
+  // and the same as Store::DataKey(key(), name).
+  [[nodiscard]] std::string DataKey(std::string_view name) const;
 
   // Returns the first 8 hex digits of the owner token, for logs. The full token never leaves
   // the library.

@@ -155,6 +155,12 @@ class Store {
   // Returns true if Lease::Write of this store takes ops of `kind` (leasehold/fenced_write.h).
   [[nodiscard]] bool SupportsFencedOp(FencedOp::Kind kind) const;
 
+  // Returns the name to give data key `name` so that the store keeps it beside the grants of
+  // lease `key` (Lease::DataKey, for code that names its data before it holds the lease): for
+  // Redis "{<hex key>}:<name>", in the lease's hash slot, as a Redis Cluster needs for a fenced
+  // write; for every other store `name` unchanged.
+  [[nodiscard]] std::string DataKey(std::string_view key, std::string_view name) const;
+
   // Returns false if this store's fencing counters restart from zero when the store restarts
   // (redis:// with persistence off, as Open found it; memory://): a storage layer outside the
   // store that compares tokens (leasehold/fencing.h) may then see a new grant with a token it

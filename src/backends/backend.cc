@@ -99,6 +99,8 @@ Result<bool> Backend::ForceReleaseGrant(std::string_view /*key*/,
       fmt::format("the {} store cannot force-release one grant of a key", scheme()));
 }
 
+std::string Backend::DataKeyPrefix(std::string_view /*key*/) const { return {}; }
+
 Result<std::vector<std::int64_t>> Backend::FencedWrite(const FencedWriteRequest& /*request*/) {
   return Status::Unimplemented(
       fmt::format("the {} store cannot write data under a lease", scheme()));

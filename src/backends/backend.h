@@ -280,6 +280,11 @@ class Backend {
   // error. The default returns kUnimplemented.
   virtual Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request);
 
+  // What goes in front of a data key's name to keep it beside the grant of `key`
+  // (Lease::DataKey): for Redis the key's {hash tag} and ':', so that a cluster has the data in
+  // the grant's slot, where one script can check the grant and write it. The default: nothing.
+  [[nodiscard]] virtual std::string DataKeyPrefix(std::string_view key) const;
+
   // Returns the store's wall clock, read in one round trip, where the store has one (Redis
   // TIME, PostgreSQL clock_timestamp(), the ZooKeeper leader's transaction time); the default
   // returns the local wall clock with from_store = false.

@@ -32,7 +32,7 @@ struct StoreRow {
   // For messages: "compiled without <product> support".
   std::string_view product;
   // The URL schemes that name the store; the first is its own, the others aliases or variants.
-  std::string_view schemes[5];
+  std::string_view schemes[7];
   // Opens the backend; null when the store is not compiled in.
   Result<std::shared_ptr<Backend>> (*open)(const Url& url, Clock& clock) = nullptr;
   // True if the store keeps no time of its own that other processes read, so that any Clock
@@ -67,11 +67,13 @@ const StoreRow kStores[] = {
 #endif
 #if LEASEHOLD_WITH_REDIS
     {.product = "Redis",
-     .schemes = {"redis", "rediss", "redis+unix", "redis+sentinel", "rediss+sentinel"},
+     .schemes = {"redis", "rediss", "redis+unix", "redis+sentinel", "rediss+sentinel",
+                 "redis+cluster", "rediss+cluster"},
      .open = OpenRedisBackend},
 #else
     {.product = "Redis",
-     .schemes = {"redis", "rediss", "redis+unix", "redis+sentinel", "rediss+sentinel"}},
+     .schemes = {"redis", "rediss", "redis+unix", "redis+sentinel", "rediss+sentinel",
+                 "redis+cluster", "rediss+cluster"}},
 #endif
 #if LEASEHOLD_WITH_POSTGRES
     {.product = "PostgreSQL",

@@ -53,6 +53,10 @@ FencingToken Lease::fencing_token() const { return core_ ? core_->fencing_token(
 
 const std::string& Lease::store_key() const { return core_ ? core_->store_key() : kEmpty; }
 
+std::string Lease::DataKey(std::string_view name) const {
+  return core_ ? core_->data_key_prefix() + std::string(name) : std::string(name);
+}
+
 std::uint32_t Lease::slot() const { return core_ ? core_->slot() : 0; }
 
 LeaseMode Lease::mode() const { return core_ ? core_->mode() : LeaseMode::kExclusive; }

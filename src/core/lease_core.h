@@ -37,6 +37,7 @@ struct LeaseParams {
   std::string holder;         // LeaseOptions::holder, or the default "<hostname>:<pid>"
   FencingToken fencing_token = 0;
   std::string store_key;      // Grant::store_key, or the key where the store returned none
+  std::string data_key_prefix;  // Backend::DataKeyPrefix(key), for Lease::DataKey
   std::uint32_t slot = 0;     // Grant::slot
   LeaseMode mode = LeaseMode::kExclusive;
   std::uint32_t limit = 1;
@@ -72,6 +73,7 @@ class LeaseCore {
 
   FencingToken fencing_token() const { return params_.fencing_token; }
   const std::string& store_key() const { return params_.store_key; }
+  const std::string& data_key_prefix() const { return params_.data_key_prefix; }
   std::uint32_t slot() const { return params_.slot; }
   LeaseMode mode() const { return params_.mode; }
   std::uint32_t limit() const { return params_.limit; }

@@ -246,6 +246,10 @@ bool Store::SupportsFencedOp(FencedOp::Kind kind) const {
   return (core_->backend->capabilities().fenced_ops & internal::FencedOpBit(kind)) != 0;
 }
 
+std::string Store::DataKey(std::string_view key, std::string_view name) const {
+  return core_->backend->DataKeyPrefix(key) + std::string(name);
+}
+
 bool Store::fencing_survives_restart() const {
   return core_->backend->capabilities().fencing_survives_restart;
 }
@@ -314,6 +318,7 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
       .holder = resolved.holder,
       .fencing_token = grant.fencing_token,
       .store_key = grant.store_key.empty() ? std::string(key) : grant.store_key,
+      .data_key_prefix = backend.DataKeyPrefix(key),
       .slot = grant.slot,
       .mode = resolved.mode,
       .limit = resolved.limit,

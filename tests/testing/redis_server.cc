@@ -20,21 +20,57 @@ namespace leasehold::testing {
 
 using namespace std::chrono_literals;
 
-RedisServer::RedisServer(RedisServerOptions options, std::string dir, int port, int tls_port)
-    : options_(std::move(options)), dir_(std::move(dir)), port_(port), tls_port_(tls_port) {}
+RedisServer::RedisServer(RedisServerOptions options, std::string dir, int port, int tls_port,
+                         int cluster_port)
+    : options_(std::move(options)),
+      dir_(std::move(dir)),
+      port_(port),
+      tls_port_(tls_port),
+      cluster_port_(cluster_port) {}
 
 Result<std::unique_ptr<RedisServer>> RedisServer::Start(RedisServerOptions options) {
+  // A port picked free can be taken by another test's server before this one binds it (ctest -j
+  // runs clusters of six side by side): such a start is retried on new ports, any other failure
+  // is returned.
+  constexpr int kStartAttempts = 4;
+  for (int attempt = 1;; ++attempt) {
+    LH_ASSIGN_OR_RETURN(std::unique_ptr<RedisServer> server, Prepare(options));
+    Status launched = server->Launch();
+    if (launched.ok()) {
+      return server;
+    }
+    if (attempt == kStartAttempts || !LogShowsPortInUse(server->dir_ + "/redis.log")) {
+      return launched;
+    }
+  }
+}
+
+Result<std::unique_ptr<RedisServer>> RedisServer::Prepare(
+    const RedisServerOptions& options) {
   char tmpl[] = "/tmp/leasehold-redis-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {
     return Status::Unavailable("cannot create a temporary directory for redis-server");
   }
-  int port = PickFreeLoopbackPort();
-  int tls_port = options.tls ? PickFreeLoopbackPort({6379, 6380, port}) : 0;
-  if (port <= 0 || tls_port < 0) {
+  const int port = PickFreeLoopbackPort();
+  const int tls_port = options.tls ? PickFreeLoopbackPort({6379, 6380, port}) : 0;
+  // Not port + 10000 (Redis's default bus port), which nobody checked was free.
+  const int cluster_port =
+      options.cluster ? PickFreeLoopbackPort({6379, 16379, port, tls_port}) : 0;
+  std::unique_ptr<RedisServer> server(
+      new RedisServer(options, tmpl, port, tls_port, cluster_port));
+  if (port <= 0 || tls_port < 0 || cluster_port < 0) {
     return Status::Unavailable("no free loopback port");
   }
-  std::unique_ptr<RedisServer> server(new RedisServer(std::move(options), tmpl, port, tls_port));
-  if (server->options_.tls) {
+  if (server->options_.tls && !server->options_.tls_certificates_from.empty()) {
+    std::error_code error;
+    std::filesystem::copy(server->options_.tls_certificates_from, server->dir_ + "/tls",
+                          std::filesystem::copy_options::recursive, error);
+    if (error) {
+      return Status::Unavailable(fmt::format("cannot copy the test certificates from {}: {}",
+                                             server->options_.tls_certificates_from,
+                                             error.message()));
+    }
+  } else if (server->options_.tls) {
     LH_RETURN_IF_ERROR(server->MakeCertificates());
   }
   if (!server->options_.acl_users.empty()) {
@@ -44,7 +80,6 @@ Result<std::unique_ptr<RedisServer>> RedisServer::Start(RedisServerOptions optio
       acl << line << "\n";
     }
   }
-  LH_RETURN_IF_ERROR(server->Launch());
   return server;
 }
 
@@ -132,6 +167,19 @@ Status RedisServer::Launch() {
                  TlsFile("server.key"), "--tls-ca-cert-file", TlsFile("ca.crt"),
                  "--tls-auth-clients", options_.tls_auth_clients ? "yes" : "no"});
   }
+  if (options_.cluster) {
+    args.insert(args.end(),
+                {"--cluster-enabled", "yes", "--cluster-config-file", dir_ + "/nodes.conf",
+                 "--cluster-node-timeout", std::to_string(options_.cluster_node_timeout.count()),
+                 "--cluster-port", std::to_string(cluster_port_),
+                 // A replica may take over however long ago it last heard from its master (the
+                 // default refuses one whose data is older than 10 node timeouts), and notices a
+                 // dead master within a second.
+                 "--cluster-replica-validity-factor", "0", "--repl-ping-replica-period", "1"});
+    if (options_.tls) {
+      args.insert(args.end(), {"--tls-cluster", "yes", "--tls-replication", "yes"});
+    }
+  }
   // Resolve the binary: Debian's, else a local build.
   args[0] = access("/usr/bin/redis-server", X_OK) == 0 ? "/usr/bin/redis-server"
                                                        : "/usr/local/bin/redis-server";
@@ -139,8 +187,11 @@ Status RedisServer::Launch() {
   Status ready = AwaitReady(
       pid_,
       [this] {
-        Result<std::string> pong = Cli({"PING"});
-        return pong.ok() && pong->find("PONG") != std::string::npos;
+        // This server's own process_id, not just a PONG: if its port was taken meanwhile, the
+        // server answering there is another test's.
+        Result<std::string> info = Cli({"INFO", "server"});
+        return info.ok() &&
+               info->find(fmt::format("process_id:{}\r", pid_)) != std::string::npos;
       },
       options_.ready_timeout, dir_ + "/redis.log", "redis-server");
   if (!ready.ok()) {

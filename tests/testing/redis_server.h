@@ -53,12 +53,28 @@ struct RedisServerOptions {
   // With tls: the server presents a certificate that expired in 2020 (signed by the test CA,
   // made under faketime; Start fails if faketime is missing). Default: false.
   bool tls_expired = false;
+  // With tls: copies the certificates from this directory (another server's dir()/tls) instead
+  // of making new ones, so that the servers of one deployment (a cluster's nodes, which verify
+  // each other on the bus and in replication) share one test CA. Default: empty (make new).
+  std::string tls_certificates_from;
+  // A Redis Cluster node (cluster-enabled yes, its nodes.conf in dir()), with its cluster bus on
+  // a second free port (cluster_port()) and settings that make failover quick and always
+  // possible: a replica may be promoted however long its master has been gone
+  // (cluster-replica-validity-factor 0), and replicas are pinged every second. With tls, the
+  // bus and replication are TLS too (tls-cluster, tls-replication), and the cluster announces
+  // the TLS ports to TLS clients. The node starts alone; RedisClusterSetup (redis_cluster.h)
+  // joins nodes into a cluster. Default: false.
+  bool cluster = false;
+  // With cluster: cluster-node-timeout, after which an unreachable node is suspected failing.
+  // Default: 1000 ms.
+  std::chrono::milliseconds cluster_node_timeout{1000};
 };
 
 class RedisServer {
  public:
   // Starts a server and waits until it answers. Returns kUnavailable if redis-server is missing
-  // or does not come up within ready_timeout (its log tail is in the message).
+  // or does not come up within ready_timeout (its log tail is in the message). A start whose
+  // port was taken meanwhile (by another test's server) is retried on new ports.
   static Result<std::unique_ptr<RedisServer>> Start(RedisServerOptions options = {});
 
   RedisServer(const RedisServer&) = delete;
@@ -74,6 +90,9 @@ class RedisServer {
   [[nodiscard]] pid_t pid() const { return pid_; }
 
   [[nodiscard]] const std::string& dir() const { return dir_; }
+
+  // With cluster: the cluster bus port. Otherwise 0.
+  [[nodiscard]] int cluster_port() const { return cluster_port_; }
 
   // Returns "redis://127.0.0.1:PORT" (add user info, path and query as needed).
   [[nodiscard]] std::string Url() const;
@@ -105,7 +124,12 @@ class RedisServer {
   Result<std::string> Cli(const std::vector<std::string>& args) const;
 
  private:
-  RedisServer(RedisServerOptions options, std::string dir, int port, int tls_port);
+  RedisServer(RedisServerOptions options, std::string dir, int port, int tls_port,
+              int cluster_port);
+
+  // A server not yet launched, on ports picked now, with its directory, certificates and ACL
+  // file ready.
+  static Result<std::unique_ptr<RedisServer>> Prepare(const RedisServerOptions& options);
 
   Status MakeCertificates() const;
   Status Launch();
@@ -114,6 +138,7 @@ class RedisServer {
   const std::string dir_;
   const int port_;
   const int tls_port_;
+  const int cluster_port_;
   pid_t pid_ = -1;
 };
 

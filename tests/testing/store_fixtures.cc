@@ -18,6 +18,7 @@
 #include <sqlite3.h>
 #endif
 #if LEASEHOLD_WITH_REDIS
+#include "testing/redis_cluster.h"
 #include "testing/redis_sentinel.h"
 #include "testing/redis_server.h"
 #endif
@@ -321,6 +322,62 @@ std::vector<StoreFixture> MakeFixtures() {
            if (server == nullptr) {
              return sentinel()->status().ok() ? Status::Unavailable("no master")
                                               : sentinel()->status();
+           }
+           return ReadRedisData(*server, data_key);
+         }});
+  }
+  {
+    // redis_cluster: three masters with a replica each (redis-cli --cluster create); every
+    // command goes to its key's master by the slot map.
+    struct Cluster {
+      std::unique_ptr<RedisClusterSetup> setup;
+    };
+
+    auto cluster = [] {
+      return &Server<Cluster>([]() -> Result<std::unique_ptr<Cluster>> {
+        auto holder = std::make_unique<Cluster>();
+        LH_ASSIGN_OR_RETURN(holder->setup, RedisClusterSetup::Start({.aof = Options().redis_aof}));
+        return holder;
+      });
+    };
+    fixtures.push_back(
+        {.name = "redis_cluster",
+         .start = [cluster] { return cluster()->status(); },
+         .new_store_url =
+             [cluster](const std::string&) {
+               Cluster* holder = cluster()->Get();
+               const std::string query = fmt::format("?prefix=fixture-{}", Fresh());
+               return holder != nullptr ? holder->setup->Url(query)
+                                        : "redis+cluster://127.0.0.1:1" + query;
+             },
+         .server_requests = [cluster]() -> std::optional<double> {
+           Cluster* holder = cluster()->Get();
+           if (holder == nullptr) {
+             return std::nullopt;
+           }
+           // Every master's: a batch of renewals spans them all.
+           double total = 0;
+           for (int port : holder->setup->MasterPorts()) {
+             auto info = holder->setup->Cli(port, {"INFO", "stats"});
+             auto at = info.ok() ? info->find("total_reads_processed:") : std::string::npos;
+             if (at == std::string::npos) {
+               return std::nullopt;
+             }
+             total += std::strtod(info->c_str() + at + 22, nullptr);
+           }
+           return total;
+         },
+         .server_requests_what = "the masters' total_reads_processed, summed",
+         .read_data = [cluster](const std::string&, const std::string& data_key)
+             -> Result<std::optional<std::string>> {
+           Cluster* holder = cluster()->Get();
+           if (holder == nullptr) {
+             return cluster()->status();
+           }
+           LH_ASSIGN_OR_RETURN(int port, holder->setup->MasterPortForKey(data_key));
+           RedisServer* server = holder->setup->ServerOnPort(port);
+           if (server == nullptr) {
+             return Status::Unavailable(fmt::format("no node on port {}", port));
            }
            return ReadRedisData(*server, data_key);
          }});

@@ -29,6 +29,7 @@
 #include <fmt/format.h>
 
 #include "backends/common/time.h"
+#include "backends/redis/redis_cluster.h"
 #include "backends/redis/redis_connection.h"
 #include "backends/redis/redis_replies.h"
 #include "backends/redis/redis_scripts.h"
@@ -311,14 +312,12 @@ CheckItem TopologyItem(const RedisOptions& options, std::optional<std::string_vi
   if (server) {
     version += " " + InfoField(*server, "redis_version").value_or("(version unknown)");
   }
-  if (server && InfoField(*server, "redis_mode") == "cluster") {
+  if (!options.cluster() && server && InfoField(*server, "redis_mode") == "cluster") {
     item.verdict = CheckVerdict::kWarn;
     item.found = version +
-                 " in cluster mode: this store talks to one node, and keys of other "
-                 "slots get MOVED";
-    item.fix =
-        "Redis Cluster is not supported yet: use one server, or a proxy in front of one "
-        "primary";
+                 " in cluster mode: this URL talks to one node, and keys of other slots get "
+                 "MOVED";
+    item.fix = "use a redis+cluster:// URL that names the cluster's nodes";
     return item;
   }
   std::optional<std::string> role;
@@ -399,21 +398,21 @@ Duration FairEntryLifetime(const RedisOptions& options, Duration ttl) {
   return lifetime;
 }
 
-// Loads every script on `connection` and returns their SHA1s.
-Result<std::vector<std::string>> LoadScripts(RedisConnectionPool& pool,
-                                             RedisConnection& connection) {
+// Loads every script on `connection` (to the node at `address`) and returns their SHA1s; counts
+// on `pool`.
+Result<std::vector<std::string>> LoadScripts(RedisConnectionPool& pool, RedisConnection& connection,
+                                             std::string_view address) {
   std::vector<Command> loads;
   for (int id = 0; id < kScriptCount; ++id) {
     loads.push_back({"SCRIPT", "LOAD", ScriptText(static_cast<ScriptId>(id))});
   }
   pool.script_loads_.fetch_add(1, std::memory_order_relaxed);
   pool.round_trips_.fetch_add(1, std::memory_order_relaxed);
-  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
-                      connection.Pipeline(loads, pool.options().Address()));
+  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies, connection.Pipeline(loads, address));
   std::vector<std::string> shas;
   for (std::size_t i = 0; i < replies.size(); ++i) {
     if (IsError(replies[i].get())) {
-      return ErrorReplyStatus(pool.options().Address(),
+      return ErrorReplyStatus(address,
                               fmt::format("SCRIPT LOAD of the {} script", kScripts[i].name),
                               ReplyText(replies[i].get()));
     }
@@ -425,65 +424,229 @@ Result<std::vector<std::string>> LoadScripts(RedisConnectionPool& pool,
   return shas;
 }
 
-// What one batch of script calls produced.
+// What one batch of commands produced.
 struct ScriptReplies {
+  // One per command, in order; null where `errors` holds its failure.
   std::vector<ReplyPtr> replies;
-  // Replicas that acknowledged (WAIT's reply), when the options ask for WAIT.
+  // One per command: OK where it was answered (an error reply is an answer).
+  std::vector<Status> errors;
+  // One per command: the replicas that acknowledged it (WAIT's reply on its node), when the
+  // options ask for WAIT.
+  std::vector<long long> replicas_of;
+  // The fewest of replicas_of (a one-command batch: its node's).
   long long replicas = 0;
 };
 
-// Runs `calls` (EVALSHA commands) in one round trip, followed by WAIT when `wait_replicas`.
-// Calls that got NOSCRIPT are rerun once after reloading the scripts: NOSCRIPT means they did
-// not run, so rerunning them cannot apply anything twice.
-Result<ScriptReplies> RunScripts(RedisConnectionPool& pool, std::vector<Command> calls,
-                                 bool wait_replicas) {
-  const RedisOptions& options = pool.options();
-  LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool.Borrow());
-  Command wait = {"WAIT", std::to_string(options.min_replicas),
-                  std::to_string(CeilMillis(options.replica_timeout))};
-  const bool waiting = wait_replicas && options.min_replicas > 0;
-  if (waiting) {
-    calls.push_back(wait);
-  }
-  pool.round_trips_.fetch_add(1, std::memory_order_relaxed);
-  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
-                      connection->Pipeline(calls, options.Address()));
+// How many times a batch goes round after redirections (MOVED, ASK, TRYAGAIN, NOSCRIPT) before
+// the commands still redirected are reported kUnavailable: a slot moves once per redirection,
+// so more rounds only happen while a cluster reshards that slot over and over.
+constexpr int kMaxRedirectRounds = 5;
+// The pause before the round after a TRYAGAIN (a slot half migrated, keys of one command on
+// both sides).
+constexpr Duration kTryAgainPause = milliseconds(20);
 
-  std::vector<std::size_t> rerun;
-  for (std::size_t i = 0; i < replies.size(); ++i) {
-    if (IsNoScript(replies[i].get())) {
-      rerun.push_back(i);
-    }
+// The key a command is routed by: EVALSHA's first key, GET's key; none (any master) otherwise.
+std::optional<std::string_view> RoutingKey(const Command& command) {
+  if (command.size() >= 4 && command[0] == "EVALSHA" && command[2] != "0") {
+    return command[3];
   }
-  if (!rerun.empty()) {
-    LH_RETURN_IF_ERROR(LoadScripts(pool, connection.get()).status());
-    std::vector<Command> again;
-    for (std::size_t i : rerun) {
-      again.push_back(calls[i]);
-    }
-    if (waiting) {
-      again.push_back(wait);
-    }
-    pool.round_trips_.fetch_add(1, std::memory_order_relaxed);
-    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> second,
-                        connection->Pipeline(again, options.Address()));
-    for (std::size_t j = 0; j < rerun.size(); ++j) {
-      replies[rerun[j]] = std::move(second[j]);
-    }
-    if (waiting) {
-      replies.back() = std::move(second.back());
-    }
+  if (command.size() >= 2 && command[0] == "GET") {
+    return command[1];
   }
+  return std::nullopt;
+}
+
+// Runs `calls` and reads every reply. Every command goes to the node that serves its key (one
+// server: the only one); every node's commands (followed by WAIT when `wait_replicas` and the
+// options ask for it) are written before any reply is read, so a batch that spans the masters
+// of a cluster still takes one round trip of latency. Commands that did not run and say so are
+// sent again, each at most kMaxRedirectRounds times: MOVED (to the new master, after updating
+// the slot map), ASK (to the importing node, after ASKING), TRYAGAIN (after a pause), NOSCRIPT
+// (after reloading the scripts on that node). A command whose node cannot be reached or stops
+// answering gets that kUnavailable and is never sent again: it may have run.
+ScriptReplies RunEach(RedisRouter& router, const std::vector<Command>& calls,
+                      bool wait_replicas) {
+  const RedisOptions& options = router.options();
+  RedisConnectionPool& counters = *router.seed_pool();
+  const std::size_t n = calls.size();
   ScriptReplies out;
-  if (waiting) {
-    ReplyPtr wait_reply = std::move(replies.back());
-    replies.pop_back();
-    if (IsError(wait_reply.get())) {
-      return ErrorReplyStatus(options.Address(), "WAIT", ReplyText(wait_reply.get()));
-    }
-    LH_ASSIGN_OR_RETURN(out.replicas, ParseInteger(wait_reply.get()));
+  out.replies.resize(n);
+  out.errors.assign(n, Status());
+  out.replicas_of.assign(n, 0);
+  const Command wait = {"WAIT", std::to_string(options.min_replicas),
+                        std::to_string(CeilMillis(options.replica_timeout))};
+  const Command asking = {"ASKING"};
+  const bool waiting = wait_replicas && options.min_replicas > 0;
+
+  // The commands of one node in one round.
+  struct Target {
+    std::shared_ptr<RedisConnectionPool> pool;
+    bool asking = false;  // an ASK redirection's target: each command follows an ASKING
+    std::vector<std::size_t> calls;
+    std::optional<RedisConnectionPool::Borrowed> connection;
+    Status failed;
+    std::vector<ReplyPtr> replies;
+  };
+  std::vector<std::size_t> pending(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    pending[i] = i;
   }
-  out.replies = std::move(replies);
+  std::map<std::size_t, std::pair<std::string, int>> ask_to;  // command -> ASK target
+  std::string last_redirect;  // the latest redirecting reply, for the message if they never end
+  for (int round = 0; !pending.empty(); ++round) {
+    if (round == kMaxRedirectRounds) {
+      for (std::size_t i : pending) {
+        out.errors[i] = Status::Unavailable(fmt::format(
+            "redis {}: {} (the slot is being migrated); try again later", options.Address(),
+            last_redirect.empty() ? "redirected too often" : last_redirect));
+      }
+      break;
+    }
+    std::vector<Target> targets;
+    for (std::size_t i : pending) {
+      std::shared_ptr<RedisConnectionPool> pool;
+      const auto ask = ask_to.find(i);
+      if (ask != ask_to.end()) {
+        pool = router.PoolForNode(ask->second.first, ask->second.second);
+      } else {
+        const std::optional<std::string_view> key = RoutingKey(calls[i]);
+        Result<std::shared_ptr<RedisConnectionPool>> found = router.PoolForSlot(key ? KeySlot(*key) : 0);
+        if (!found.ok()) {
+          out.errors[i] = found.status();
+          continue;
+        }
+        pool = std::move(found).value();
+      }
+      const bool by_ask = ask != ask_to.end();
+      auto t = std::find_if(targets.begin(), targets.end(), [&](const Target& target) {
+        return target.pool == pool && target.asking == by_ask;
+      });
+      if (t == targets.end()) {
+        targets.push_back(Target{.pool = pool, .asking = by_ask});
+        t = targets.end() - 1;
+      }
+      t->calls.push_back(i);
+    }
+    pending.clear();
+    // Write every node's commands, then read every node's replies.
+    for (Target& t : targets) {
+      Result<RedisConnectionPool::Borrowed> borrowed = t.pool->Borrow();
+      if (!borrowed.ok()) {
+        t.failed = borrowed.status();
+        continue;
+      }
+      t.connection.emplace(std::move(borrowed).value());
+      std::vector<Command> commands;
+      for (std::size_t i : t.calls) {
+        if (t.asking) {
+          commands.push_back(asking);
+        }
+        commands.push_back(calls[i]);
+      }
+      if (waiting) {
+        commands.push_back(wait);
+      }
+      t.failed = (*t.connection)->Send(commands, t.pool->options().Address());
+    }
+    counters.round_trips_.fetch_add(1, std::memory_order_relaxed);
+    bool pause = false;
+    for (Target& t : targets) {
+      const std::string address = t.pool->options().Address();
+      if (t.failed.ok()) {
+        const std::size_t count =
+            t.calls.size() * (t.asking ? 2 : 1) + (waiting ? 1 : 0);
+        Result<std::vector<ReplyPtr>> replies = (*t.connection)->ReadReplies(count, address);
+        if (replies.ok()) {
+          t.replies = std::move(replies).value();
+        } else {
+          t.failed = replies.status();
+        }
+      }
+      if (!t.failed.ok()) {
+        // Perhaps a failover: read the map again before the next command.
+        router.MarkStale();
+        for (std::size_t i : t.calls) {
+          out.errors[i] = t.failed;
+        }
+        continue;
+      }
+      long long replicas = 0;
+      Status wait_error;
+      if (waiting) {
+        const redisReply* w = t.replies.back().get();
+        if (IsError(w)) {
+          wait_error = ErrorReplyStatus(address, "WAIT", ReplyText(w));
+        } else if (Result<long long> acked = ParseInteger(w); acked.ok()) {
+          replicas = *acked;
+        } else {
+          wait_error = acked.status();
+        }
+      }
+      std::vector<std::size_t> noscript;  // commands to send again once the scripts are loaded
+      for (std::size_t j = 0; j < t.calls.size(); ++j) {
+        const std::size_t i = t.calls[j];
+        ReplyPtr& reply = t.replies[t.asking ? 2 * j + 1 : j];
+        const std::string_view error = IsError(reply.get()) ? ReplyText(reply.get()) : "";
+        if (error.starts_with("TRYAGAIN") ||
+            (!last_redirect.starts_with("TRYAGAIN") &&
+             (error.starts_with("MOVED") || error.starts_with("ASK")))) {
+          last_redirect = std::string(error);  // TRYAGAIN says the most: it is kept
+        }
+        if (std::optional<Redirection> r = ParseRedirection(error)) {
+          const std::string host = r->host.empty() ? t.pool->options().host : r->host;
+          if (r->ask) {
+            ask_to[i] = {host, r->port};
+          } else {
+            ask_to.erase(i);
+            router.Moved(r->slot, host, r->port);
+          }
+          pending.push_back(i);
+        } else if (error.starts_with("TRYAGAIN")) {
+          ask_to.erase(i);
+          pause = true;
+          pending.push_back(i);
+        } else if (IsNoScript(reply.get())) {
+          noscript.push_back(i);
+          pending.push_back(i);  // to the same node, ASK or not
+        } else if (!wait_error.ok()) {
+          ask_to.erase(i);
+          out.errors[i] = wait_error;
+        } else {
+          ask_to.erase(i);
+          out.replies[i] = std::move(reply);
+          out.replicas_of[i] = replicas;
+        }
+      }
+      if (!noscript.empty()) {
+        // NOSCRIPT: the call did not run (a restarted server, SCRIPT FLUSH, a node the scripts
+        // were never loaded on), so sending it again cannot apply anything twice.
+        Status loaded = LoadScripts(counters, t.connection->get(), address).status();
+        if (!loaded.ok()) {
+          for (std::size_t i : noscript) {
+            out.errors[i] = loaded;
+            pending.erase(std::find(pending.begin(), pending.end(), i));
+          }
+        }
+      }
+    }
+    targets.clear();  // the connections go back to their pools before any pause
+    if (pause && !pending.empty()) {
+      std::this_thread::sleep_for(kTryAgainPause);
+    }
+  }
+  out.replicas = n == 0 ? 0 : *std::min_element(out.replicas_of.begin(), out.replicas_of.end());
+  return out;
+}
+
+// RunEach, for batches that succeed or fail as one: the first command's failure, if any.
+Result<ScriptReplies> RunScripts(RedisRouter& router, const std::vector<Command>& calls,
+                                 bool wait_replicas) {
+  ScriptReplies out = RunEach(router, calls, wait_replicas);
+  for (Status& error : out.errors) {
+    if (!error.ok()) {
+      return std::move(error);
+    }
+  }
   return out;
 }
 
@@ -494,13 +657,14 @@ struct ScanPage {
   std::vector<std::string> keys;
 };
 
-// Runs one SCAN ... MATCH `pattern` from `cursor` on `connection`: one round trip.
-Result<ScanPage> Scan(RedisConnectionPool& pool, RedisConnection& connection,
-                      const std::string& pattern, const std::string& cursor) {
-  const std::string address = pool.options().Address();
+// Runs one SCAN ... MATCH `pattern` from `cursor` on `connection` (to `address`): one round
+// trip, counted on `counters`.
+Result<ScanPage> Scan(RedisConnectionPool& counters, RedisConnection& connection,
+                      const std::string& address, const std::string& pattern,
+                      const std::string& cursor) {
   std::vector<Command> scan = {
       {"SCAN", cursor, "MATCH", pattern, "COUNT", std::string(kScanCount)}};
-  pool.round_trips_.fetch_add(1, std::memory_order_relaxed);
+  counters.round_trips_.fetch_add(1, std::memory_order_relaxed);
   LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies, connection.Pipeline(scan, address));
   const redisReply* reply = replies[0].get();
   if (IsError(reply)) {
@@ -530,10 +694,11 @@ std::optional<std::string> LeaseNameOf(std::string_view redis_key, std::string_v
 }  // namespace
 
 RedisBackend::RedisBackend(RedisOptions options, Clock& clock,
-                           std::shared_ptr<RedisConnectionPool> pool, bool persistence_off)
+                           std::shared_ptr<RedisRouter> router, bool persistence_off)
     : options_(std::move(options)),
       clock_(clock),
-      pool_(std::move(pool)),
+      router_(std::move(router)),
+      pool_(router_->seed_pool()),
       persistence_off_(persistence_off) {}
 
 RedisBackend::~RedisBackend() = default;
@@ -546,31 +711,44 @@ Result<std::shared_ptr<Backend>> OpenRedisBackend(const Url& url, Clock& clock) 
 
 Result<std::shared_ptr<RedisBackend>> RedisBackend::Open(RedisOptions options, Clock& clock) {
   LH_ASSIGN_OR_RETURN(std::shared_ptr<const RedisTlsContext> tls, RedisTlsContext::Create(options));
-  auto pool = std::make_shared<RedisConnectionPool>(options, clock, std::move(tls));
+  std::shared_ptr<RedisRouter> router;
+  if (options.cluster()) {
+    LH_ASSIGN_OR_RETURN(router, RedisRouter::OpenCluster(options, clock, std::move(tls)));
+  } else {
+    router = std::make_shared<RedisRouter>(
+        std::make_shared<RedisConnectionPool>(options, clock, std::move(tls)));
+  }
+  RedisConnectionPool& counters = *router->seed_pool();
   bool persistence_off = false;
-  {
-    LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool->Borrow());
-    LH_ASSIGN_OR_RETURN(pool->shas_, LoadScripts(*pool, connection.get()));
+  // The scripts go onto every master (a cluster's: each runs the scripts of its slots; a node
+  // that becomes master later answers NOSCRIPT once, and RunEach loads them there).
+  LH_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RedisConnectionPool>> masters,
+                      router->MasterPools());
+  for (const std::shared_ptr<RedisConnectionPool>& master : masters) {
+    const std::string address = master->options().Address();
+    LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, master->Borrow());
+    LH_ASSIGN_OR_RETURN(std::vector<std::string> shas,
+                        LoadScripts(counters, connection.get(), address));
+    counters.shas_ = std::move(shas);  // the SHA1 of the text: the same on every node
     // Persistence check. CONFIG is often denied to application users: then say nothing more
     // than a debug line, since the server may well persist.
     std::vector<Command> config = PersistenceCommands();
-    pool->round_trips_.fetch_add(1, std::memory_order_relaxed);
-    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
-                        connection->Pipeline(config, options.Address()));
+    counters.round_trips_.fetch_add(1, std::memory_order_relaxed);
+    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies, connection->Pipeline(config, address));
     const PersistenceConfig persistence = ParsePersistence(replies);
     if (persistence.known()) {
-      persistence_off = persistence.off();
+      if (persistence.off()) {
+        persistence_off = true;
+        WarnPersistenceOffOnce(fmt::format("{}/{}", address, options.db));
+      }
     } else {
       Log(LogLevel::kDebug,
           fmt::format("redis at {}: cannot check persistence with CONFIG GET ({}); assuming on",
-                      options.Address(), persistence.refusal));
+                      address, persistence.refusal));
     }
   }
-  if (persistence_off) {
-    WarnPersistenceOffOnce(fmt::format("{}/{}", options.Address(), options.db));
-  }
   return std::shared_ptr<RedisBackend>(
-      new RedisBackend(std::move(options), clock, std::move(pool), persistence_off));
+      new RedisBackend(std::move(options), clock, std::move(router), persistence_off));
 }
 
 Capabilities RedisBackend::capabilities() const {
@@ -664,7 +842,7 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
                     request.holder, std::to_string(ttl_ms), kind, std::to_string(request.limit),
                     request.waiter_id});
   }
-  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), true));
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, true));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("acquiring {}", request.key),
@@ -731,7 +909,7 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
     // itself fails, the grant simply expires after its TTL.
     std::vector<Command> undo = {{"EVALSHA", pool_->shas_[kRelease], "1", lease_key,
                                   request.owner_token, ChannelName(options_.prefix, request.key)}};
-    (void)RunScripts(*pool_, std::move(undo), false);
+    (void)RunScripts(*router_, undo, false);
     return Status::Unavailable(fmt::format(
         "acquiring {}: only {} of {} replicas confirmed the grant within {}; undone", request.key,
         out.replicas, options_.min_replicas, FormatDuration(options_.replica_timeout)));
@@ -819,7 +997,7 @@ Result<long long> RedisBackend::FairEnd(std::string_view key, std::string_view w
        QueueDataKeyName(options_.prefix, key), RecordKeyName(options_.prefix, key),
        std::string(who), ChannelName(options_.prefix, key), std::string(mode), record ? "1" : "0",
        record ? *record : std::string(), record ? std::to_string(CeilMillis(record_ttl)) : "0"}};
-  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), record.has_value()));
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, record.has_value()));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("ending the grant of {}", key),
@@ -852,15 +1030,18 @@ std::vector<Status> RedisBackend::RenewMany(std::span<const RenewRequest> reques
                      LeaseKeyName(options_.prefix, request.key), request.owner_token,
                      std::to_string(CeilMillis(request.ttl))});
   }
-  Result<ScriptReplies> out = RunScripts(*pool_, std::move(calls), true);
-  if (!out.ok()) {
-    results.assign(requests.size(), out.status());
-    return results;
-  }
-  const bool replicas_short = options_.min_replicas > 0 && out->replicas < options_.min_replicas;
+  // In a cluster each request goes to its key's master, and only a node that fails fails its
+  // own requests.
+  ScriptReplies out = RunEach(*router_, calls, true);
   results.reserve(requests.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
-    const redisReply* reply = out->replies[i].get();
+    if (!out.errors[i].ok()) {
+      results.push_back(std::move(out.errors[i]));
+      continue;
+    }
+    const redisReply* reply = out.replies[i].get();
+    const bool replicas_short =
+        options_.min_replicas > 0 && out.replicas_of[i] < options_.min_replicas;
     if (IsError(reply)) {
       results.push_back(ScriptErrorStatus(options_.Address(),
                                           fmt::format("renewing {}", requests[i].key),
@@ -876,7 +1057,8 @@ std::vector<Status> RedisBackend::RenewMany(std::span<const RenewRequest> reques
           requests[i].key)));
     } else if (replicas_short) {
       results.push_back(Status::Unavailable(fmt::format(
-          "renewing {}: only {} of {} replicas confirmed within {}", requests[i].key, out->replicas,
+          "renewing {}: only {} of {} replicas confirmed within {}", requests[i].key,
+          out.replicas_of[i],
           options_.min_replicas, FormatDuration(options_.replica_timeout))));
     } else {
       results.emplace_back();
@@ -901,7 +1083,7 @@ Status RedisBackend::Release(std::string_view key, std::string_view owner_token)
   std::vector<Command> call = {{"EVALSHA", pool_->shas_[kRelease], "1",
                                 LeaseKeyName(options_.prefix, key), std::string(owner_token),
                                 ChannelName(options_.prefix, key)}};
-  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, false));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("releasing {}", key),
@@ -945,7 +1127,7 @@ Status RedisBackend::Finish(const FinishRequest& request) {
   // A record or a kept grant is what keeps the next host out: with min_replicas, WAIT for it as
   // an acquire does, so a failover right after is as unlikely to lose it as to lose a grant.
   const bool wait_replicas = write_record || request.keep > Duration::zero();
-  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), wait_replicas));
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, wait_replicas));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("finishing {}", request.key),
@@ -969,6 +1151,10 @@ Status RedisBackend::Finish(const FinishRequest& request) {
   return Status();
 }
 
+std::string RedisBackend::DataKeyPrefix(std::string_view key) const {
+  return fmt::format("{{{}}}:", HexEncode(key));
+}
+
 Result<std::vector<std::int64_t>> RedisBackend::FencedWrite(const FencedWriteRequest& request) {
   // The grant hash is named from the lease key, as every other operation names it, rather than
   // taken from request.store_key: a fenced write can only ever be checked against this key's
@@ -989,6 +1175,14 @@ Result<std::vector<std::int64_t>> RedisBackend::FencedWrite(const FencedWriteReq
       return Status::Unimplemented(
           fmt::format("the redis store has no fenced {} op", FencedOpKindName(op.kind)));
     }
+    if (options_.cluster() && KeySlot(op.key) != KeySlot(lease_key)) {
+      // One script checks the grant and writes the data: in a cluster its keys must share a
+      // slot, or the server refuses it (CROSSSLOT).
+      return Status::InvalidArgument(fmt::format(
+          "fenced {} of {}: in a Redis Cluster a data key must share the lease's hash slot; "
+          "name it with Lease::DataKey (\"{}{}\"); nothing was written",
+          FencedOpKindName(op.kind), op.key, DataKeyPrefix(request.key), op.key));
+    }
     call.push_back(op.key);
   }
   call.push_back(request.owner_token);
@@ -1003,7 +1197,7 @@ Result<std::vector<std::int64_t>> RedisBackend::FencedWrite(const FencedWriteReq
   std::vector<Command> calls;
   calls.push_back(std::move(call));
   // With min_replicas the write waits for replicas, as a finish does (same round trip).
-  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(calls), true));
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, calls, true));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("the fenced write of {}", request.key),
@@ -1074,11 +1268,8 @@ Result<std::vector<std::int64_t>> RedisBackend::FencedWrite(const FencedWriteReq
 Result<std::optional<std::string>> RedisBackend::ReadRecord(std::string_view key) {
   // A plain GET is one atomic read; the server drops the record at its PX expiry.
   std::vector<Command> get = {{"GET", RecordKeyName(options_.prefix, key)}};
-  LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
-  pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
-  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
-                      connection->Pipeline(get, options_.Address()));
-  const redisReply* reply = replies[0].get();
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, get, false));
+  const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ErrorReplyStatus(options_.Address(), "GET", ReplyText(reply));
   }
@@ -1102,42 +1293,51 @@ Result<std::vector<std::pair<std::string, std::string>>> RedisBackend::ListRecor
   constexpr std::string_view kTail = "}:record";
   const std::string pattern = GlobEscape(head) + HexEncode(prefix) + "*" + std::string(kTail);
   std::vector<std::pair<std::string, std::string>> records;
-  std::string cursor = "0";
-  LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
-  do {
-    LH_ASSIGN_OR_RETURN(ScanPage page, Scan(*pool_, connection.get(), pattern, cursor));
-    cursor = std::move(page.cursor);
-    std::vector<std::string> keys;
-    std::vector<Command> reads;
-    for (std::string& redis_key : page.keys) {
-      std::optional<std::string> key = LeaseNameOf(redis_key, head, kTail);
-      if (!key) {
-        continue;  // not one of ours
+  // In a cluster, every master's keys: each SCAN walks one node.
+  LH_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RedisConnectionPool>> masters,
+                      router_->MasterPools());
+  for (const std::shared_ptr<RedisConnectionPool>& master : masters) {
+    const std::string address = master->options().Address();
+    LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, master->Borrow());
+    std::string cursor = "0";
+    do {
+      LH_ASSIGN_OR_RETURN(ScanPage page,
+                          Scan(*pool_, connection.get(), address, pattern, cursor));
+      cursor = std::move(page.cursor);
+      std::vector<std::string> keys;
+      std::vector<Command> reads;
+      for (std::string& redis_key : page.keys) {
+        std::optional<std::string> key = LeaseNameOf(redis_key, head, kTail);
+        if (!key) {
+          continue;  // not one of ours
+        }
+        keys.push_back(std::move(*key));
+        reads.push_back({"GET", std::move(redis_key)});
       }
-      keys.push_back(std::move(*key));
-      reads.push_back({"GET", std::move(redis_key)});
-    }
-    if (reads.empty()) {
-      continue;
-    }
-    pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
-    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> values,
-                        connection->Pipeline(reads, options_.Address()));
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      const redisReply* reply = values[i].get();
-      if (IsError(reply)) {
-        return ErrorReplyStatus(options_.Address(), "GET", ReplyText(reply));
+      if (reads.empty()) {
+        continue;
       }
-      if (reply->type == REDIS_REPLY_NIL) {
-        continue;  // expired since SCAN saw it
+      pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
+      LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> values, connection->Pipeline(reads, address));
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        const redisReply* reply = values[i].get();
+        if (IsError(reply) && ParseRedirection(ReplyText(reply))) {
+          continue;  // migrated since SCAN saw it: the target's walk finds it, or has
+        }
+        if (IsError(reply)) {
+          return ErrorReplyStatus(address, "GET", ReplyText(reply));
+        }
+        if (reply->type == REDIS_REPLY_NIL) {
+          continue;  // expired since SCAN saw it
+        }
+        if (reply->type != REDIS_REPLY_STRING) {
+          return Status::Internal(
+              fmt::format("unexpected reply from redis to GET of the record of {}", keys[i]));
+        }
+        records.emplace_back(std::move(keys[i]), std::string(ReplyText(reply)));
       }
-      if (reply->type != REDIS_REPLY_STRING) {
-        return Status::Internal(
-            fmt::format("unexpected reply from redis to GET of the record of {}", keys[i]));
-      }
-      records.emplace_back(std::move(keys[i]), std::string(ReplyText(reply)));
-    }
-  } while (cursor != "0");
+    } while (cursor != "0");
+  }
   // std::string compares as unsigned bytes (char_traits<char>::lt), the order the other stores
   // give.
   std::sort(records.begin(), records.end(),
@@ -1150,12 +1350,10 @@ Result<std::vector<std::pair<std::string, std::string>>> RedisBackend::ListRecor
 }
 
 Result<StoreTime> RedisBackend::WallClock() {
+  // In a cluster, the clock of slot 0's master.
   std::vector<Command> time = {{"TIME"}};
-  LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
-  pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
-  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
-                      connection->Pipeline(time, options_.Address()));
-  const redisReply* reply = replies[0].get();
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, time, false));
+  const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ErrorReplyStatus(options_.Address(), "TIME", ReplyText(reply));
   }
@@ -1171,13 +1369,18 @@ Result<StoreTime> RedisBackend::WallClock() {
 }
 
 Status RedisBackend::Ping() {
+  // In a cluster, every master in turn: each holds leases.
   std::vector<Command> ping = {{"PING"}};
-  LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
-  pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
-  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
-                      connection->Pipeline(ping, options_.Address()));
-  if (IsError(replies[0].get())) {
-    return ErrorReplyStatus(options_.Address(), "PING", ReplyText(replies[0].get()));
+  LH_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RedisConnectionPool>> masters,
+                      router_->MasterPools());
+  for (const std::shared_ptr<RedisConnectionPool>& master : masters) {
+    const std::string address = master->options().Address();
+    LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, master->Borrow());
+    pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
+    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies, connection->Pipeline(ping, address));
+    if (IsError(replies[0].get())) {
+      return ErrorReplyStatus(address, "PING", ReplyText(replies[0].get()));
+    }
   }
   return Status();
 }
@@ -1225,22 +1428,33 @@ Result<Diagnosis> RedisBackend::Diagnose() {
   commands.push_back({"INFO", "server"});
   commands.push_back({"INFO", "persistence"});
   commands.push_back({"INFO", "replication"});
-  LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
-  pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
-  LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies,
-                      connection->Pipeline(commands, options_.Address()));
-  const PersistenceConfig persistence = ParsePersistence(replies);
-  std::string server_refusal;
-  std::string persistence_refusal;
-  std::string replication_refusal;
-  std::optional<std::string_view> server = InfoText(replies[info_at].get(), &server_refusal);
-  std::optional<std::string_view> persistence_info =
-      InfoText(replies[info_at + 1].get(), &persistence_refusal);
-  std::optional<std::string_view> replication =
-      InfoText(replies[info_at + 2].get(), &replication_refusal);
   Diagnosis diagnosis{.probe = "PING", .permissions_fix = PermissionsFix()};
-  diagnosis.items.push_back(DurabilityItem(persistence, persistence_info, persistence_refusal));
-  diagnosis.items.push_back(TopologyItem(options_, server, replication, replication_refusal));
+  // In a cluster, each master's findings, each named by its node.
+  LH_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RedisConnectionPool>> masters,
+                      router_->MasterPools());
+  for (const std::shared_ptr<RedisConnectionPool>& master : masters) {
+    const std::string address = master->options().Address();
+    LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, master->Borrow());
+    pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
+    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies, connection->Pipeline(commands, address));
+    const PersistenceConfig persistence = ParsePersistence(replies);
+    std::string server_refusal;
+    std::string persistence_refusal;
+    std::string replication_refusal;
+    std::optional<std::string_view> server = InfoText(replies[info_at].get(), &server_refusal);
+    std::optional<std::string_view> persistence_info =
+        InfoText(replies[info_at + 1].get(), &persistence_refusal);
+    std::optional<std::string_view> replication =
+        InfoText(replies[info_at + 2].get(), &replication_refusal);
+    CheckItem durability = DurabilityItem(persistence, persistence_info, persistence_refusal);
+    CheckItem topology = TopologyItem(options_, server, replication, replication_refusal);
+    if (router_->cluster()) {
+      durability.found = address + ": " + durability.found;
+      topology.found = address + ": " + topology.found;
+    }
+    diagnosis.items.push_back(std::move(durability));
+    diagnosis.items.push_back(std::move(topology));
+  }
   return diagnosis;
 }
 
@@ -1278,7 +1492,7 @@ Result<std::vector<LeaseInfo>> ParseHolders(const std::string& address, const st
 Result<std::vector<LeaseInfo>> RedisBackend::Holders(std::string_view key) {
   std::vector<Command> call = {
       {"EVALSHA", pool_->shas_[kHolders], "1", LeaseKeyName(options_.prefix, key)}};
-  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, false));
   return ParseHolders(options_.Address(), std::string(key), out.replies[0].get());
 }
 
@@ -1289,15 +1503,20 @@ Result<std::vector<LeaseInfo>> RedisBackend::List(std::string_view prefix) {
   const std::string head = options_.prefix + ":{";
   const std::string pattern = GlobEscape(head) + HexEncode(prefix) + "*}";
   std::vector<LeaseInfo> leases;
-  std::string cursor = "0";
   std::set<std::string> seen;  // SCAN may return a key more than once
+  // In a cluster, every master's keys: each SCAN walks one node.
+  LH_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RedisConnectionPool>> masters,
+                      router_->MasterPools());
+  for (std::size_t m = 0; m < masters.size(); ++m) {
+  const std::string address = masters[m]->options().Address();
+  std::string cursor = "0";
   do {
     ScanPage page;
     {
       // The connection goes back to the pool before the page's grants are read (RunScripts
       // borrows its own).
-      LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, pool_->Borrow());
-      LH_ASSIGN_OR_RETURN(page, Scan(*pool_, connection.get(), pattern, cursor));
+      LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, masters[m]->Borrow());
+      LH_ASSIGN_OR_RETURN(page, Scan(*pool_, connection.get(), address, pattern, cursor));
     }
     cursor = std::move(page.cursor);
     std::vector<std::string> keys;
@@ -1313,7 +1532,7 @@ Result<std::vector<LeaseInfo>> RedisBackend::List(std::string_view prefix) {
     if (reads.empty()) {
       continue;
     }
-    LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(reads), false));
+    LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, reads, false));
     for (std::size_t i = 0; i < keys.size(); ++i) {
       LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders,
                           ParseHolders(options_.Address(), keys[i], out.replies[i].get()));
@@ -1322,6 +1541,7 @@ Result<std::vector<LeaseInfo>> RedisBackend::List(std::string_view prefix) {
       }
     }
   } while (cursor != "0");
+  }
   // By key (std::string compares as unsigned bytes, the order the other stores give), then
   // slot; stable, so each key's grants stay in the slot order the script gave.
   std::stable_sort(leases.begin(), leases.end(), [](const LeaseInfo& a, const LeaseInfo& b) {
@@ -1344,7 +1564,7 @@ Result<bool> RedisBackend::ForceReleaseGrant(std::string_view key, std::string_v
   std::vector<Command> call = {{"EVALSHA", pool_->shas_[kForceGrant], "1",
                                 LeaseKeyName(options_.prefix, key), std::string(token_prefix),
                                 ChannelName(options_.prefix, key)}};
-  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, false));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("force-releasing a grant of {}", key),
@@ -1364,7 +1584,7 @@ Result<bool> RedisBackend::ForceRelease(std::string_view key) {
   std::vector<Command> call = {{"EVALSHA", pool_->shas_[kForceRelease], "1",
                                 LeaseKeyName(options_.prefix, key),
                                 ChannelName(options_.prefix, key)}};
-  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, false));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("force-releasing {}", key),
@@ -1390,7 +1610,7 @@ void RedisBackend::AbandonWait(std::string_view key, std::string_view waiter_id)
     std::vector<Command> call = {{"EVALSHA", pool_->shas_[kClearIntent], "1",
                                   IntentKeyName(options_.prefix, key), std::string(waiter_id),
                                   ChannelName(options_.prefix, key)}};
-    Result<ScriptReplies> out = RunScripts(*pool_, std::move(call), false);
+    Result<ScriptReplies> out = RunScripts(*router_, call, false);
     // Best effort: if this fails, the intent expires by itself within the waiter's TTL.
     if (!out.ok() || IsError(out->replies[0].get())) {
       Log(LogLevel::kDebug, fmt::format("clearing the writer intent of {}: {}", key,
@@ -1410,7 +1630,7 @@ void RedisBackend::AbandonWait(std::string_view key, std::string_view waiter_id)
        QueueKeyName(options_.prefix, key), QueueExpiryKeyName(options_.prefix, key),
        QueueSeqKeyName(options_.prefix, key), QueueDataKeyName(options_.prefix, key),
        std::string(waiter_id), ChannelName(options_.prefix, key)}};
-  Result<ScriptReplies> out = RunScripts(*pool_, std::move(call), false);
+  Result<ScriptReplies> out = RunScripts(*router_, call, false);
   // Best effort: if this fails, the entry expires by itself within its lifetime (and a grant
   // handed to us after we gave up, within its TTL).
   if (!out.ok()) {
@@ -1448,7 +1668,7 @@ Result<std::optional<Duration>> RedisBackend::TimeToRecheck(std::string_view key
     std::vector<Command> call = {{"EVALSHA", pool_->shas_[kWaitState], "2",
                                   LeaseKeyName(options_.prefix, key),
                                   IntentKeyName(options_.prefix, key), std::string(waiter_id)}};
-    LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
+    LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, false));
     const redisReply* reply = out.replies[0].get();
     if (IsError(reply)) {
       return ScriptErrorStatus(options_.Address(), fmt::format("reading the grants of {}", key),
@@ -1474,7 +1694,7 @@ Result<std::optional<Duration>> RedisBackend::TimeToRecheck(std::string_view key
                                 LeaseKeyName(options_.prefix, key),
                                 QueueKeyName(options_.prefix, key),
                                 QueueExpiryKeyName(options_.prefix, key), std::string(waiter_id)}};
-  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*pool_, std::move(call), false));
+  LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, false));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
     return ScriptErrorStatus(options_.Address(), fmt::format("reading the queue of {}", key),
@@ -1597,9 +1817,14 @@ Status RedisBackend::WaitForTurn(std::string_view key, std::string_view waiter_i
 }
 
 RedisBackend::Stats RedisBackend::stats() const {
+  std::uint64_t connects = 0;
+  for (const std::shared_ptr<RedisConnectionPool>& pool : router_->AllPools()) {
+    connects += pool->connects_.load(std::memory_order_relaxed);
+  }
   return Stats{.round_trips = pool_->round_trips_.load(std::memory_order_relaxed),
-               .connects = pool_->connects_.load(std::memory_order_relaxed),
-               .script_loads = pool_->script_loads_.load(std::memory_order_relaxed)};
+               .connects = connects,
+               .script_loads = pool_->script_loads_.load(std::memory_order_relaxed),
+               .slot_map_reads = router_->refreshes()};
 }
 
 }  // namespace leasehold::internal

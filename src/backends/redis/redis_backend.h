@@ -79,6 +79,7 @@ namespace leasehold::internal {
 // redis_connection.h and redis_subscriber.h; kept out of this header so that hiredis stays
 // inside backends/redis.
 class RedisConnectionPool;
+class RedisRouter;
 class RedisSubscriber;
 
 // Opens the store named by `url` (scheme "redis" or "redis+unix") and checks it at once.
@@ -93,13 +94,16 @@ class RedisBackend final : public Backend {
  public:
   // What the backend has done so far, for tests and the benchmark.
   struct Stats {
-    // Pipelined batches sent and answered: one per operation, one per RenewMany call, plus one
-    // per NOSCRIPT recovery.
+    // Pipelined batches sent and answered: one per operation, one per RenewMany call (in a
+    // cluster, one per round of a batch sent to all its nodes at once), plus one per NOSCRIPT
+    // recovery or redirection round.
     std::uint64_t round_trips = 0;
     // Connections opened, the subscriber's included.
     std::uint64_t connects = 0;
-    // SCRIPT LOAD batches sent (one at open, one per NOSCRIPT recovery).
+    // SCRIPT LOAD batches sent (one per master at open, one per NOSCRIPT recovery).
     std::uint64_t script_loads = 0;
+    // Cluster: reads of the slot map (CLUSTER SLOTS), the one at open included.
+    std::uint64_t slot_map_reads = 0;
   };
 
   // Connects, authenticates, selects the database, loads the scripts and checks persistence.
@@ -158,6 +162,9 @@ class RedisBackend final : public Backend {
   // kPermissionDenied if the ACL forbids an op's command or key. With min_replicas it WAITs as
   // Finish does, and reports kUnavailable (the write applied on the master) if too few confirm.
   Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override;
+
+  // "{<hex key>}:": the key's hash tag, so a data key named with it shares the grant's slot.
+  [[nodiscard]] std::string DataKeyPrefix(std::string_view key) const override;
 
   // The server's TIME, one round trip.
   Result<StoreTime> WallClock() override;
@@ -242,7 +249,7 @@ class RedisBackend final : public Backend {
   static std::string IntentKeyName(std::string_view prefix, std::string_view key);
 
  private:
-  RedisBackend(RedisOptions options, Clock& clock, std::shared_ptr<RedisConnectionPool> pool,
+  RedisBackend(RedisOptions options, Clock& clock, std::shared_ptr<RedisRouter> router,
                bool persistence_off);
 
   // How long a waiter may sleep before re-checking `key`; nullopt if it should retry at once.
@@ -279,6 +286,9 @@ class RedisBackend final : public Backend {
   // Immutable after construction.
   const RedisOptions options_;
   Clock& clock_;
+  // Where each command goes: the one server's pool, or a cluster's slot map (redis_cluster.h).
+  const std::shared_ptr<RedisRouter> router_;
+  // router_'s seed pool: the counters and script SHAs, and the subscriber's connections.
   const std::shared_ptr<RedisConnectionPool> pool_;
   const bool persistence_off_;
 

@@ -605,9 +605,14 @@ Status RedisConnection::Send(std::span<const Command> commands, std::string_view
 Result<std::vector<ReplyPtr>> RedisConnection::Pipeline(std::span<const Command> commands,
                                                         std::string_view address) {
   LH_RETURN_IF_ERROR(Send(commands, address));
+  return ReadReplies(commands.size(), address);
+}
+
+Result<std::vector<ReplyPtr>> RedisConnection::ReadReplies(std::size_t count,
+                                                           std::string_view address) {
   std::vector<ReplyPtr> replies;
-  replies.reserve(commands.size());
-  while (replies.size() < commands.size()) {
+  replies.reserve(count);
+  while (replies.size() < count) {
     LH_ASSIGN_OR_RETURN(ReplyPtr reply, NextReply(address));
     if (reply != nullptr) {
       replies.push_back(std::move(reply));
@@ -700,6 +705,24 @@ Result<std::unique_ptr<RedisConnection>> RedisConnectionPool::Connect() {
 }
 
 Result<std::unique_ptr<RedisConnection>> RedisConnectionPool::ConnectToMaster() {
+  if (options_.cluster() && options_.port == 0) {
+    // A cluster's seed pool (the subscriber's): the first node that answers.
+    std::string unreachable;
+    for (const auto& [host, port] : options_.cluster_nodes) {
+      RedisOptions node = options_;
+      node.host = host;
+      node.port = port;
+      Result<std::unique_ptr<RedisConnection>> connection =
+          RedisConnection::Connect(node, tls_.get());
+      if (connection.ok() || connection.status().code() != StatusCode::kUnavailable) {
+        return connection;
+      }
+      unreachable += fmt::format("{}{}", unreachable.empty() ? "" : "; ",
+                                 connection.status().message());
+    }
+    return Status::Unavailable(
+        fmt::format("no node of redis {} answers: {}", options_.Address(), unreachable));
+  }
   if (!options_.sentinel()) {
     return RedisConnection::Connect(options_, tls_.get());
   }

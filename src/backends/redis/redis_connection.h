@@ -8,8 +8,8 @@
 // hiredis); redis_backend.h does not, and no header includes OpenSSL's.
 //
 // Why not hiredis's own connections: Debian 12's hiredis 0.14.1 has no TLS (hiredis_ssl came
-// in 1.0), and the Sentinel and Cluster clients to come need connections to many nodes driven
-// the same way. The RESP parser and formatter stay hiredis's (redisReader,
+// in 1.0), and the Sentinel and Cluster clients need connections to many nodes driven the same
+// way (redis_cluster.h). The RESP parser and formatter stay hiredis's (redisReader,
 // redisFormatCommandArgv): only the bytes' transport is ours.
 //
 // Invariants:
@@ -145,8 +145,12 @@ class RedisConnection {
   Result<std::vector<ReplyPtr>> Pipeline(std::span<const Command> commands,
                                          std::string_view address);
 
-  // For the subscriber, which polls the socket itself: writes `commands` without reading.
+  // Writes `commands` without reading: for the subscriber, which polls the socket itself, and
+  // for a cluster's commands, sent to every node before any reply is read.
   Status Send(std::span<const Command> commands, std::string_view address);
+
+  // Reads `count` replies (each read bounded by the I/O timeout): Pipeline's second half.
+  Result<std::vector<ReplyPtr>> ReadReplies(std::size_t count, std::string_view address);
 
   // The socket, to poll for POLLIN.
   [[nodiscard]] int fd() const { return fd_; }

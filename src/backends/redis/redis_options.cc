@@ -57,6 +57,10 @@ std::string RedisOptions::Address() const {
     return "unix:" + unix_socket;
   }
   const std::string at = HostPort{.host = host, .port = port}.ToString();
+  if (cluster()) {
+    return port == 0 ? fmt::format("cluster via {}", ClusterList())
+                     : fmt::format("cluster node {}", at);
+  }
   if (!sentinel()) {
     return at;
   }
@@ -73,14 +77,24 @@ std::string RedisOptions::SentinelList() const {
   return list;
 }
 
+std::string RedisOptions::ClusterList() const {
+  std::string list;
+  for (const auto& [h, p] : cluster_nodes) {
+    list += (list.empty() ? "" : ",") + HostPort{.host = h, .port = p}.ToString();
+  }
+  return list;
+}
+
 Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
   const bool unix_socket = url.scheme == "redis+unix";
   const bool sentinel = url.scheme == "redis+sentinel" || url.scheme == "rediss+sentinel";
-  const bool tls = url.scheme == "rediss" || url.scheme == "rediss+sentinel";
-  if (url.scheme != "redis" && !tls && !unix_socket && !sentinel) {
+  const bool cluster = url.scheme == "redis+cluster" || url.scheme == "rediss+cluster";
+  const bool tls =
+      url.scheme == "rediss" || url.scheme == "rediss+sentinel" || url.scheme == "rediss+cluster";
+  if (url.scheme != "redis" && !tls && !unix_socket && !sentinel && !cluster) {
     return Status::InvalidArgument(fmt::format(
-        "expected a redis://, rediss://, redis+unix://, redis+sentinel:// or rediss+sentinel:// "
-        "URL, got scheme \"{}\"",
+        "expected a redis://, rediss://, redis+unix://, redis+sentinel://, rediss+sentinel://, "
+        "redis+cluster:// or rediss+cluster:// URL, got scheme \"{}\"",
         url.scheme));
   }
   std::vector<std::string_view> known(std::begin(kKnownParams), std::end(kKnownParams));
@@ -94,7 +108,7 @@ Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
     std::string hint = "the database goes in the path: redis://host:port/2";
     if (!tls && std::any_of(std::begin(kTlsParams), std::end(kTlsParams),
                             [&](std::string_view p) { return url.query.contains(p); })) {
-      hint = "TLS parameters need a rediss:// or rediss+sentinel:// URL";
+      hint = "TLS parameters need a rediss://, rediss+sentinel:// or rediss+cluster:// URL";
     }
     LH_RETURN_IF_ERROR(RefuseUnknownParams(url, known, hint));
   }
@@ -145,6 +159,20 @@ Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
     // No master yet: the pool learns it from the sentinels and connects to it by address.
     options.host.clear();
     options.port = 0;
+  } else if (cluster) {
+    // redis+cluster://h1:p1,h2:p2[/0]: any of the nodes, to learn the slot map from.
+    LH_ASSIGN_OR_RETURN(std::vector<HostPort> hosts,
+                        ParseHostPorts(url.scheme, url.authority, kRedisDefaultPort));
+    for (HostPort& h : hosts) {
+      options.cluster_nodes.emplace_back(std::move(h.host), h.port);
+    }
+    if (!url.path.empty() && url.path != "/" && url.path != "/0") {
+      return Status::InvalidArgument(fmt::format(
+          "{}:// URL path must be empty or /0: a Redis Cluster has only database 0; got '{}'",
+          url.scheme, url.path));
+    }
+    options.host.clear();
+    options.port = 0;
   } else {
     LH_ASSIGN_OR_RETURN(std::vector<HostPort> hosts,
                         ParseHostPorts(url.scheme, url.authority, kRedisDefaultPort, kDefaultHost,
@@ -152,8 +180,8 @@ Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
     if (hosts.size() > 1) {
       return Status::InvalidArgument(
           fmt::format("{}:// URL names several hosts: for Sentinel, use "
-                      "redis+sentinel://h1:p1,h2:p2/MASTER_NAME (Redis Cluster is not supported "
-                      "yet)",
+                      "redis+sentinel://h1:p1,h2:p2/MASTER_NAME; for Redis Cluster, "
+                      "redis+cluster://h1:p1,h2:p2",
                       url.scheme));
     }
     options.host = std::move(hosts[0].host);

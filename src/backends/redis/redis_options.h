@@ -8,6 +8,8 @@
 //   redis+unix://[user[:password]@]/path/to/redis.sock[?db=N&...]
 //   redis+sentinel://[user[:password]@]h1:p1[,h2:p2,...]/MASTER_NAME[/db][?...]    (Sentinel)
 //   rediss+sentinel://...                                           (Sentinel, TLS everywhere)
+//   redis+cluster://[user[:password]@]h1:p1[,h2:p2,...][/0][?...]               (Redis Cluster)
+//   rediss+cluster://...                                             (Cluster, TLS everywhere)
 //
 // Parameters: connect_timeout, command_timeout (durations, e.g. 500ms), prefix (key
 // namespace), min_replicas, replica_timeout, pool_size, fair; rediss:// only: ca, cert, key,
@@ -73,6 +75,14 @@ struct RedisOptions {
   std::vector<std::pair<std::string, int>> sentinels;
   std::string sentinel_master;
 
+  // Redis Cluster (redis+cluster://): the seed nodes, asked in turn for the slot map (CLUSTER
+  // SLOTS) at open and whenever it is stale. The store's own options leave host and port empty
+  // and 0; the cluster keeps one pool per node, whose copy of these options names that node (and
+  // keeps this list, for messages). A pool whose options name no node (port 0) connects to the
+  // first seed that answers: the subscriber's, since PUBLISH reaches every node of a cluster.
+  // Only database 0 exists in a cluster. Default: empty (not a cluster).
+  std::vector<std::pair<std::string, int>> cluster_nodes;
+
   // Every connection checks ROLE in its first round trip and is refused unless the server is a
   // master (set for Sentinel: a failover can leave a client's address pointing at a replica).
   bool require_master = false;
@@ -118,18 +128,26 @@ struct RedisOptions {
   bool fair = false;
 
   // Returns "host:port" or "unix:/path" (never credentials), for messages; with Sentinel,
-  // "master NAME at host:port", or "master NAME via sentinels h1:p1,..." before one is known.
+  // "master NAME at host:port", or "master NAME via sentinels h1:p1,..." before one is known;
+  // with Cluster, "cluster node host:port", or "cluster via h1:p1,..." for the store as a whole.
   [[nodiscard]] std::string Address() const;
 
   // True for redis+sentinel:// and rediss+sentinel://.
   [[nodiscard]] bool sentinel() const { return !sentinel_master.empty(); }
 
+  // True for redis+cluster:// and rediss+cluster://.
+  [[nodiscard]] bool cluster() const { return !cluster_nodes.empty(); }
+
   // With Sentinel: "h1:p1,h2:p2" (for messages).
   [[nodiscard]] std::string SentinelList() const;
 
-  // Builds options from a "redis", "rediss" or "redis+unix" URL. Returns kInvalidArgument for
-  // another scheme, an unknown or malformed parameter (named in the message), a bad port or db,
-  // several hosts, TLS parameters on a plain URL, or cert= without key= (or the reverse).
+  // With Cluster: the seeds, "h1:p1,h2:p2" (for messages).
+  [[nodiscard]] std::string ClusterList() const;
+
+  // Builds options from a redis, rediss, redis+unix, redis(s)+sentinel or redis(s)+cluster URL.
+  // Returns kInvalidArgument for another scheme, an unknown or malformed parameter (named in the
+  // message), a bad port or db (a cluster's is 0), several hosts on a one-server URL, TLS
+  // parameters on a plain URL, or cert= without key= (or the reverse).
   static Result<RedisOptions> FromUrl(const Url& url);
 };
 

@@ -1078,13 +1078,20 @@ TEST_P(ConformanceTest, ALostLeaseRecordsNoRun) {
 // stores take statements, here on the fixture's data table (testing::kFencedDataTable).
 class FencedData {
  public:
-  FencedData(const testing::StoreFixture& fixture, std::string url, const std::string& scratch)
+  // The data of lease `lease_key` on `store`.
+  FencedData(const testing::StoreFixture& fixture, std::string url, const std::string& scratch,
+             const Store& store, std::string lease_key = "job")
       : fixture_(fixture),
         url_(std::move(url)),
-        prefix_("/lh-fenced-" + std::filesystem::path(scratch).filename().string() + "-") {}
+        prefix_("/lh-fenced-" + std::filesystem::path(scratch).filename().string() + "-"),
+        store_(store),
+        lease_key_(std::move(lease_key)) {}
 
-  // A data key of this test: unique on a shared server, a valid ZooKeeper path in the chroot.
-  std::string Key(const std::string& name) const { return prefix_ + name; }
+  // A data key of this test: unique on a shared server, a valid ZooKeeper path in the chroot,
+  // kept beside the lease's grants (Store::DataKey: in a Redis Cluster, in its hash slot).
+  std::string Key(const std::string& name) const {
+    return store_.DataKey(lease_key_, prefix_ + name);
+  }
 
   FencedWrite Put(const Store& store, const std::string& key, const std::string& value) const {
     if (store.SupportsFencedOp(FencedOp::Kind::kPut)) {
@@ -1117,11 +1124,13 @@ class FencedData {
   const testing::StoreFixture& fixture_;
   const std::string url_;
   const std::string prefix_;
+  const Store& store_;
+  const std::string lease_key_;
 };
 
 TEST_P(ConformanceTest, AFencedWriteCommitsForTheHolderAnyNumberOfTimes) {
   auto handle = OpenHandle();
-  FencedData data(GetParam(), url_, scratch_);
+  FencedData data(GetParam(), url_, scratch_, *handle);
   ASSERT_TRUE(handle->SupportsFencedOp(FencedOp::Kind::kPut) ||
               handle->SupportsFencedOp(FencedOp::Kind::kSql))
       << "every store writes data under a lease";
@@ -1150,7 +1159,7 @@ TEST_P(ConformanceTest, AFencedWriteCommitsForTheHolderAnyNumberOfTimes) {
 TEST_P(ConformanceTest, AStaleHolderIsFencedOutByTheStoreAndNewerHoldersWrite) {
   auto a = OpenHandle();
   auto b = OpenHandle();
-  FencedData data(GetParam(), url_, scratch_);
+  FencedData data(GetParam(), url_, scratch_, *a);
   const std::string key = data.Key("register");
   const std::string other = data.Key("other");
   auto stale = a->TryAcquire("job", {.ttl = 10s, .holder = "holder-a"});
@@ -1196,7 +1205,7 @@ TEST_P(ConformanceTest, AStaleHolderIsFencedOutByTheStoreAndNewerHoldersWrite) {
 
 TEST_P(ConformanceTest, AFencedWriteOfAnExpiredGrantIsRefusedEvenWithNoNewHolder) {
   auto handle = OpenHandle();
-  FencedData data(GetParam(), url_, scratch_);
+  FencedData data(GetParam(), url_, scratch_, *handle);
   auto grant = Grant("job", Token('e'), 1s);
   ASSERT_TRUE(grant.ok()) << grant.status().ToString();
   AwaitExpiry("job", *grant, 300ms);
@@ -1212,7 +1221,7 @@ TEST_P(ConformanceTest, AFencedWriteOfAnExpiredGrantIsRefusedEvenWithNoNewHolder
 
 TEST_P(ConformanceTest, BadFencedWritesAreRefusedAndLeaveTheLeaseHeld) {
   auto handle = OpenHandle();
-  FencedData data(GetParam(), url_, scratch_);
+  FencedData data(GetParam(), url_, scratch_, *handle);
   auto lease = handle->TryAcquire("job", {.ttl = 10s});
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
   EXPECT_EQ(lease->Write(FencedWrite()).status().code(), StatusCode::kInvalidArgument);
@@ -1454,7 +1463,7 @@ TEST_P(SharedLeaseTest, RenewReleaseAndFencedWritesNameOneGrantAmongSeveral) {
   EXPECT_EQ(holders->front().slot, gb->slot);
   // A released permit writes nothing; the other holder's writes go through.
   auto handle = OpenHandle();
-  FencedData data(GetParam(), url_, scratch_);
+  FencedData data(GetParam(), url_, scratch_, *handle, "pool");
   const std::vector<FencedOp> ops = data.Put(*handle, data.Key("pool"), "x").ops();
   auto stale = backend_->FencedWrite({.key = "pool",
                                       .owner_token = a,
