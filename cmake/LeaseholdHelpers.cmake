@@ -29,13 +29,18 @@ endif()
 
 # leasehold_cc_test(NAME name SRCS a.cc b.cc [DEPS ...] [LABELS ...] [ENVIRONMENT VAR=value ...])
 # One gtest executable registered with CTest; tests see the internal src/ headers.
+# Several LABELS ("redis;sentinel") become one label joined by '-' ("redis-sentinel"):
+# gtest_discover_tests flattens a list in PROPERTIES (the second element would turn into a
+# property name), and `ctest -L`/`-LE` match a label by regular expression, so -L redis and
+# -LE sentinel both select "redis-sentinel".
 function(leasehold_cc_test)
   cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ENVIRONMENT" ${ARGN})
   add_executable(${T_NAME} ${T_SRCS})
   target_link_libraries(${T_NAME} PRIVATE leasehold_internal GTest::gtest GTest::gtest_main
                         GTest::gmock ${T_DEPS} leasehold_build_flags)
   target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-  gtest_discover_tests(${T_NAME} PROPERTIES LABELS "${T_LABELS}" ENVIRONMENT "${T_ENVIRONMENT}"
+  string(REPLACE ";" "-" label "${T_LABELS}")
+  gtest_discover_tests(${T_NAME} PROPERTIES LABELS "${label}" ENVIRONMENT "${T_ENVIRONMENT}"
                        DISCOVERY_TIMEOUT 60)
 endfunction()
 

@@ -60,12 +60,14 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
   # load test whose code paths the suite's other cases cover) is left out here and below. So
   # are the Sentinel failovers (label `sentinel`: kill -9 of a master, seconds of waiting for
   # the sentinels); Sentinel itself runs here through the conformance suite's redis_sentinel row.
+  # Likewise the Cluster's reshards and master kills (label `cluster`): the cluster's routing
+  # runs here through the conformance suite's redis_cluster row.
   # The conformance row postgres_table_pgbouncer is the postgres_table row's client code (libpq,
   # the same calls) behind a pooler: it runs in the plain test step, not here or below.
   seed_costs build-asan
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -j "$jobs" --timeout 900 \
-    -LE "install|chaos|partition|model|package|slots|contention|check|shared|sentinel" \
+    -LE "install|chaos|partition|model|package|slots|contention|check|shared|sentinel|cluster" \
     -E "SharedLeaseTest.RacingProcesses|/postgres_table_pgbouncer"
 
   step "build with ThreadSanitizer"

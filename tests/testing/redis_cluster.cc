@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <initializer_list>
 #include <set>
 #include <sstream>
 #include <string>
@@ -200,7 +201,9 @@ Result<std::unique_ptr<RedisClusterSetup>> RedisClusterSetup::Start(RedisCluster
   return setup;
 }
 
-RedisClusterSetup::~RedisClusterSetup() { servers_.clear(); }
+RedisClusterSetup::~RedisClusterSetup() {
+  servers_.clear();
+}
 
 Status RedisClusterSetup::Create() const {
   // redis-cli makes the first `masters` nodes given the masters and spreads the rest over them
@@ -209,8 +212,7 @@ Status RedisClusterSetup::Create() const {
   for (const auto& server : servers_) {
     command += fmt::format(" 127.0.0.1:{}", server->port());
   }
-  command +=
-      fmt::format(" --cluster-replicas {} --cluster-yes", options_.replicas_per_master);
+  command += fmt::format(" --cluster-replicas {} --cluster-yes", options_.replicas_per_master);
   Result<std::string> created = RunCommand(command);
   if (!created.ok()) {
     return Status::Unavailable(
@@ -222,83 +224,74 @@ Status RedisClusterSetup::Create() const {
   return Status();
 }
 
+std::string RedisClusterSetup::WhyNotReady() const {
+  std::string first_map;
+  int replicas_up = 0;
+  for (const auto& server : servers_) {
+    const int port = server->port();
+    Result<std::string> info = server->Cli({"CLUSTER", "INFO"});
+    if (!info.ok() || InfoField(*info, "cluster_state") != "ok" ||
+        InfoField(*info, "cluster_slots_ok") != std::to_string(kSlots) ||
+        InfoField(*info, "cluster_known_nodes") != std::to_string(servers_.size())) {
+      return fmt::format("node {}: {}", port, info.ok() ? *info : info.status().ToString());
+    }
+    Result<std::vector<SlotRange>> ranges = Slots(port);
+    if (!ranges.ok()) {
+      return ranges.status().ToString();
+    }
+    // Replicas included: each node learns who replicates whom by gossip, a little after the
+    // replica's link to its master is up, and lists in CLUSTER SLOTS only the replicas it knows.
+    const std::string map = MastersOf(*ranges, /*replicas=*/true);
+    if (first_map.empty()) {
+      first_map = map;
+    } else if (map != first_map) {
+      return fmt::format("node {} has slot map {}, node {} {}", servers_.front()->port(), first_map,
+                         port, map);
+    }
+    std::set<int> masters;
+    for (const SlotRange& range : *ranges) {
+      masters.insert(range.master_port);
+      if (static_cast<int>(range.replica_ports.size()) != options_.replicas_per_master) {
+        return fmt::format("node {} lists the replicas {}", port, map);
+      }
+    }
+    if (static_cast<int>(masters.size()) != options_.masters) {
+      return fmt::format("node {} names {} masters: {}", port, masters.size(), map);
+    }
+    Result<std::string> replication = server->Cli({"INFO", "replication"});
+    if (!replication.ok()) {
+      return replication.status().ToString();
+    }
+    if (InfoField(*replication, "role") == "slave") {
+      if (InfoField(*replication, "master_link_status") != "up") {
+        return fmt::format("replica {}: {}", port, *replication);
+      }
+      ++replicas_up;
+    } else if (masters.count(port) > 0) {
+      // Each master sees its replicas online (synced, not waiting for a first transfer).
+      int online = 0;
+      for (std::size_t at = 0; (at = replication->find("state=online", at)) != std::string::npos;
+           ++at) {
+        ++online;
+      }
+      if (online < options_.replicas_per_master) {
+        return fmt::format("master {}: {}", port, *replication);
+      }
+    }
+  }
+  const int replicas = options_.masters * options_.replicas_per_master;
+  if (replicas_up != replicas) {
+    return fmt::format("{} of {} replicas in sync", replicas_up, replicas);
+  }
+  return "";
+}
+
 Status RedisClusterSetup::AwaitReady() const {
   const auto give_up = std::chrono::steady_clock::now() + options_.ready_timeout;
-  const int replicas = options_.masters * options_.replicas_per_master;
-  std::string last;
+  std::string why;
   while (std::chrono::steady_clock::now() < give_up) {
-    [&] {
-      std::string first_map;
-      int replicas_up = 0;
-      for (const auto& server : servers_) {
-        const int port = server->port();
-        Result<std::string> info = server->Cli({"CLUSTER", "INFO"});
-        if (!info.ok() || InfoField(*info, "cluster_state") != "ok" ||
-            InfoField(*info, "cluster_slots_ok") != std::to_string(kSlots) ||
-            InfoField(*info, "cluster_known_nodes") != std::to_string(servers_.size())) {
-          last = fmt::format("node {}: {}", port, info.ok() ? *info : info.status().ToString());
-          return;
-        }
-        Result<std::vector<SlotRange>> ranges = Slots(port);
-        if (!ranges.ok()) {
-          last = ranges.status().ToString();
-          return;
-        }
-        // Replicas included: each node learns who replicates whom by gossip, a little after
-        // the replica's link to its master is up, and lists in CLUSTER SLOTS only those.
-        const std::string map = MastersOf(*ranges, /*replicas=*/true);
-        if (first_map.empty()) {
-          first_map = map;
-        } else if (map != first_map) {
-          last = fmt::format("node {} has slot map {}, node {} {}", servers_.front()->port(),
-                             first_map, port, map);
-          return;
-        }
-        std::set<int> masters;
-        for (const SlotRange& range : *ranges) {
-          masters.insert(range.master_port);
-        }
-        if (static_cast<int>(masters.size()) != options_.masters) {
-          last = fmt::format("node {} names {} masters: {}", port, masters.size(), map);
-          return;
-        }
-        for (const SlotRange& range : *ranges) {
-          if (static_cast<int>(range.replica_ports.size()) != options_.replicas_per_master) {
-            last = fmt::format("node {} lists the replicas {}", port, map);
-            return;
-          }
-        }
-        Result<std::string> replication = server->Cli({"INFO", "replication"});
-        if (!replication.ok()) {
-          last = replication.status().ToString();
-          return;
-        }
-        if (InfoField(*replication, "role") == "slave") {
-          if (InfoField(*replication, "master_link_status") != "up") {
-            last = fmt::format("replica {}: {}", port, *replication);
-            return;
-          }
-          ++replicas_up;
-        } else if (masters.count(port) > 0) {
-          // Each master sees its replicas online (synced, not waiting for a first transfer).
-          int online = 0;
-          for (std::size_t at = 0;
-               (at = replication->find("state=online", at)) != std::string::npos; ++at) {
-            ++online;
-          }
-          if (online < options_.replicas_per_master) {
-            last = fmt::format("master {}: {}", port, *replication);
-            return;
-          }
-        }
-      }
-      if (replicas_up == replicas) {
-        last.clear();
-      } else {
-        last = fmt::format("{} of {} replicas in sync", replicas_up, replicas);
-      }
-    }();
-    if (last.empty()) {
+    why = WhyNotReady();
+    if (why.empty()) {
       return Status();
     }
     std::this_thread::sleep_for(50ms);
@@ -308,7 +301,7 @@ Status RedisClusterSetup::AwaitReady() const {
     dirs += " " + server->dir();
   }
   return Status::Unavailable(fmt::format("the cluster was not ready within {} ms: {} (logs in{})",
-                                         options_.ready_timeout.count(), last, dirs));
+                                         options_.ready_timeout.count(), why, dirs));
 }
 
 std::string RedisClusterSetup::Url(const std::string& path_and_query) const {
@@ -431,23 +424,24 @@ Result<int> RedisClusterSetup::AwaitFailover(int slot, int old_port,
         continue;
       }
       const RedisServer* promoted = ServerOnPort(range->master_port);
-      Result<std::string> role =
-          promoted != nullptr ? promoted->Cli({"ROLE"}) : Result<std::string>(Status::Unavailable(""));
+      Result<std::string> role = promoted != nullptr ? promoted->Cli({"ROLE"})
+                                                     : Result<std::string>(Status::Unavailable(""));
       Result<std::string> info = promoted != nullptr ? promoted->Cli({"CLUSTER", "INFO"})
                                                      : Result<std::string>(Status::Unavailable(""));
       if (role.ok() && role->starts_with("master") && info.ok() &&
           InfoField(*info, "cluster_state") == "ok") {
         return range->master_port;
       }
-      last = fmt::format("node {} names {} for slot {}, which is not yet a master of a healthy "
-                         "cluster",
-                         server->port(), range->master_port, slot);
+      last = fmt::format(
+          "node {} names {} for slot {}, which is not yet a master of a healthy "
+          "cluster",
+          server->port(), range->master_port, slot);
     }
     std::this_thread::sleep_for(50ms);
   }
-  return Status::Unavailable(fmt::format(
-      "no failover of slot {} away from port {} within {} ms: {}", slot, old_port,
-      timeout.count(), last));
+  return Status::Unavailable(
+      fmt::format("no failover of slot {} away from port {} within {} ms: {}", slot, old_port,
+                  timeout.count(), last));
 }
 
 Status RedisClusterSetup::MoveSlot(int slot, int to_port) {
@@ -480,10 +474,9 @@ Status RedisClusterSetup::BeginMigration(int slot, int to_port) {
   LH_ASSIGN_OR_RETURN(std::string to_id, NodeId(to_port));
   // The target first, as redis-cli does: once the source says ASK, the target must accept.
   const std::string s = std::to_string(slot);
-  LH_RETURN_IF_ERROR(Expect(Cli(to_port, {"CLUSTER", "SETSLOT", s, "IMPORTING", from_id}),
-                            {"OK"}, fmt::format("CLUSTER SETSLOT {} IMPORTING on {}", s, to_port)));
-  LH_RETURN_IF_ERROR(Expect(Cli(from_port, {"CLUSTER", "SETSLOT", s, "MIGRATING", to_id}),
-                            {"OK"},
+  LH_RETURN_IF_ERROR(Expect(Cli(to_port, {"CLUSTER", "SETSLOT", s, "IMPORTING", from_id}), {"OK"},
+                            fmt::format("CLUSTER SETSLOT {} IMPORTING on {}", s, to_port)));
+  LH_RETURN_IF_ERROR(Expect(Cli(from_port, {"CLUSTER", "SETSLOT", s, "MIGRATING", to_id}), {"OK"},
                             fmt::format("CLUSTER SETSLOT {} MIGRATING on {}", s, from_port)));
   migrations_[slot] = {.from_port = from_port, .to_port = to_port};
   return Status();
@@ -494,10 +487,13 @@ Result<int> RedisClusterSetup::MigrateKeys(int slot, int count) {
   if (migration == migrations_.end()) {
     return Status::InvalidArgument(fmt::format("no migration of slot {} begun", slot));
   }
+  if (count <= 0) {
+    return Status::InvalidArgument(fmt::format("MigrateKeys of {} keys", count));
+  }
   const auto [from_port, to_port] = migration->second;
-  LH_ASSIGN_OR_RETURN(std::string listed,
-                      Cli(from_port, {"CLUSTER", "GETKEYSINSLOT", std::to_string(slot),
-                                      std::to_string(std::max(count, 1))}));
+  LH_ASSIGN_OR_RETURN(
+      std::string listed,
+      Cli(from_port, {"CLUSTER", "GETKEYSINSLOT", std::to_string(slot), std::to_string(count)}));
   std::vector<std::string> keys;
   std::istringstream lines(listed);
   for (std::string key; std::getline(lines, key);) {
@@ -505,17 +501,17 @@ Result<int> RedisClusterSetup::MigrateKeys(int slot, int count) {
       keys.push_back(key);
     }
   }
-  if (count <= 0 || keys.empty()) {
+  if (keys.empty()) {
     return 0;
   }
   // MIGRATE host port "" 0 timeout KEYS k...: database 0, the only one in a cluster. No
   // REPLACE: a key on both sides is a test's mistake, reported as BUSYKEY.
   std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(to_port), "", "0",
-                                      "5000", "KEYS"};
+                                      "5000",    "KEYS"};
   migrate.insert(migrate.end(), keys.begin(), keys.end());
-  LH_RETURN_IF_ERROR(Expect(Cli(from_port, migrate), {"OK", "NOKEY"},
-                            fmt::format("MIGRATE of slot {} from {} to {}", slot, from_port,
-                                        to_port)));
+  LH_RETURN_IF_ERROR(
+      Expect(Cli(from_port, migrate), {"OK", "NOKEY"},
+             fmt::format("MIGRATE of slot {} from {} to {}", slot, from_port, to_port)));
   return static_cast<int>(keys.size());
 }
 
@@ -576,8 +572,9 @@ Status RedisClusterSetup::AwaitSlotOwner(int slot, int port) const {
     }
     std::this_thread::sleep_for(20ms);
   }
-  return Status::Unavailable(fmt::format("not every node names port {} for slot {} within {} ms: {}",
-                                         port, slot, options_.ready_timeout.count(), last));
+  return Status::Unavailable(
+      fmt::format("not every node names port {} for slot {} within {} ms: {}", port, slot,
+                  options_.ready_timeout.count(), last));
 }
 
 Result<std::string> RedisClusterSetup::Cli(int port, const std::vector<std::string>& args) const {

@@ -145,6 +145,8 @@ class RedisClusterSetup {
 
   Status Create() const;
   Status AwaitReady() const;
+  // What Start still waits for (AwaitReady), or "" when the cluster is ready.
+  std::string WhyNotReady() const;
   // Slots() of the first live node that answers.
   Result<std::vector<SlotRange>> SlotsOfAnyLiveNode() const;
   // Waits until every live node's CLUSTER SLOTS names the master on `port` for `slot`.
@@ -152,7 +154,7 @@ class RedisClusterSetup {
 
   const RedisClusterOptions options_;
   std::vector<std::unique_ptr<RedisServer>> servers_;
-  std::vector<int> seed_ports_;  // the masters at Start, in slot order
+  std::vector<int> seed_ports_;          // the masters at Start, in slot order
   std::map<int, Migration> migrations_;  // by slot, from BeginMigration to FinishMigration
 };
 

@@ -3,18 +3,20 @@
 // The Redis Cluster fixture itself (tests/testing/redis_cluster.h) against real redis-server
 // nodes on loopback: three masters with a replica each, a slot moved with its key to another
 // master (at once, and step by step with the source answering ASK in between), then kill -9 of
-// the slot's master and its replica promoted. Prints how long Start and the failover took
+// the slot's master, its replica promoted, and the old master restarted as the new one's
+// replica; and over TLS, the TLS ports announced. Prints how long Start and the failover took
 // ("redis-cluster: ..." lines).
-
-#include "testing/redis_cluster.h"
 
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include "testing/redis_cluster.h"
 
 namespace leasehold::testing {
 namespace {
@@ -39,7 +41,10 @@ std::unique_ptr<RedisClusterSetup> StartCluster(RedisClusterOptions options = {}
 std::string Out(const Result<std::string>& result) {
   return result.ok() ? *result : "error: " + result.status().ToString();
 }
-int Out(const Result<int>& result) { return result.ok() ? *result : -1; }
+
+int Out(const Result<int>& result) {
+  return result.ok() ? *result : -1;
+}
 
 // The masters in slot order, as "127.0.0.1:P1,127.0.0.1:P2,...", by their TLS ports or not.
 std::string Seeds(const RedisClusterSetup& cluster, bool tls) {
@@ -116,6 +121,19 @@ TEST(RedisClusterFixtureTest, MovesASlotWithItsKeyThenFailsOverItsMaster) {
   const std::vector<int> now = cluster->MasterPorts();
   EXPECT_EQ(now.size(), 3U);
   EXPECT_EQ(std::count(now.begin(), now.end(), to), 0);
+
+  // Restarted with its nodes.conf, the old master rejoins as the new master's replica.
+  ASSERT_TRUE(cluster->ServerOnPort(to)->Restart().ok());
+  const auto rejoin_by = std::chrono::steady_clock::now() + 10s;
+  std::string role;
+  while (std::chrono::steady_clock::now() < rejoin_by) {
+    role = Out(cluster->Cli(to, {"ROLE"}));
+    if (role.starts_with(fmt::format("slave\n127.0.0.1\n{}\nconnected", *promoted))) {
+      break;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(role.starts_with(fmt::format("slave\n127.0.0.1\n{}\nconnected", *promoted))) << role;
 }
 
 TEST(RedisClusterFixtureTest, AHalfDoneMigrationAnswersAskForTheKeysMovedSoFar) {
@@ -169,9 +187,9 @@ TEST(RedisClusterFixtureTest, WithTlsTheClusterAnnouncesItsTlsPortsToTlsClients)
                         cluster->servers().front()->TlsFile("ca.crt")));
   // Over TLS, CLUSTER SLOTS names every node by its TLS port (the plain ports are for plain
   // clients, as Slots() is).
-  auto slots = RunCommand(fmt::format(
-      "timeout 5 redis-cli --tls --cacert {} -h 127.0.0.1 -p {} --json CLUSTER SLOTS",
-      ShellQuote(first->TlsFile("ca.crt")), first->tls_port()));
+  auto slots = RunCommand(
+      fmt::format("timeout 5 redis-cli --tls --cacert {} -h 127.0.0.1 -p {} --json CLUSTER SLOTS",
+                  ShellQuote(first->TlsFile("ca.crt")), first->tls_port()));
   ASSERT_TRUE(slots.ok()) << slots.status().ToString();
   for (RedisServer* node : cluster->servers()) {
     EXPECT_NE(slots->find(fmt::format(",{},", node->tls_port())), std::string::npos)

@@ -45,8 +45,7 @@ Result<std::unique_ptr<RedisServer>> RedisServer::Start(RedisServerOptions optio
   }
 }
 
-Result<std::unique_ptr<RedisServer>> RedisServer::Prepare(
-    const RedisServerOptions& options) {
+Result<std::unique_ptr<RedisServer>> RedisServer::Prepare(const RedisServerOptions& options) {
   char tmpl[] = "/tmp/leasehold-redis-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {
     return Status::Unavailable("cannot create a temporary directory for redis-server");
@@ -56,8 +55,7 @@ Result<std::unique_ptr<RedisServer>> RedisServer::Prepare(
   // Not port + 10000 (Redis's default bus port), which nobody checked was free.
   const int cluster_port =
       options.cluster ? PickFreeLoopbackPort({6379, 16379, port, tls_port}) : 0;
-  std::unique_ptr<RedisServer> server(
-      new RedisServer(options, tmpl, port, tls_port, cluster_port));
+  std::unique_ptr<RedisServer> server(new RedisServer(options, tmpl, port, tls_port, cluster_port));
   if (port <= 0 || tls_port < 0 || cluster_port < 0) {
     return Status::Unavailable("no free loopback port");
   }
@@ -190,8 +188,7 @@ Status RedisServer::Launch() {
         // This server's own process_id, not just a PONG: if its port was taken meanwhile, the
         // server answering there is another test's.
         Result<std::string> info = Cli({"INFO", "server"});
-        return info.ok() &&
-               info->find(fmt::format("process_id:{}\r", pid_)) != std::string::npos;
+        return info.ok() && info->find(fmt::format("process_id:{}\r", pid_)) != std::string::npos;
       },
       options_.ready_timeout, dir_ + "/redis.log", "redis-server");
   if (!ready.ok()) {

@@ -63,7 +63,8 @@ struct RedisServerOptions {
   // (cluster-replica-validity-factor 0), and replicas are pinged every second. With tls, the
   // bus and replication are TLS too (tls-cluster, tls-replication), and the cluster announces
   // the TLS ports to TLS clients. The node starts alone; RedisClusterSetup (redis_cluster.h)
-  // joins nodes into a cluster. Default: false.
+  // joins nodes into a cluster. Restart keeps nodes.conf: the node comes back as itself and
+  // rejoins (a killed master whose replica took over, as that one's replica). Default: false.
   bool cluster = false;
   // With cluster: cluster-node-timeout, after which an unreachable node is suspected failing.
   // Default: 1000 ms.
