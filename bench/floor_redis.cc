@@ -2,8 +2,9 @@
 //
 // Redis floor: PING on a connection of its own, opened the way the store opens its connections
 // (backends/redis/redis_connection.h: TCP or a Unix socket, TLS for rediss://, the master learnt
-// from the sentinels for redis+sentinel://), so that the floor of each topology pays what the
-// store's own round trips pay and no more.
+// from the sentinels for redis+sentinel://, the first seed that answers for redis+cluster://,
+// one master like each of the store's commands), so that the floor of each topology pays what
+// the store's own round trips pay and no more.
 
 #include <memory>
 #include <vector>
@@ -35,7 +36,7 @@ class RedisFloor final : public FloorProbe {
 
  private:
   std::shared_ptr<const internal::RedisTlsContext> tls_;  // outlives the connection
-  std::unique_ptr<internal::RedisConnectionPool> pool_;     // Sentinel: found the master
+  std::unique_ptr<internal::RedisConnectionPool> pool_;  // Sentinel, Cluster: found the node
   std::unique_ptr<internal::RedisConnection> connection_;
   std::string address_;
 };
@@ -49,7 +50,7 @@ Result<std::unique_ptr<FloorProbe>> OpenRedisFloor(const std::string& url) {
                       internal::RedisTlsContext::Create(options));
   std::unique_ptr<internal::RedisConnectionPool> pool;
   std::unique_ptr<internal::RedisConnection> connection;
-  if (options.sentinel()) {
+  if (options.sentinel() || options.cluster()) {
     pool = std::make_unique<internal::RedisConnectionPool>(options, Clock::Real(), tls);
     LH_ASSIGN_OR_RETURN(connection, pool->Connect());
   } else {

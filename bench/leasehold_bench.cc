@@ -944,6 +944,7 @@ constexpr Floors kFloors[] = {
     {"redis_fair", OpenRedisFloor, nullptr},
     {"rediss", OpenRedisFloor, nullptr},
     {"redis_sentinel", OpenRedisFloor, nullptr},
+    {"redis_cluster", OpenRedisFloor, nullptr},
 #endif
 #if LEASEHOLD_WITH_POSTGRES
     {"postgres_advisory", OpenPostgresFloor, nullptr},
@@ -1243,8 +1244,9 @@ int Main(int argc, char** argv) {
           "conflict, handoff, semaphore handoff (limit 4),\n"
           "independent keys, heartbeat at scale and takeover; prints a table and writes JSON\n"
           "(default leasehold-bench.json). Stores: sqlite redis redis_fair rediss "
-          "postgres_advisory\n"
-          "postgres_table etcd etcd_fair zk (those compiled in).\n");
+          "redis_cluster\n"
+          "postgres_advisory postgres_table etcd etcd_fair zk (those compiled in; redis_sentinel\n"
+          "and postgres_table_pgbouncer on request).\n");
       return 0;
     } else {
       std::fprintf(stderr, "leasehold-bench: unknown argument '%s' (see --help)\n", a.c_str());

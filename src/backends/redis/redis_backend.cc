@@ -1391,7 +1391,7 @@ Status RedisBackend::Ping() {
 // UNSUBSCRIBE. Inside the scripts (redis_scripts.h), which the ACL checks too: EXISTS HMGET HGET
 // HSET INCR PEXPIRE PTTL DEL PUBLISH SET TIME, and for shared and semaphore grants (kGrantLib)
 // HGETALL HDEL PEXPIREAT; with fair=true ZADD ZREM ZRANGE ZRANGEBYSCORE ZREMRANGEBYSCORE ZSCORE
-// ZRANK ZCARD HEXISTS; with Sentinel ROLE. CONFIG GET (Open's persistence warning)
+// ZRANK ZCARD HEXISTS; with Sentinel ROLE; with Cluster CLUSTER SLOTS and ASKING. CONFIG GET (Open's persistence warning)
 // and INFO (Diagnose) are optional: refused, they are reported, never fatal.
 std::string RedisBackend::PermissionsFix() const {
   const std::string keys = GlobEscape(options_.prefix) + ":*";
@@ -1412,6 +1412,9 @@ std::string RedisBackend::PermissionsFix() const {
   }
   if (options_.require_master) {
     commands += " +role";  // Sentinel: every connection checks that it reached the master
+  }
+  if (options_.cluster()) {
+    commands += " +cluster|slots +asking";  // the slot map, and ASK redirections
   }
   return fmt::format(
       "ACL SETUSER {} on ~{} &{} {} (optional: +config|get +info, for the persistence check and "

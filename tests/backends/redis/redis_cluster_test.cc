@@ -198,6 +198,30 @@ TEST(RedisClusterTest, AFencedWriteKeepsItsDataInTheLeasesSlot) {
   EXPECT_TRUE(lease->valid());
 }
 
+TEST(RedisClusterTest, RedissClusterVerifiesEveryNodeAndServesLeases) {
+  auto cluster = redis_test::StartOrFail<RedisClusterSetup>(RedisClusterOptions{.tls = true});
+  ASSERT_NE(cluster, nullptr);
+  const std::string url = cluster->Url("?prefix=" + Prefix());
+  ASSERT_TRUE(url.starts_with("rediss+cluster://")) << url;
+  auto backend = OpenUrl(url);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  std::vector<RenewRequest> renewals;
+  for (int i = 0; i < 12; ++i) {
+    const std::string key = fmt::format("tls-{}", i);
+    auto grant = (*backend)->TryAcquire(
+        {.key = key, .owner_token = Token('t'), .holder = "h", .ttl = 10s});
+    ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+    renewals.push_back({key, Token('t'), 10s});
+  }
+  for (const Status& s : (*backend)->RenewMany(renewals)) {
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  }
+  // Without the test CA no node's certificate is accepted: one line, permission denied.
+  std::string no_ca = url.substr(0, url.find("&ca="));
+  auto refused = OpenUrl(no_ca);
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status().ToString();
+}
+
 // A free master other than the one serving `slot`.
 int OtherMaster(RedisClusterSetup& cluster, int slot) {
   const int owner = cluster.MasterPortForSlot(slot).value_or(0);
