@@ -343,13 +343,17 @@ class RedisStore(StoreControl):
     def read_native(self, keys):
         out = {}
         for k in keys:  # straight to the server, not through the proxy
-            r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), "--raw",
-                                "GET", native_data_key(self.scheme, k)],
-                               capture_output=True, text=True, timeout=20)
-            if r.returncode != 0:
-                raise RuntimeError(f"redis-cli GET failed: {r.stderr.strip()}")
-            v = r.stdout.rstrip("\n")
-            out[k] = v if v else None  # --raw prints an empty line for nil
+            out[k] = None
+            for name in redis_native_names(k):
+                r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port),
+                                    "--raw", "GET", name],
+                                   capture_output=True, text=True, timeout=20)
+                if r.returncode != 0:
+                    raise RuntimeError(f"redis-cli GET failed: {r.stderr.strip()}")
+                v = r.stdout.rstrip("\n")
+                if v:  # --raw prints an empty line for nil
+                    out[k] = v
+                    break
         return out
 
     def _signal(self, sig):  # the server process (PostgresStore: its whole process group)
@@ -635,8 +639,12 @@ class RedisSentinelStore(RedisStore):
         port = self.master_port()
         out = {}
         for k in keys:
-            v = self._cli(port, "--raw", "GET", native_data_key("redis", k))
-            out[k] = v if v else None
+            out[k] = None
+            for name in redis_native_names(k):
+                v = self._cli(port, "--raw", "GET", name)
+                if v:
+                    out[k] = v
+                    break
         return out
 
     def inject(self, fault, ttl_ns, orch):
@@ -671,6 +679,469 @@ class RedisSentinelStore(RedisStore):
 
     def stop(self):
         for proc in self.servers.values():
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+class RespError(str):
+    """An error reply of a Redis server (resp_call returns it; it does not raise)."""
+
+
+def _resp_read(f):
+    line = f.readline()
+    if not line.endswith(b"\r\n"):
+        raise OSError("connection closed mid-reply")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest.decode()
+    if kind == b"-":
+        return RespError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        n = int(rest)
+        if n < 0:
+            return None
+        data = f.read(n + 2)
+        if len(data) != n + 2:
+            raise OSError("connection closed mid-reply")
+        return data[:-2].decode(errors="surrogateescape")
+    if kind == b"*":
+        n = int(rest)
+        return None if n < 0 else [_resp_read(f) for _ in range(n)]
+    raise OSError(f"not a RESP2 reply: {line[:60]!r}")
+
+
+def resp_call(port, *args, timeout=2.0):
+    """One command to the Redis server on 127.0.0.1:`port` over a fresh connection (RESP2);
+    returns the reply: str, int, None, a list, or a RespError. OSError if the server does not
+    answer. The cluster store's own control (polled while a fault heals): a socket, not a
+    redis-cli process per poll, to keep a 2-core machine quiet."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a.encode(errors="surrogateescape") if isinstance(a, str) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as c:
+        c.sendall(b"".join(out))
+        with c.makefile("rb") as f:
+            return _resp_read(f)
+
+
+def crc16_xmodem(data):
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def cluster_key_slot(key):
+    """Redis Cluster's hash slot of `key`: of the part between the first '{' and the next '}'
+    when it is not empty, else of the whole key."""
+    b = key.encode()
+    i = b.find(b"{")
+    if i >= 0:
+        j = b.find(b"}", i + 1)
+        if j > i + 1:
+            b = b[i + 1:j]
+    return crc16_xmodem(b) % 16384
+
+
+def redis_lease_key(prefix, key):
+    """The grant's hash of lease `key` (RedisBackend::LeaseKeyName): "<prefix>:{<hex key>}"."""
+    return f"{prefix}:{{{key.encode().hex()}}}"
+
+
+def redis_data_key(key):
+    """The workers' data key of lease `key` named with Lease::DataKey, as every Redis store
+    names data it keeps beside a grant: "{<hex key>}:chaos-data/<key>", in the lease's hash slot
+    (a Redis Cluster refuses a fenced write of a data key in another slot)."""
+    return "{" + key.encode().hex() + "}:" + native_data_key("redis", key)
+
+
+def redis_native_names(key):
+    """Where the audit looks for lease `key`'s data on a single Redis server (redis://,
+    Sentinel), first found wins: the Lease::DataKey name (redis_data_key), then the plain
+    "chaos-data/<key>" that a chaos_worker built before its NativeWriter named its data with
+    Lease::DataKey writes (only one of them exists: every run starts an empty server). A
+    cluster has only the first: it refuses a fenced write of a key outside the lease's slot."""
+    return (redis_data_key(key), native_data_key("redis", key))
+
+
+def _info_fields(text):
+    out = {}
+    for line in (text or "").splitlines():
+        k, sep, v = line.strip().partition(":")
+        if sep:
+            out[k] = v
+    return out
+
+
+class RedisClusterStore(StoreControl):
+    """redis+cluster://: a Redis Cluster of 3 masters and 3 replicas (one each), every node a
+    redis-server in cluster mode on a free loopback port with its own cluster bus port and data
+    directory (AOF, appendfsync always), cluster-node-timeout 1000 ms,
+    cluster-replica-validity-factor 0 and repl-ping-replica-period 1 (as
+    tests/testing/redis_cluster.cc starts them), joined by `redis-cli --cluster create
+    --cluster-replicas 1`. Ready when every node says cluster_state:ok with all slots and all 6
+    nodes known, every node's CLUSTER SLOTS names the same masters with one replica each, and
+    every replica's link is up (each master sees its replica online). The workers open
+    redis+cluster://<the 3 masters at start>?prefix=chaos&min_replicas=N&replica_timeout=200ms,
+    min_replicas=1 unless --cluster-min-replicas says otherwise. No proxy: the workers reach
+    every node.
+
+    Server faults, on the hash slot of one of the scenario's lease keys (their grant hashes are
+    "chaos:{<hex key>}"):
+      master-kill  kill -9 of the slot's master (a key chosen at random); its replica takes
+                   over (~2-3 s). Once a live node's CLUSTER SLOTS names another master for the
+                   slot (or after 30 s), the killed node is started again on its port and data
+                   (store-heal); it rejoins as a replica of the new master. busy() until the
+                   whole cluster is ready again (store-ready, at most 30 s more), so that the
+                   next fault never finds a master without a synced replica.
+      reshard      moves the slot of a key (one a worker holds, if any) to another master, as
+                   `redis-cli --cluster reshard` does for one slot: CLUSTER SETSLOT IMPORTING on
+                   the target, MIGRATING on the source, then one key per step (every
+                   RESHARD_STEP_MS: workers see ASK and TRYAGAIN while the lease's keys are
+                   split) CLUSTER GETKEYSINSLOT + MIGRATE ... KEYS until none are left, then
+                   CLUSTER SETSLOT NODE on every master (store-heal); busy() until every node
+                   agrees (store-ready)."""
+
+    scheme = "redis-cluster"
+    server_faults = ("master-kill", "reshard")
+    min_replicas = 1
+    MASTERS = 3
+    REPLICAS = 1  # per master
+    NODE_TIMEOUT_MS = 1000
+    RESHARD_STEP_MS = 40
+    RESHARD_MAX_ERRORS = 20
+    POLL_NS = 50 * MS  # how often tick() polls the nodes while a fault heals
+
+    def start(self, run_dir):
+        self.dir = os.path.join(run_dir, "cluster")
+        os.makedirs(self.dir)
+        self.pending = None  # the fault being healed (a dict, see inject)
+        self.next_poll = 0
+        self.procs = {}  # port -> Popen
+        self.bus = {}  # port -> cluster bus port
+        n = self.MASTERS * (1 + self.REPLICAS)
+        used = {6379, 16379}
+        ports = []
+        while len(ports) < 2 * n:
+            p = free_port()
+            if p not in used:
+                used.add(p)
+                ports.append(p)
+        self.ports = ports[:n]
+        for port, bus in zip(self.ports, ports[n:]):
+            self.bus[port] = bus
+            self._launch(port)
+        deadline = time.time() + 10
+        for port in self.ports:
+            while self._call(port, "PING") != "PONG":
+                if time.time() > deadline or self.procs[port].poll() is not None:
+                    raise SystemExit(f"chaos: redis-server (cluster node) did not come up on "
+                                     f"port {port}, see {self._node_dir(port)}/redis.log")
+                time.sleep(0.02)
+        r = subprocess.run(["redis-cli", "--cluster", "create"] +
+                           [f"127.0.0.1:{p}" for p in self.ports] +
+                           ["--cluster-replicas", str(self.REPLICAS), "--cluster-yes"],
+                           capture_output=True, text=True, timeout=60)
+        with open(os.path.join(self.dir, "create.log"), "w") as f:
+            f.write(r.stdout + r.stderr)
+        if r.returncode != 0 or "[OK] All 16384 slots covered" not in r.stdout:
+            raise SystemExit(f"chaos: redis-cli --cluster create failed (rc {r.returncode}), "
+                             f"see {self.dir}/create.log")
+        deadline = time.time() + 30
+        why = self._why_not_ready()
+        while why and time.time() < deadline:
+            time.sleep(0.05)
+            why = self._why_not_ready()
+        if why:
+            raise SystemExit(f"chaos: the cluster was not ready within 30 s: {why} (logs in "
+                             f"{self.dir})")
+        # The seeds: the masters at start, in slot order (they stay the seeds after failovers).
+        self.seeds = []
+        for first, last, master, _, _ in self._slots():
+            if master not in self.seeds:
+                self.seeds.append(master)
+
+    def _node_dir(self, port):
+        return os.path.join(self.dir, f"redis-{port}")
+
+    def _launch(self, port):
+        d = self._node_dir(port)
+        os.makedirs(d, exist_ok=True)
+        log = open(os.path.join(d, "redis.log"), "ab")
+        self.procs[port] = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", d,
+             "--save", "", "--appendonly", "yes", "--appendfsync", "always",
+             "--repl-diskless-sync-delay", "0", "--cluster-enabled", "yes",
+             "--cluster-config-file", os.path.join(d, "nodes.conf"),
+             "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS),
+             "--cluster-port", str(self.bus[port]), "--cluster-replica-validity-factor", "0",
+             "--repl-ping-replica-period", "1", "--daemonize", "no"],
+            stdout=log, stderr=log, start_new_session=True)
+        log.close()
+
+    def _alive(self, port):
+        return self.procs[port].poll() is None
+
+    def _call(self, port, *args, timeout=2.0):
+        """resp_call, None when the node does not answer."""
+        try:
+            return resp_call(port, *args, timeout=timeout)
+        except OSError:
+            return None
+
+    def _slots(self, port=None):
+        """CLUSTER SLOTS of the node on `port` (else of the first live node that answers) as
+        sorted (first, last, master port, master id, sorted replica ports); [] if none
+        answers."""
+        for p in [port] if port else [q for q in self.ports if self._alive(q)]:
+            reply = self._call(p, "CLUSTER", "SLOTS")
+            if not isinstance(reply, list):
+                continue
+            out = []
+            for r in reply:
+                master = r[2]
+                out.append((int(r[0]), int(r[1]), int(master[1]), master[2],
+                            sorted(int(n[1]) for n in r[3:])))
+            return sorted(out)
+        return []
+
+    def _master_of(self, slot, ranges=None):
+        for first, last, master, _, _ in ranges if ranges is not None else self._slots():
+            if first <= slot <= last:
+                return master
+        return None
+
+    def _why_not_ready(self):
+        """What the cluster still lacks (as tests/testing/redis_cluster.cc's WhyNotReady), or ""
+        when every node is up and agrees, and every replica is in sync."""
+        first_map = None
+        masters = set()
+        for port in self.ports:
+            if not self._alive(port):
+                return f"node {port} is down"
+            info = _info_fields(self._call(port, "CLUSTER", "INFO"))
+            if (info.get("cluster_state") != "ok" or info.get("cluster_slots_ok") != "16384" or
+                    info.get("cluster_known_nodes") != str(len(self.ports))):
+                return (f"node {port}: cluster_state={info.get('cluster_state')} "
+                        f"slots_ok={info.get('cluster_slots_ok')} "
+                        f"known_nodes={info.get('cluster_known_nodes')}")
+            ranges = self._slots(port)
+            # Replicas included: each node learns who replicates whom by gossip, a little
+            # after the replica's link is up.
+            m = [(a, b, mp, reps) for a, b, mp, _, reps in ranges]
+            if first_map is None:
+                first_map = m
+            elif m != first_map:
+                return f"node {port} has another slot map"
+            masters = {mp for _, _, mp, _ in m}
+            if len(masters) != self.MASTERS or any(len(reps) != self.REPLICAS
+                                                   for _, _, _, reps in m):
+                return f"node {port} lists masters/replicas {sorted(masters)} {m[:3]}"
+            repl = self._call(port, "INFO", "replication") or ""
+            role = _info_fields(repl).get("role")
+            if role == "slave" and _info_fields(repl).get("master_link_status") != "up":
+                return f"replica {port}: master_link_status " \
+                       f"{_info_fields(repl).get('master_link_status')}"
+            if role == "master" and port in masters and \
+                    repl.count("state=online") < self.REPLICAS:
+                return f"master {port}: its replica is not online"
+        return ""
+
+    def url(self):
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.seeds)
+        return (f"redis+cluster://{hosts}?prefix=chaos&min_replicas={self.min_replicas}"
+                f"&replica_timeout=200ms")
+
+    def read_native(self, keys):
+        # With redis-cli -c from the slot's master (it follows a MOVED or ASK, should the map
+        # have changed since).
+        ranges = self._slots()
+        out = {}
+        for k in keys:
+            name = redis_data_key(k)
+            port = self._master_of(cluster_key_slot(name), ranges)
+            if port is None:
+                raise RuntimeError(f"no live node names a master for the slot of {name}")
+            r = subprocess.run(["redis-cli", "-c", "-h", "127.0.0.1", "-p", str(port), "--raw",
+                                "GET", name], capture_output=True, text=True, timeout=20)
+            if r.returncode != 0 or r.stdout.startswith(("MOVED", "ASK", "CLUSTERDOWN")):
+                raise RuntimeError(f"redis-cli -c GET {name} on {port} failed: "
+                                   f"{(r.stdout + r.stderr).strip()}")
+            v = r.stdout.rstrip("\n")
+            out[k] = v if v else None
+        return out
+
+    # ---- faults ----
+
+    def inject(self, fault, ttl_ns, orch):
+        why = self._why_not_ready()
+        if why:  # only a whole, settled cluster is hurt
+            orch.log("store-fault-skipped", kind=fault, why=re.sub(r"\s+", "_", why))
+            return False
+        ranges = self._slots()
+        if fault == "master-kill":
+            key = orch.rng.choice(orch.sc["keys"])
+            slot = cluster_key_slot(redis_lease_key("chaos", key))
+            port = self._master_of(slot, ranges)
+            if port is None or port not in self.procs or not self._alive(port):
+                return False
+            self.procs[port].kill()
+            self.procs[port].wait()
+            t = now_ns()
+            self.pending = dict(kind=fault, phase="failover", port=port, slot=slot, t0=t,
+                                deadline=t + 30 * 10**9)
+            orch.log("store-fault", kind=fault, dur_ms=0, port=port, slot=slot, key=key)
+            return True
+        if fault != "reshard":
+            raise ValueError(fault)
+        held = sorted({k for k in orch.holding.values() if k})
+        key = orch.rng.choice(held or orch.sc["keys"])
+        slot = cluster_key_slot(redis_lease_key("chaos", key))
+        src = self._master_of(slot, ranges)
+        others = sorted({m for _, _, m, _, _ in ranges} - {src})
+        if src is None or not others:
+            return False
+        dst = orch.rng.choice(others)
+        src_id, dst_id = self._call(src, "CLUSTER", "MYID"), self._call(dst, "CLUSTER", "MYID")
+        # The target first, as redis-cli does: once the source says ASK, the target must accept.
+        r1 = self._call(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        r2 = self._call(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id) if r1 == "OK" \
+            else None
+        if r1 != "OK" or r2 != "OK":
+            for p in (src, dst):
+                self._call(p, "CLUSTER", "SETSLOT", slot, "STABLE")
+            orch.log("store-fault-failed", kind=fault, slot=slot, importing=r1, migrating=r2)
+            return False
+        t = now_ns()
+        self.pending = dict(kind=fault, phase="migrate", slot=slot, src=src, dst=dst,
+                            dst_id=dst_id, t0=t, next_step=t + self.RESHARD_STEP_MS * MS,
+                            moved=0, steps=0)
+        orch.log("store-fault", kind=fault, dur_ms=0, slot=slot, from_port=src, to_port=dst,
+                 key=key)
+        return True
+
+    def _migrate_step(self, count):
+        """Moves up to `count` keys of the pending reshard's slot; returns how many were listed
+        (0: none left on the source), or an error text."""
+        p = self.pending
+        keys = self._call(p["src"], "CLUSTER", "GETKEYSINSLOT", p["slot"], count)
+        if not isinstance(keys, list):
+            return f"GETKEYSINSLOT: {keys}"
+        if not keys:
+            return 0
+        # Database 0 (the only one in a cluster), no REPLACE: a key on both sides is an error.
+        r = self._call(p["src"], "MIGRATE", "127.0.0.1", p["dst"], "", 0, 5000, "KEYS", *keys,
+                       timeout=10)
+        if r not in ("OK", "NOKEY"):
+            return f"MIGRATE: {r}"
+        p["moved"] += len(keys)
+        p["steps"] += 1
+        return len(keys)
+
+    def _finish_reshard(self, orch):
+        p = self.pending
+        s = p["slot"]
+        left = self._call(p["src"], "CLUSTER", "COUNTKEYSINSLOT", s)
+        if left != 0:
+            return f"{left} keys left on {p['src']}"
+        # The target first (it bumps its config epoch), then the source, then the other masters.
+        masters = {m for _, _, m, _, _ in self._slots()}
+        order = [p["dst"], p["src"]] + sorted(masters - {p["dst"], p["src"]})
+        for port in order:
+            r = self._call(port, "CLUSTER", "SETSLOT", s, "NODE", p["dst_id"])
+            if r != "OK":
+                return f"SETSLOT NODE on {port}: {r}"
+        t = now_ns()
+        orch.log("store-heal", kind="reshard", slot=s, from_port=p["src"], to_port=p["dst"],
+                 keys=p["moved"], took_ms=(t - p["t0"]) // MS)
+        p.update(phase="settle", deadline=t + 30 * 10**9)
+        return ""
+
+    def _reshard_error(self, orch, what):
+        """Logs a failed step of the reshard (it is tried again); gives up on the run after
+        RESHARD_MAX_ERRORS: the harness, not the library, failed."""
+        p = self.pending
+        p["errors"] = p.get("errors", 0) + 1
+        orch.log("store-fault-error", kind="reshard", slot=p["slot"],
+                 what=re.sub(r"\s+", "_", str(what)))
+        if p["errors"] >= self.RESHARD_MAX_ERRORS:
+            raise SystemExit(f"chaos: reshard of slot {p['slot']} from {p['src']} to "
+                             f"{p['dst']} failed: {what} (logs in {self.dir})")
+
+    def busy(self):
+        return self.pending is not None
+
+    def tick(self, orch):
+        p = self.pending
+        if p is None:
+            return
+        t = now_ns()
+        if p["kind"] == "reshard" and p["phase"] == "migrate":
+            if t < p["next_step"]:
+                return
+            p["next_step"] = t + self.RESHARD_STEP_MS * MS
+            n = self._migrate_step(1)
+            if isinstance(n, str):
+                self._reshard_error(orch, n)
+            elif n == 0 or p["steps"] > 1000:
+                err = self._finish_reshard(orch)
+                if err:
+                    self._reshard_error(orch, err)
+            return
+        if t < self.next_poll:
+            return
+        self.next_poll = t + self.POLL_NS
+        if p["phase"] == "failover":
+            new = None
+            for port in self.ports:
+                if port != p["port"] and self._alive(port):
+                    m = self._master_of(p["slot"], self._slots(port))
+                    if m is not None and m != p["port"]:
+                        new = m
+                        break
+            if new is None and t < p["deadline"]:
+                return
+            self._launch(p["port"])
+            orch.log("store-heal", kind="master-kill", port=p["port"], new_master=new,
+                     failover_ms=(t - p["t0"]) // MS)
+            p.update(phase="rejoin", t1=t, deadline=t + 30 * 10**9)
+            return
+        # rejoin (master-kill) or settle (reshard): the whole cluster agrees and is in sync.
+        why = self._why_not_ready()
+        if not why or t > p["deadline"]:
+            fields = dict(kind=p["kind"], ready_ms=(t - p.get("t1", p["t0"])) // MS)
+            if why:
+                fields["not_ready"] = re.sub(r"\s+", "_", why)
+            orch.log("store-ready" if not why else "store-not-ready", **fields)
+            self.pending = None
+
+    def heal(self, orch):
+        # Wind-down: a reshard still moving keys is finished at once; a killed master is started
+        # again if its failover is done (one tick; no waiting here, paused workers wait on us).
+        p = self.pending
+        while p is not None and p["kind"] == "reshard" and p["phase"] == "migrate":
+            n = self._migrate_step(100)
+            if isinstance(n, str):
+                self._reshard_error(orch, n)
+            elif n == 0:
+                err = self._finish_reshard(orch)
+                if err:
+                    self._reshard_error(orch, err)
+        if p is not None and p["phase"] == "failover":
+            self.next_poll = 0
+            self.tick(orch)
+
+    def stop(self):
+        for proc in self.procs.values():
             try:
                 proc.kill()
             except ProcessLookupError:
@@ -864,7 +1335,7 @@ def native_data_key(scheme, key):
 
 
 STORES = {"sqlite": SqliteStore, "redis": RedisStore, "redis-fair": RedisFairStore,
-          "redis-sentinel": RedisSentinelStore,
+          "redis-sentinel": RedisSentinelStore, "redis-cluster": RedisClusterStore,
           "postgres": PostgresStore,
           "postgres-table": PostgresTableStore, "etcd": EtcdStore, "zk": ZkStore}
 
@@ -883,7 +1354,7 @@ SCENARIOS = {
     "store-faults": dict(keys=["hot", "k1"],
                          faults={"pause-check": 2, "pause": 1, "kill": 1, "store-pause": 2,
                                  "store-restart": 1, "proxy-blackhole": 2, "proxy-reset": 1,
-                                 "proxy-delay": 2, "master-kill": 2},
+                                 "proxy-delay": 2, "master-kill": 2, "reshard": 2},
                          quick_s=18, needs_stale=False, server=True),
     "calm": dict(keys=["hot", "k1"], faults={}, quick_s=5, needs_stale=False),
 }
@@ -1240,7 +1711,11 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
     for t, _, ev, f in orch:
         if ev == "store-fault":
             faults[f["kind"]] = faults.get(f["kind"], 0) + 1
-            store_fault_times += [t, t + int(f["dur_ms"]) * MS]
+            store_fault_times += [t, t + int(f.get("dur_ms", "0")) * MS]
+        elif ev in ("store-heal", "store-ready", "store-not-ready"):
+            # A fault whose end the store reports (a failover, a reshard settling) was in force
+            # until then.
+            store_fault_times.append(t)
         if ev in ("kill", "final-kill"):
             kills.setdefault(f["worker"], t)
             if ev == "kill":
@@ -1262,6 +1737,8 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
     per_worker_selfpause = {}
     native_writes = []  # --guard native: (worker, key, token, result, t_send, seq, msg)
     first_acq_fail = None
+    acq_fails = {}  # the refusal's status code -> how many acquires failed with it
+    at_risk = 0  # held -> at risk: a renewal failed, or none was confirmed in time
     lines = 0
     for name in sorted(os.listdir(run_dir)):
         if not (name.startswith("w") and name.endswith(".log")):
@@ -1281,8 +1758,13 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
             if ev == "write" and f.get("guard") == "native":
                 native_writes.append((wid, f["key"], int(f["token"]), f["result"],
                                       int(f["t_send"]), f.get("seq"), f.get("msg")))
-            if ev == "acq-fail" and first_acq_fail is None:
-                first_acq_fail = f.get("msg", "?")
+            if ev == "acq-fail":
+                if first_acq_fail is None:
+                    first_acq_fail = f.get("msg", "?")
+                code = f.get("msg", "?").split(":", 1)[0]
+                acq_fails[code] = acq_fails.get(code, 0) + 1
+            elif ev == "state" and f.get("state") == "at_risk":
+                at_risk += 1
             if ev == "acq-sent":
                 sent = t
             elif ev == "acquired":
@@ -1482,11 +1964,16 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
           f"safe_until_bound_violations={len(bound_violations)} "
           f"faults={sum(faults.values())} (pause_after_check={faults['pause-check']} "
           f"pause={faults['pause']} kill={faults['kill']}"
-          + "".join(f" {k}={v}" for k, v in faults.items() if k.startswith(("store", "proxy")))
+          + "".join(f" {k}={v}" for k, v in faults.items()
+                    if k not in ("pause-check", "pause", "kill"))
           + f") pauses={len(pauses)} "
           f"takeover_ms p50={round(pct(takeovers, 0.5))} p99={round(pct(takeovers, 0.99))} "
           f"max={round(max(takeovers, default=0))} n={len(takeovers)} "
           f"lost={len(lost_grants)} false_loss={false_losses}/{len(grants)} "
+          f"acq_fail={sum(acq_fails.values())}"
+          + (f" ({' '.join(f'{k}={v}' for k, v in sorted(acq_fails.items()))})"
+             if acq_fails else "") +
+          f" at_risk={at_risk} "
           f"incomplete={incomplete} crashes={len(crashes)} events={lines} dir={run_dir}")
     for title, items in (("overlap", overlaps), ("token-regression", token_regressions),
                          ("foreign", foreign), ("safe-until-bound", bound_violations)):
@@ -2130,6 +2617,9 @@ def main():
     ap.add_argument("--sentinel-min-replicas", type=int, default=1, metavar="N",
                     help="--store redis-sentinel: the workers' min_replicas (default 1; 0 shows "
                          "what asynchronous replication can lose in a failover)")
+    ap.add_argument("--cluster-min-replicas", type=int, default=1, metavar="N",
+                    help="--store redis-cluster: the workers' min_replicas (default 1; 0 shows "
+                         "what asynchronous replication can lose in a failover)")
     ap.add_argument("--control", action="append", metavar="NAME",
                     help="--negative-control: only these controls (repeatable; default all)")
     ap.add_argument("--ttl-ms", type=int, default=None,
@@ -2160,6 +2650,7 @@ def main():
     ap.add_argument("--check-only", metavar="DIR")
     args = ap.parse_args()
     RedisSentinelStore.min_replicas = args.sentinel_min_replicas
+    RedisClusterStore.min_replicas = args.cluster_min_replicas
     if not 1 <= args.limit <= 1024:
         ap.error("--limit must be 1..1024 (kMaxLeaseLimit)")
     if args.workers is None:

@@ -1,13 +1,16 @@
 // File: backends/redis/redis_backend.cc (internal)
 //
 // RedisBackend: the operations, each a Lua script (redis_scripts.h) run with EVALSHA on a
-// connection borrowed from the pool (redis_connection.h); waits go through the subscriber
-// (redis_subscriber.h).
+// connection borrowed from the pool of the node that serves its key (redis_cluster.h: the one
+// server's, or in a cluster the slot's master; redis_connection.h); waits go through the
+// subscriber (redis_subscriber.h).
 //
 // Invariants:
 // - One operation is one pipelined round trip: the EVALSHA (plus WAIT with min_replicas) is
-//   written in one go and every reply read back. NOSCRIPT costs one more SCRIPT LOAD and one
-//   retry of exactly the calls that did not run.
+//   written in one go and every reply read back; a batch that spans a cluster's masters is
+//   written to all of them before any reply is read. NOSCRIPT costs one more SCRIPT LOAD and one
+//   retry of exactly the calls that did not run; MOVED, ASK and TRYAGAIN one more round of
+//   exactly those (RunEach). A call that may have run is never sent again.
 // - Every time the backend reads is on clock_ (the Clock it was opened with), the clock of the
 //   deadlines it receives; the grants' own expiry is the server's PEXPIRE, never a local time.
 

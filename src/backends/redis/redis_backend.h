@@ -20,8 +20,8 @@
 // Fenced writes (Lease::Write): one script checks that the grant hash still holds the caller's
 // owner token and applies the ops (SET, DEL, HSET) to the caller's data keys, all or none. Data
 // keys are any names outside "<prefix>:"; the grant hash's name is Grant::store_key
-// (Lease::store_key()), so a caller that wants its data in the lease's cluster slot names the
-// data keys with its "{<hex key>}" hash tag.
+// (Lease::store_key()). Lease::DataKey names a data key with the lease's "{<hex key>}" hash tag
+// (DataKeyPrefix), in the lease's cluster slot, which a cluster requires.
 //
 // Fencing tokens survive a restart only if the server persists its data (AOF or RDB): with
 // persistence off the counters restart from zero. Open() checks with CONFIG GET where the ACL
@@ -44,8 +44,12 @@
 // (PEXPIRE), outside the process, which is why the registry opens redis:// with Clock::Real()
 // only.
 //
+// Redis Cluster (redis+cluster://): every command goes to the master of its key's slot
+// (RedisRouter, redis_cluster.h); List and ListRecords SCAN every master; a fenced write's data
+// keys must share the lease's slot (DataKeyPrefix).
+//
 // Thread safety: thread-safe. Connections are not, so commands borrow a connection from
-// a small pool (RedisOptions::pool_size, redis_connection.h) and waiters share one subscriber
+// a small pool per node (RedisOptions::pool_size, redis_connection.h) and waiters share one subscriber
 // connection (redis_subscriber.h), read by one std::jthread owned by the backend and joined in
 // its destructor. A broken connection is dropped and a new one is opened on the next call,
 // with capped exponential backoff between failed connects.
@@ -82,7 +86,8 @@ class RedisConnectionPool;
 class RedisRouter;
 class RedisSubscriber;
 
-// Opens the store named by `url` (scheme "redis" or "redis+unix") and checks it at once.
+// Opens the store named by `url` (a redis, rediss, redis+unix, redis(s)+sentinel or
+// redis(s)+cluster URL) and checks it at once.
 // Returns kInvalidArgument for a bad URL; kUnavailable if the server cannot be reached within
 // connect_timeout; kPermissionDenied for wrong credentials or an ACL that forbids a command the
 // backend needs (the message names it). Messages never contain the password. `clock` must
