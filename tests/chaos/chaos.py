@@ -105,7 +105,10 @@ Stores join through a StoreControl: a URL for the workers plus optional server f
 kill -9 and restart on the same port and data, and a TCP fault proxy between workers and the
 server). SqliteStore has no server; RedisStore is the hook for redis://, PostgresStore for
 postgres:// (advisory mode), PostgresTableStore for ?mode=table, EtcdStore for etcd:// and
-ZkStore for zk:// (see their docstrings).
+ZkStore for zk:// (see their docstrings). RedisSentinelStore (redis+sentinel://, server fault
+master-kill) and RedisClusterStore (redis+cluster://, 3 masters + 3 replicas, server faults
+master-kill and reshard of a lease key's hash slot) have no proxy: the workers reach several
+servers. Their workers' min_replicas: --sentinel-min-replicas, --cluster-min-replicas (default 1).
 """
 
 import argparse
@@ -822,11 +825,18 @@ class RedisClusterStore(StoreControl):
     POLL_NS = 50 * MS  # how often tick() polls the nodes while a fault heals
 
     def start(self, run_dir):
+        self.procs = {}  # port -> Popen
+        try:
+            self._start(run_dir)
+        except BaseException:
+            self.stop()  # main() stops only a store that started
+            raise
+
+    def _start(self, run_dir):
         self.dir = os.path.join(run_dir, "cluster")
         os.makedirs(self.dir)
         self.pending = None  # the fault being healed (a dict, see inject)
         self.next_poll = 0
-        self.procs = {}  # port -> Popen
         self.bus = {}  # port -> cluster bus port
         n = self.MASTERS * (1 + self.REPLICAS)
         used = {6379, 16379}
@@ -963,19 +973,27 @@ class RedisClusterStore(StoreControl):
 
     def read_native(self, keys):
         # With redis-cli -c from the slot's master (it follows a MOVED or ASK, should the map
-        # have changed since).
-        ranges = self._slots()
+        # have changed since). A master killed just before the wind-down may still be failing
+        # over: up to 20 s for a live master of the slot that answers.
         out = {}
         for k in keys:
             name = redis_data_key(k)
-            port = self._master_of(cluster_key_slot(name), ranges)
-            if port is None:
-                raise RuntimeError(f"no live node names a master for the slot of {name}")
-            r = subprocess.run(["redis-cli", "-c", "-h", "127.0.0.1", "-p", str(port), "--raw",
-                                "GET", name], capture_output=True, text=True, timeout=20)
-            if r.returncode != 0 or r.stdout.startswith(("MOVED", "ASK", "CLUSTERDOWN")):
-                raise RuntimeError(f"redis-cli -c GET {name} on {port} failed: "
-                                   f"{(r.stdout + r.stderr).strip()}")
+            deadline = time.time() + 20
+            while True:
+                port = self._master_of(cluster_key_slot(name))
+                r = None
+                if port is not None and self._alive(port):
+                    r = subprocess.run(["redis-cli", "-c", "-h", "127.0.0.1", "-p", str(port),
+                                        "--raw", "GET", name], capture_output=True, text=True,
+                                       timeout=20)
+                    if r.returncode == 0 and not r.stdout.startswith(
+                            ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "ERR")):
+                        break
+                if time.time() > deadline:
+                    raise RuntimeError(f"redis-cli -c GET {name}: no answer from the master of "
+                                       f"its slot ({port}): "
+                                       f"{(r.stdout + r.stderr).strip() if r else 'down'}")
+                time.sleep(0.1)
             v = r.stdout.rstrip("\n")
             out[k] = v if v else None
         return out
@@ -1003,7 +1021,9 @@ class RedisClusterStore(StoreControl):
             return True
         if fault != "reshard":
             raise ValueError(fault)
-        held = sorted({k for k in orch.holding.values() if k})
+        # Orchestrator.holding: worker -> the "key=<key>" field of its latest acquired line.
+        held = sorted({k.partition("=")[2] if k.startswith("key=") else k
+                       for k in orch.holding.values() if k} & set(orch.sc["keys"]))
         key = orch.rng.choice(held or orch.sc["keys"])
         slot = cluster_key_slot(redis_lease_key("chaos", key))
         src = self._master_of(slot, ranges)
@@ -1127,6 +1147,17 @@ class RedisClusterStore(StoreControl):
     def heal(self, orch):
         # Wind-down: a reshard still moving keys is finished at once; a killed master is started
         # again if its failover is done (one tick; no waiting here, paused workers wait on us).
+        # Then the error replies the nodes sent (INFO errorstats, summed over the live nodes,
+        # each counted since its last start): ASK, TRYAGAIN and MOVED show that the workers met
+        # the reshards and failovers; the checker prints them as store_errors.
+        errors = {}
+        for port in self.ports:
+            if self._alive(port):
+                for k, v in _info_fields(self._call(port, "INFO", "errorstats")).items():
+                    if k.startswith("errorstat_"):
+                        n = int(v.partition("count=")[2].split(",")[0] or 0)
+                        errors[k[len("errorstat_"):]] = errors.get(k[len("errorstat_"):], 0) + n
+        orch.log("store-errors", **{k: v for k, v in sorted(errors.items())})
         p = self.pending
         while p is not None and p["kind"] == "reshard" and p["phase"] == "migrate":
             n = self._migrate_step(100)
@@ -1147,6 +1178,7 @@ class RedisClusterStore(StoreControl):
             except ProcessLookupError:
                 pass
             proc.wait()
+        self.procs = {}
 
 
 class EtcdStore(RedisStore):
@@ -1708,7 +1740,10 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
     open_stops = {}
     faults = {"pause-check": 0, "pause": 0, "kill": 0}
     store_fault_times = []
+    store_errors = {}  # error replies the store's servers counted (RedisClusterStore.heal)
     for t, _, ev, f in orch:
+        if ev == "store-errors":
+            store_errors = f
         if ev == "store-fault":
             faults[f["kind"]] = faults.get(f["kind"], 0) + 1
             store_fault_times += [t, t + int(f.get("dur_ms", "0")) * MS]
@@ -1974,6 +2009,8 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
           + (f" ({' '.join(f'{k}={v}' for k, v in sorted(acq_fails.items()))})"
              if acq_fails else "") +
           f" at_risk={at_risk} "
+          + (f"store_errors=({' '.join(f'{k}={v}' for k, v in store_errors.items()) or '-'}) "
+             if "store-errors" in {e[2] for e in orch} else "") +
           f"incomplete={incomplete} crashes={len(crashes)} events={lines} dir={run_dir}")
     for title, items in (("overlap", overlaps), ("token-regression", token_regressions),
                          ("foreign", foreign), ("safe-until-bound", bound_violations)):

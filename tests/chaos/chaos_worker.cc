@@ -165,6 +165,9 @@ class Holding {
   virtual SteadyTime SafeUntil() = 0;
   // Where the store keeps the grant (Lease::store_key, Grant::store_key).
   virtual std::string StoreKey() = 0;
+  // A data key named to live beside the grant (Lease::DataKey: in a Redis Cluster, the
+  // lease's hash slot).
+  virtual std::string DataKey(const std::string& name) = 0;
   // A native write, guarded by the store (--guard=native).
   virtual Status NativeWrite(const FencedWrite& write) = 0;
   // Returns "ok", "lost" or "error:<code>", and whether a grant was deleted.
@@ -195,6 +198,8 @@ class LibraryHolding : public Holding {
   SteadyTime SafeUntil() override { return lease_.safe_until(); }
 
   std::string StoreKey() override { return lease_.store_key(); }
+
+  std::string DataKey(const std::string& name) override { return lease_.DataKey(name); }
 
   Status NativeWrite(const FencedWrite& write) override { return lease_.Write(write).status(); }
 
@@ -292,6 +297,10 @@ class UnsafeHolding : public Holding {
   }
 
   std::string StoreKey() override { return store_key_; }
+
+  std::string DataKey(const std::string& name) override {
+    return backend_->DataKeyPrefix(key_) + name;
+  }
 
   Status NativeWrite(const FencedWrite& write) override {
     return backend_
@@ -441,7 +450,7 @@ class NativeWriter {
     if (sql_) {
       write.Sql(kCreateDataTable).Sql(kUpsertData, {DataKey(key), value});
     } else {
-      write.Put(DataKey(key), value);
+      write.Put(holding.DataKey(DataKey(key)), value);
     }
     if (noguard_ == nullptr) {
       return holding.NativeWrite(write);
