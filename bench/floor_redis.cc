@@ -3,7 +3,7 @@
 // Redis floor: PING on a connection of its own, opened the way the store opens its connections
 // (backends/redis/redis_connection.h: TCP or a Unix socket, TLS for rediss://, the master learnt
 // from the sentinels for redis+sentinel://, the first seed that answers for redis+cluster://,
-// one master like each of the store's commands), so that the floor of each topology pays what
+// usually a master, one hop like each of the store's commands), so that the floor of each topology pays what
 // the store's own round trips pay and no more.
 
 #include <memory>

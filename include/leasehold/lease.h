@@ -92,7 +92,8 @@ class Lease {
   [[nodiscard]] const std::string& store_key() const;
 
   // Returns the name to give a fenced write's data key `name` so that the store keeps it beside
-  // this grant: for Redis "{<hex key>}:<name>", in the lease's hash slot, which a Redis Cluster
+  // this grant: for Redis "{<hex key>}:<prefix>:<name>", in the lease's hash slot (and the URL's
+  // prefix= namespace), which a Redis Cluster
   // needs (one script checks the grant and writes the data, and a script's keys must share a
   // slot); for every other store `name` unchanged. The same name for every holder of the key,
   // and the same as Store::DataKey(key(), name).

@@ -157,7 +157,8 @@ class Store {
 
   // Returns the name to give data key `name` so that the store keeps it beside the grants of
   // lease `key` (Lease::DataKey, for code that names its data before it holds the lease): for
-  // Redis "{<hex key>}:<name>", in the lease's hash slot, as a Redis Cluster needs for a fenced
+  // Redis "{<hex key>}:<prefix>:<name>", in the lease's hash slot, as a Redis Cluster needs for
+  // a fenced
   // write; for every other store `name` unchanged.
   [[nodiscard]] std::string DataKey(std::string_view key, std::string_view name) const;
 

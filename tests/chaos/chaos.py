@@ -762,9 +762,10 @@ def redis_lease_key(prefix, key):
 
 def redis_data_key(key):
     """The workers' data key of lease `key` named with Lease::DataKey, as every Redis store
-    names data it keeps beside a grant: "{<hex key>}:chaos-data/<key>", in the lease's hash slot
-    (a Redis Cluster refuses a fenced write of a data key in another slot)."""
-    return "{" + key.encode().hex() + "}:" + native_data_key("redis", key)
+    names data it keeps beside a grant: "{<hex key>}:chaos:chaos-data/<key>" (the hash tag, then
+    the URL's prefix=chaos), in the lease's hash slot (a Redis Cluster refuses a fenced write of
+    a data key in another slot)."""
+    return "{" + key.encode().hex() + "}:chaos:" + native_data_key("redis", key)
 
 
 def redis_native_names(key):

@@ -595,7 +595,11 @@ ScriptReplies RunEach(RedisRouter& router, const std::vector<Command>& calls,
              (error.starts_with("MOVED") || error.starts_with("ASK")))) {
           last_redirect = std::string(error);  // TRYAGAIN says the most: it is kept
         }
-        if (std::optional<Redirection> r = ParseRedirection(error)) {
+        // Redirections are a cluster's only: one server's MOVED (a redis:// URL that names a
+        // cluster node) is its answer, reported as the error it is.
+        std::optional<Redirection> r =
+            router.cluster() ? ParseRedirection(error) : std::nullopt;
+        if (r) {
           const std::string host = r->host.empty() ? t.pool->options().host : r->host;
           if (r->ask) {
             ask_to[i] = {host, r->port};
@@ -604,7 +608,7 @@ ScriptReplies RunEach(RedisRouter& router, const std::vector<Command>& calls,
             router.Moved(r->slot, host, r->port);
           }
           pending.push_back(i);
-        } else if (error.starts_with("TRYAGAIN")) {
+        } else if (router.cluster() && error.starts_with("TRYAGAIN")) {
           ask_to.erase(i);
           pause = true;
           pending.push_back(i);
@@ -639,6 +643,23 @@ ScriptReplies RunEach(RedisRouter& router, const std::vector<Command>& calls,
   }
   out.replicas = n == 0 ? 0 : *std::min_element(out.replicas_of.begin(), out.replicas_of.end());
   return out;
+}
+
+// One pipelined round trip of `commands` on a connection of `node` (counted on the router's
+// seed pool). A node that cannot be reached or stops answering marks a cluster's slot map stale,
+// so that a failover is learnt before the next command.
+Result<std::vector<ReplyPtr>> PipelineOn(RedisRouter& router, RedisConnectionPool& node,
+                                         const std::vector<Command>& commands) {
+  router.seed_pool()->round_trips_.fetch_add(1, std::memory_order_relaxed);
+  Result<RedisConnectionPool::Borrowed> connection = node.Borrow();
+  Result<std::vector<ReplyPtr>> replies = connection.status();
+  if (connection.ok()) {
+    replies = (*connection)->Pipeline(commands, node.options().Address());
+  }
+  if (!replies.ok()) {
+    router.MarkStale();
+  }
+  return replies;
 }
 
 // RunEach, for batches that succeed or fail as one: the first command's failure, if any.
@@ -1155,7 +1176,10 @@ Status RedisBackend::Finish(const FinishRequest& request) {
 }
 
 std::string RedisBackend::DataKeyPrefix(std::string_view key) const {
-  return fmt::format("{{{}}}:", HexEncode(key));
+  // The hash tag first (the first {...} of a name is its tag), then the store's prefix, so that
+  // two namespaces' leases of one name never share data; the name never starts with
+  // "<prefix>:", the store's own keys.
+  return fmt::format("{{{}}}:{}:", HexEncode(key), options_.prefix);
 }
 
 Result<std::vector<std::int64_t>> RedisBackend::FencedWrite(const FencedWriteRequest& request) {
@@ -1378,9 +1402,7 @@ Status RedisBackend::Ping() {
                       router_->MasterPools());
   for (const std::shared_ptr<RedisConnectionPool>& master : masters) {
     const std::string address = master->options().Address();
-    LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, master->Borrow());
-    pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
-    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies, connection->Pipeline(ping, address));
+    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies, PipelineOn(*router_, *master, ping));
     if (IsError(replies[0].get())) {
       return ErrorReplyStatus(address, "PING", ReplyText(replies[0].get()));
     }
@@ -1440,9 +1462,7 @@ Result<Diagnosis> RedisBackend::Diagnose() {
                       router_->MasterPools());
   for (const std::shared_ptr<RedisConnectionPool>& master : masters) {
     const std::string address = master->options().Address();
-    LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, master->Borrow());
-    pool_->round_trips_.fetch_add(1, std::memory_order_relaxed);
-    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies, connection->Pipeline(commands, address));
+    LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies, PipelineOn(*router_, *master, commands));
     const PersistenceConfig persistence = ParsePersistence(replies);
     std::string server_refusal;
     std::string persistence_refusal;

@@ -28,9 +28,9 @@
 // allows it and warns once per server and process. Fenced writes are not affected: they compare
 // the owner token, which never repeats, so a restart ends every grant's right to write.
 //
-// The store doctor (leasehold check): Ping is one PING; Diagnose reads the same CONFIG GET
-// settings (with appendfsync) and INFO's version and replication in one round trip, and names
-// the exact ACL the backend needs (PermissionsFix).
+// The store doctor (leasehold check): Ping is one PING (per master in a cluster); Diagnose reads
+// the same CONFIG GET settings (with appendfsync) and INFO's version and replication in one
+// round trip per master, and names the exact ACL the backend needs (PermissionsFix).
 //
 // Example:
 //
@@ -168,17 +168,20 @@ class RedisBackend final : public Backend {
   // Finish does, and reports kUnavailable (the write applied on the master) if too few confirm.
   Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override;
 
-  // "{<hex key>}:": the key's hash tag, so a data key named with it shares the grant's slot.
+  // "{<hex key>}:<prefix>:": the key's hash tag, so a data key named with it shares the grant's
+  // slot, and the store's prefix, so that each namespace's data is its own.
   [[nodiscard]] std::string DataKeyPrefix(std::string_view key) const override;
 
   // The server's TIME, one round trip.
   Result<StoreTime> WallClock() override;
 
   // PING on a pooled command connection: one round trip, bounded by command_timeout (plus
-  // connect_timeout if the pool has to open a connection first).
+  // connect_timeout if the pool has to open a connection first); in a cluster, on each master
+  // in turn.
   Status Ping() override;
 
-  // One pipelined round trip: CONFIG GET appendonly/save/appendfsync (as Open) and INFO server,
+  // One pipelined round trip (per master in a cluster, each item then named by its node):
+  // CONFIG GET appendonly/save/appendfsync (as Open) and INFO server,
   // persistence and replication. Items: durability (AOF and its appendfsync, RDB only, or
   // nothing), topology (version, role, replicas against min_replicas); a setting the ACL user
   // may not read is a kWarn naming it. permissions_fix is PermissionsFix(). Returns kUnavailable

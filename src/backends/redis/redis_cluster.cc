@@ -268,6 +268,12 @@ Status RedisRouter::Refresh() {
       continue;
     }
     outcome = ApplySlots(reply, host);
+    if (!outcome.ok()) {
+      // A node that serves no slots (new, reset, or on a minority side) cannot tell the map:
+      // ask the next one.
+      unreachable += fmt::format("{}{}", unreachable.empty() ? "" : "; ", outcome.message());
+      continue;
+    }
     answered = true;
     break;
   }

@@ -81,8 +81,8 @@ class RedisRouter {
 
   // Cluster (options.cluster()): reads the slot map from the first seed that answers. Returns
   // kInvalidArgument if a seed answers that it is not a cluster node (cluster support
-  // disabled), kUnavailable if none answers or the map leaves slots unserved (the cluster is
-  // down or not created yet), kPermissionDenied for refused credentials or an ACL without
+  // disabled), kUnavailable if none answers or every one that answers serves no slots (the
+  // cluster is not created yet), kPermissionDenied for refused credentials or an ACL without
   // +cluster|slots. Every connect and command is bounded by connect_timeout and
   // command_timeout.
   static Result<std::shared_ptr<RedisRouter>> OpenCluster(
