@@ -467,8 +467,7 @@ std::optional<std::string_view> RoutingKey(const Command& command) {
 // the slot map), ASK (to the importing node, after ASKING), TRYAGAIN (after a pause), NOSCRIPT
 // (after reloading the scripts on that node). A command whose node cannot be reached or stops
 // answering gets that kUnavailable and is never sent again: it may have run.
-ScriptReplies RunEach(RedisRouter& router, const std::vector<Command>& calls,
-                      bool wait_replicas) {
+ScriptReplies RunEach(RedisRouter& router, const std::vector<Command>& calls, bool wait_replicas) {
   const RedisOptions& options = router.options();
   RedisConnectionPool& counters = *router.seed_pool();
   const std::size_t n = calls.size();
@@ -490,6 +489,7 @@ ScriptReplies RunEach(RedisRouter& router, const std::vector<Command>& calls,
     Status failed;
     std::vector<ReplyPtr> replies;
   };
+
   std::vector<std::size_t> pending(n);
   for (std::size_t i = 0; i < n; ++i) {
     pending[i] = i;
@@ -513,7 +513,8 @@ ScriptReplies RunEach(RedisRouter& router, const std::vector<Command>& calls,
         pool = router.PoolForNode(ask->second.first, ask->second.second);
       } else {
         const std::optional<std::string_view> key = RoutingKey(calls[i]);
-        Result<std::shared_ptr<RedisConnectionPool>> found = router.PoolForSlot(key ? KeySlot(*key) : 0);
+        Result<std::shared_ptr<RedisConnectionPool>> found =
+            router.PoolForSlot(key ? KeySlot(*key) : 0);
         if (!found.ok()) {
           out.errors[i] = found.status();
           continue;
@@ -556,8 +557,7 @@ ScriptReplies RunEach(RedisRouter& router, const std::vector<Command>& calls,
     for (Target& t : targets) {
       const std::string address = t.pool->options().Address();
       if (t.failed.ok()) {
-        const std::size_t count =
-            t.calls.size() * (t.asking ? 2 : 1) + (waiting ? 1 : 0);
+        const std::size_t count = t.calls.size() * (t.asking ? 2 : 1) + (waiting ? 1 : 0);
         Result<std::vector<ReplyPtr>> replies = (*t.connection)->ReadReplies(count, address);
         if (replies.ok()) {
           t.replies = std::move(replies).value();
@@ -597,8 +597,7 @@ ScriptReplies RunEach(RedisRouter& router, const std::vector<Command>& calls,
         }
         // Redirections are a cluster's only: one server's MOVED (a redis:// URL that names a
         // cluster node) is its answer, reported as the error it is.
-        std::optional<Redirection> r =
-            router.cluster() ? ParseRedirection(error) : std::nullopt;
+        std::optional<Redirection> r = router.cluster() ? ParseRedirection(error) : std::nullopt;
         if (r) {
           const std::string host = r->host.empty() ? t.pool->options().host : r->host;
           if (r->ask) {
@@ -717,8 +716,8 @@ std::optional<std::string> LeaseNameOf(std::string_view redis_key, std::string_v
 
 }  // namespace
 
-RedisBackend::RedisBackend(RedisOptions options, Clock& clock,
-                           std::shared_ptr<RedisRouter> router, bool persistence_off)
+RedisBackend::RedisBackend(RedisOptions options, Clock& clock, std::shared_ptr<RedisRouter> router,
+                           bool persistence_off)
     : options_(std::move(options)),
       clock_(clock),
       router_(std::move(router)),
@@ -1082,8 +1081,7 @@ std::vector<Status> RedisBackend::RenewMany(std::span<const RenewRequest> reques
     } else if (replicas_short) {
       results.push_back(Status::Unavailable(fmt::format(
           "renewing {}: only {} of {} replicas confirmed within {}", requests[i].key,
-          out.replicas_of[i],
-          options_.min_replicas, FormatDuration(options_.replica_timeout))));
+          out.replicas_of[i], options_.min_replicas, FormatDuration(options_.replica_timeout))));
     } else {
       results.emplace_back();
     }
@@ -1304,8 +1302,8 @@ Result<std::optional<std::string>> RedisBackend::ReadRecord(std::string_view key
     return std::optional<std::string>();
   }
   if (reply->type != REDIS_REPLY_STRING) {
-    return Status::Internal(fmt::format("unexpected reply from redis to GET of the record of {}",
-                                        key));
+    return Status::Internal(
+        fmt::format("unexpected reply from redis to GET of the record of {}", key));
   }
   return std::optional<std::string>(std::string(ReplyText(reply)));
 }
@@ -1328,8 +1326,7 @@ Result<std::vector<std::pair<std::string, std::string>>> RedisBackend::ListRecor
     LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, master->Borrow());
     std::string cursor = "0";
     do {
-      LH_ASSIGN_OR_RETURN(ScanPage page,
-                          Scan(*pool_, connection.get(), address, pattern, cursor));
+      LH_ASSIGN_OR_RETURN(ScanPage page, Scan(*pool_, connection.get(), address, pattern, cursor));
       cursor = std::move(page.cursor);
       std::vector<std::string> keys;
       std::vector<Command> reads;
@@ -1416,8 +1413,9 @@ Status RedisBackend::Ping() {
 // UNSUBSCRIBE. Inside the scripts (redis_scripts.h), which the ACL checks too: EXISTS HMGET HGET
 // HSET INCR PEXPIRE PTTL DEL PUBLISH SET TIME, and for shared and semaphore grants (kGrantLib)
 // HGETALL HDEL PEXPIREAT; with fair=true ZADD ZREM ZRANGE ZRANGEBYSCORE ZREMRANGEBYSCORE ZSCORE
-// ZRANK ZCARD HEXISTS; with Sentinel ROLE; with Cluster CLUSTER SLOTS and ASKING. CONFIG GET (Open's persistence warning)
-// and INFO (Diagnose) are optional: refused, they are reported, never fatal.
+// ZRANK ZCARD HEXISTS; with Sentinel ROLE; with Cluster CLUSTER SLOTS and ASKING. CONFIG GET
+// (Open's persistence warning) and INFO (Diagnose) are optional: refused, they are reported, never
+// fatal.
 std::string RedisBackend::PermissionsFix() const {
   const std::string keys = GlobEscape(options_.prefix) + ":*";
   std::string commands = "-@all +ping";
@@ -1534,39 +1532,39 @@ Result<std::vector<LeaseInfo>> RedisBackend::List(std::string_view prefix) {
   LH_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<RedisConnectionPool>> masters,
                       router_->MasterPools());
   for (std::size_t m = 0; m < masters.size(); ++m) {
-  const std::string address = masters[m]->options().Address();
-  std::string cursor = "0";
-  do {
-    ScanPage page;
-    {
-      // The connection goes back to the pool before the page's grants are read (RunScripts
-      // borrows its own).
-      LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, masters[m]->Borrow());
-      LH_ASSIGN_OR_RETURN(page, Scan(*pool_, connection.get(), address, pattern, cursor));
-    }
-    cursor = std::move(page.cursor);
-    std::vector<std::string> keys;
-    std::vector<Command> reads;
-    for (std::string& redis_key : page.keys) {
-      std::optional<std::string> key = LeaseNameOf(redis_key, head, "}");
-      if (!key || !seen.insert(*key).second) {
-        continue;  // not one of ours, or seen on an earlier page
+    const std::string address = masters[m]->options().Address();
+    std::string cursor = "0";
+    do {
+      ScanPage page;
+      {
+        // The connection goes back to the pool before the page's grants are read (RunScripts
+        // borrows its own).
+        LH_ASSIGN_OR_RETURN(RedisConnectionPool::Borrowed connection, masters[m]->Borrow());
+        LH_ASSIGN_OR_RETURN(page, Scan(*pool_, connection.get(), address, pattern, cursor));
       }
-      keys.push_back(std::move(*key));
-      reads.push_back({"EVALSHA", pool_->shas_[kHolders], "1", std::move(redis_key)});
-    }
-    if (reads.empty()) {
-      continue;
-    }
-    LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, reads, false));
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders,
-                          ParseHolders(options_.Address(), keys[i], out.replies[i].get()));
-      for (LeaseInfo& info : holders) {
-        leases.push_back(std::move(info));
+      cursor = std::move(page.cursor);
+      std::vector<std::string> keys;
+      std::vector<Command> reads;
+      for (std::string& redis_key : page.keys) {
+        std::optional<std::string> key = LeaseNameOf(redis_key, head, "}");
+        if (!key || !seen.insert(*key).second) {
+          continue;  // not one of ours, or seen on an earlier page
+        }
+        keys.push_back(std::move(*key));
+        reads.push_back({"EVALSHA", pool_->shas_[kHolders], "1", std::move(redis_key)});
       }
-    }
-  } while (cursor != "0");
+      if (reads.empty()) {
+        continue;
+      }
+      LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, reads, false));
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders,
+                            ParseHolders(options_.Address(), keys[i], out.replies[i].get()));
+        for (LeaseInfo& info : holders) {
+          leases.push_back(std::move(info));
+        }
+      }
+    } while (cursor != "0");
   }
   // By key (std::string compares as unsigned bytes, the order the other stores give), then
   // slot; stable, so each key's grants stay in the slot order the script gave.

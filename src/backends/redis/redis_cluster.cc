@@ -90,10 +90,7 @@ std::optional<Redirection> ParseRedirection(std::string_view error) {
 }
 
 RedisRouter::RedisRouter(std::shared_ptr<RedisConnectionPool> pool)
-    : cluster_(false),
-      options_(pool->options()),
-      clock_(Clock::Real()),
-      seed_(std::move(pool)) {}
+    : cluster_(false), options_(pool->options()), clock_(Clock::Real()), seed_(std::move(pool)) {}
 
 RedisRouter::RedisRouter(RedisOptions options, Clock& clock,
                          std::shared_ptr<const RedisTlsContext> tls)
@@ -232,7 +229,8 @@ Status RedisRouter::Refresh() {
     node.host = host;
     node.port = port;
     const std::string at = node.Address();
-    Result<std::unique_ptr<RedisConnection>> connection = RedisConnection::Connect(node, tls_.get());
+    Result<std::unique_ptr<RedisConnection>> connection =
+        RedisConnection::Connect(node, tls_.get());
     Result<std::vector<ReplyPtr>> replies = connection.status();
     if (connection.ok()) {
       const std::vector<Command> slots = {{"CLUSTER", "SLOTS"}};
@@ -244,7 +242,8 @@ Status RedisRouter::Refresh() {
         answered = true;
         break;
       }
-      unreachable += fmt::format("{}{}", unreachable.empty() ? "" : "; ", replies.status().message());
+      unreachable +=
+          fmt::format("{}{}", unreachable.empty() ? "" : "; ", replies.status().message());
       continue;
     }
     const redisReply* reply = (*replies)[0].get();
@@ -278,8 +277,8 @@ Status RedisRouter::Refresh() {
     break;
   }
   if (!answered) {
-    outcome = Status::Unavailable(fmt::format("cannot read the slot map of redis {}: {}",
-                                              options_.Address(), unreachable));
+    outcome = Status::Unavailable(
+        fmt::format("cannot read the slot map of redis {}: {}", options_.Address(), unreachable));
   }
   MutexLock lock(&mu_);
   refreshing_ = false;

@@ -11,15 +11,14 @@
 // store on a cluster as its `redis_cluster` row.
 
 #include "testing/redis_cluster.h"
-#include "redis_test_util.h"
+
+#include <unistd.h>
 
 #include <chrono>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -30,6 +29,7 @@
 #include "backends/redis/redis_cluster.h"
 #include "backends/redis/redis_options.h"
 #include "core/url.h"
+#include "redis_test_util.h"
 #include "testing/redis_server.h"
 
 namespace leasehold::internal {
@@ -144,8 +144,8 @@ TEST(RedisClusterTest, LeasesSpreadOverEveryMasterAndABatchOfRenewalsIsOneRound)
   std::set<int> masters;
   for (int i = 0; i < 24; ++i) {
     const std::string key = fmt::format("job-{}", i);
-    auto grant = (*backend)->TryAcquire(
-        {.key = key, .owner_token = Token('a'), .holder = "h", .ttl = 10s});
+    auto grant =
+        (*backend)->TryAcquire({.key = key, .owner_token = Token('a'), .holder = "h", .ttl = 10s});
     ASSERT_TRUE(grant.ok()) << grant.status().ToString();
     // The server's own slot function places the grant where ours routed it.
     auto slot = cluster->SlotOfKey(grant->store_key);
@@ -208,8 +208,8 @@ TEST(RedisClusterTest, RedissClusterVerifiesEveryNodeAndServesLeases) {
   std::vector<RenewRequest> renewals;
   for (int i = 0; i < 12; ++i) {
     const std::string key = fmt::format("tls-{}", i);
-    auto grant = (*backend)->TryAcquire(
-        {.key = key, .owner_token = Token('t'), .holder = "h", .ttl = 10s});
+    auto grant =
+        (*backend)->TryAcquire({.key = key, .owner_token = Token('t'), .holder = "h", .ttl = 10s});
     ASSERT_TRUE(grant.ok()) << grant.status().ToString();
     renewals.push_back({key, Token('t'), 10s});
   }
@@ -240,7 +240,8 @@ TEST(RedisClusterTest, AHeldKeysSlotReshardedAtOnceKeepsTheGrantAndItsFencing) {
   auto a = OpenUrl(cluster->Url("?prefix=" + prefix));
   auto b = OpenUrl(cluster->Url("?prefix=" + prefix));
   ASSERT_TRUE(a.ok() && b.ok());
-  auto grant = (*a)->TryAcquire({.key = "job", .owner_token = Token('a'), .holder = "a", .ttl = 20s});
+  auto grant =
+      (*a)->TryAcquire({.key = "job", .owner_token = Token('a'), .holder = "a", .ttl = 20s});
   ASSERT_TRUE(grant.ok()) << grant.status().ToString();
   const int slot = KeySlot(grant->store_key);
   const int to = OtherMaster(*cluster, slot);
@@ -253,7 +254,8 @@ TEST(RedisClusterTest, AHeldKeysSlotReshardedAtOnceKeepsTheGrantAndItsFencing) {
                 .code(),
             StatusCode::kHeldByAnother);
   ASSERT_TRUE((*a)->Release("job", Token('a')).ok());
-  auto next = (*b)->TryAcquire({.key = "job", .owner_token = Token('b'), .holder = "b", .ttl = 20s});
+  auto next =
+      (*b)->TryAcquire({.key = "job", .owner_token = Token('b'), .holder = "b", .ttl = 20s});
   ASSERT_TRUE(next.ok()) << next.status().ToString();
   EXPECT_GT(next->fencing_token, grant->fencing_token) << "the counter moved with the slot";
 }
@@ -265,7 +267,8 @@ TEST(RedisClusterTest, AHalfMigratedSlotIsServedThroughAskAndTryAgain) {
   auto a = OpenUrl(cluster->Url("?prefix=" + prefix));
   auto b = OpenUrl(cluster->Url("?prefix=" + prefix));
   ASSERT_TRUE(a.ok() && b.ok());
-  auto grant = (*a)->TryAcquire({.key = "job", .owner_token = Token('a'), .holder = "a", .ttl = 20s});
+  auto grant =
+      (*a)->TryAcquire({.key = "job", .owner_token = Token('a'), .holder = "a", .ttl = 20s});
   ASSERT_TRUE(grant.ok()) << grant.status().ToString();
   const int slot = KeySlot(grant->store_key);
   const int to = OtherMaster(*cluster, slot);
@@ -287,7 +290,8 @@ TEST(RedisClusterTest, AHalfMigratedSlotIsServedThroughAskAndTryAgain) {
   // exist: the importing node answers TRYAGAIN to a multi-key script while any of its keys is
   // missing, until the slot is assigned to it. So a rival's acquire is refused as unavailable
   // (never granted) for as long as the migration is half done.
-  auto rival = (*b)->TryAcquire({.key = "job", .owner_token = Token('b'), .holder = "b", .ttl = 20s});
+  auto rival =
+      (*b)->TryAcquire({.key = "job", .owner_token = Token('b'), .holder = "b", .ttl = 20s});
   EXPECT_EQ(rival.status().code(), StatusCode::kUnavailable) << rival.status().ToString();
   EXPECT_NE(rival.status().message().find("TRYAGAIN"), std::string::npos)
       << rival.status().message();
@@ -313,7 +317,8 @@ TEST(RedisClusterTest, ZKillOfAHeldKeysMasterWithMinReplicasKeepsTheGrant) {
   const std::string url = cluster->Url("?min_replicas=1&connect_timeout=500ms&prefix=" + prefix);
   auto a = OpenUrl(url);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
-  auto grant = (*a)->TryAcquire({.key = "job", .owner_token = Token('a'), .holder = "a", .ttl = 30s});
+  auto grant =
+      (*a)->TryAcquire({.key = "job", .owner_token = Token('a'), .holder = "a", .ttl = 30s});
   ASSERT_TRUE(grant.ok()) << grant.status().ToString();
   const int slot = KeySlot(grant->store_key);
   auto old_port = cluster->Kill9MasterOf(slot);
