@@ -129,7 +129,7 @@ hold_key() {
   bg_pids+=("$!")
   local pid=$! i
   for ((i = 0; i < 200; i++)); do
-    "$leasehold" --store "$store" status "$1" | grep -q 'state: *held' && { HOLDER=$pid; return 0; }
+    grep -q 'state: *held' <<<"$("$leasehold" --store "$store" status "$1")" && { HOLDER=$pid; return 0; }
     sleep 0.05
   done
   fail "could not hold $1"
@@ -487,7 +487,7 @@ wait_ran "$job"
 stop_bg
 [ "$RC" -eq 0 ] || fail "leasehold-report.service: stop gave exit $RC (job exits 0 on SIGTERM)"
 [ "$STOP_MS" -lt "$(to_ms "$(one_value "$rs" TimeoutStopSec)")" ] || fail "stop took ${STOP_MS} ms"
-"$leasehold" --store "$store" status "$key" | grep -q "^$key: free" || fail "$key not released after stop"
+grep -q "^$key: free" <<<"$("$leasehold" --store "$store" status "$key")" || fail "$key not released after stop"
 ok "leasehold-report.service stop: SIGTERM reaches the job, exit 0 in ${STOP_MS} ms, lease released"
 
 # leasehold-leader.service: `leasehold elect --again`.
@@ -522,7 +522,7 @@ read -r k term leader_id <"$tmp/ran/$job"
 stop_bg
 [ "$RC" -eq 0 ] || fail "leasehold-leader.service: stop gave exit $RC (worker exits 0 on SIGTERM)"
 [ "$STOP_MS" -lt "$timeout_ms" ] || fail "stop took ${STOP_MS} ms, TimeoutStopSec is ${timeout_ms} ms"
-"$leasehold" --store "$store" leader "$election" | grep -q "no leader" || fail "did not resign on stop"
+grep -q "no leader" <<<"$("$leasehold" --store "$store" leader "$election")" || fail "did not resign on stop"
 ok "leasehold-leader.service stop: worker (term $term) exits 0, exit 0 in ${STOP_MS} ms, resigned"
 # A worker that dies of the SIGTERM: 143, which SuccessExitStatus must list.
 reset_ran
@@ -537,7 +537,7 @@ ok "leasehold-leader.service stop, worker dies of SIGTERM: exit 143, listed in S
 bg_pids+=("$!")
 leader_pid=$!
 for ((i = 0; i < 200; i++)); do
-  "$leasehold" --store "$store" leader "$election" | grep -q ": leader " && break
+  grep -q ": leader " <<<"$("$leasehold" --store "$store" leader "$election")" && break
   sleep 0.05
 done
 reset_ran
@@ -621,7 +621,7 @@ read -r k term leader_id <"$tmp/ran/worker"
 [[ "$leader_id" =~ ^[^:]+:[0-9a-f]{8}$ ]] || fail "entrypoint.sh: leader id '$leader_id' is not HOST:xxxxxxxx"
 stop_bg
 [ "$RC" -eq 0 ] || fail "entrypoint.sh: docker-stop-like SIGTERM gave exit $RC"
-"$leasehold" --store "$store" leader ep-test | grep -q "no leader" || fail "entrypoint.sh: did not resign"
+grep -q "no leader" <<<"$("$leasehold" --store "$store" leader ep-test)" || fail "entrypoint.sh: did not resign"
 ok "entrypoint.sh elects, runs the worker as $leader_id, SIGTERM: exit 0 in ${STOP_MS} ms, resigned"
 
 # As the container's PID 1: a new PID namespace (root only). docker stop's SIGTERM to PID 1.
@@ -642,7 +642,7 @@ if [ "$(id -u)" -eq 0 ] && command -v unshare >/dev/null 2>&1 &&
   RC=0
   wait "$BG" || RC=$?  # unshare exits with its child's status
   [ "$RC" -eq 0 ] || fail "entrypoint.sh as PID 1: SIGTERM gave exit $RC"
-  "$leasehold" --store "$store" leader ep-test | grep -q "no leader" || fail "entrypoint.sh as PID 1: did not resign"
+  grep -q "no leader" <<<"$("$leasehold" --store "$store" leader ep-test)" || fail "entrypoint.sh as PID 1: did not resign"
   ok "entrypoint.sh as PID 1 of a PID namespace: leasehold is PID 1, SIGTERM: exit 0, resigned"
 else
   note "not root or no unshare: entrypoint.sh as PID 1 not tried"

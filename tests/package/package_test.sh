@@ -46,8 +46,11 @@ version="$("$root/usr/bin/leasehold" --version)"
 echo "package_test: $version"
 grep -Eq '^leasehold [0-9]+\.[0-9]+\.[0-9]+ \(commit [0-9a-f]{7,}(-dirty)?; stores: sqlite' <<<"$version" \
   || fail "unexpected --version: $version"
-ldd "$root/usr/bin/leasehold" | grep -q "$root/usr/lib/libleasehold.so.0" \
-  || fail "the command does not use the packaged libleasehold.so.0"
+# ldd's output is captured before it is matched: `ldd | grep -q` under pipefail fails when grep
+# exits at the match and ldd, still writing, dies of SIGPIPE (CI saw exactly that).
+libs="$(ldd "$root/usr/bin/leasehold")"
+grep -qF "$root/usr/lib/libleasehold.so.0" <<<"$libs" \
+  || fail "the command does not use the packaged libleasehold.so.0: $libs"
 HOME="$tmp" XDG_STATE_HOME="$tmp/state" "$root/usr/bin/leasehold" run --quiet job -- sh -c \
   '[ -n "$LEASEHOLD_FENCING_TOKEN" ]' || fail "leasehold run from the package failed"
 man -l "$root/usr/share/man/man1/leasehold.1"* >/dev/null 2>"$tmp/man.err" || fail "man -l failed"
