@@ -1,7 +1,8 @@
 // File: tests/testing/postgres_server.h
 //
-// PostgresServer: a throwaway PostgreSQL 15 for tests and benchmarks: initdb in its own
-// temporary directory (owned by the `postgres` OS user when run as root: initdb refuses root),
+// PostgresServer: a throwaway PostgreSQL 15 for tests and benchmarks: a copy of one initdb'd
+// cluster (made once per machine and user, in /tmp) in its own temporary directory (owned by
+// the `postgres` OS user when run as root: initdb refuses root),
 // the server on a free 127.0.0.1 port with its Unix socket in that directory, never the system
 // instance. PgBouncer: a pooler in front of it (pool_mode = transaction by default). Both are
 // stopped by PID when the object is destroyed, and die with the process that started them
