@@ -724,7 +724,8 @@ def run_store(args, store_name, plan, rng):
             worker=args.worker, ttl_ms=cluster.ttl_ms, hold_min_ms=args.hold_min_ms,
             hold_max_ms=args.hold_max_ms, write_gap_ms=args.write_gap_ms, idle_max_ms=40,
             ignore_sigpipe=False, workers=len(CLIENTS), guard="register",
-            scenario_name="partition", limit=1)  # exclusive leases (chaos.py --limit)
+            scenario_name="partition", limit=1,  # exclusive leases (chaos.py --limit)
+            liveness_findings=args.liveness_findings)
         orch = PartitionOrchestrator(wargs, cluster, net, run_dir, rng)
         orch.run_partitions(plan, rng)
         cluster.stop()
