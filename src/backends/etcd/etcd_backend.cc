@@ -567,6 +567,13 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
   const bool semaphore = request.limit > 1;
   const bool shared = !semaphore && request.mode == LeaseMode::kShared;
   const bool exclusive = !semaphore && !shared;
+  // Grants of this handle that the core has declared lost and whose keys are still in etcd (a
+  // release that got no answer, or none sent) are deleted first. The renewal rounds' sweep does
+  // that too, but a handle that holds nothing runs no rounds, and this acquire's use of their
+  // shared lease (its refresh below, then the grant's keep-alives) would keep them alive: a
+  // partition's lost holder that kept trying for its key kept its old grant of it alive, and
+  // nobody got the key (partition_etcd's stall).
+  SweepLost();
   {
     // An earlier acquire of this key whose Txn got no answer may have put a key on a shared
     // lease: delete it first (only if it is still exactly that grant), under orphan_mu so that
@@ -998,7 +1005,8 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
 
 void EtcdBackend::SweepLost() {
   // A grant the core declared lost (its safe_until passed: no confirmation for a whole TTL)
-  // would be kept in etcd by the other grants' keep-alives until its release: delete it (only
+  // would be kept in etcd by the other grants' keep-alives (and by acquires that use its shared
+  // lease: TryAcquireOnce sweeps too) until its release: delete it (only
   // that very grant: compare on its create revision). If etcd does not answer, the next round
   // tries again; a lease that etcd no longer hears from expires with its keys.
   // At most kSweepPerRound calls, stopping at the first failure, so that this round's results

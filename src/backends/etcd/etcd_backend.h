@@ -281,8 +281,9 @@ class EtcdBackend final : public Backend {
 
   EtcdBackend(EtcdOptions options, Clock& clock, std::unique_ptr<Impl> impl);
 
-  // After a renewal round: deletes the grants the core has lost (no confirmation for a whole
-  // TTL) and the keys of unanswered acquire Txns, which the shared leases would keep alive.
+  // After a renewal round and before an acquire: deletes the grants the core has lost (no
+  // confirmation for a whole TTL) and the keys of unanswered acquire Txns, which the shared
+  // leases would keep alive.
   void SweepLost();
 
   const EtcdOptions options_;

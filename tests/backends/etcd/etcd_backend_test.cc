@@ -503,6 +503,34 @@ TEST_F(EtcdBackendTest, AGrantLeftUnrenewedIsDeletedThoughItsLeaseLives) {
   ASSERT_TRUE(info.ok() && info->has_value());
 }
 
+// A handle that holds nothing runs no renewal rounds, so only its acquires can sweep its lost
+// grants; and each acquire refreshes the shared lease that carries them. A lost grant (its
+// release never sent, as when it got no answer) must still end about its TTL after its last
+// confirmation while the same handle keeps trying for the key, as a holder cut off by a
+// partition does: before the sweep on acquire, every try kept the old grant alive and the key
+// was never free again (partition_etcd's stall).
+TEST_F(EtcdBackendTest, ALostGrantEndsThoughItsHandleKeepsTryingForTheKey) {
+  auto holder = OpenBackend(Url());
+  ASSERT_NE(holder, nullptr);
+  ASSERT_TRUE(holder->TryAcquire({"hot", Token(1), "t", 2s}).ok());
+  const auto start = std::chrono::steady_clock::now();
+  Result<internal::Grant> again = Status::Unavailable("not tried");
+  for (int i = 0; i < 40; ++i) {  // at most ~8 s
+    std::this_thread::sleep_for(200ms);
+    again = holder->TryAcquire({"hot", Token(2), "t", 2s});
+    if (again.ok()) {
+      break;
+    }
+    ASSERT_EQ(again.status().code(), StatusCode::kHeldByAnother) << again.status().ToString();
+  }
+  ASSERT_TRUE(again.ok()) << "the lost grant was kept alive by the handle's tries: "
+                          << again.status().ToString();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 1500ms) << "not before its TTL had passed";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "within its TTL and a few tries";
+  EXPECT_EQ(holder->Renew({"hot", Token(1), 2s}).code(), StatusCode::kLost);
+  EXPECT_TRUE(holder->Renew({"hot", Token(2), 2s}).ok());
+}
+
 TEST_F(EtcdBackendTest, FairQueueAWaiterThatGivesUpLeavesTheQueueAtOnce) {
   const std::string url = Url() + "&fair=true";
   auto a = Store::Open(url);
