@@ -458,7 +458,8 @@ class TreeScenarios(ModeFixture):
         waiter = self.start_run("date +%s.%N > next.start; echo $LEASEHOLD_FENCING_TOKEN > "
                                 "next.token", "1s", "--wait", "10s")
         time.sleep(0.3)
-        self.assertIsNone(waiter.poll(), self.stderr_of(waiter))
+        self.assertIsNone(waiter.poll(), f"{self.stderr_of(waiter)}\nthe holder's stderr: "
+                          f"{self.stderr_of(run)}")
 
         members = self.tree_members(run.pid, keeper)
         members.pop(keeper)

@@ -82,8 +82,9 @@ Status RunAsAndWait(const std::vector<std::string>& args, const std::string& log
 }
 
 // initdb costs about 0.9 s of CPU and every server starts from the same cluster, so one is made
-// per machine and user (a directory in /tmp named by the PostgreSQL binaries and initdb's
-// arguments) and each server copies it (about 0.15 s). The first process makes it under an
+// per machine and user (a directory in /tmp named by the user and initdb's arguments; the
+// binaries are kPgBin's, PostgreSQL 15, so the name does not carry them: its `ready` file
+// records them for whoever looks) and each server copies it (about 0.15 s). The first process makes it under an
 // exclusive flock, in a directory of its own that is renamed into place when complete; the
 // others wait on the lock, then find it. A template left half-made by a crash has no `ready`
 // file and is made again.
