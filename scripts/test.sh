@@ -69,12 +69,15 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
   # plain step only: under ASan beside the suite they missed their timings (a SIGINT before the
   # handler, one renewal where two were due), which says nothing about memory errors; the
   # supervisor's code runs here through supervisor_test.
+  # So is the PostgreSQL failover scenario (label `postgres-ha`: a primary, a standby,
+  # nftables and `leasehold run`); the indeterminate-outcome code it drives runs here through
+  # postgres_sync_standby_test.
   # The conformance row postgres_table_pgbouncer is the postgres_table row's client code (libpq,
   # the same calls) behind a pooler: it runs in the plain test step, not here or below.
   seed_costs build-asan
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan -j "$jobs" --timeout 900 \
-    -LE "install|chaos|partition|model|package|slots|contention|check|shared|sentinel|cluster" \
+    -LE "install|chaos|partition|model|package|slots|contention|check|shared|sentinel|cluster|postgres-ha" \
     -E "SharedLeaseTest.RacingProcesses|/postgres_table_pgbouncer|^cli_test$|^cli_tree_test$"
 
   step "build with ThreadSanitizer"

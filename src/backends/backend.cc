@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/duration.h"
+#include "metrics/registry.h"
 
 namespace leasehold::internal {
 
@@ -126,6 +127,12 @@ Status Backend::WaitForChange(std::string_view /*key*/, SteadyTime /*deadline*/,
 Status Backend::WaitForTurn(std::string_view key, std::string_view /*waiter_id*/,
                             SteadyTime deadline, std::stop_token stop) {
   return WaitForChange(key, deadline, std::move(stop));
+}
+
+void Backend::CountStoreFailover() {
+  if (LeaseMetrics* m = metrics_.load(std::memory_order_acquire); m != nullptr) {
+    m->store_failovers.Add();
+  }
 }
 
 }  // namespace leasehold::internal

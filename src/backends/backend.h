@@ -24,6 +24,7 @@
 
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <span>
@@ -40,6 +41,8 @@
 #include "leasehold/status.h"
 
 namespace leasehold::internal {
+
+struct LeaseMetrics;
 
 // What a backend can do, for the core and for the conformance suite's capability predicates
 // (in the manner of Arrow's GenericFileSystemTest).
@@ -236,6 +239,10 @@ class Backend {
 
   [[nodiscard]] virtual Capabilities capabilities() const = 0;
 
+  // Where the backend counts the store failovers it notices (a new primary, a new timeline:
+  // leasehold_store_failovers_total). Set by the Store that opens it; nullptr: not recorded.
+  void set_metrics(LeaseMetrics* metrics) { metrics_.store(metrics, std::memory_order_release); }
+
   // Creates the grant only if no live grant of request.key exists, binds it to
   // request.owner_token and bumps the key's fencing counter, all in one atomic step.
   // The key has been validated. Returns kHeldByAnother, with Status::holder() set where the
@@ -276,8 +283,9 @@ class Backend {
   // first checks that the grant of request.key is live and request.owner_token's (or, where the
   // store identifies grants otherwise, that request.store_key is still the grant with
   // request.fencing_token). Returns one count per op (FencedWriteResult::affected); kLost
-  // (FencedOut, naming the live grant where the store can) if the check fails; kInvalidArgument for a key or statement the store refuses. Nothing is written on any
-  // error. The default returns kUnimplemented.
+  // (FencedOut, naming the live grant where the store can) if the check fails; kInvalidArgument for
+  // a key or statement the store refuses. Nothing is written on any error. The default returns
+  // kUnimplemented.
   virtual Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request);
 
   // What goes in front of a data key's name to keep it beside the grant of `key`
@@ -340,6 +348,13 @@ class Backend {
   // only the store can see. The default calls WaitForChange.
   virtual Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
                              std::stop_token stop);
+
+ protected:
+  // Counts a store failover the backend noticed, where metrics are recorded (set_metrics).
+  void CountStoreFailover();
+
+ private:
+  std::atomic<LeaseMetrics*> metrics_{nullptr};
 };
 
 }  // namespace leasehold::internal

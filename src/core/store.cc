@@ -183,6 +183,7 @@ std::shared_ptr<StoreCore> MakeStoreCore(std::shared_ptr<Backend> backend, Clock
   auto core = std::make_shared<StoreCore>(std::move(backend), clock, std::move(display_url),
                                           options.metrics, options.record_metrics);
   if (core->lease_metrics != nullptr) {
+    core->backend->set_metrics(core->lease_metrics);
     // The gauges are read from the heartbeat at scrape time, through a weak reference that
     // shares the StoreCore's lifetime: a closed store drops out of the scrape by itself.
     RegistryForInternalUse(*core->metrics)

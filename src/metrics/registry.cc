@@ -32,6 +32,7 @@ enum class FamilyId : std::size_t {
   kSafeRemaining,
   kTtlHeadroom,
   kTtlHeadroomWarnings,
+  kStoreFailovers,
   kBuildInfo,
   kCount,
 };
@@ -84,6 +85,10 @@ constexpr FamilySpec kFamilies[] = {
      MetricType::kCounter,
      "Heartbeat warnings (at most one a minute per store handle) that the p99 round trip "
      "exceeded a tenth of a lease's TTL."},
+    {FamilyId::kStoreFailovers, "leasehold_store_failovers_total", MetricType::kCounter,
+     "Store failovers a store handle noticed (PostgreSQL: a grant on a new timeline, a "
+     "connection to a different server); the leases it held are re-checked at their next "
+     "renewal on the new primary."},
     {FamilyId::kBuildInfo, "leasehold_build_info", MetricType::kGauge,
      "Always 1; the labels say what the library was built from: version, git "
      "commit and the stores compiled in."},
@@ -316,6 +321,7 @@ MetricsSnapshot MetricsRegistry::Snapshot() {
       f.Add(FamilyId::kTtlHeadroom, std::move(headroom));
     }
     f.Add(FamilyId::kTtlHeadroomWarnings, CounterPoint({backend}, s.ttl_headroom_warnings));
+    f.Add(FamilyId::kStoreFailovers, CounterPoint({backend}, s.store_failovers));
   }
   return snap;
 }

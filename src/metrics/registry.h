@@ -170,6 +170,8 @@ struct LeaseMetrics {
   // Per-round and per-handle series: no kind.
   // Heartbeat warnings that the p99 round trip exceeds a tenth of the TTL.
   Counter ttl_headroom_warnings;
+  // Store failovers a backend noticed (Backend::CountStoreFailover).
+  Counter store_failovers;
   Histogram heartbeat_latency;
 
  private:

@@ -126,7 +126,8 @@ TEST(MetricsRegistryTest, SharedAndSemaphoreSeriesAppearOnlyOnceUsed) {
     EXPECT_NE(snap.Find(name, {{"kind", "semaphore"}}), nullptr) << name;
   }
   for (const char* name :
-       {"leasehold_heartbeat_latency_seconds", "leasehold_ttl_headroom_warnings_total"}) {
+       {"leasehold_heartbeat_latency_seconds", "leasehold_ttl_headroom_warnings_total",
+        "leasehold_store_failovers_total"}) {
     const MetricFamily* family = snap.Find(name);
     ASSERT_NE(family, nullptr);
     ASSERT_EQ(family->points.size(), 1U) << name;
@@ -145,7 +146,7 @@ TEST(MetricsRegistryTest, EveryFamilyIsListedEvenWithoutSeries) {
         "leasehold_heartbeat_latency_seconds", "leasehold_wait_seconds",
         "leasehold_handoff_seconds", "leasehold_leases_held",
         "leasehold_lease_safe_remaining_seconds", "leasehold_ttl_headroom_ratio",
-        "leasehold_ttl_headroom_warnings_total"}) {
+        "leasehold_ttl_headroom_warnings_total", "leasehold_store_failovers_total"}) {
     const MetricFamily* f = snap.Find(name);
     ASSERT_NE(f, nullptr) << name;
     EXPECT_TRUE(f->points.empty()) << name;

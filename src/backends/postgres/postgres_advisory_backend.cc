@@ -308,6 +308,18 @@ Status PostgresAdvisoryBackend::LostStatus(std::string_view key, std::string_vie
 }
 
 Result<Grant> PostgresAdvisoryBackend::TryAcquire(const GrantRequest& request) {
+  bool failover = false;
+  Result<Grant> granted = PgCheckGrant(
+      history_, options_.display, request, AcquireOnce(request),
+      [this](std::string_view key, std::string_view token) { return Release(key, token); },
+      &failover);
+  if (failover) {
+    CountStoreFailover();
+  }
+  return granted;
+}
+
+Result<Grant> PostgresAdvisoryBackend::AcquireOnce(const GrantRequest& request) {
   if (request.mode != LeaseMode::kExclusive || request.limit != 1) {
     return Status::Unimplemented(fmt::format(
         "{} {} lease: {}", request.key, LeaseKindName(request.mode, request.limit),

@@ -98,6 +98,7 @@
 
 #include "backends/backend.h"
 #include "backends/postgres/postgres_connection.h"
+#include "backends/postgres/postgres_history.h"
 #include "backends/postgres/postgres_options.h"
 #include "util/mutex.h"
 #include "util/thread_annotations.h"
@@ -122,7 +123,11 @@ class PostgresAdvisoryBackend final : public Backend {
   [[nodiscard]] Capabilities capabilities() const override;
 
   // With a waiter_id whose WaitForTurn got the lock: completes that grant. With a waiter_id
-  // still queued: kHeldByAnother without asking the server (the queue keeps its place).
+  // still queued: kHeldByAnother without asking the server (the queue keeps its place). An
+  // indeterminate outcome (PgConnection::Exec) is kUnavailable "the store may have applied it",
+  // and the lock it may have taken is unlocked (or dies with its session), so no grant stays
+  // behind. A grant whose token says the store's history went backwards is released and
+  // refused; one on a newer timeline counts a store failover (PgHistory).
   Result<Grant> TryAcquire(const GrantRequest& request) override;
   Status Renew(const RenewRequest& request) override;
   // One statement per session that holds any of the requests' leases (usually one).
@@ -206,6 +211,8 @@ class PostgresAdvisoryBackend final : public Backend {
   bool SessionAlive(const std::shared_ptr<Session>& session,
                     const std::shared_ptr<Session>& locked);
   Result<Grant> CompleteWaitedGrant(const GrantRequest& request, std::shared_ptr<Waiting> wait);
+  // TryAcquire before the history check.
+  Result<Grant> AcquireOnce(const GrantRequest& request);
   // Runs one statement on the primary session, once more on a fresh one if that broke (unless
   // `retry` is false: Ping and Diagnose, whose one round trip is the point).
   Result<PgResult> RunOnPrimary(std::string_view what, const std::string& statement,
@@ -213,6 +220,7 @@ class PostgresAdvisoryBackend final : public Backend {
 
   const PostgresOptions options_;
   Clock& clock_;
+  PgHistory history_;
   mutable Mutex mu_;
   std::shared_ptr<Session> primary_ LH_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Session>> idle_ LH_GUARDED_BY(mu_);

@@ -441,10 +441,10 @@ PgFencedOutcome PgFencedWrite(PgConnection& conn, const FencedWriteRequest& requ
   Result<PgResult> committed =
       conn.Exec("fenced write commit", std::string(sql::kCommit), {}, deadline);
   if (!committed.ok()) {
-    if (conn.broken()) {
+    if (conn.broken() || PgIndeterminate(committed.status())) {
       outcome.result = Status::Unavailable(
-          fmt::format("fenced write of {}: the connection failed after COMMIT was sent, so "
-                      "whether the write committed is unknown: {}",
+          fmt::format("fenced write of {}: whether the write committed (and will survive a "
+                      "failover) is unknown: {}",
                       request.key, committed.status().message()),
           std::string(committed.status().detail()));
       return outcome;
@@ -505,8 +505,16 @@ struct PgSettings {
   Table leases;
   Table records;
   std::optional<long long> replicas;
+  // Of those, the synchronous ones (sync_state sync or quorum).
+  std::optional<long long> sync_replicas;
   Table shares;
   bool shares_delete = false;
+  // The server's timeline (the primary's WAL insert position's; a standby's last checkpoint's).
+  long long timeline = 0;
+  std::string system_identifier;
+  std::string cluster_name;
+  // A session of Patroni's is visible in pg_stat_activity (application_name "Patroni...").
+  bool patroni_seen = false;
 };
 
 PgSettings ReadSettings(const PgResult& r) {
@@ -541,8 +549,15 @@ PgSettings ReadSettings(const PgResult& r) {
   if (!r.IsNull(0, 21)) {
     s.replicas = r.GetInt(0, 21);
   }
-  s.shares = table(22);
-  s.shares_delete = r.GetBool(0, 26);
+  if (!r.IsNull(0, 22)) {
+    s.sync_replicas = r.GetInt(0, 22);
+  }
+  s.shares = table(23);
+  s.shares_delete = r.GetBool(0, 27);
+  s.timeline = r.GetInt(0, 28);
+  s.system_identifier = std::string(r.Get(0, 29));
+  s.cluster_name = std::string(r.Get(0, 30));
+  s.patroni_seen = r.GetBool(0, 31);
   return s;
 }
 
@@ -671,9 +686,29 @@ void TopologyItems(const PgSettings& s, const PgConnection& conn, const Postgres
                            "waiters LISTEN"});
   }
 
+  // The server's history, as fencing tokens carry it (LH_PG_EPOCH, postgres_sql.h).
+  std::string manager;
+  if (s.patroni_seen) {
+    manager = fmt::format(
+        "; a Patroni session is connected{}",
+        s.cluster_name.empty() ? "" : fmt::format(" (cluster_name '{}')", s.cluster_name));
+  } else if (!s.cluster_name.empty()) {
+    manager = fmt::format("; cluster_name '{}'", s.cluster_name);
+  }
+  items.push_back({.area = "topology",
+                   .found = fmt::format(
+                       "timeline {}, system identifier {}{}: fencing tokens granted here "
+                       "start above {} (the timeline in their high bits), so every token "
+                       "after a failover or a promoting restore is greater than every one "
+                       "before it",
+                       s.timeline, s.system_identifier.empty() ? "unknown" : s.system_identifier,
+                       manager, s.timeline > 1 ? ((s.timeline - 1) << 40) : 0)});
+
   if (s.in_recovery) {
     return;  // a standby's own (cascading) standbys say nothing about the primary's copies
   }
+  const bool sync_wait =
+      s.synchronous_commit && *s.synchronous_commit != "off" && *s.synchronous_commit != "local";
   if (!s.replicas) {
     items.push_back({.area = "topology",
                      .verdict = CheckVerdict::kWarn,
@@ -688,20 +723,40 @@ void TopologyItems(const PgSettings& s, const PgConnection& conn, const Postgres
                               "copy of the fencing counters",
                      .fix = "for a store that must outlive this host, add a synchronous standby "
                             "(synchronous_standby_names)"});
-  } else if (!s.standby_names || s.standby_names->empty()) {
+  } else if (s.sync_replicas.value_or(0) == 0 || !sync_wait) {
     items.push_back(
         {.area = "topology",
          .verdict = CheckVerdict::kWarn,
-         .found = fmt::format("{} standby(s), asynchronous (synchronous_standby_names is empty): "
-                              "a failover loses the last commits, grants and fence bumps among "
-                              "them",
-                              *s.replicas),
-         .fix = "set synchronous_standby_names so that commits wait for a standby, or fence "
-                "every write and accept the failover window"});
+         .found = fmt::format(
+             "{} standby(s), none of which confirms leasehold's commits (synchronous standbys: "
+             "{}; synchronous_standby_names '{}', synchronous_commit {}): a failover loses the "
+             "last grants, renewals and fence bumps. A lost grant's holder runs on until its "
+             "next renewal finds the grant gone while a new holder may already run; fencing "
+             "tokens still only grow (they carry the timeline), so fenced writes stay safe",
+             *s.replicas, s.sync_replicas ? std::to_string(*s.sync_replicas) : "unknown",
+             s.standby_names.value_or(""), s.synchronous_commit.value_or("unknown")),
+         .fix = "set synchronous_standby_names (and synchronous_commit = on or remote_apply) so "
+                "that every grant waits for a standby, or fence every write and accept the "
+                "failover window (README: PostgreSQL in production)"});
   } else {
-    items.push_back({.area = "topology",
-                     .found = fmt::format("{} standby(s); synchronous_standby_names = '{}'",
-                                          *s.replicas, *s.standby_names)});
+    items.push_back(
+        {.area = "topology",
+         .found = fmt::format("{} standby(s), {} synchronous (synchronous_standby_names '{}', "
+                              "synchronous_commit {}): a failover to a synchronous standby keeps "
+                              "every grant leasehold reported; a commit the standby did not "
+                              "confirm is never reported as granted",
+                              *s.replicas, *s.sync_replicas, s.standby_names.value_or(""),
+                              *s.synchronous_commit)});
+  }
+  if (options.mode == PostgresMode::kAdvisory && s.replicas.value_or(0) > 0) {
+    items.push_back(
+        {.area = "topology",
+         .verdict = CheckVerdict::kWarn,
+         .found = "mode=advisory: advisory locks are not replicated, so after a failover the new "
+                  "primary grants every key at once, while a holder learns of it only when its "
+                  "session to the old primary ends (at once if that server died; after the "
+                  "session bounds if it hangs): fencing covers that window",
+         .fix = "use mode=table with a synchronous standby for no overlap across a failover"});
   }
 }
 

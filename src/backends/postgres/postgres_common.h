@@ -128,8 +128,10 @@ struct PgFencedOutcome {
 // prepared statement); COMMIT. The whole is bounded by `deadline` (ROLLBACK gets a deadline of
 // its own). Any failure sends ROLLBACK; a connection whose ROLLBACK fails is discarded. When the
 // check finds no row, `refused` (called after the ROLLBACK, `conn` free again) makes the
-// status. A statement's error is mapped by PgFencedStatementStatus. A broken connection: the
-// status is kUnavailable, naming an unknown outcome if COMMIT was sent.
+// status. A statement's error is mapped by PgFencedStatementStatus. A broken connection, or a
+// COMMIT whose outcome is indeterminate (PgConnection::Exec: its wait for a synchronous standby
+// cancelled, its answer late): the status is kUnavailable, naming an unknown outcome if COMMIT
+// was sent.
 PgFencedOutcome PgFencedWrite(PgConnection& conn, const FencedWriteRequest& request,
                               const std::string& check, const PgParams& check_params,
                               SteadyTime deadline, Clock& clock, const PostgresOptions& options,

@@ -63,12 +63,20 @@ std::string OneLine(std::string text) {
   return out;
 }
 
-// The server's NOTICEs and WARNINGs (a fenced write's "relation ... already exists, skipping"):
-// into leasehold's log at debug level, never onto the application's stderr, where libpq's
-// default processor prints them.
-void LogNotice(void* /*arg*/, const char* message) {
-  Log(LogLevel::kDebug,
-      fmt::format("postgres notice: {}", Trim(message != nullptr ? message : "")));
+// True if a notice is the server's warning that it cancelled a COMMIT's wait for synchronous
+// replication (syncrep.c: SQLSTATE 01000 "canceling wait for synchronous replication due to
+// user request", or 57P01 "canceling the wait for synchronous replication and terminating
+// connection due to administrator command"; both with the detail "The transaction has already
+// committed locally, but might not have been replicated to the standby."). Matched by SQLSTATE
+// and by the English text of either the message or the detail: a server with lc_messages in
+// another language is caught only through this connection's own cancels (Exec).
+bool IsSyncRepCancel(std::string_view sqlstate, std::string_view message, std::string_view detail) {
+  if (!sqlstate.starts_with("01") && sqlstate != kSqlStateAdminShutdown) {
+    return false;
+  }
+  return (message.find("wait for synchronous replication") != std::string_view::npos &&
+          message.find("cancel") != std::string_view::npos) ||
+         detail.find("committed locally") != std::string_view::npos;
 }
 
 bool IsAuthFailure(std::string_view message) {
@@ -157,13 +165,44 @@ Result<std::unique_ptr<PgConnection>> PgConnection::Connect(const PostgresOption
     }
     return Status::Unavailable(std::move(message));
   }
-  PQsetNoticeProcessor(conn, &LogNotice, nullptr);
   if (PQsetnonblocking(conn, 1) != 0) {
     PQfinish(conn);
     return Status::Unavailable(
         fmt::format("cannot use postgres at {}: non-blocking mode refused", options.display));
   }
-  return std::unique_ptr<PgConnection>(new PgConnection(conn, options, clock));
+  std::unique_ptr<PgConnection> out(new PgConnection(conn, options, clock));
+  PQsetNoticeReceiver(conn, &PgConnection::OnNotice, out.get());
+  return out;
+}
+
+bool PgIndeterminate(const Status& status) {
+  return status.detail() == kIndeterminate;
+}
+
+void PgConnection::OnNotice(void* self, const pg_result* notice) {
+  // The server's NOTICEs and WARNINGs (a fenced write's "relation ... already exists,
+  // skipping"): into leasehold's log at debug level, never onto the application's stderr, where
+  // libpq's default receiver prints them.
+  auto field = [notice](int code) {
+    const char* v = PQresultErrorField(notice, code);
+    return std::string_view(v != nullptr ? v : "");
+  };
+  const std::string text = Trim(PQresultErrorMessage(notice));
+  Log(LogLevel::kDebug, fmt::format("postgres notice: {}", text));
+  if (IsSyncRepCancel(field(PG_DIAG_SQLSTATE), field(PG_DIAG_MESSAGE_PRIMARY),
+                      field(PG_DIAG_MESSAGE_DETAIL))) {
+    static_cast<PgConnection*>(self)->sync_rep_cancelled_ =
+        std::string(field(PG_DIAG_MESSAGE_PRIMARY));
+  }
+}
+
+Status PgConnection::Indeterminate(std::string_view what, std::string_view why,
+                                   StatusCode code) const {
+  return Status(code,
+                fmt::format("the store may have applied {}: postgres at {} {}; its outcome is "
+                            "unknown, so it is not reported as done",
+                            what, display_, why),
+                std::string(kIndeterminate));
 }
 
 PgConnection::PgConnection(pg_conn* conn, const PostgresOptions& options, Clock& clock)
@@ -194,9 +233,15 @@ void PgConnection::Cancel() {
 }
 
 Status PgConnection::MarkBroken(std::string_view what, std::string reason) {
+  const bool in_flight = busy_;
   broken_ = true;
   busy_ = false;
   broken_reason_ = ScrubPassword(Trim(std::move(reason)), password_);
+  if (in_flight) {
+    return Indeterminate(what,
+                         fmt::format("lost the connection after it was sent ({})", broken_reason_),
+                         StatusCode::kUnavailable);
+  }
   return Status::Unavailable(fmt::format("connection to postgres at {} failed during {}: {}",
                                          display_, what, broken_reason_));
 }
@@ -263,10 +308,15 @@ Status PgConnection::SendStatement(std::string_view what, const std::string& sql
   if (sent != 1) {
     return MarkBroken(what, PQerrorMessage(conn_));
   }
+  Started();
+  return Status();
+}
+
+void PgConnection::Started() {
   busy_ = true;
+  sync_rep_cancelled_.clear();
   pending_error_.reset();
   pending_result_ = PgResult();
-  return Status();
 }
 
 Result<std::optional<PgResult>> PgConnection::Await(std::string_view what, SteadyTime deadline,
@@ -288,11 +338,19 @@ Result<std::optional<PgResult>> PgConnection::Await(std::string_view what, Stead
     while (flushed == 0 && PQisBusy(conn_) == 0) {
       pg_result* r = PQgetResult(conn_);
       if (r == nullptr) {
-        busy_ = false;
         if (PQstatus(conn_) == CONNECTION_BAD) {
-          Status s = MarkBroken(what, pending_error_ ? std::string(pending_error_->message())
-                                                     : std::string(PQerrorMessage(conn_)));
-          return pending_error_ ? *pending_error_ : s;
+          // busy_ still set: MarkBroken reports an outcome nobody can vouch for.
+          return MarkBroken(what, pending_error_ ? std::string(pending_error_->message())
+                                                 : std::string(PQerrorMessage(conn_)));
+        }
+        busy_ = false;
+        if (!sync_rep_cancelled_.empty()) {
+          return Indeterminate(
+              what,
+              fmt::format("cancelled its COMMIT's wait for synchronous replication (\"{}\"): it "
+                          "committed on that server and on no standby, and a failover undoes it",
+                          sync_rep_cancelled_),
+              StatusCode::kUnavailable);
         }
         if (pending_error_) {
           return *pending_error_;
@@ -387,9 +445,7 @@ Result<PgResult> PgConnection::Exec(std::string_view what, const std::string& sq
                       nullptr) != 1) {
       return MarkBroken(what, PQerrorMessage(conn_));
     }
-    busy_ = true;
-    pending_error_.reset();
-    pending_result_ = PgResult();
+    Started();
     LH_RETURN_IF_ERROR(Finish(what, deadline, stop).status());
     prepared_.emplace(sql, std::move(name));
   }
@@ -415,11 +471,17 @@ Result<PgResult> PgConnection::Finish(std::string_view what, SteadyTime deadline
   if (after.ok() && !after->has_value()) {
     return MarkBroken(what, "no answer even after a cancel request");
   }
+  const StatusCode code = stopped ? StatusCode::kCancelled : StatusCode::kUnavailable;
+  if (after.ok()) {
+    // It finished just as we gave up, or the cancel only ended a COMMIT's wait for a standby
+    // (success with a warning, which Await turns into an error): never trusted (Exec).
+    return Indeterminate(what, "answered only after it was cancelled at its deadline", code);
+  }
+  if (PgIndeterminate(after.status())) {
+    return Status(code, std::string(after.status().message()), std::string(kIndeterminate));
+  }
   if (stopped) {
     return Status::Cancelled(fmt::format("{} cancelled", what));
-  }
-  if (after.ok()) {
-    return std::move(**after);  // it finished just as we gave up
   }
   return Status::Unavailable(
       fmt::format("postgres at {} did not answer {} in time (cancelled)", display_, what),

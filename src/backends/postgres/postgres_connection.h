@@ -48,6 +48,13 @@ inline constexpr std::string_view kSqlStateAdminShutdown = "57P01";
 inline constexpr std::string_view kSqlStateIdleSessionTimeout = "57P05";
 inline constexpr std::string_view kSqlStateProtocolViolation = "08P01";
 
+// The detail of a kUnavailable status whose statement the server may or may not have applied
+// (Status::detail(), in place of a SQLSTATE): PgConnection's "indeterminate" outcomes below.
+inline constexpr std::string_view kIndeterminate = "indeterminate";
+
+// True if `status` is an indeterminate outcome (kIndeterminate).
+bool PgIndeterminate(const Status& status);
+
 // One statement's result: rows of text values.
 class PgResult {
  public:
@@ -72,6 +79,7 @@ class PgResult {
   struct Deleter {
     void operator()(pg_result* r) const;
   };
+
   std::unique_ptr<pg_result, Deleter> result_;
 };
 
@@ -98,6 +106,27 @@ class PgConnection {
   // cancelled (PQcancel) and its end awaited for a short grace; a connection that still does
   // not answer is closed (broken()). Returns the statement's error as a Status (detail: the
   // SQLSTATE), kCancelled after `stop`, kUnavailable after the deadline or a broken connection.
+  //
+  // Indeterminate outcomes. A statement that was sent and then (a) answered only after a cancel
+  // request (its own deadline's, or `stop`), (b) answered with the server's warning that it
+  // cancelled the wait for synchronous replication (SQLSTATE 01000 or 57P01, "canceling [the]
+  // wait for synchronous replication": the COMMIT is durable on this server and on no standby,
+  // so a failover can undo it; whoever cancelled it: this connection, statement_timeout, an
+  // operator's pg_cancel_backend), or (c) lost its connection before its result, may or may not
+  // have been applied, and may yet be undone. Such a result is never returned as a success:
+  // the status is kUnavailable "the store may have applied <what>: ..." with detail
+  // kIndeterminate (kCancelled keeps its code after `stop`, with the same detail). An answer
+  // the statement gave in time is trusted; a cancel that the server answers with 57014 (the
+  // statement's transaction rolled back) is a plain kUnavailable, nothing applied.
+  //
+  // Why a COMMIT that waits for a standby is cancelled at the deadline rather than awaited
+  // for longer: the caller's own bound has passed (for a grant, a confirmation that arrives
+  // after it is worth nothing, since safe_until counts from the send), and while the wait lasts
+  // the transaction keeps its row locks and this connection, so every other statement on the
+  // key, the cleanup of this one included, waits behind it. Cancelled, the transaction is
+  // committed on this server (others see it: a grant nobody runs under, which an owner-checked
+  // release or its TTL ends) and on no standby (a promoted standby never had it): either way
+  // nobody was told "granted".
   Result<PgResult> Exec(std::string_view what, const std::string& sql, const PgParams& params,
                         SteadyTime deadline, std::stop_token stop = {});
 
@@ -149,10 +178,19 @@ class PgConnection {
  private:
   PgConnection(pg_conn* conn, const PostgresOptions& options, Clock& clock);
 
+  // Closes the connection for good. With a statement in flight (busy_), the status is
+  // indeterminate: it may have been applied.
   Status MarkBroken(std::string_view what, std::string reason);
+  // The indeterminate status of `what` (see Exec), for `why` ("cancelled the wait ...").
+  Status Indeterminate(std::string_view what, std::string_view why, StatusCode code) const;
+  // libpq's notice receiver: logs the server's NOTICEs and WARNINGs at debug level and records
+  // a cancelled wait for synchronous replication in sync_rep_cancelled_.
+  static void OnNotice(void* self, const pg_result* notice);
   // Send, with `once` as ExecOnce describes.
   Status SendStatement(std::string_view what, const std::string& sql, const PgParams& params,
                        bool once);
+  // Marks a statement as sent: busy, with no result, error or warning of its own yet.
+  void Started();
   // Awaits the statement in flight until `deadline`; past it (or on `stop`) cancels it as Exec
   // describes.
   Result<PgResult> Finish(std::string_view what, SteadyTime deadline, std::stop_token stop);
@@ -172,6 +210,9 @@ class PgConnection {
   // Statement text -> name of its prepared statement on this connection.
   std::map<std::string, std::string, std::less<>> prepared_;
   std::string broken_reason_;
+  // The server's warning that it cancelled the statement in flight's wait for synchronous
+  // replication (set by OnNotice, cleared by every send), or "".
+  std::string sync_rep_cancelled_;
   // Results of the statement in flight, collected by Await: the first error, else the last.
   std::optional<Status> pending_error_;
   PgResult pending_result_;

@@ -151,11 +151,26 @@ inline constexpr std::string_view kBackendPid = R"sql(SELECT pg_backend_pid())sq
 // The advisory lock id of a pg_locks row (bigint form: objsubid = 1).
 #define LH_PG_LOCK_ID_OF(k) "((" k ".classid::bigint << 32) | " k ".objid::bigint)"
 
+// The epoch part of a fencing token: (timeline - 1) << 40, the server's current PostgreSQL
+// timeline read in the statement that bumps the counter (pg_current_wal_lsn() is the primary's
+// insert position; its WAL file name starts with the timeline in 8 hex digits; on a standby it
+// fails, as the write would). A key's counter moves to greatest(counter, epoch) + 1, so a token
+// handed out on a later timeline is greater than every token of every earlier one, even when
+// the last bumps before a failover or a restore were lost; on a server that never failed over
+// (timeline 1) the epoch is 0 and tokens count 1, 2, 3... as before. Layout: bits 40-62 the
+// timeline less one, bits 0-39 the count within the timeline (2^40 grants of one key per
+// timeline before the count would reach the next epoch). A timeline above 2^23 overflows the
+// bigint: the grant fails ("bigint out of range") rather than handing out a smaller token.
+#define LH_PG_EPOCH                                                                         \
+  "((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) "   \
+  "<< 40)"
+
 // ---- table mode ----
 
 // Try-acquire, table mode. $1 key, $2 owner token, $3 holder, $4 ttl in ms.
-// - `granted` inserts the key's first row (fence 1), or takes over the existing row only if it
-//   is free (token NULL) or expired on the server's clock, bumping fence in the same statement;
+// - `granted` inserts the key's first row (fence: the epoch + 1, LH_PG_EPOCH), or takes over
+//   the existing row only if it is free (token NULL) or expired on the server's clock, bumping
+//   fence (past the epoch) in the same statement;
 //   ON CONFLICT locks the row, so two acquirers never both succeed.
 // - If nothing was granted, the second branch returns the current holder (from the statement's
 //   snapshot; a holder that committed after it shows as no row: held, holder unknown).
@@ -163,10 +178,12 @@ inline constexpr std::string_view kBackendPid = R"sql(SELECT pg_backend_pid())sq
 inline constexpr std::string_view kTableAcquire = R"sql(
 WITH granted AS (
   INSERT INTO {schema}.leases AS l (key, fence, token, holder, ttl_ms, expires_at)
-  VALUES ($1, 1, $2, $3, $4::bigint, clock_timestamp() + $4::bigint * interval '1 millisecond')
+  VALUES ($1, )sql" LH_PG_EPOCH R"sql( + 1, $2, $3, $4::bigint,
+          clock_timestamp() + $4::bigint * interval '1 millisecond')
   ON CONFLICT (key) DO UPDATE
-    SET fence = l.fence + 1, token = EXCLUDED.token, holder = EXCLUDED.holder,
-        ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at, lock_id = NULL, pid = NULL
+    SET fence = greatest(l.fence, )sql" LH_PG_EPOCH R"sql() + 1, token = EXCLUDED.token,
+        holder = EXCLUDED.holder, ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at,
+        lock_id = NULL, pid = NULL
     WHERE l.token IS NULL OR l.expires_at <= clock_timestamp()
   RETURNING l.fence)
 SELECT true, fence, NULL, NULL, NULL, NULL FROM granted
@@ -357,7 +374,7 @@ e AS (
   FROM d),
 u AS (
   UPDATE {schema}.leases AS l
-  SET fence = l.fence + 1,
+  SET fence = greatest(l.fence, )sql" LH_PG_EPOCH R"sql() + 1,
       token = CASE WHEN e.excl THEN {token} ELSE )sql" LH_PG_SHARED_MARKER R"sql( END,
       holder = CASE WHEN e.excl THEN {holder} ELSE )sql" LH_PG_SHARED_HOLDER R"sql( END,
       ttl_ms = CASE WHEN e.excl THEN {ttl_ms}::bigint END,
@@ -601,13 +618,13 @@ WITH limits AS MATERIALIZED (
 lock AS MATERIALIZED (SELECT pg_try_advisory_lock($5::bigint) AS got FROM limits),
 granted AS (
   INSERT INTO {schema}.leases AS l (key, fence, token, holder, ttl_ms, expires_at, lock_id, pid)
-  SELECT $1, 1, $2, $3, $4::bigint, clock_timestamp() + $4::bigint * interval '1 millisecond',
-         $5::bigint, pg_backend_pid()
+  SELECT $1, )sql" LH_PG_EPOCH R"sql( + 1, $2, $3, $4::bigint,
+         clock_timestamp() + $4::bigint * interval '1 millisecond', $5::bigint, pg_backend_pid()
   FROM lock WHERE got
   ON CONFLICT (key) DO UPDATE
-    SET fence = l.fence + 1, token = EXCLUDED.token, holder = EXCLUDED.holder,
-        ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at, lock_id = EXCLUDED.lock_id,
-        pid = EXCLUDED.pid
+    SET fence = greatest(l.fence, )sql" LH_PG_EPOCH R"sql() + 1, token = EXCLUDED.token,
+        holder = EXCLUDED.holder, ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at,
+        lock_id = EXCLUDED.lock_id, pid = EXCLUDED.pid
     WHERE NOT )sql" LH_PG_KEPT("l") R"sql(
   RETURNING l.fence),
 holder AS (
@@ -642,13 +659,13 @@ WITH limits AS MATERIALIZED (
          set_config('tcp_user_timeout', $8, false)),
 granted AS (
   INSERT INTO {schema}.leases AS l (key, fence, token, holder, ttl_ms, expires_at, lock_id, pid)
-  SELECT $1, 1, $2, $3, $4::bigint, clock_timestamp() + $4::bigint * interval '1 millisecond',
-         $5::bigint, pg_backend_pid()
+  SELECT $1, )sql" LH_PG_EPOCH R"sql( + 1, $2, $3, $4::bigint,
+         clock_timestamp() + $4::bigint * interval '1 millisecond', $5::bigint, pg_backend_pid()
   FROM limits
   ON CONFLICT (key) DO UPDATE
-    SET fence = l.fence + 1, token = EXCLUDED.token, holder = EXCLUDED.holder,
-        ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at, lock_id = EXCLUDED.lock_id,
-        pid = EXCLUDED.pid
+    SET fence = greatest(l.fence, )sql" LH_PG_EPOCH R"sql() + 1, token = EXCLUDED.token,
+        holder = EXCLUDED.holder, ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at,
+        lock_id = EXCLUDED.lock_id, pid = EXCLUDED.pid
     WHERE NOT )sql" LH_PG_KEPT("l") R"sql(
   RETURNING l.fence, set_config('idle_session_timeout', $6, false))
 SELECT true, fence, NULL, NULL, NULL::bigint, NULL::bigint FROM granted
@@ -825,11 +842,22 @@ SELECT current_setting('fsync', true), current_setting('synchronous_commit', tru
        {replicas},
        sh.oid IS NOT NULL, has_table_privilege(sh.oid, 'SELECT'),
        has_table_privilege(sh.oid, 'INSERT'), has_table_privilege(sh.oid, 'UPDATE'),
-       has_table_privilege(sh.oid, 'DELETE')
+       has_table_privilege(sh.oid, 'DELETE'),
+       CASE WHEN pg_is_in_recovery()
+            THEN (SELECT timeline_id FROM pg_control_checkpoint())::bigint
+            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
+       END,
+       (SELECT system_identifier FROM pg_control_system())::text,
+       current_setting('cluster_name', true),
+       EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'Patroni%')
 FROM l, r, sh)sql";
 
-// kDiagnose's {replicas}, and its stand-in for a role that may not read pg_stat_replication.
-inline constexpr std::string_view kDiagnoseReplicas = "(SELECT count(*) FROM pg_stat_replication)";
-inline constexpr std::string_view kDiagnoseNoReplicas = "NULL::bigint";
+// kDiagnose's {replicas}: the standbys streaming from this server, and how many of them are
+// synchronous (sync_state sync or quorum); and its stand-in for a role that may not read
+// pg_stat_replication.
+inline constexpr std::string_view kDiagnoseReplicas =
+    "(SELECT count(*) FROM pg_stat_replication), "
+    "(SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))";
+inline constexpr std::string_view kDiagnoseNoReplicas = "NULL::bigint, NULL::bigint";
 
 }  // namespace leasehold::internal::postgres_sql

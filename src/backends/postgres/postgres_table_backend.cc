@@ -280,8 +280,13 @@ std::string PostgresTableBackend::Sql(std::string_view shared, std::string_view 
 }
 
 PostgresTableBackend::~PostgresTableBackend() {
-  MutexLock lock(&listener_mu_);
-  listener_.reset();
+  {
+    MutexLock lock(&listener_mu_);
+    listener_.reset();
+  }
+  // A last try for grants this handle may hold (each bounded by command_timeout).
+  (void)unsure_.Flush(
+      [this](std::string_view key, std::string_view token) { return Release(key, token); });
 }
 
 Capabilities PostgresTableBackend::capabilities() const {
@@ -309,6 +314,21 @@ Result<PgResult> PostgresTableBackend::Run(std::string_view what, const std::str
 }
 
 Result<Grant> PostgresTableBackend::TryAcquire(const GrantRequest& request) {
+  const PgUnsureGrants::Release release = [this](std::string_view key, std::string_view token) {
+    return Release(key, token);
+  };
+  Result<Grant> granted = unsure_.Acquire<Grant>(
+      request.key, request.owner_token, [&] { return AcquireOnce(request); }, release);
+  bool failover = false;
+  granted =
+      PgCheckGrant(history_, options_.display, request, std::move(granted), release, &failover);
+  if (failover) {
+    CountStoreFailover();
+  }
+  return granted;
+}
+
+Result<Grant> PostgresTableBackend::AcquireOnce(const GrantRequest& request) {
   const bool plain = request.mode == LeaseMode::kExclusive && request.limit == 1;
   if (!plain && !shares_ready_) {
     return PgSharesMissing(options_);

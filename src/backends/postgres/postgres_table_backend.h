@@ -54,6 +54,7 @@
 
 #include "backends/backend.h"
 #include "backends/postgres/postgres_connection.h"
+#include "backends/postgres/postgres_history.h"
 #include "backends/postgres/postgres_options.h"
 #include "util/mutex.h"
 #include "util/thread_annotations.h"
@@ -72,6 +73,12 @@ class PostgresTableBackend final : public Backend {
   // native_wait: LISTEN/NOTIFY, unless a pooler is in between.
   [[nodiscard]] Capabilities capabilities() const override;
 
+  // One statement (kTableAcquire, or kTableAcquireShared). An indeterminate outcome (a COMMIT
+  // whose wait for a synchronous standby was cancelled, a late answer, a connection lost after
+  // the send: PgConnection::Exec) is kUnavailable "the store may have applied it", and the
+  // grant it may have made is released, owner-checked, at once and again before later acquires
+  // (PgUnsureGrants). A grant whose token says the store's history went backwards is released
+  // and refused; one on a newer timeline counts a store failover (PgHistory).
   Result<Grant> TryAcquire(const GrantRequest& request) override;
   Status Renew(const RenewRequest& request) override;
   // One UPDATE for all requests. If it fails, every request gets that error.
@@ -130,6 +137,8 @@ class PostgresTableBackend final : public Backend {
   PostgresTableBackend(PostgresOptions options, Clock& clock, std::unique_ptr<Pool> pool,
                        bool pooled, bool shares_ready);
 
+  // TryAcquire's statement, once.
+  Result<Grant> AcquireOnce(const GrantRequest& request);
   // kTableAcquireShared for `request`, one round trip.
   Result<Grant> AcquireShared(const GrantRequest& request);
   // The wait of WaitForChange and WaitForTurn; `waiter_id` empty for none.
@@ -148,6 +157,8 @@ class PostgresTableBackend final : public Backend {
   const std::unique_ptr<Pool> pool_;
   const bool pooled_;
   const bool shares_ready_;
+  PgHistory history_;
+  PgUnsureGrants unsure_;
   Mutex listener_mu_;
   std::shared_ptr<Listener> listener_ LH_GUARDED_BY(listener_mu_);
 };
