@@ -670,8 +670,28 @@ class PostgresChecks(CheckHarness):
         try:
             rc, doc, err = self.check()
             self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
-            item = self.assert_item(doc, "topology", "warn", "1 standby(s), asynchronous")
+            item = self.assert_item(doc, "topology", "warn",
+                                    "1 standby(s), none of which confirms leasehold's commits")
+            self.assertIn("fencing tokens still only grow", item["found"])
             self.assertIn("synchronous_standby_names", item["fix"])
+            self.assert_item(doc, "topology", "pass", "timeline 1, system identifier ")
+            if not self.TABLE:
+                self.assert_item(doc, "topology", "warn", "advisory locks are not replicated")
+            # The same standby, synchronous: every grant waits for it.
+            SERVER._psql("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            SERVER._psql("SELECT pg_reload_conf()")
+            try:
+                for _ in range(100):  # bounded: the standby reports sync at its next reply
+                    if SERVER._psql("SELECT count(*) FROM pg_stat_replication "
+                                    "WHERE sync_state = 'sync'").strip() == "1":
+                        break
+                    time.sleep(0.05)
+                rc, doc, err = self.check()
+            finally:
+                SERVER._psql("ALTER SYSTEM RESET synchronous_standby_names")
+                SERVER._psql("SELECT pg_reload_conf()")
+            self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+            self.assert_item(doc, "topology", "pass", "1 standby(s), 1 synchronous")
             rc, doc, err = self.check(store=pg_url(port=standby.port))
         finally:
             standby.stop()
