@@ -91,7 +91,8 @@ void PgUnsureGrants::End(std::string_view key, std::string_view token, const Sta
     const Status released = release(key, token);
     unsure = !Over(released);
     if (unsure) {
-      Log(LogLevel::kWarning,
+      // Debug: the acquire's own error already says the store may have applied it.
+      Log(LogLevel::kDebug,
           fmt::format("{}: a grant this handle may hold is not released yet (tried again before "
                       "its next acquire; else its TTL ends it): {}",
                       key, released.message()));

@@ -34,7 +34,7 @@ using internal::PgHistory;
 using internal::PgUnsureGrants;
 
 class SyncStandbyTest : public ::testing::TestWithParam<std::string> {
- protected:
+ public:
   static void SetUpTestSuite() {
     auto server = testing::PostgresServer::Start();
     ASSERT_TRUE(server.ok()) << server.status().ToString();
@@ -183,15 +183,21 @@ TEST_P(SyncStandbyTest, AFencedWriteWhoseCommitIsNotConfirmedSaysItsOutcomeIsUnk
       << wrote.status().ToString();
 }
 
+// An acquire on `store` whose wait for the standby another session ends with `function`
+// (pg_cancel_backend or pg_terminate_backend) while command_timeout is still far.
+Result<Lease> AcquireEndedByAnOperator(Store& store, const std::string& function) {
+  SyncStandbyTest::StandbyConfirms(false);
+  std::thread op([&] { EXPECT_TRUE(SyncStandbyTest::EndSyncRepWait(function)); });
+  auto lease = store.TryAcquire("hot", {.ttl = 30s});
+  op.join();
+  return lease;
+}
+
 TEST_P(SyncStandbyTest, AnOperatorsCancelOfTheWaitIsCaughtByItsWarning) {
-  // command_timeout well after the operator's cancel, which ends the wait; the server then answers
-  // the acquire with success and the warning.
+  // The server answers the acquire with success and the warning, before command_timeout.
   auto store = Open(Url(GetParam(), "3s"));
   ASSERT_NE(store, nullptr);
-  StandbyConfirms(false);
-  std::thread op([] { EXPECT_TRUE(EndSyncRepWait("pg_cancel_backend")); });
-  auto lease = store->TryAcquire("hot", {.ttl = 30s});
-  op.join();
+  auto lease = AcquireEndedByAnOperator(*store, "pg_cancel_backend");
   ASSERT_FALSE(lease.ok()) << "granted on a commit whose wait an operator cancelled";
   ExpectIndeterminate(lease.status());
   EXPECT_NE(lease.status().message().find("canceling wait for synchronous replication"),
@@ -200,12 +206,10 @@ TEST_P(SyncStandbyTest, AnOperatorsCancelOfTheWaitIsCaughtByItsWarning) {
 }
 
 TEST_P(SyncStandbyTest, AConnectionEndedDuringTheWaitIsIndeterminate) {
+  // The warning, then FATAL and the end of the connection.
   auto store = Open(Url(GetParam(), "3s"));
   ASSERT_NE(store, nullptr);
-  StandbyConfirms(false);
-  std::thread op([] { EXPECT_TRUE(EndSyncRepWait("pg_terminate_backend")); });
-  auto lease = store->TryAcquire("hot", {.ttl = 30s});
-  op.join();
+  auto lease = AcquireEndedByAnOperator(*store, "pg_terminate_backend");
   ASSERT_FALSE(lease.ok()) << "granted on a commit whose session was terminated in the wait";
   EXPECT_EQ(lease.status().code(), StatusCode::kUnavailable) << lease.status().ToString();
   EXPECT_NE(lease.status().message().find("may have applied"), std::string_view::npos)
