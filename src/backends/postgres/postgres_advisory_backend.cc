@@ -213,9 +213,15 @@ Capabilities PostgresAdvisoryBackend::capabilities() const {
 
 Result<std::shared_ptr<PostgresAdvisoryBackend::Session>> PostgresAdvisoryBackend::NewSession() {
   LH_ASSIGN_OR_RETURN(std::unique_ptr<PgConnection> conn, PgConnection::Connect(options_, clock_));
-  LH_ASSIGN_OR_RETURN(PgResult r, conn->Exec("pg_backend_pid", std::string(sql::kBackendPid), {},
-                                             PgDeadline(options_, clock_)));
+  LH_ASSIGN_OR_RETURN(PgResult r, conn->Exec("server identity", std::string(sql::kServerIdentity),
+                                             {}, PgDeadline(options_, clock_)));
   int pid = static_cast<int>(r.GetInt(0, 0));
+  // Another cluster, or a primary on an older timeline, is refused; a newer one is a failover.
+  bool failover = false;
+  LH_RETURN_IF_ERROR(history_.ObserveServer(options_.display, PgIdentityOf(r), &failover));
+  if (failover) {
+    CountStoreFailover();
+  }
   if (pid != conn->startup_pid() && !skip_pooler_check_for_testing) {
     return Status::InvalidArgument(fmt::format(
         "postgres at {} is reached through a connection pooler (the backend pid {} sent at "

@@ -46,11 +46,7 @@ Status PgHistory::Observe(std::string_view display, std::string_view key, Fencin
   }
   if (timeline_ != 0 && timeline > timeline_) {
     *failover = true;
-    LogEvent(LogLevel::kWarning, "store_failover",
-             {{"store", display},
-              {"timeline", std::to_string(timeline)},
-              {"previous_timeline", std::to_string(timeline_)},
-              {"key", key}});
+    LogFailover(display, timeline, fmt::format("a grant of {}", key));
   }
   timeline_ = std::max(timeline_, timeline);
   if (highest_.size() >= kMaxKeys && !highest_.contains(std::string(key))) {
@@ -58,6 +54,54 @@ Status PgHistory::Observe(std::string_view display, std::string_view key, Fencin
   }
   highest_[std::string(key)] = token;
   return Status();
+}
+
+PgServerIdentity PgIdentityOf(const PgResult& r) {
+  return {.system_identifier = std::string(r.Get(0, 1)),
+          .timeline = static_cast<std::uint64_t>(r.GetInt(0, 2)),
+          .in_recovery = r.GetBool(0, 3)};
+}
+
+Status PgHistory::ObserveServer(std::string_view display, const PgServerIdentity& server,
+                                bool* failover) {
+  *failover = false;
+  MutexLock lock(&mu_);
+  if (!server.system_identifier.empty()) {
+    if (system_identifier_.empty()) {
+      system_identifier_ = server.system_identifier;
+    } else if (server.system_identifier != system_identifier_) {
+      return Status::Unavailable(fmt::format(
+          "postgres at {} is another database cluster (system identifier {}) than the one this "
+          "handle was granted leases by ({}): its fencing counters are not the ones this "
+          "handle's tokens came from, so it is refused; a new handle (a restart) may use it",
+          display, server.system_identifier, system_identifier_));
+    }
+  }
+  if (server.in_recovery || server.timeline == 0) {
+    return Status();
+  }
+  if (server.timeline < timeline_) {
+    return Status::Unavailable(fmt::format(
+        "the store's history went backwards: postgres at {} is a primary on timeline {}, and "
+        "this handle was granted tokens on timeline {} before (an old primary that was never "
+        "demoted, or a restore to an earlier point): refused",
+        display, server.timeline, timeline_));
+  }
+  if (timeline_ != 0 && server.timeline > timeline_) {
+    *failover = true;
+    LogFailover(display, server.timeline, "a new connection");
+  }
+  timeline_ = std::max(timeline_, server.timeline);
+  return Status();
+}
+
+void PgHistory::LogFailover(std::string_view display, std::uint64_t timeline,
+                            std::string_view what) {
+  LogEvent(LogLevel::kWarning, "store_failover",
+           {{"store", display},
+            {"timeline", std::to_string(timeline)},
+            {"previous_timeline", std::to_string(timeline_)},
+            {"seen_by", what}});
 }
 
 void PgUnsureGrants::Begin(std::string_view key, std::string_view token, const Release& release) {

@@ -3,13 +3,14 @@
 // What a postgres:// handle needs to stay safe on a PostgreSQL that fails over, is restored or
 // loses a synchronous standby, shared by both modes:
 //
-// - PgHistory: the server's history as the handle has seen it through the fencing tokens it was
-//   granted. A token's high bits are the PostgreSQL timeline (LH_PG_EPOCH, postgres_sql.h). A
-//   grant on a newer timeline than any seen before is a failover the handle now notices (logged
-//   as `store_failover`, counted by the caller); a grant on an older timeline, or one of a key
-//   whose token is not above the highest this handle was granted for it, means the store's
-//   history went backwards (a restore to an earlier point, or a deposed primary that was never
-//   demoted): refused.
+// - PgHistory: the server's history as the handle has seen it, through the servers its
+//   connections reached (system identifier, timeline: kServerIdentity) and the fencing tokens
+//   it was granted (whose high bits are the PostgreSQL timeline: LH_PG_EPOCH, postgres_sql.h).
+//   A primary or a grant on a newer timeline than any seen before is a failover the handle now
+//   notices (logged as `store_failover`, counted by the caller); another database cluster, a
+//   primary or a grant on an older timeline, or a grant of a key whose token is not above the
+//   highest this handle was granted for it, means the store's history went backwards (a
+//   restore to an earlier point, or a deposed primary that was never demoted): refused.
 // - PgUnsureGrants: grants a handle may hold without knowing it (an acquire whose outcome was
 //   indeterminate: PgConnection::Exec). Each is ended by an owner-checked release, tried at
 //   once, then again before every later acquire of the handle while it lives.
@@ -30,6 +31,7 @@
 #include "leasehold/status.h"
 
 #include "backends/backend.h"
+#include "backends/postgres/postgres_connection.h"
 #include "util/mutex.h"
 #include "util/thread_annotations.h"
 
@@ -40,6 +42,16 @@ namespace leasehold::internal {
 constexpr std::uint64_t PgTokenTimeline(FencingToken token) {
   return (token >> 40) + 1;
 }
+
+// The server a connection reached, from kServerIdentity's row 0 (postgres_sql.h).
+struct PgServerIdentity {
+  std::string system_identifier;
+  std::uint64_t timeline = 0;
+  bool in_recovery = false;
+};
+
+// Reads kServerIdentity's columns 1-3 of row 0 of `r`.
+PgServerIdentity PgIdentityOf(const PgResult& r);
 
 class PgHistory {
  public:
@@ -55,8 +67,23 @@ class PgHistory {
   Status Observe(std::string_view display, std::string_view key, FencingToken token, bool* failover)
       LH_EXCLUDES(mu_);
 
+  // Checks the server a new connection of the handle reached (`display` names it). Returns OK,
+  // with *failover set if it is a primary on a newer timeline than every one seen before; or
+  // kUnavailable if it belongs to another database cluster than the first connection's (its
+  // system identifier differs: a restore into a new cluster, a different server: its counters
+  // are not the ones this handle's tokens came from), or is a primary on an older timeline than
+  // one seen before (a deposed primary, a restore). A standby's timeline (its last checkpoint's)
+  // is not judged: it grants nothing.
+  Status ObserveServer(std::string_view display, const PgServerIdentity& server, bool* failover)
+      LH_EXCLUDES(mu_);
+
  private:
+  // Logs a failover to `timeline`, seen by `what`. REQUIRES: timeline > timeline_ > 0.
+  void LogFailover(std::string_view display, std::uint64_t timeline, std::string_view what)
+      LH_REQUIRES(mu_);
+
   Mutex mu_;
+  std::string system_identifier_ LH_GUARDED_BY(mu_);
   std::uint64_t timeline_ LH_GUARDED_BY(mu_) = 0;
   std::unordered_map<std::string, FencingToken> highest_ LH_GUARDED_BY(mu_);
 };

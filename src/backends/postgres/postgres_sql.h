@@ -144,10 +144,6 @@ ORDER BY key COLLATE "C")sql";
 #define LH_PG_KEPT(l) \
   "(" l ".pid IS NULL AND " l ".token IS NOT NULL AND " l ".expires_at > clock_timestamp())"
 
-// pg_backend_pid() of the session that runs it: compared with the pid libpq got at startup
-// (PQbackendPID), which a pooler such as PgBouncer makes up, to detect a pooler in between.
-inline constexpr std::string_view kBackendPid = R"sql(SELECT pg_backend_pid())sql";
-
 // The advisory lock id of a pg_locks row (bigint form: objsubid = 1).
 #define LH_PG_LOCK_ID_OF(k) "((" k ".classid::bigint << 32) | " k ".objid::bigint)"
 
@@ -164,6 +160,22 @@ inline constexpr std::string_view kBackendPid = R"sql(SELECT pg_backend_pid())sq
 #define LH_PG_EPOCH                                                                         \
   "((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) "   \
   "<< 40)"
+
+// The server's timeline: a primary's from its WAL insert position (as LH_PG_EPOCH), a
+// standby's from its last checkpoint (pg_current_wal_lsn() fails during recovery).
+#define LH_PG_TIMELINE                                                                      \
+  "CASE WHEN pg_is_in_recovery() "                                                          \
+  "THEN (SELECT timeline_id FROM pg_control_checkpoint())::bigint "                        \
+  "ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint END"
+
+// The server a new connection reached: pg_backend_pid() of the session that runs it (compared
+// with the pid libpq got at startup, PQbackendPID, which a pooler such as PgBouncer makes up,
+// to detect a pooler in between), the cluster's system identifier, its timeline
+// (LH_PG_TIMELINE) and whether it is a standby (PgServerIdentity, postgres_history.h). Every
+// role may read pg_control_system() and pg_control_checkpoint().
+inline constexpr std::string_view kServerIdentity =
+    "SELECT pg_backend_pid(), (SELECT system_identifier FROM pg_control_system())::text, "
+    LH_PG_TIMELINE ", pg_is_in_recovery()";
 
 // ---- table mode ----
 
@@ -842,11 +854,7 @@ SELECT current_setting('fsync', true), current_setting('synchronous_commit', tru
        {replicas},
        sh.oid IS NOT NULL, has_table_privilege(sh.oid, 'SELECT'),
        has_table_privilege(sh.oid, 'INSERT'), has_table_privilege(sh.oid, 'UPDATE'),
-       has_table_privilege(sh.oid, 'DELETE'),
-       CASE WHEN pg_is_in_recovery()
-            THEN (SELECT timeline_id FROM pg_control_checkpoint())::bigint
-            ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
-       END,
+       has_table_privilege(sh.oid, 'DELETE'), )sql" LH_PG_TIMELINE R"sql(,
        (SELECT system_identifier FROM pg_control_system())::text,
        current_setting('cluster_name', true),
        EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'Patroni%')

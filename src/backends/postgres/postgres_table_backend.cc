@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <thread>
 #include <unordered_set>
@@ -76,14 +77,20 @@ std::string FillTemplate(std::string_view text,
   return out;
 }
 
-// Opens a connection and tells whether a pooler sits between it and the server.
-Result<std::pair<std::unique_ptr<PgConnection>, bool>> ConnectAndProbe(
-    const PostgresOptions& options, Clock& clock) {
+// A connection, whether a pooler sits between it and the server, and the server it reached.
+struct Probed {
+  std::unique_ptr<PgConnection> conn;
+  bool pooled = false;
+  PgServerIdentity server;
+};
+
+// Opens a connection and reads kServerIdentity on it.
+Result<Probed> ConnectAndProbe(const PostgresOptions& options, Clock& clock) {
   LH_ASSIGN_OR_RETURN(std::unique_ptr<PgConnection> conn, PgConnection::Connect(options, clock));
-  LH_ASSIGN_OR_RETURN(PgResult r, conn->Exec("pg_backend_pid", std::string(sql::kBackendPid), {},
-                                             PgDeadline(options, clock)));
+  LH_ASSIGN_OR_RETURN(PgResult r, conn->Exec("server identity", std::string(sql::kServerIdentity),
+                                             {}, PgDeadline(options, clock)));
   const bool pooled = r.GetInt(0, 0) != conn->startup_pid();
-  return std::make_pair(std::move(conn), pooled);
+  return Probed{.conn = std::move(conn), .pooled = pooled, .server = PgIdentityOf(r)};
 }
 
 }  // namespace
@@ -106,11 +113,14 @@ struct PostgresTableBackend::Pool {
     return Connect();
   }
 
-  // A new connection, set up as the pool's own.
+  // A new connection, set up as the pool's own, once `check` accepts the server it reached.
   Result<std::unique_ptr<PgConnection>> Connect() {
-    Result<std::unique_ptr<PgConnection>> conn = PgConnection::Connect(options, clock);
-    if (conn.ok() && prepare) {
-      (*conn)->PrepareStatements();
+    LH_ASSIGN_OR_RETURN(std::unique_ptr<PgConnection> conn, PgConnection::Connect(options, clock));
+    if (check) {
+      LH_RETURN_IF_ERROR(check(*conn));
+    }
+    if (prepare) {
+      conn->PrepareStatements();
     }
     return conn;
   }
@@ -130,6 +140,8 @@ struct PostgresTableBackend::Pool {
   // Connected straight to the server (no transaction-pooling proxy, where a prepared statement
   // would not stay ours): statements are prepared once per connection.
   const bool prepare;
+  // Set once by Open before the pool is shared: the backend's CheckServer.
+  std::function<Status(PgConnection&)> check;
   Mutex mu;
   std::vector<std::unique_ptr<PgConnection>> idle LH_GUARDED_BY(mu);
 };
@@ -253,17 +265,32 @@ class PostgresTableBackend::Listener {
 
 Result<std::shared_ptr<PostgresTableBackend>> PostgresTableBackend::Open(PostgresOptions options,
                                                                          Clock& clock) {
-  LH_ASSIGN_OR_RETURN(auto probed, ConnectAndProbe(options, clock));
-  LH_RETURN_IF_ERROR(EnsureSchema(*probed.first, options, clock));
-  LH_ASSIGN_OR_RETURN(const bool shares_ready, PgSharesReady(*probed.first, options, clock));
-  auto pool = std::make_unique<Pool>(options, clock, /*direct=*/!probed.second);
-  if (!probed.second) {
-    probed.first->PrepareStatements();
+  LH_ASSIGN_OR_RETURN(Probed probed, ConnectAndProbe(options, clock));
+  LH_RETURN_IF_ERROR(EnsureSchema(*probed.conn, options, clock));
+  LH_ASSIGN_OR_RETURN(const bool shares_ready, PgSharesReady(*probed.conn, options, clock));
+  auto pool = std::make_unique<Pool>(options, clock, /*direct=*/!probed.pooled);
+  if (!probed.pooled) {
+    probed.conn->PrepareStatements();
   }
   std::shared_ptr<PostgresTableBackend> backend(new PostgresTableBackend(
-      std::move(options), clock, std::move(pool), probed.second, shares_ready));
-  backend->pool_->Return(std::move(probed.first));
+      std::move(options), clock, std::move(pool), probed.pooled, shares_ready));
+  bool failover = false;
+  LH_RETURN_IF_ERROR(
+      backend->history_.ObserveServer(backend->options_.display, probed.server, &failover));
+  backend->pool_->check = [b = backend.get()](PgConnection& conn) { return b->CheckServer(conn); };
+  backend->pool_->Return(std::move(probed.conn));
   return backend;
+}
+
+Status PostgresTableBackend::CheckServer(PgConnection& conn) {
+  LH_ASSIGN_OR_RETURN(PgResult r, conn.Exec("server identity", std::string(sql::kServerIdentity),
+                                            {}, PgDeadline(options_, clock_)));
+  bool failover = false;
+  LH_RETURN_IF_ERROR(history_.ObserveServer(options_.display, PgIdentityOf(r), &failover));
+  if (failover) {
+    CountStoreFailover();
+  }
+  return Status();
 }
 
 PostgresTableBackend::PostgresTableBackend(PostgresOptions options, Clock& clock,

@@ -137,6 +137,10 @@ class PostgresTableBackend final : public Backend {
   PostgresTableBackend(PostgresOptions options, Clock& clock, std::unique_ptr<Pool> pool,
                        bool pooled, bool shares_ready);
 
+  // Reads the server a new pooled connection reached and checks it with history_
+  // (PgHistory::ObserveServer): another cluster or an older timeline is refused, a newer
+  // timeline counts a failover.
+  Status CheckServer(PgConnection& conn);
   // TryAcquire's statement, once.
   Result<Grant> AcquireOnce(const GrantRequest& request);
   // kTableAcquireShared for `request`, one round trip.

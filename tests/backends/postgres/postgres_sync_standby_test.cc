@@ -245,6 +245,34 @@ TEST(PgHistoryTest, ANewerTimelineIsAFailoverAndAnOlderOneOrARepeatedTokenIsRefu
   EXPECT_EQ(internal::PgTokenTimeline(Token(3, 5)), 3U);
 }
 
+TEST(PgHistoryTest, AServerOfAnotherClusterOrAnOlderTimelineIsRefusedAndANewerOneIsAFailover) {
+  PgHistory history;
+  bool failover = true;
+  ASSERT_TRUE(
+      history.ObserveServer("pg", {.system_identifier = "7", .timeline = 2}, &failover).ok());
+  EXPECT_FALSE(failover) << "the first server sets the baseline";
+  // A standby's checkpoint timeline lags and is not judged; it grants nothing anyway.
+  EXPECT_TRUE(history
+                  .ObserveServer("pg",
+                                 {.system_identifier = "7", .timeline = 1, .in_recovery = true},
+                                 &failover)
+                  .ok());
+  Status deposed =
+      history.ObserveServer("pg", {.system_identifier = "7", .timeline = 1}, &failover);
+  EXPECT_EQ(deposed.code(), StatusCode::kUnavailable);
+  EXPECT_NE(deposed.message().find("history went backwards"), std::string_view::npos)
+      << deposed.ToString();
+  ASSERT_TRUE(
+      history.ObserveServer("pg", {.system_identifier = "7", .timeline = 3}, &failover).ok());
+  EXPECT_TRUE(failover);
+  Status other = history.ObserveServer("pg", {.system_identifier = "8", .timeline = 3}, &failover);
+  EXPECT_EQ(other.code(), StatusCode::kUnavailable);
+  EXPECT_NE(other.message().find("another database cluster"), std::string_view::npos)
+      << other.ToString();
+  // A grant's token on the timeline before the newest server's is refused too.
+  EXPECT_FALSE(history.Observe("pg", "k", Token(2, 9), &failover).ok());
+}
+
 // PgUnsureGrants on its own, with a release that says what a store would.
 TEST(PgUnsureGrantsTest, AnUnsureGrantIsReleasedUntilKnownOverAndNeverAfterItsTokenIsConfirmed) {
   PgUnsureGrants unsure;
