@@ -44,6 +44,11 @@
 //   --unsafe=overlimit  (in either mode) the negative control of the limit: every acquire asks
 //                       for N + 1 while the run is judged by N, as a store whose admission counts
 //                       one grant too few would behave (`count <= N` for `count < N`).
+//   --unsafe=trustcommit  (postgres://, in either mode) the negative control of the
+//                       indeterminate-outcome rule: the library's leases, on connections that
+//                       trust a COMMIT whose wait for a synchronous standby was cancelled and an
+//                       answer after a cancel (PgConnection::TrustUnconfirmedCommitsForTesting),
+//                       as leasehold did before the rule.
 //
 // Pause point: on SIGUSR1 the worker stops itself (raise(SIGSTOP)) right after its next
 // validity check and before the write that check allowed, so a pause lands exactly where it
@@ -80,6 +85,9 @@
 #include "chaos/fenced_register.h"
 #include "core/owner_token.h"
 #include "core/url.h"
+#ifdef LEASEHOLD_WITH_POSTGRES
+#include "backends/postgres/postgres_connection.h"
+#endif
 
 namespace leasehold::chaos {
 namespace {
@@ -149,6 +157,8 @@ struct Config {
   bool unsafe_noguard = false;
   std::uint32_t limit = 1;
   bool unsafe_overlimit = false;
+  // --unsafe=trustcommit: postgres:// trusts unconfirmed commits.
+  bool unsafe_trustcommit = false;
 
   // The limit every acquire asks for: --limit, one more with --unsafe=overlimit.
   std::uint32_t AskedLimit() const { return limit + (unsafe_overlimit ? 1 : 0); }
@@ -535,6 +545,7 @@ bool ParseFlag(const char* arg, Config* c) {
     c->unsafe_plaindelete = all || value.find("plaindelete") != std::string::npos;
     c->unsafe_noguard = value.find("noguard") != std::string::npos;
     c->unsafe_overlimit = value.find("overlimit") != std::string::npos;
+    c->unsafe_trustcommit = value.find("trustcommit") != std::string::npos;
   } else if (name == "limit") {
     long n = std::atol(value.c_str());
     if (n < 1 || n > static_cast<long>(kMaxLeaseLimit)) {
@@ -777,6 +788,11 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &sa, nullptr);
+#ifdef LEASEHOLD_WITH_POSTGRES
+  if (config.unsafe_trustcommit) {
+    leasehold::internal::PgConnection::TrustUnconfirmedCommitsForTesting(true);
+  }
+#endif
   if (config.ignore_sigpipe) {
     // Off by default: the library must not need it (tests/chaos/repro/redis_sigpipe.py).
     signal(SIGPIPE, SIG_IGN);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <utility>
@@ -32,6 +33,9 @@
 namespace leasehold::internal {
 
 namespace {
+
+// PgConnection::TrustUnconfirmedCommitsForTesting.
+std::atomic<bool> trust_unconfirmed_for_testing{false};
 
 // After a cancel, how long the statement has to end before the connection is given up.
 constexpr Duration kCancelGrace = std::chrono::seconds(2);
@@ -173,6 +177,10 @@ Result<std::unique_ptr<PgConnection>> PgConnection::Connect(const PostgresOption
   std::unique_ptr<PgConnection> out(new PgConnection(conn, options, clock));
   PQsetNoticeReceiver(conn, &PgConnection::OnNotice, out.get());
   return out;
+}
+
+void PgConnection::TrustUnconfirmedCommitsForTesting(bool trust) {
+  trust_unconfirmed_for_testing = trust;
 }
 
 bool PgIndeterminate(const Status& status) {
@@ -344,7 +352,7 @@ Result<std::optional<PgResult>> PgConnection::Await(std::string_view what, Stead
                                                  : std::string(PQerrorMessage(conn_)));
         }
         busy_ = false;
-        if (!sync_rep_cancelled_.empty()) {
+        if (!sync_rep_cancelled_.empty() && !trust_unconfirmed_for_testing) {
           return Indeterminate(
               what,
               fmt::format("cancelled its COMMIT's wait for synchronous replication (\"{}\"): it "
@@ -472,6 +480,9 @@ Result<PgResult> PgConnection::Finish(std::string_view what, SteadyTime deadline
     return MarkBroken(what, "no answer even after a cancel request");
   }
   const StatusCode code = stopped ? StatusCode::kCancelled : StatusCode::kUnavailable;
+  if (after.ok() && trust_unconfirmed_for_testing && !stopped) {
+    return std::move(**after);
+  }
   if (after.ok()) {
     // It finished just as we gave up, or the cancel only ended a COMMIT's wait for a standby
     // (success with a warning, which Await turns into an error): never trusted (Exec).

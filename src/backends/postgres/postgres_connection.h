@@ -159,6 +159,13 @@ class PgConnection {
   // session (not through a transaction-pooling proxy, where a prepared name is not ours).
   void PrepareStatements() { prepare_ = true; }
 
+  // The chaos harness's negative control only (tests/chaos, chaos_worker --unsafe=trustcommit):
+  // from now on, every connection of the process trusts what the indeterminate-outcome rule
+  // (Exec) refuses, as leasehold did before it: a success answered with the warning of a
+  // cancelled wait for synchronous replication, and an answer that arrives after a cancel.
+  // Never called by the library.
+  static void TrustUnconfirmedCommitsForTesting(bool trust);
+
   // Asks the server to cancel the running statement (PQcancel). Thread-safe.
   void Cancel();
 

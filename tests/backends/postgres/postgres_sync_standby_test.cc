@@ -216,6 +216,18 @@ TEST_P(SyncStandbyTest, AConnectionEndedDuringTheWaitIsIndeterminate) {
       << lease.status().ToString();
 }
 
+TEST_P(SyncStandbyTest, TheNegativeControlGrantsOnAnUnconfirmedCommitAsBeforeTheRule) {
+  // The switch behind chaos_worker --unsafe=trustcommit reproduces the behaviour the tests
+  // above refuse: granted on a commit no standby confirmed.
+  auto store = Open(Url(GetParam()));
+  ASSERT_NE(store, nullptr);
+  StandbyConfirms(false);
+  internal::PgConnection::TrustUnconfirmedCommitsForTesting(true);
+  auto lease = store->TryAcquire("hot", {.ttl = 10s});
+  internal::PgConnection::TrustUnconfirmedCommitsForTesting(false);
+  EXPECT_TRUE(lease.ok()) << lease.status().ToString();
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, SyncStandbyTest, ::testing::Values("table", "advisory"));
 
 // PgHistory on its own: what the tokens' timelines say.
