@@ -20,12 +20,14 @@ build_packages=(
 # built in it (tests/fuzz/, scripts/fuzz.sh), promtool for the metrics test,
 # and what the package test uses (dpkg-shlibdeps from dpkg-dev, groff and man-db for the man
 # page), iproute2 and nftables for the partition tests' network namespaces, and spin for the
-# model check (tests/model/; its verifier is compiled with gcc).
+# model check (tests/model/; its verifier is compiled with gcc), and Patroni for the PostgreSQL
+# failover chaos runs (tests/chaos: --store postgres-ha).
 test_packages=(
   clang-14 libfuzzer-14-dev python3 libgtest-dev libgmock-dev libbenchmark-dev
   redis-server redis-tools postgresql pgbouncer prometheus
   etcd-server etcd-client zookeeper default-jre-headless iproute2 nftables
   openssl curl dpkg-dev groff-base man-db faketime spin gcc
+  patroni python3-etcd python3-psycopg2
 )
 
 case "${1:-}" in
