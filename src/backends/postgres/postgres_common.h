@@ -2,7 +2,8 @@
 //
 // What the two postgres:// modes (postgres_table_backend.h, postgres_advisory_backend.h) share:
 // SQL templating, array literals, rows to LeaseInfo, records and the store's clock, statement
-// deadlines, the schema check at open, and the store doctor's findings (PgDiagnose).
+// deadlines, the schema check at open, and the store doctor's findings (PgDiagnose, defined in
+// postgres_diagnose.cc).
 //
 // Thread safety: pure functions, except EnsureSchema and PgDiagnose (use the connection they are
 // given) and PgDeadline (reads the clock it is given; Clock is thread-safe).

@@ -157,15 +157,15 @@ ORDER BY key COLLATE "C")sql";
 // timeline less one, bits 0-39 the count within the timeline (2^40 grants of one key per
 // timeline before the count would reach the next epoch). A timeline above 2^23 overflows the
 // bigint: the grant fails ("bigint out of range") rather than handing out a smaller token.
-#define LH_PG_EPOCH                                                                         \
-  "((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) "   \
+#define LH_PG_EPOCH                                                                       \
+  "((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) " \
   "<< 40)"
 
 // The server's timeline: a primary's from its WAL insert position (as LH_PG_EPOCH), a
 // standby's from its last checkpoint (pg_current_wal_lsn() fails during recovery).
-#define LH_PG_TIMELINE                                                                      \
-  "CASE WHEN pg_is_in_recovery() "                                                          \
-  "THEN (SELECT timeline_id FROM pg_control_checkpoint())::bigint "                        \
+#define LH_PG_TIMELINE                                              \
+  "CASE WHEN pg_is_in_recovery() "                                  \
+  "THEN (SELECT timeline_id FROM pg_control_checkpoint())::bigint " \
   "ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint END"
 
 // The server a new connection reached: pg_backend_pid() of the session that runs it (compared
@@ -174,8 +174,8 @@ ORDER BY key COLLATE "C")sql";
 // (LH_PG_TIMELINE) and whether it is a standby (PgServerIdentity, postgres_history.h). Every
 // role may read pg_control_system() and pg_control_checkpoint().
 inline constexpr std::string_view kServerIdentity =
-    "SELECT pg_backend_pid(), (SELECT system_identifier FROM pg_control_system())::text, "
-    LH_PG_TIMELINE ", pg_is_in_recovery()";
+    "SELECT pg_backend_pid(), (SELECT system_identifier FROM "
+    "pg_control_system())::text, " LH_PG_TIMELINE ", pg_is_in_recovery()";
 
 // ---- table mode ----
 
