@@ -183,6 +183,8 @@ void DurabilityItems(const PgSettings& s, std::vector<CheckItem>& items) {
 }
 
 // Primary or standby, the version, a pooler in between, the standbys.
+void HaItems(const PgSettings& s, const PostgresOptions& options, std::vector<CheckItem>& items);
+
 void TopologyItems(const PgSettings& s, const PgConnection& conn, const PostgresOptions& options,
                    std::vector<CheckItem>& items) {
   if (s.in_recovery) {
@@ -238,6 +240,12 @@ void TopologyItems(const PgSettings& s, const PgConnection& conn, const Postgres
                            "waiters LISTEN"});
   }
 
+  HaItems(s, options, items);
+}
+
+// The server's history (timeline, system identifier, a failover manager) and its standbys: what
+// a failover can lose.
+void HaItems(const PgSettings& s, const PostgresOptions& options, std::vector<CheckItem>& items) {
   // The server's history, as fencing tokens carry it (LH_PG_EPOCH, postgres_sql.h).
   std::string manager;
   if (s.patroni_seen) {
