@@ -56,6 +56,9 @@ class PostgresServer {
 
   [[nodiscard]] const std::string& dir() const { return dir_; }
 
+  // The postmaster's process id (for SIGSTOP/SIGCONT: a paused host).
+  [[nodiscard]] pid_t pid() const { return pid_; }
+
   // Returns "postgres://postgres@127.0.0.1:PORT/postgres" (add a query as needed).
   [[nodiscard]] std::string Url() const;
 

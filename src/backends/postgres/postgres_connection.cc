@@ -21,6 +21,10 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -39,6 +43,11 @@ std::atomic<bool> trust_unconfirmed_for_testing{false};
 
 // After a cancel, how long the statement has to end before the connection is given up.
 constexpr Duration kCancelGrace = std::chrono::seconds(2);
+
+// Cancel requests of the process still waiting for their server (PgConnection::Cancel): each is
+// one thread blocked in PQcancel, for as long as the server neither answers nor refuses.
+constexpr int kMaxCancelsInFlight = 8;
+std::atomic<int> cancels_in_flight{0};
 
 std::string Trim(std::string text) {
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) {
@@ -216,16 +225,18 @@ Status PgConnection::Indeterminate(std::string_view what, std::string_view why,
 PgConnection::PgConnection(pg_conn* conn, const PostgresOptions& options, Clock& clock)
     : conn_(conn),
       clock_(clock),
-      cancel_(PQgetCancel(conn)),
+      cancel_(PQgetCancel(conn),
+              [](pg_cancel* cancel) {
+                if (cancel != nullptr) {
+                  PQfreeCancel(cancel);
+                }
+              }),
       display_(options.display),
       password_(options.password),
       startup_pid_(PQbackendPID(conn)),
       wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
 PgConnection::~PgConnection() {
-  if (cancel_ != nullptr) {
-    PQfreeCancel(cancel_);
-  }
   SigpipeGuard no_sigpipe;
   PQfinish(conn_);
   if (wake_fd_ >= 0) {
@@ -233,11 +244,56 @@ PgConnection::~PgConnection() {
   }
 }
 
-void PgConnection::Cancel() {
-  if (cancel_ != nullptr) {
-    char err[256];
-    (void)PQcancel(cancel_, err, sizeof(err));
+// One cancel request, sent by a thread of its own (PgConnection::StartCancel).
+struct PgConnection::CancelRequest {
+  std::mutex mu;
+  std::condition_variable answered_cv;
+  bool answered = false;
+
+  // True once the server took the request (or refused it), false if `wait` passed first.
+  bool AwaitAnswer(Duration wait) {
+    std::unique_lock<std::mutex> lock(mu);
+    return answered_cv.wait_for(lock, std::max(wait, Duration::zero()), [&] { return answered; });
   }
+};
+
+void PgConnection::Cancel() {
+  (void)StartCancel();
+}
+
+std::shared_ptr<PgConnection::CancelRequest> PgConnection::StartCancel() {
+  if (cancel_ == nullptr) {
+    return nullptr;
+  }
+  if (cancels_in_flight.fetch_add(1) >= kMaxCancelsInFlight) {
+    cancels_in_flight.fetch_sub(1);
+    Log(LogLevel::kDebug,
+        fmt::format("postgres at {}: cancel request skipped ({} earlier ones still unanswered)",
+                    display_, kMaxCancelsInFlight));
+    return nullptr;
+  }
+  auto request = std::make_shared<CancelRequest>();
+  try {
+    std::thread([cancel = cancel_, request] {
+      {
+        SigpipeGuard no_sigpipe;
+        char err[256];
+        (void)PQcancel(cancel.get(), err, sizeof(err));
+      }
+      {
+        std::lock_guard<std::mutex> lock(request->mu);
+        request->answered = true;
+      }
+      request->answered_cv.notify_all();
+      cancels_in_flight.fetch_sub(1);
+    }).detach();
+  } catch (const std::system_error& e) {
+    cancels_in_flight.fetch_sub(1);
+    Log(LogLevel::kDebug,
+        fmt::format("postgres at {}: no thread for a cancel request: {}", display_, e.what()));
+    return nullptr;
+  }
+  return request;
 }
 
 Status PgConnection::MarkBroken(std::string_view what, std::string reason) {
@@ -474,10 +530,16 @@ Result<PgResult> PgConnection::Finish(std::string_view what, SteadyTime deadline
     return std::move(*result);
   }
   const bool stopped = stop.stop_requested();
-  Cancel();
-  Result<std::optional<PgResult>> after = Await(what, clock_.Now() + kCancelGrace, {});
+  const SteadyTime grace_end = clock_.Now() + kCancelGrace;
+  std::shared_ptr<CancelRequest> request = StartCancel();
+  Result<std::optional<PgResult>> after = Await(what, grace_end, {});
   if (after.ok() && !after->has_value()) {
     return MarkBroken(what, "no answer even after a cancel request");
+  }
+  if (request != nullptr && !broken_ && !request->AwaitAnswer(grace_end - clock_.Now())) {
+    // The server has not taken the cancel request yet and may act on it later, against
+    // whatever this connection runs next: the connection is not used again.
+    (void)MarkBroken(what, "its cancel request was not answered");
   }
   const StatusCode code = stopped ? StatusCode::kCancelled : StatusCode::kUnavailable;
   if (after.ok() && trust_unconfirmed_for_testing && !stopped) {

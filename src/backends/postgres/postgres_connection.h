@@ -166,7 +166,13 @@ class PgConnection {
   // Never called by the library.
   static void TrustUnconfirmedCommitsForTesting(bool trust);
 
-  // Asks the server to cancel the running statement (PQcancel). Thread-safe.
+  // Asks the server to cancel the running statement (PQcancel) and returns at once: the request
+  // is sent from a thread of its own. PQcancel opens a new connection to the server and waits
+  // for the server to close it, with no timeout: against a host that drops packets or a paused
+  // one (a stopped VM, a SIGSTOPped postmaster) that is minutes or forever, and the caller's
+  // deadline must hold regardless. At most kMaxCancelsInFlight such requests are outstanding in
+  // the process; past that a cancel is skipped (the caller's grace then ends the connection).
+  // Thread-safe.
   void Cancel();
 
   // True once the connection failed; it is never used again.
@@ -185,6 +191,9 @@ class PgConnection {
  private:
   PgConnection(pg_conn* conn, const PostgresOptions& options, Clock& clock);
 
+  struct CancelRequest;
+  // Cancel, returning the request in flight (nullptr if none could be sent).
+  std::shared_ptr<CancelRequest> StartCancel();
   // Closes the connection for good. With a statement in flight (busy_), the status is
   // indeterminate: it may have been applied.
   Status MarkBroken(std::string_view what, std::string reason);
@@ -205,7 +214,8 @@ class PgConnection {
 
   pg_conn* const conn_;
   Clock& clock_;
-  pg_cancel* const cancel_;
+  // Shared with the threads that send cancel requests, which can outlive the connection.
+  const std::shared_ptr<pg_cancel> cancel_;
   const std::string display_;
   const std::optional<std::string> password_;
   const int startup_pid_;

@@ -809,6 +809,61 @@ TEST_F(PostgresBackendTest, PingOfAStoppedSessionEndsWithinItsCommandTimeout) {
   }
 }
 
+// A paused server host (a stopped VM; here the postmaster and the session's server process are
+// SIGSTOPped): the statement gets no answer, and neither does the cancel request, which libpq's
+// PQcancel awaits with no timeout. The round trip still ends within command_timeout and the
+// cancel's grace. A watchdog resumes the server after 20 s, so a blocking cancel fails the
+// bound instead of hanging the test.
+TEST_F(PostgresBackendTest, PingOfAPausedServerEndsWithinItsCommandTimeout) {
+  for (std::string_view mode : {"advisory", "table"}) {
+    SCOPED_TRACE(mode);
+    const std::string app = fmt::format("paused_{}_{}", mode, getpid());
+    auto url = ParseUrl(Url(mode) + "&command_timeout=1s&application_name=" + app);
+    ASSERT_TRUE(url.ok());
+    auto backend = internal::OpenPostgresBackend(*url);
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+    ASSERT_TRUE((*backend)->Ping().ok());
+    auto pid = server_->Psql(
+        fmt::format("SELECT pid FROM pg_stat_activity WHERE application_name = '{}' LIMIT 1", app));
+    ASSERT_TRUE(pid.ok() && !pid->empty()) << (pid.ok() ? "no session" : pid.status().ToString());
+    const pid_t session = std::stoi(*pid);
+    ASSERT_EQ(kill(server_->pid(), SIGSTOP), 0);
+    ASSERT_EQ(kill(session, SIGSTOP), 0);
+    std::atomic<bool> resumed{false};
+    auto resume = [&] {
+      if (!resumed.exchange(true)) {
+        kill(session, SIGCONT);
+        kill(server_->pid(), SIGCONT);
+      }
+    };
+    std::jthread watchdog([&](std::stop_token st) {
+      const auto until = Clock::now() + 20s;
+      while (!st.stop_requested() && Clock::now() < until) {
+        std::this_thread::sleep_for(50ms);
+      }
+      resume();
+    });
+    const auto start = Clock::now();
+    Status pinged = (*backend)->Ping();
+    const double ms = MillisSince(start);
+    resume();
+    watchdog.request_stop();
+    EXPECT_EQ(pinged.code(), StatusCode::kUnavailable) << pinged.ToString();
+    // command_timeout (1 s), then the cancel's grace (2 s); generous slack on top, far below
+    // the watchdog's 20 s.
+    EXPECT_LT(ms, 1000 + 2000 + 3000);
+    // Once the host is back, the next round trip runs on a fresh connection.
+    Status again = Status::Unavailable("not tried");
+    for (int i = 0; i < 50 && !again.ok(); ++i) {
+      again = (*backend)->Ping();
+      if (!again.ok()) {
+        std::this_thread::sleep_for(100ms);
+      }
+    }
+    EXPECT_TRUE(again.ok()) << again.ToString();
+  }
+}
+
 // ---- shared leases (mode=table) ----
 
 // The statement by which releases before shared leases took a key (kTableAcquire), with
