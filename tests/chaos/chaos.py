@@ -112,10 +112,15 @@ servers. Their workers' min_replicas: --sentinel-min-replicas, --cluster-min-rep
 PostgresHaStore (postgres-ha, mode=advisory) and PostgresHaTableStore (postgres-ha-table,
 mode=table) run two PostgreSQL members under Patroni with a throwaway etcd as its DCS, the workers
 on one multi-host URL; server faults switchover, primary-kill and primary-partition, taken in
-turn (--pg-ha-faults picks some), replication by --pg-ha-sync on|strict|off (default on). Their
-default scenario is store-faults (45 s with --quick); exit 77 when the machine cannot run them
-(not root, no nft, patroni, etcd or PostgreSQL 15). See the class's docstring for what the checker
-should find.
+turn (--pg-ha-faults picks some, and adds standby-cut: the replica's WAL stream cut, then
+kill -9 of the primary), replication by --pg-ha-sync on|strict|off (default on). Their default
+scenario is store-faults (45 s with --quick); exit 77 when the machine cannot run them (not root,
+no nft, patroni, etcd or PostgreSQL 15). See the class's docstring for what the checker should
+find. With --store postgres-ha-table --negative-control the control is trustcommit (scenario
+failovers: server faults only; 120 s with --quick): the library's leases with unconfirmed commits
+trusted, under --pg-ha-sync strict and standby-cut only (8 s cuts), TTL 15 s, holds of 10-30 s
+(PG_HA_NEGATIVE_CONTROL); it must be caught as overlaps > 0. --pg-ha-standby-cut-setup runs the
+same without the control, the library's side of it: 0 overlaps.
 
 Store faults in the checker. A store may mark a fault `window=1` (its store-fault line): overlaps
 whose later grant, and "stolen" grants whose loss, fall between that fault and its end (its last
@@ -683,6 +688,18 @@ class PostgresHaStore(StoreControl):
                          cut-off primary (it cannot renew its leader key) and the replica takes
                          over once the key lapses. The table is deleted as soon as the new
                          primary is seen (or after 60 s), at the wind-down, and always in stop().
+      standby-cut        the issue's scenario: the replica's WAL stream cut (an nftables table:
+                         the walsender's and walreceiver's packets of the replication
+                         connection, and any new connection of the postgres user to the
+                         primary's port, a reconnecting walreceiver; the workers run as root
+                         and pass) for CUT_S while grants flow, then kill -9 of the primary
+                         as in primary-kill and the cut deleted. Under `strict` every COMMIT
+                         of the cut waits for the replica and is cancelled at command_timeout
+                         (the server's "canceling wait for synchronous replication" warning):
+                         the library reports those as unavailable, and the replica that
+                         Patroni then promotes never had them. Not among the default kinds
+                         (pick it with --pg-ha-faults); the negative control runs it (see
+                         main).
     Each fault logs store-fault (window=1 if its overlaps are the documented window, below),
     store-heal with failover_ms (from the fault to the new primary's Patroni reporting it
     running as primary; -1 if none did within 60 s) when the fault is undone, and store-ready
@@ -712,6 +729,7 @@ class PostgresHaStore(StoreControl):
     scheme = "postgres-ha"
     mode = "advisory"
     server_faults = ("switchover", "primary-kill", "primary-partition")
+    extra_faults = ("standby-cut",)  # by --pg-ha-faults only
     sync = "on"  # --pg-ha-sync: on, strict or off
     faults = None  # --pg-ha-faults: the kinds to take in turn (default: server_faults)
     default_scenarios = ("store-faults",)  # without --scenario
@@ -723,15 +741,25 @@ class PostgresHaStore(StoreControl):
     REPAIR_AFTER_NS = 40 * 10**9  # rejoin not done by then (~8-17 s when it works): repair
     # No fault with less of the run left than its failover takes here (switchover ~3 s,
     # primary-kill ~10 s, primary-partition ~13 s) and a margin: the wind-down would cut it.
-    MIN_LEFT_S = {"switchover": 8, "primary-kill": 15, "primary-partition": 18}
+    MIN_LEFT_S = {"switchover": 8, "primary-kill": 15, "primary-partition": 18,
+                  "standby-cut": 25}
+    # standby-cut: how long grants flow with the WAL stream cut before the kill. Shorter than
+    # wal_sender_timeout plus a Patroni loop: once the primary's walsender gives the replica up,
+    # Patroni takes it out of the /sync key and then never promotes it ("following a different
+    # leader because i am not the healthiest node": seen with a 6 s cut and the default 2 s
+    # timeout), which closes the window by itself. Commits wait 1 s (command_timeout) in the
+    # cut. --pg-ha-standby-cut-setup: 8 s with a timeout of 60 s.
+    CUT_S = 1.5
+    WAL_SENDER_TIMEOUT = "2s"
     READY_LIMIT_NS = 120 * 10**9
     POLL_S = 0.1
 
     def window_faults(self):
         """The fault kinds whose overlaps and stolen grants are the documented window."""
         if self.mode == "advisory":
-            return set(self.server_faults)
-        return {"primary-kill", "primary-partition"} if self.sync == "off" else set()
+            return set(self.server_faults + self.extra_faults)
+        return ({"primary-kill", "primary-partition", "standby-cut"} if self.sync == "off"
+                else set())
 
     def url(self):
         hosts = ",".join(f"127.0.0.1:{m['pg']}" for m in self.members.values())
@@ -807,7 +835,7 @@ class PostgresHaStore(StoreControl):
                    postgresql=dict(use_pg_rewind=True, use_slots=True, parameters=dict(
                        wal_level="replica", hot_standby="on", wal_log_hints="on",
                        max_wal_senders=10, max_replication_slots=10, max_connections=200,
-                       wal_keep_size="128MB", wal_sender_timeout="2s")))
+                       wal_keep_size="128MB", wal_sender_timeout=self.WAL_SENDER_TIMEOUT)))
         for name, m in self.members.items():
             os.makedirs(m["dir"])
             os.chown(m["dir"], self.uid, self.gid)
@@ -994,6 +1022,30 @@ class PostgresHaStore(StoreControl):
             self.nft_table = None
             raise SystemExit(f"chaos: nft -f failed: {r.stderr.strip()}")
 
+    def _cut_stream(self, primary):
+        """standby-cut's nftables table (see the class comment), on the output hook: loopback
+        both ways."""
+        port = self.members[primary]["pg"]
+        rows = self._psql_at(primary, "SELECT client_port FROM pg_stat_replication "
+                                      "WHERE client_port IS NOT NULL").split()
+        if not rows:
+            raise RuntimeError("standby-cut: no walreceiver in pg_stat_replication")
+        uid = self.uid  # the postgres OS user's, as _start found it
+        self.nft_table = f"{PG_HA_NFT_PREFIX}{os.getpid()}"
+        lines = "".join(f"    tcp sport {port} tcp dport {c} drop\n"
+                        f"    tcp sport {c} tcp dport {port} drop\n" for c in rows)
+        rules = (f"table inet {self.nft_table} {{\n"
+                 f"  chain out {{\n"
+                 f"    type filter hook output priority 0; policy accept;\n"
+                 f"{lines}"
+                 f"    meta skuid {uid} tcp dport {port} drop\n"
+                 f"  }}\n}}\n")
+        r = subprocess.run(["nft", "-f", "-"], input=rules, capture_output=True, text=True,
+                           timeout=10)
+        if r.returncode != 0:
+            self.nft_table = None
+            raise SystemExit(f"chaos: nft -f failed: {r.stderr.strip()}")
+
     def _unpartition(self):
         if self.nft_table:
             subprocess.run(["nft", "delete", "table", "inet", self.nft_table],
@@ -1037,6 +1089,9 @@ class PostgresHaStore(StoreControl):
         name = self.primary()
         if name is None:
             raise RuntimeError("no primary to read from")
+        return self._psql_at(name, sql)
+
+    def _psql_at(self, name, sql):
         r = subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(self.members[name]["pg"]),
                             "-U", "postgres", "-d", "postgres", "-X", "-q", "-A", "-t", "-F",
                             "\t", "-v", "ON_ERROR_STOP=1", "-c", sql],
@@ -1081,18 +1136,21 @@ class PostgresHaStore(StoreControl):
             self._kill_member(old)
         elif kind == "primary-partition":
             self._partition(old)
+        elif kind == "standby-cut":
+            self._cut_stream(old)
         else:
             raise ValueError(kind)
-        self.pending = dict(kind=kind, phase="failover", old=old, new=new, t0=t,
+        self.pending = dict(kind=kind, phase="cut" if kind == "standby-cut" else "failover",
+                            old=old, new=new, t0=t, cut_end=t + int(self.CUT_S * 10**9),
                             deadline=t + self.FAILOVER_LIMIT_NS)
         orch.log("store-fault", kind=kind, dur_ms=0, old_primary=old, new_primary=new,
                  window=int(kind in self.window_faults()))
         return True
 
     def _undo(self, p):
-        if p["kind"] == "primary-partition":
+        if p["kind"] in ("primary-partition", "standby-cut"):
             self._unpartition()
-        elif p["kind"] == "primary-kill":
+        if p["kind"] in ("primary-kill", "standby-cut") and p["phase"] != "cut":
             self._launch(p["old"])
 
     def busy(self):
@@ -1103,6 +1161,15 @@ class PostgresHaStore(StoreControl):
         if p is None:
             return
         t = now_ns()
+        if p["phase"] == "cut":
+            if t < p["cut_end"]:
+                return
+            self._kill_member(p["old"])
+            self._unpartition()
+            orch.log("store-cut-end", kind=p["kind"], old_primary=p["old"],
+                     cut_ms=(t - p["t0"]) // MS)
+            p.update(phase="failover", deadline=t + self.FAILOVER_LIMIT_NS)
+            return
         if p["phase"] == "failover":
             promoted = self._is_primary(self._state(p["new"], since=p["t0"]))
             if not promoted and t < p["deadline"]:
@@ -1135,7 +1202,7 @@ class PostgresHaStore(StoreControl):
         # Wind-down: a fault still being failed over is undone at once (no waiting: paused
         # workers wait on us); stop() kills everything after the workers are gone.
         p = self.pending
-        if p is not None and p["phase"] == "failover":
+        if p is not None and p["phase"] in ("cut", "failover"):
             self._undo(p)
             orch.log("store-heal", kind=p["kind"], new_primary="wind-down", failover_ms=-1)
             self.pending = None
@@ -2000,6 +2067,14 @@ SCENARIOS = {
                                  "proxy-delay": 2, "master-kill": 2, "reshard": 2,
                                  "switchover": 2, "primary-kill": 2, "primary-partition": 2},
                          quick_s=18, needs_stale=False, server=True),
+    # The same server faults with no worker paused or killed, on 8 keys (holders that outlive a
+    # failover, and grants often enough that some fall into a fault: the PostgreSQL HA negative
+    # control).
+    "failovers": dict(keys=[f"f{i}" for i in range(8)],
+                      faults={"store-pause": 1, "store-restart": 1, "proxy-blackhole": 1,
+                              "proxy-reset": 1, "proxy-delay": 1, "master-kill": 1, "reshard": 1,
+                              "switchover": 1, "primary-kill": 1, "primary-partition": 1},
+                      quick_s=18, needs_stale=False, server=True),
     "calm": dict(keys=["hot", "k1"], faults={}, quick_s=5, needs_stale=False),
 }
 
@@ -3355,6 +3430,26 @@ LIMIT_NEGATIVE_CONTROLS = [
     ("overlimit", "overlimit", "pause-hot", ("over_limit",)),
 ]
 LIMIT_CONTROL_QUICK_S = 6  # the over-limit control needs no fault to bite: a few seconds
+# --store postgres-ha-table: the library's leases with chaos_worker --unsafe=trustcommit (a
+# commit whose wait for the synchronous standby was cancelled is trusted, as leasehold did
+# before the indeterminate-outcome rule), under --pg-ha-sync strict and the standby-cut fault
+# only (scenario failovers: no worker is paused or killed; a fault every 2 s while none is under
+# way; cuts of 8 s with wal_sender_timeout 60 s), with a TTL of 15 s, holds of 10-30 s and 12
+# workers on 8 keys: a holder granted by an unconfirmed commit still holds when the promoted
+# standby, which never had that commit, grants the key again. --pg-ha-standby-cut-setup runs
+# the same without the control.
+PG_HA_NEGATIVE_CONTROL = [
+    ("trustcommit", "trustcommit", "failovers", ("overlaps",)),
+]
+PG_HA_CONTROL_TTL_MS = 15000
+PG_HA_CONTROL_HOLD_MS = (10000, 30000)
+# Several standby-cuts (8 s of cut, ~10 s of failover, ~10 s of rejoin each): a cut bites only
+# if a grant falls into it.
+PG_HA_CONTROL_QUICK_S = 120
+PG_HA_CONTROL_FAULT_GAP_MS = 2000
+PG_HA_CONTROL_WORKERS = 12  # on the 8 keys of scenario failovers
+PG_HA_CONTROL_CUT_S = 8
+PG_HA_CONTROL_WAL_SENDER_TIMEOUT = "60s"  # the replica stays in Patroni's /sync key in the cut
 
 
 def main():
@@ -3417,17 +3512,46 @@ def main():
     ap.add_argument("--pg-ha-faults", metavar="KIND,...",
                     help="--store postgres-ha[-table]: the server faults to take in turn "
                          "(default switchover,primary-kill,primary-partition)")
+    ap.add_argument("--pg-ha-standby-cut-setup", action="store_true",
+                    help="--store postgres-ha[-table]: the PostgreSQL HA negative control's "
+                         "setup without the control (the library's side of it): sync strict, "
+                         "standby-cut faults of 8 s (wal_sender_timeout 60s), scenario "
+                         "failovers, TTL 15 s, holds of 10-30 s, 12 workers")
     ap.add_argument("--check-only", metavar="DIR")
     args = ap.parse_args()
     RedisSentinelStore.min_replicas = args.sentinel_min_replicas
     PostgresHaStore.sync = args.pg_ha_sync
     if args.pg_ha_faults:
         kinds = tuple(k for k in args.pg_ha_faults.split(",") if k)
-        bad = [k for k in kinds if k not in PostgresHaStore.server_faults]
+        known = PostgresHaStore.server_faults + PostgresHaStore.extra_faults
+        bad = [k for k in kinds if k not in known]
         if bad or not kinds:
-            ap.error(f"--pg-ha-faults: one or more of "
-                     f"{','.join(PostgresHaStore.server_faults)}, not {args.pg_ha_faults}")
+            ap.error(f"--pg-ha-faults: one or more of {','.join(known)}, not "
+                     f"{args.pg_ha_faults}")
         PostgresHaStore.faults = kinds
+    if args.negative_control and issubclass(STORES[args.store], PostgresHaStore):
+        if args.store != "postgres-ha-table" or args.guard != "register" or args.limit != 1:
+            ap.error("the PostgreSQL HA negative control is --store postgres-ha-table with the "
+                     "fenced register and --limit 1 (advisory locks are not replicated: "
+                     "advisory mode's failover overlaps are the documented window)")
+        args.pg_ha_standby_cut_setup = True
+    if args.pg_ha_standby_cut_setup:
+        if not issubclass(STORES[args.store], PostgresHaStore):
+            ap.error("--pg-ha-standby-cut-setup is for --store postgres-ha[-table]")
+        # PG_HA_NEGATIVE_CONTROL: the issue's scenario under Patroni, with holders that outlive
+        # the failover (a TTL longer than it and holds longer than that), and cuts long enough
+        # that grants fall into them while the replica stays the synchronous one.
+        PostgresHaStore.sync = "strict"
+        PostgresHaStore.faults = ("standby-cut",)
+        PostgresHaStore.CUT_S = PG_HA_CONTROL_CUT_S
+        PostgresHaStore.WAL_SENDER_TIMEOUT = PG_HA_CONTROL_WAL_SENDER_TIMEOUT
+        args.scenario = args.scenario or ["failovers"]
+        args.ttl_ms = args.ttl_ms or PG_HA_CONTROL_TTL_MS
+        args.hold_min_ms = args.hold_min_ms or PG_HA_CONTROL_HOLD_MS[0]
+        args.hold_max_ms = args.hold_max_ms or PG_HA_CONTROL_HOLD_MS[1]
+        args.fault_gap_ms = args.fault_gap_ms or PG_HA_CONTROL_FAULT_GAP_MS
+        args.workers = args.workers or PG_HA_CONTROL_WORKERS
+        PostgresHaStore.quick_s = dict(PostgresHaStore.quick_s, failovers=PG_HA_CONTROL_QUICK_S)
     RedisClusterStore.min_replicas = args.cluster_min_replicas
     if not 1 <= args.limit <= 1024:
         ap.error("--limit must be 1..1024 (kMaxLeaseLimit)")
@@ -3485,7 +3609,9 @@ def main():
     if args.limit > 1 and args.guard == "native":
         ap.error("--limit N > 1 is checked with the fenced register only (see the header)")
     guard_flags = ["--guard=native"] if args.guard == "native" else []
-    if args.negative_control and args.guard == "native":
+    if args.negative_control and issubclass(STORES[args.store], PostgresHaStore):
+        plan = [(n, [f"--unsafe={u}"], sc, must) for n, u, sc, must in PG_HA_NEGATIVE_CONTROL]
+    elif args.negative_control and args.guard == "native":
         plan = [(n, guard_flags + [f"--unsafe={u}"], sc, must)
                 for n, u, sc, must in NATIVE_NEGATIVE_CONTROLS]
     elif args.negative_control:
@@ -3522,7 +3648,9 @@ def main():
         elif args.quick:
             duration = SCENARIOS[scenario]["quick_s"] * STORES[args.store].quick_scale
             duration = getattr(STORES[args.store], "quick_s", {}).get(scenario, duration)
-            if control:
+            if control == "trustcommit":
+                pass  # the store's quick_s: several failovers
+            elif control:
                 duration = min(duration, LIMIT_CONTROL_QUICK_S if control == "overlimit" else 10)
         else:
             duration = 60
