@@ -1006,45 +1006,38 @@ class PostgresHaStore(StoreControl):
         shutil.rmtree(os.path.join(self.members[name]["dir"], "data"), ignore_errors=True)
         self._launch(name)
 
-    def _partition(self, name):
-        m = self.members[name]
+    def _drop(self, rules):
+        """Installs this harness's nftables table: one chain on the output hook (loopback both
+        ways) dropping what `rules` (rule lines) match."""
         self.nft_table = f"{PG_HA_NFT_PREFIX}{os.getpid()}"
-        ports = f"{{ {m['pg']}, {m['etcd']}, {m['rest']} }}"
-        rules = (f"table inet {self.nft_table} {{\n"
+        table = (f"table inet {self.nft_table} {{\n"
                  f"  chain out {{\n"
                  f"    type filter hook output priority 0; policy accept;\n"
-                 f"    tcp dport {ports} drop\n"
-                 f"    tcp sport {ports} drop\n"
+                 + "".join(f"    {rule} drop\n" for rule in rules) +
                  f"  }}\n}}\n")
-        r = subprocess.run(["nft", "-f", "-"], input=rules, capture_output=True, text=True,
+        r = subprocess.run(["nft", "-f", "-"], input=table, capture_output=True, text=True,
                            timeout=10)
         if r.returncode != 0:
             self.nft_table = None
             raise SystemExit(f"chaos: nft -f failed: {r.stderr.strip()}")
 
+    def _partition(self, name):
+        m = self.members[name]
+        ports = f"{{ {m['pg']}, {m['etcd']}, {m['rest']} }}"
+        self._drop([f"tcp dport {ports}", f"tcp sport {ports}"])
+
     def _cut_stream(self, primary):
-        """standby-cut's nftables table (see the class comment), on the output hook: loopback
-        both ways."""
+        """standby-cut's nftables table (see the class comment)."""
         port = self.members[primary]["pg"]
         rows = self._psql_at(primary, "SELECT client_port FROM pg_stat_replication "
                                       "WHERE client_port IS NOT NULL").split()
         if not rows:
             raise RuntimeError("standby-cut: no walreceiver in pg_stat_replication")
-        uid = self.uid  # the postgres OS user's, as _start found it
-        self.nft_table = f"{PG_HA_NFT_PREFIX}{os.getpid()}"
-        lines = "".join(f"    tcp sport {port} tcp dport {c} drop\n"
-                        f"    tcp sport {c} tcp dport {port} drop\n" for c in rows)
-        rules = (f"table inet {self.nft_table} {{\n"
-                 f"  chain out {{\n"
-                 f"    type filter hook output priority 0; policy accept;\n"
-                 f"{lines}"
-                 f"    meta skuid {uid} tcp dport {port} drop\n"
-                 f"  }}\n}}\n")
-        r = subprocess.run(["nft", "-f", "-"], input=rules, capture_output=True, text=True,
-                           timeout=10)
-        if r.returncode != 0:
-            self.nft_table = None
-            raise SystemExit(f"chaos: nft -f failed: {r.stderr.strip()}")
+        rules = []
+        for c in rows:
+            rules += [f"tcp sport {port} tcp dport {c}", f"tcp sport {c} tcp dport {port}"]
+        # self.uid: the postgres OS user's, as _start found it (a reconnecting walreceiver).
+        self._drop(rules + [f"meta skuid {self.uid} tcp dport {port}"])
 
     def _unpartition(self):
         if self.nft_table:
