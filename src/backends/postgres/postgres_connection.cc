@@ -21,8 +21,6 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -32,7 +30,9 @@
 #include <sys/eventfd.h>
 
 #include "core/logging.h"
+#include "util/mutex.h"
 #include "util/sigpipe_guard.h"
+#include "util/thread_annotations.h"
 
 namespace leasehold::internal {
 
@@ -246,14 +246,23 @@ PgConnection::~PgConnection() {
 
 // One cancel request, sent by a thread of its own (PgConnection::StartCancel).
 struct PgConnection::CancelRequest {
-  std::mutex mu;
-  std::condition_variable answered_cv;
-  bool answered = false;
+  Mutex mu;
+  CondVar answered_cv{&mu};
+  bool answered LH_GUARDED_BY(mu) = false;
 
   // True once the server took the request (or refused it), false if `wait` passed first.
   bool AwaitAnswer(Duration wait) {
-    std::unique_lock<std::mutex> lock(mu);
-    return answered_cv.wait_for(lock, std::max(wait, Duration::zero()), [&] { return answered; });
+    MutexLock lock(&mu);
+    return answered_cv.WaitUntil(std::chrono::steady_clock::now() + wait, {},
+                                 [&]() LH_NO_THREAD_SAFETY_ANALYSIS { return answered; });
+  }
+
+  void Answered() {
+    {
+      MutexLock lock(&mu);
+      answered = true;
+    }
+    answered_cv.NotifyAll();
   }
 };
 
@@ -280,11 +289,7 @@ std::shared_ptr<PgConnection::CancelRequest> PgConnection::StartCancel() {
         char err[256];
         (void)PQcancel(cancel.get(), err, sizeof(err));
       }
-      {
-        std::lock_guard<std::mutex> lock(request->mu);
-        request->answered = true;
-      }
-      request->answered_cv.notify_all();
+      request->Answered();
       cancels_in_flight.fetch_sub(1);
     }).detach();
   } catch (const std::system_error& e) {
