@@ -57,6 +57,12 @@ enum class StatusCode : int {
   kUnimplemented = 8,
   // A bug in leasehold or an unexpected reply from the store.
   kInternal = 9,
+  // The store is set up so that it would not keep a lease safe (e.g. Redis with an eviction
+  // policy that can drop a lease): the message names the setting and the fix. Do not retry until
+  // the store's settings change. Status::detail() is the URL parameter that accepts the risk
+  // where there is one (e.g. "accept_eviction=true"), which `leasehold check` uses to diagnose
+  // such a store.
+  kFailedPrecondition = 10,
 };
 
 // Returns the code's name without the leading 'k', e.g. "HeldByAnother".
@@ -126,6 +132,10 @@ class [[nodiscard]] Status {
 
   static Status Unimplemented(std::string message) {
     return {StatusCode::kUnimplemented, std::move(message)};
+  }
+
+  static Status FailedPrecondition(std::string message, std::string detail = {}) {
+    return {StatusCode::kFailedPrecondition, std::move(message), std::move(detail)};
   }
 
   static Status Internal(std::string message, std::string detail = {}) {

@@ -32,7 +32,9 @@ inline constexpr int kExitLeaseLost = 79;
 // run --once-per: the schedule slot was already done (by this or another host).
 inline constexpr int kExitSlotDone = 80;
 // check: a finding says leases or fencing tokens would not be safe on this store (fencing
-// counters a restart resets, a TTL below the rule, a store that grants less than asked).
+// counters a restart resets, a TTL below the rule, a store that grants less than asked); every
+// other command: the store refused to open for a setting that would not keep leases safe (Redis
+// with an eviction policy).
 inline constexpr int kExitCheckUnsafe = 81;
 // The command was found but could not be executed (as in a shell).
 inline constexpr int kExitCannotExecute = 126;
@@ -64,6 +66,8 @@ inline int ExitCodeFor(const Status& status) {
       return kExitPermissionDenied;
     case StatusCode::kInternal:
       return kExitInternal;
+    case StatusCode::kFailedPrecondition:
+      return kExitCheckUnsafe;
   }
   return kExitInternal;
 }
@@ -80,7 +84,8 @@ inline constexpr std::string_view kExitCodeHelp =
     "  77      permission denied (store refused access, store directory not writable)\n"
     "  79      lease (or leadership) lost, command stopped\n"
     "  80      run --once-per: this schedule slot is already done (nothing run)\n"
-    "  81      check: a finding is unsafe (see its line for what to change)\n"
+    "  81      check: a finding is unsafe (see its line for what to change); other commands:\n"
+    "          the store's settings would not keep leases safe (the message names the fix)\n"
     "  126     run/elect: command found but not executable\n"
     "  127     run/elect: command not found\n"
     "  128+N   run/elect: the command died of signal N\n"
