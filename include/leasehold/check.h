@@ -54,8 +54,8 @@ enum class CheckVerdict {
 std::string_view CheckVerdictName(CheckVerdict verdict);
 
 struct CheckItem {
-  // What was looked at: "round-trip", "cycle", "clock", "durability", "topology",
-  // "permissions", "session", "ttl".
+  // What was looked at: "round-trip", "cycle", "clock", "durability", "eviction" (Redis),
+  // "topology", "permissions", "session", "ttl".
   std::string area;
   CheckVerdict verdict = CheckVerdict::kPass;
   // One line: what was found.

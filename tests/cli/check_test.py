@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -315,6 +316,29 @@ class RedisServerProcess:
     def url(self, userinfo="", query=""):
         return f"redis://{userinfo}127.0.0.1:{self.port}{query}"
 
+    def fill_memory(self):
+        """Writes cache keys (100 KB, then 64 bytes) until the server refuses one for its
+        maxmemory, then lowers maxmemory to 64 KB under what is used: nothing more fits.
+        Returns the open connection."""
+        c = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        f = c.makefile("rb")
+        for size, count in ((100_000, 200), (64, 5000)):
+            for i in range(count):
+                value = b"c" * size
+                name = b"cache:%d:%d" % (size, i)
+                c.sendall(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n"
+                          % (len(name), name, len(value), value))
+                if f.readline().startswith(b"-OOM"):
+                    break
+            else:
+                c.close()
+                raise AssertionError(f"{count} keys of {size} bytes fitted: no maxmemory?")
+        # A refused write leaves a few KB that closing buffers give back; the limit just under
+        # what is used keeps the memory full for the next client.
+        used = int(re.search(r"used_memory:(\d+)", self.cli("INFO", "memory")).group(1))
+        self.cli("CONFIG", "SET", "maxmemory", str(used - 65536))
+        return c
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
@@ -388,6 +412,55 @@ class RedisCheckTest(CheckHarness, unittest.TestCase):
                 item = self.assert_item(doc, "durability", verdict, found)
                 self.assertEqual(bool(item["fix"]), verdict != "pass", item)
 
+    def test_an_evicting_policy_is_unsafe_and_open_refuses_it_unless_the_url_accepts_it(self):
+        # Redis as a cache: with maxmemory set, every policy but noeviction can drop a grant
+        # (volatile-*: they carry a TTL) or a fencing counter too (allkeys-*).
+        for policy in ("volatile-ttl", "volatile-lru", "allkeys-lru", "allkeys-random"):
+            with self.subTest(policy=policy):
+                server = self.server(*AOF_ALWAYS, "--maxmemory", "8mb",
+                                     "--maxmemory-policy", policy)
+                rc, doc, err = self.check(store=server.url())
+                self.assertEqual(rc, EXIT_UNSAFE, json.dumps(doc, indent=1) + err)
+                self.assertEqual(doc["store"], server.url())
+                item = self.assert_item(doc, "eviction", "unsafe",
+                                        f"maxmemory-policy {policy} with maxmemory 8388608")
+                self.assertIn("noeviction", item["fix"])
+                self.assertTrue(doc["cycle"]["done"], doc)
+
+                keys = server.cli("DBSIZE")  # the check's fencing counter
+                run = self.cli("run", "--store", server.url(), "job", "--", "true", store=False)
+                self.assertEqual(run.returncode, EXIT_UNSAFE, run.stdout + run.stderr)
+                self.assertIn(f"may evict leases (maxmemory-policy {policy}", run.stderr)
+                self.assertIn("accept_eviction=true", run.stderr)
+                self.assertEqual(server.cli("DBSIZE"), keys)  # nothing was written
+
+                run = self.cli("run", "--store", server.url(query="?accept_eviction=true"),
+                               "job", "--", "true", store=False)
+                self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+                self.assertIn("may evict leases", run.stderr)
+                server.stop()
+
+    def test_noeviction_or_no_maxmemory_passes_and_a_full_memory_refuses_an_acquire(self):
+        server = self.server(*AOF_ALWAYS, "--maxmemory", "8mb", "--maxmemory-policy",
+                             "noeviction")
+        rc, doc, err = self.check(store=server.url())
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        self.assert_item(doc, "eviction", "pass", "noeviction: when memory is full")
+        # Fill the memory: the acquire fails closed (69, out of memory), nothing is granted.
+        filler = server.fill_memory()
+        self.addCleanup(filler.close)
+        run = self.cli("run", "--store", server.url(query="?connect_timeout=1s"), "job",
+                       "--wait", "1s", "--", "true", store=False)
+        self.assertEqual(run.returncode, EXIT_UNAVAILABLE, run.stdout + run.stderr)
+        self.assertIn("out of memory", run.stderr)
+        self.assertEqual(server.cli("KEYS", "leasehold:{6a6f62}*"), "")  # hex("job")
+        server.stop()
+
+        server = self.server(*AOF_ALWAYS, "--maxmemory-policy", "allkeys-lru")
+        rc, doc, err = self.check(store=server.url())
+        self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
+        self.assert_item(doc, "eviction", "pass", "no maxmemory: Redis evicts nothing")
+
     def test_acl_user_without_evalsha_is_named_and_the_fix_is_the_acl_line_that_works(self):
         server = self.server(*AOF_ALWAYS)
         self.assertEqual(server.cli("ACL", "SETUSER", "nolua", "on", ">s3cret-pw", "~*", "&*",
@@ -419,6 +492,7 @@ class RedisCheckTest(CheckHarness, unittest.TestCase):
         self.assertFalse(self.items(doc, "permissions"), doc)
         # What the rules leave out (CONFIG GET, INFO) is said, not guessed.
         self.assert_item(doc, "durability", "warn", "could not be read")
+        self.assert_item(doc, "eviction", "warn", "could not be read")
         self.assert_item(doc, "topology", "warn", "could not be read")
 
     def test_paused_server_is_unreachable_within_the_connect_timeout(self):

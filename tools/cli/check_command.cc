@@ -140,6 +140,16 @@ int CheckCommand(const CheckFlags& flags) {
   }
   CheckReport report;
   auto store = OpenStoreFromFlag(flags.store_url);
+  bool risk_accepted_to_check = false;
+  if (!store.ok() && store.error().code() == StatusCode::kFailedPrecondition &&
+      !store.error().detail().empty() && !flags.store_url.empty()) {
+    // A store that Open refuses for an unsafe setting (Redis that may evict keys) is diagnosed
+    // all the same: opened with the URL parameter that accepts the risk (the status' detail),
+    // whose finding the check then reports as unsafe, beside every other.
+    const char joint = flags.store_url.find('?') == std::string::npos ? '?' : '&';
+    store = OpenStoreFromFlag(flags.store_url + joint + std::string(store.error().detail()));
+    risk_accepted_to_check = true;
+  }
   if (!store.ok()) {
     // Only "cannot reach" and "refused" are findings; anything else (a malformed URL, a backend
     // not built in, a URL leasehold refuses such as advisory mode through a pooler) is reported
@@ -154,6 +164,9 @@ int CheckCommand(const CheckFlags& flags) {
     auto checked = (*store)->Check(options);
     if (!checked.ok()) return ReportFailure(checked.error());
     report = std::move(*checked);
+    if (risk_accepted_to_check) {
+      report.store = Store::RedactUrl(flags.store_url);
+    }
   }
   if (flags.json) {
     Print(ToJson(report).dump());

@@ -141,30 +141,39 @@ std::string GlobEscape(std::string_view text) {
   return out;
 }
 
-// Warns once per server address and process that fencing tokens will not survive a restart.
-void WarnPersistenceOffOnce(const std::string& address) {
+// Logs `message` as a warning once per process for each `what` (a finding and a server address),
+// however many handles open that server.
+void WarnOnce(const std::string& what, const std::string& message) {
   static Mutex mu;
   static std::set<std::string>* warned = new std::set<std::string>();  // never destroyed
   {
     MutexLock lock(&mu);
-    if (!warned->insert(address).second) {
+    if (!warned->insert(what).second) {
       return;
     }
   }
-  Log(LogLevel::kWarning,
-      fmt::format("redis at {} has persistence off (appendonly no, save \"\"): after a restart "
-                  "of that server, leases are gone and fencing tokens start again from 1, so "
-                  "a stale holder's token may be accepted. Turn on AOF (appendonly yes) for "
-                  "fencing that survives restarts",
-                  address));
+  Log(LogLevel::kWarning, message);
 }
 
-// The server's persistence settings, as CONFIG GET reads them. Each is unset if the server
-// would not say (CONFIG is often denied to application users), with the reason in `refusal`.
-struct PersistenceConfig {
+// Warns once per server address and process that fencing tokens will not survive a restart.
+void WarnPersistenceOffOnce(const std::string& address) {
+  WarnOnce("persistence off " + address,
+           fmt::format("redis at {} has persistence off (appendonly no, save \"\"): after a "
+                       "restart of that server, leases are gone and fencing tokens start again "
+                       "from 1, so a stale holder's token may be accepted. Turn on AOF "
+                       "(appendonly yes) for fencing that survives restarts",
+                       address));
+}
+
+// The server's persistence and eviction settings, as CONFIG GET reads them. Each is unset if
+// the server would not say (CONFIG is often denied to application users), with the reason in
+// `refusal`.
+struct ServerConfig {
   std::optional<std::string> appendonly;
   std::optional<std::string> save;
   std::optional<std::string> appendfsync;
+  std::optional<std::string> maxmemory;  // bytes, "0" for no limit
+  std::optional<std::string> maxmemory_policy;
   // The first error reply (e.g. "NOPERM ... 'config|get' command"), or "no answer".
   std::string refusal;
 
@@ -175,16 +184,18 @@ struct PersistenceConfig {
   [[nodiscard]] bool off() const { return appendonly == "no" && save && save->empty(); }
 };
 
-// The CONFIG GET commands ParsePersistence reads, in its order: one per setting, so that a
-// server older than 7.0 (one parameter per CONFIG GET) answers them too.
-std::vector<Command> PersistenceCommands() {
-  return {
-      {"CONFIG", "GET", "appendonly"}, {"CONFIG", "GET", "save"}, {"CONFIG", "GET", "appendfsync"}};
+// The CONFIG GET commands ParseServerConfig reads, in its order: one per setting, so that a
+// server older than 7.0 (one parameter per CONFIG GET) answers them too; then INFO memory, which
+// tells maxmemory and its policy to a user that may not run CONFIG GET.
+std::vector<Command> ServerConfigCommands() {
+  return {{"CONFIG", "GET", "appendonly"},       {"CONFIG", "GET", "save"},
+          {"CONFIG", "GET", "appendfsync"},      {"CONFIG", "GET", "maxmemory"},
+          {"CONFIG", "GET", "maxmemory-policy"}, {"INFO", "memory"}};
 }
 
-// Reads the replies to PersistenceCommands() (the first three of `replies`).
-PersistenceConfig ParsePersistence(std::span<const ReplyPtr> replies) {
-  PersistenceConfig config;
+// Reads the replies to the CONFIG GETs of ServerConfigCommands() (the first five of `replies`).
+ServerConfig ParseServerConfig(std::span<const ReplyPtr> replies) {
+  ServerConfig config;
   auto value = [&](std::size_t i) -> std::optional<std::string> {
     const redisReply* r = i < replies.size() ? replies[i].get() : nullptr;
     if (r == nullptr || r->type != REDIS_REPLY_ARRAY || r->elements < 2) {
@@ -198,6 +209,8 @@ PersistenceConfig ParsePersistence(std::span<const ReplyPtr> replies) {
   config.appendonly = value(0);
   config.save = value(1);
   config.appendfsync = value(2);
+  config.maxmemory = value(3);
+  config.maxmemory_policy = value(4);
   return config;
 }
 
@@ -231,11 +244,113 @@ std::optional<std::string_view> InfoText(const redisReply* reply, std::string* r
   return std::nullopt;
 }
 
+// Whether the server may evict keys, from CONFIG GET where the ACL allows it, else from INFO
+// memory (`memory_info`, or nullopt with the reason in `info_refusal`).
+struct Eviction {
+  std::optional<unsigned long long> maxmemory;  // bytes; 0: no limit
+  std::optional<std::string> policy;
+  std::string refusal;  // why they could not be read, when unknown
+
+  [[nodiscard]] bool known() const { return maxmemory && policy; }
+
+  // Redis evicts only with a memory limit, and never under noeviction.
+  [[nodiscard]] bool can_evict() const {
+    return known() && *maxmemory > 0 && *policy != "noeviction";
+  }
+
+  // "maxmemory-policy allkeys-lru with maxmemory 8388608 bytes".
+  [[nodiscard]] std::string Describe() const {
+    return fmt::format("maxmemory-policy {} with maxmemory {} bytes", policy.value_or("?"),
+                       maxmemory.value_or(0));
+  }
+};
+
+Eviction ReadEviction(const ServerConfig& config, std::optional<std::string_view> memory_info,
+                      const std::string& info_refusal) {
+  Eviction eviction;
+  std::optional<std::string> bytes = config.maxmemory;
+  eviction.policy = config.maxmemory_policy;
+  if (memory_info) {
+    if (!bytes) {
+      bytes = InfoField(*memory_info, "maxmemory");
+    }
+    if (!eviction.policy) {
+      eviction.policy = InfoField(*memory_info, "maxmemory_policy");
+    }
+  }
+  unsigned long long n = 0;
+  if (bytes && std::from_chars(bytes->data(), bytes->data() + bytes->size(), n).ec == std::errc()) {
+    eviction.maxmemory = n;
+  }
+  if (!eviction.known()) {
+    eviction.refusal = fmt::format("CONFIG GET refused ({}), INFO memory refused ({})",
+                                   config.refusal.empty() ? "no answer" : config.refusal,
+                                   memory_info ? "no maxmemory fields" : info_refusal);
+  }
+  return eviction;
+}
+
+// What eviction does to leasehold's keys under `policy`: the grants carry a TTL (volatile-*
+// policies pick among keys with one), the fencing counters do not (allkeys-* picks them too).
+std::string EvictionHarm(std::string_view policy) {
+  if (policy.starts_with("volatile-")) {
+    return "when memory is full Redis evicts keys that have a TTL, and every lease's grant has "
+           "one: another process is then granted a key that is still held";
+  }
+  return "when memory is full Redis evicts any key: a lease's grant (another process is then "
+         "granted a key that is still held) and its fencing counter (tokens start again at 1, "
+         "so a stale writer's token is accepted)";
+}
+
+constexpr std::string_view kEvictionFix =
+    "CONFIG SET maxmemory-policy noeviction (and the same in redis.conf), or give leases a "
+    "Redis instance or database of their own without maxmemory; under noeviction an acquire "
+    "that meets a full memory fails (OOM) and no lease is dropped";
+
+// Diagnose's eviction finding: can the server drop a grant or a fencing counter?
+CheckItem EvictionItem(const Eviction& eviction) {
+  CheckItem item{.area = "eviction"};
+  if (!eviction.known()) {
+    item.verdict = CheckVerdict::kWarn;
+    item.found = "maxmemory and maxmemory-policy could not be read: " + eviction.refusal;
+    item.fix =
+        "grant the user +config|get (or +info) so that leasehold check can read them, or check "
+        "maxmemory-policy noeviction on the server yourself";
+    return item;
+  }
+  if (eviction.can_evict()) {
+    item.verdict = CheckVerdict::kUnsafe;
+    item.found = fmt::format("{}: {}", eviction.Describe(), EvictionHarm(*eviction.policy));
+    item.fix = std::string(kEvictionFix);
+    return item;
+  }
+  if (*eviction.maxmemory == 0) {
+    item.found = fmt::format(
+        "no maxmemory: Redis evicts nothing (maxmemory-policy {} applies only with a limit)",
+        *eviction.policy);
+  } else {
+    item.found = fmt::format(
+        "maxmemory {} bytes with maxmemory-policy noeviction: when memory is full, writes are "
+        "refused (an acquire fails, OOM) and no key is evicted",
+        *eviction.maxmemory);
+  }
+  return item;
+}
+
+// Open's refusal of a server that may evict keys (RedisOptions::accept_eviction).
+Status EvictionRefusal(const std::string& address, const Eviction& eviction) {
+  return Status::FailedPrecondition(
+      fmt::format("redis at {} may evict leases ({}): {}. Fix: {}; or add accept_eviction=true "
+                  "to the URL to take that risk",
+                  address, eviction.Describe(), EvictionHarm(*eviction.policy), kEvictionFix),
+      "accept_eviction=true");
+}
+
 // Diagnose's durability finding: will grants and fencing counters survive a restart? From
 // CONFIG GET where the ACL allows it, else from INFO persistence's aof_enabled, which tells AOF
 // but not RDB snapshots (either way AOF off is unsafe: counters go back to the last snapshot, or
 // to nothing).
-CheckItem DurabilityItem(const PersistenceConfig& config, std::optional<std::string_view> info,
+CheckItem DurabilityItem(const ServerConfig& config, std::optional<std::string_view> info,
                          const std::string& info_refusal) {
   constexpr std::string_view kAofFix =
       "turn on AOF: CONFIG SET appendonly yes and CONFIG SET appendfsync always (or everysec), "
@@ -753,21 +868,39 @@ Result<std::shared_ptr<RedisBackend>> RedisBackend::Open(RedisOptions options, C
     LH_ASSIGN_OR_RETURN(std::vector<std::string> shas,
                         LoadScripts(counters, connection.get(), address));
     counters.shas_ = std::move(shas);  // the SHA1 of the text: the same on every node
-    // Persistence check. CONFIG is often denied to application users: then say nothing more
-    // than a debug line, since the server may well persist.
-    std::vector<Command> config = PersistenceCommands();
+    // Persistence and eviction checks. CONFIG is often denied to application users: then
+    // persistence is assumed on (with a debug line: the server may well persist), and eviction
+    // is read from INFO memory.
+    std::vector<Command> config = ServerConfigCommands();
     counters.round_trips_.fetch_add(1, std::memory_order_relaxed);
     LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies, connection->Pipeline(config, address));
-    const PersistenceConfig persistence = ParsePersistence(replies);
-    if (persistence.known()) {
-      if (persistence.off()) {
+    const ServerConfig server = ParseServerConfig(replies);
+    if (server.known()) {
+      if (server.off()) {
         persistence_off = true;
         WarnPersistenceOffOnce(fmt::format("{}/{}", address, options.db));
       }
     } else {
       Log(LogLevel::kDebug,
           fmt::format("redis at {}: cannot check persistence with CONFIG GET ({}); assuming on",
-                      address, persistence.refusal));
+                      address, server.refusal));
+    }
+    std::string memory_refusal;
+    const Eviction eviction =
+        ReadEviction(server, InfoText(replies.back().get(), &memory_refusal), memory_refusal);
+    if (eviction.can_evict()) {
+      if (!options.accept_eviction) {
+        return EvictionRefusal(address, eviction);
+      }
+      WarnOnce("eviction accepted " + address,
+               fmt::format("redis at {} may evict leases ({}): opened because the URL says "
+                           "accept_eviction=true",
+                           address, eviction.Describe()));
+    } else if (!eviction.known()) {
+      WarnOnce("eviction unknown " + address,
+               fmt::format("redis at {}: cannot tell whether it may evict leases ({}); make "
+                           "sure maxmemory-policy is noeviction",
+                           address, eviction.refusal));
     }
   }
   return std::shared_ptr<RedisBackend>(
@@ -1414,8 +1547,8 @@ Status RedisBackend::Ping() {
 // HSET INCR PEXPIRE PTTL DEL PUBLISH SET TIME, and for shared and semaphore grants (kGrantLib)
 // HGETALL HDEL PEXPIREAT; with fair=true ZADD ZREM ZRANGE ZRANGEBYSCORE ZREMRANGEBYSCORE ZSCORE
 // ZRANK ZCARD HEXISTS; with Sentinel ROLE; with Cluster CLUSTER SLOTS and ASKING. CONFIG GET
-// (Open's persistence warning) and INFO (Diagnose) are optional: refused, they are reported, never
-// fatal.
+// and INFO (Open's persistence and eviction checks, and Diagnose) are optional: refused, they
+// are reported, never fatal.
 std::string RedisBackend::PermissionsFix() const {
   const std::string keys = GlobEscape(options_.prefix) + ":*";
   std::string commands = "-@all +ping";
@@ -1440,16 +1573,19 @@ std::string RedisBackend::PermissionsFix() const {
     commands += " +cluster|slots +asking";  // the slot map, and ASK redirections
   }
   return fmt::format(
-      "ACL SETUSER {} on ~{} &{} {} (optional: +config|get +info, for the persistence check and "
-      "leasehold check; fenced writes also need their data keys and, for HashSet, +type)",
+      "ACL SETUSER {} on ~{} &{} {} (optional: +config|get +info, for the persistence and "
+      "eviction checks and leasehold check; fenced writes also need their data keys and, for "
+      "HashSet, +type)",
       options_.user.value_or("default"), keys, keys, commands);
 }
 
-// One round trip: CONFIG GET (as Open reads it) and INFO server, persistence and replication,
+// One round trip: CONFIG GET and INFO memory (as Open reads them) and INFO server, persistence
+// and replication,
 // as separate commands so that a server older than 7.0 (one INFO section per call) answers
 // them and a refusal of one leaves the others readable.
 Result<Diagnosis> RedisBackend::Diagnose() {
-  std::vector<Command> commands = PersistenceCommands();
+  std::vector<Command> commands = ServerConfigCommands();
+  const std::size_t memory_at = commands.size() - 1;
   const std::size_t info_at = commands.size();
   commands.push_back({"INFO", "server"});
   commands.push_back({"INFO", "persistence"});
@@ -1461,7 +1597,7 @@ Result<Diagnosis> RedisBackend::Diagnose() {
   for (const std::shared_ptr<RedisConnectionPool>& master : masters) {
     const std::string address = master->options().Address();
     LH_ASSIGN_OR_RETURN(std::vector<ReplyPtr> replies, PipelineOn(*router_, *master, commands));
-    const PersistenceConfig persistence = ParsePersistence(replies);
+    const ServerConfig persistence = ParseServerConfig(replies);
     std::string server_refusal;
     std::string persistence_refusal;
     std::string replication_refusal;
@@ -1472,11 +1608,16 @@ Result<Diagnosis> RedisBackend::Diagnose() {
         InfoText(replies[info_at + 2].get(), &replication_refusal);
     CheckItem durability = DurabilityItem(persistence, persistence_info, persistence_refusal);
     CheckItem topology = TopologyItem(options_, server, replication, replication_refusal);
+    std::string memory_refusal;
+    CheckItem eviction = EvictionItem(ReadEviction(
+        persistence, InfoText(replies[memory_at].get(), &memory_refusal), memory_refusal));
     if (router_->cluster()) {
       durability.found = address + ": " + durability.found;
       topology.found = address + ": " + topology.found;
+      eviction.found = address + ": " + eviction.found;
     }
     diagnosis.items.push_back(std::move(durability));
+    diagnosis.items.push_back(std::move(eviction));
     diagnosis.items.push_back(std::move(topology));
   }
   return diagnosis;

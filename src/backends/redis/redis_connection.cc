@@ -75,6 +75,15 @@ Status ErrorReplyStatus(std::string_view address, std::string_view what, std::st
       has("invalid password") || has("invalid username-password")) {
     return Status::PermissionDenied(std::move(message), std::string(error));
   }
+  if (has("OOM command not allowed")) {
+    // maxmemory reached under noeviction: Redis refuses a script's first write, so nothing of
+    // it was applied (an acquire fails closed; a renew that could not write counts as failed).
+    return Status::Unavailable(
+        fmt::format("redis at {} refused {}: out of memory (maxmemory reached, nothing was "
+                    "written; free memory or raise maxmemory)",
+                    address, what),
+        std::string(error));
+  }
   if (error.starts_with("LOADING") || error.starts_with("BUSY") ||
       error.starts_with("MASTERDOWN") || error.starts_with("READONLY") ||
       error.starts_with("TRYAGAIN") || error.starts_with("CLUSTERDOWN") ||

@@ -29,6 +29,7 @@ constexpr std::string_view kMinReplicasParam = "min_replicas";
 constexpr std::string_view kReplicaTimeoutParam = "replica_timeout";
 constexpr std::string_view kPoolSizeParam = "pool_size";
 constexpr std::string_view kFairParam = "fair";
+constexpr std::string_view kAcceptEvictionParam = "accept_eviction";
 constexpr std::string_view kDbParam = "db";
 constexpr std::string_view kCaParam = "ca";
 constexpr std::string_view kCertParam = "cert";
@@ -38,7 +39,7 @@ constexpr std::string_view kInsecureParam = "insecure";
 
 constexpr std::string_view kKnownParams[] = {
     kConnectTimeoutParam, kCommandTimeoutParam, kPrefixParam, kMinReplicasParam,
-    kReplicaTimeoutParam, kPoolSizeParam,       kFairParam,
+    kReplicaTimeoutParam, kPoolSizeParam,       kFairParam,   kAcceptEvictionParam,
 };
 // rediss:// knows these too; redis+unix:// knows db (a redis:// URL's database is the path).
 constexpr std::string_view kTlsParams[] = {kCaParam, kCertParam, kKeyParam, kSniParam,
@@ -206,6 +207,7 @@ Result<RedisOptions> RedisOptions::FromUrl(const Url& url) {
     return BadParam(url, kPrefixParam, "must contain no '{' or '}'");
   }
   LH_RETURN_IF_ERROR(ReadBoolParam(url, kFairParam, &options.fair));
+  LH_RETURN_IF_ERROR(ReadBoolParam(url, kAcceptEvictionParam, &options.accept_eviction));
   if (tls) {
     options.tls = true;
     LH_RETURN_IF_ERROR(ReadStringParam(url, kCaParam, &options.tls_ca));

@@ -12,8 +12,8 @@
 //   rediss+cluster://...                                             (Cluster, TLS everywhere)
 //
 // Parameters: connect_timeout, command_timeout (durations, e.g. 500ms), prefix (key
-// namespace), min_replicas, replica_timeout, pool_size, fair; rediss:// only: ca, cert, key,
-// sni, insecure. Unknown parameters are errors.
+// namespace), min_replicas, replica_timeout, pool_size, fair, accept_eviction; rediss:// only: ca,
+// cert, key, sni, insecure. Unknown parameters are errors.
 //
 // Example:
 //
@@ -126,6 +126,12 @@ struct RedisOptions {
   // handle that uses a key must agree on this: a handle with fair=false ignores the queue.
   // URL: fair=true. Default: false.
   bool fair = false;
+
+  // Open refuses a server that may evict keys (maxmemory set with a maxmemory-policy other than
+  // noeviction): an evicted grant lets another process take a key that is still held, and an
+  // evicted fencing counter starts again at 1. This accepts the risk: Open then only warns.
+  // URL: accept_eviction=true. Default: false.
+  bool accept_eviction = false;
 
   // Returns "host:port" or "unix:/path" (never credentials), for messages; with Sentinel,
   // "master NAME at host:port", or "master NAME via sentinels h1:p1,..." before one is known;
