@@ -357,7 +357,7 @@ class RedisStore(StoreControl):
         self.proc = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self.dir,
              "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-             "--daemonize", "no"], stdout=self.log_f, stderr=self.log_f,
+             "--daemonize", "no", *self.server_args()], stdout=self.log_f, stderr=self.log_f,
             start_new_session=True)
         deadline = time.time() + 10
         while time.time() < deadline:
@@ -370,6 +370,9 @@ class RedisStore(StoreControl):
                 pass
             time.sleep(0.02)
         raise SystemExit(f"chaos: redis-server did not come up on port {self.port}")
+
+    def server_args(self):  # more redis-server flags (RedisEvictStore)
+        return ()
 
     def url(self):
         return f"redis://127.0.0.1:{self.proxy.port}?prefix=chaos"
@@ -1220,6 +1223,84 @@ class RedisFairStore(RedisStore):
         return f"redis://127.0.0.1:{self.proxy.port}?prefix=chaos&fair=true"
 
 
+class RedisEvictStore(RedisStore):
+    """redis:// as a cache shares it: maxmemory 8mb and --redis-maxmemory-policy (noeviction by
+    default), AOF always, no proxy faults. Server fault cache-fill: the application writes 25 MB
+    of cache keys (2,500 x 10 KB, no TTL) straight to the server, memory stays full (maxmemory
+    held just under what is used), and 3-8 TTL later the keys are deleted and maxmemory is 8mb
+    again (the cache churning; longer than a worker's wait, so that acquires end refused).
+    Under noeviction the fill meets OOM and so does an acquire whose script writes first with a
+    command Redis refuses in a full memory (a script that first deletes an expired grant makes
+    room and goes on: that is a grant, not a fault). A run in which no acquire met a full memory
+    tested nothing (oom_fails=0: harness-ineffective). Under an evicting policy the URL says
+    accept_eviction=true (Open refuses the server otherwise) and the evictions must be caught
+    (the negative control: --negative-control)."""
+
+    scheme = "redis"
+    server_faults = ("cache-fill",)
+    default_scenarios = ("eviction",)
+    policy = "noeviction"
+    MAXMEMORY = "8mb"
+    FILL_KEYS = 2500
+    FILL_VALUE = b"c" * 10_000
+
+    def start(self, run_dir):
+        super().start(run_dir)
+        self.fills = 0
+
+    def server_args(self):
+        return ("--maxmemory", self.MAXMEMORY, "--maxmemory-policy", self.policy)
+
+    def url(self):
+        accept = "" if self.policy == "noeviction" else "&accept_eviction=true"
+        return f"redis://127.0.0.1:{self.proxy.port}?prefix=chaos{accept}"
+
+    def _pipeline(self, commands):
+        """Sends `commands` (lists of bytes) in one pipeline; returns (ok, error) counts."""
+        out = bytearray()
+        for c in commands:
+            out += b"*%d\r\n" % len(c)
+            for a in c:
+                out += b"$%d\r\n%s\r\n" % (len(a), a)
+        ok = err = 0
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
+            sock.sendall(out)
+            f = sock.makefile("rb")
+            for _ in commands:
+                r = _resp_read(f)
+                if isinstance(r, RespError):
+                    err += 1
+                else:
+                    ok += 1
+        return ok, err
+
+    def inject(self, fault, ttl_ns, orch):
+        if fault != "cache-fill":
+            raise ValueError(fault)
+        self.fills += 1
+        names = [b"cache:%d:%d" % (self.fills, i) for i in range(self.FILL_KEYS)]
+        written = refused = 0
+        for i in range(0, len(names), 100):  # 1 MB a pipeline: the query buffer stays small
+            ok, err = self._pipeline([[b"SET", n, self.FILL_VALUE] for n in names[i:i + 100]])
+            written, refused = written + ok, refused + err
+        dur = int(orch.rng.uniform(3.0, 8.0) * ttl_ns)
+        # A refused write leaves a few KB that the writer's freed buffers and the next release
+        # give back; until the fill is undone, maxmemory stays 64 KB under what is used: the
+        # memory stays full (an evicting policy evicts down to it).
+        used = int(_info_fields(resp_call(self.port, "INFO", "memory"))["used_memory"])
+        resp_call(self.port, "CONFIG", "SET", "maxmemory", str(used - 65536))
+
+        def undo():
+            resp_call(self.port, "CONFIG", "SET", "maxmemory", self.MAXMEMORY)
+            for i in range(0, len(names), 500):
+                self._pipeline([[b"DEL", n] for n in names[i:i + 500]])
+        self.undo.append((now_ns() + dur, undo, fault))
+        info = _info_fields(resp_call(self.port, "INFO", "stats"))
+        orch.log("store-fault", kind=fault, dur_ms=dur // MS, written=written, oom=refused,
+                 evicted_keys=info.get("evicted_keys", "?"))
+        return True
+
+
 class RedisSentinelStore(RedisStore):
     """redis+sentinel://: a master (AOF, appendfsync always), one replica and three sentinels
     (`redis-server CONF --sentinel`, down-after-milliseconds 1000), as
@@ -2037,6 +2118,7 @@ def native_data_key(scheme, key):
 
 
 STORES = {"sqlite": SqliteStore, "redis": RedisStore, "redis-fair": RedisFairStore,
+          "redis-evict": RedisEvictStore,
           "redis-sentinel": RedisSentinelStore, "redis-cluster": RedisClusterStore,
           "postgres": PostgresStore,
           "postgres-table": PostgresTableStore, "postgres-ha": PostgresHaStore,
@@ -2069,6 +2151,10 @@ SCENARIOS = {
                               "switchover": 1, "primary-kill": 1, "primary-partition": 1},
                       quick_s=18, needs_stale=False, server=True),
     "calm": dict(keys=["hot", "k1"], faults={}, quick_s=5, needs_stale=False),
+    # The application fills the cache beside 4 contended leases (RedisEvictStore), no worker
+    # faults: every overlap is the store's doing.
+    "eviction": dict(keys=[f"e{i}" for i in range(4)], faults={"cache-fill": 1}, quick_s=12,
+                     needs_stale=False, server=True),
 }
 
 
@@ -2410,7 +2496,7 @@ def check_limit(by_key, limit):
 
 
 def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limit=1,
-          needs_store_faults=False):
+          needs_store_faults=False, needs_oom=False):
     ttl = ttl_ms * MS
     drift = ttl // 100 + 2 * MS  # the library's default drift allowance: ttl/100 + 2 ms
     bound = ttl - drift
@@ -2480,6 +2566,7 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
     native_writes = []  # --guard native: (worker, key, token, result, t_send, seq, msg)
     first_acq_fail = None
     acq_fails = {}  # the refusal's status code -> how many acquires failed with it
+    oom_fails = 0  # acquires Redis refused for a full memory (noeviction: RedisEvictStore)
     at_risk = 0  # held -> at risk: a renewal failed, or none was confirmed in time
     lines = 0
     for name in sorted(os.listdir(run_dir)):
@@ -2505,6 +2592,8 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
                     first_acq_fail = f.get("msg", "?")
                 code = f.get("msg", "?").split(":", 1)[0]
                 acq_fails[code] = acq_fails.get(code, 0) + 1
+                if "out_of_memory" in f.get("msg", ""):
+                    oom_fails += 1
             elif ev == "state" and f.get("state") == "at_risk":
                 at_risk += 1
             if ev == "acq-sent":
@@ -2777,6 +2866,8 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
           f"acq_fail={sum(acq_fails.values())}"
           + (f" ({' '.join(f'{k}={v}' for k, v in sorted(acq_fails.items()))})"
              if acq_fails else "") +
+          (f" oom_fails={oom_fails}"
+           if needs_oom else "") +
           f" at_risk={at_risk} "
           + (f"store_errors=({' '.join(f'{k}={v}' for k, v in store_errors.items()) or '-'}) "
              if "store-errors" in {e[2] for e in orch} else "") +
@@ -2819,6 +2910,10 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
     ineffective = needs_stale and stale_attempted == 0
     if ineffective:
         print("  harness-ineffective: no stale write was attempted: the pauses did not bite")
+    if needs_oom and oom_fails == 0:
+        ineffective = True
+        print("  harness-ineffective: no acquire met a full memory (no OOM refusal): the cache "
+              "fills did not bite")
     if native and accepted == 0:
         ineffective = True
         print(f"  harness-ineffective: no native write was accepted ({writes} sent; e.g. "
@@ -2842,7 +2937,8 @@ def check(run_dir, ttl_ms, scheme, scenario, needs_stale, guard="register", limi
                 stale_accepted=stale_accepted,
                 stale_attempted=stale_attempted, ineffective=ineffective, bound=len(bound_violations), foreign=len(foreign),
                 over_limit=lim["over_limit"] if lim else 0,
-                slot_clashes=lim["slot_clashes"] if lim else 0)
+                slot_clashes=lim["slot_clashes"] if lim else 0,
+                token_regressions=len(token_regressions), oom_fails=oom_fails)
 
 
 def check_native(run_dir, by_key, native_writes):
@@ -3510,6 +3606,12 @@ def main():
                          "setup without the control (the library's side of it): sync strict, "
                          "standby-cut faults of 8 s (wal_sender_timeout 60s), scenario "
                          "failovers, TTL 15 s, holds of 10-30 s, 12 workers")
+    ap.add_argument("--redis-maxmemory-policy", default="noeviction",
+                    choices=("noeviction", "volatile-ttl", "volatile-lru", "volatile-lfu",
+                             "volatile-random", "allkeys-lru", "allkeys-lfu", "allkeys-random"),
+                    help="--store redis-evict: the server's maxmemory-policy (maxmemory 8mb); "
+                         "with --negative-control, an evicting one whose evictions must be "
+                         "caught")
     ap.add_argument("--check-only", metavar="DIR")
     args = ap.parse_args()
     RedisSentinelStore.min_replicas = args.sentinel_min_replicas
@@ -3546,6 +3648,14 @@ def main():
         args.workers = args.workers or PG_HA_CONTROL_WORKERS
         PostgresHaStore.quick_s = dict(PostgresHaStore.quick_s, failovers=PG_HA_CONTROL_QUICK_S)
     RedisClusterStore.min_replicas = args.cluster_min_replicas
+    RedisEvictStore.policy = args.redis_maxmemory_policy
+    if args.store == "redis-evict":
+        if args.negative_control == (args.redis_maxmemory_policy == "noeviction"):
+            ap.error("--store redis-evict: --negative-control goes with an evicting "
+                     "--redis-maxmemory-policy (the evictions must be caught), and noeviction "
+                     "without it")
+        # 4 leases held and contended: two workers a key.
+        args.workers = args.workers or 8
     if not 1 <= args.limit <= 1024:
         ap.error("--limit must be 1..1024 (kMaxLeaseLimit)")
     if args.workers is None:
@@ -3604,6 +3714,10 @@ def main():
     guard_flags = ["--guard=native"] if args.guard == "native" else []
     if args.negative_control and issubclass(STORES[args.store], PostgresHaStore):
         plan = [(n, [f"--unsafe={u}"], sc, must) for n, u, sc, must in PG_HA_NEGATIVE_CONTROL]
+    elif args.negative_control and args.store == "redis-evict":
+        # The library itself, on a server whose evictions the URL accepts.
+        plan = [(f"evict-{args.redis_maxmemory_policy}", [], "eviction",
+                 ("overlaps", "foreign", "token_regressions"))]
     elif args.negative_control and args.guard == "native":
         plan = [(n, guard_flags + [f"--unsafe={u}"], sc, must)
                 for n, u, sc, must in NATIVE_NEGATIVE_CONTROLS]
@@ -3643,6 +3757,8 @@ def main():
             duration = getattr(STORES[args.store], "quick_s", {}).get(scenario, duration)
             if control == "trustcommit":
                 pass  # the store's quick_s: several failovers
+            elif control and control.startswith("evict-"):
+                duration = min(duration, 8)  # two or three fills: each evicts grants at once
             elif control:
                 duration = min(duration, LIMIT_CONTROL_QUICK_S if control == "overlimit" else 10)
         else:
@@ -3671,7 +3787,8 @@ def main():
         r = check(run_dir, args.ttl_ms, store.scheme, name,
                   SCENARIOS[scenario]["needs_stale"] and control is None, args.guard, args.limit,
                   needs_store_faults=getattr(store, "needs_store_faults", False) and
-                  bool(SCENARIOS[scenario].get("server")))
+                  bool(SCENARIOS[scenario].get("server")),
+                  needs_oom=isinstance(store, RedisEvictStore) and control is None)
         sys.stdout.flush()
         if control is None:
             rc = 1 if r["violations"] else (2 if r["ineffective"] else 0)
