@@ -45,7 +45,9 @@ enum Op : std::int32_t {
   kOpSignalGroup = 1,  // arg: signal; to the command's process group
   kOpSignalTree = 2,   // arg: signal; to every process of the tree
   kOpKillTree = 3,     // SIGKILL to every process of the tree
-  kOpDeadline = 4,     // a: term_at, b: kill_at (CLOCK_BOOTTIME ns)
+  // a: term_at, b: kill_at (CLOCK_BOOTTIME ns, as leasehold reads it: the keeper is its fork,
+  // so both are in one time namespace and need no host clock, unlike the sqlite store's file)
+  kOpDeadline = 4,
   // keeper -> leasehold
   kOpCommandExited = 10,  // arg: wait status
   kOpDeadlineFired = 11,  // arg: SIGTERM (at term_at) or SIGKILL (at kill_at) sent to the tree

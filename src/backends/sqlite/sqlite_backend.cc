@@ -4,11 +4,13 @@
 // - Every mutation runs in one BEGIN IMMEDIATE transaction, which takes the database's write
 //   lock before the first read: the check for a live grant and the write that follows cannot
 //   interleave with another process's.
-// - Time is CLOCK_BOOTTIME in nanoseconds since boot, read after the write lock is held. A
-//   grant is live only if its boot_id is the current boot's and expires_ns > now. It is read
-//   through the backend's Clock (SqliteBackend::NowNs), which is Clock::Real(): the values are
-//   shared through the file with every other process on the host, so they must be on the one
-//   time base they all read, and the registry refuses any other clock for sqlite://.
+// - Time is the host's CLOCK_BOOTTIME in nanoseconds since boot, read after the write lock is
+//   held. A grant is live only if its boot_id is the current boot's and expires_ns > now. It is
+//   read through the backend's Clock (SqliteBackend::NowNs), which is Clock::Real(), minus the
+//   CLOCK_BOOTTIME offset of the process's time namespace (/proc/self/timens_offsets: CRIU,
+//   `unshare --time`, OCI timeOffsets): the values are shared through the file with every other
+//   process on the host, whatever its namespace, so they must be on the one time base they all
+//   share, and the registry refuses any other clock for sqlite://.
 // - fencing_counters rows are never deleted, so fencing tokens keep increasing per key.
 // - records (a key's schedule-slot record) are judged on the wall clock, CLOCK_REALTIME, not
 //   CLOCK_BOOTTIME: a record must outlive a reboot, and it never decides who holds a lease.
@@ -27,6 +29,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -54,6 +57,7 @@ namespace leasehold::internal {
 namespace {
 
 constexpr const char* kBootIdPath = "/proc/sys/kernel/random/boot_id";
+constexpr const char* kTimensOffsetsPath = "/proc/self/timens_offsets";
 
 // The owner token's first characters that may be shown to others (LeaseInfo::token_prefix).
 constexpr std::size_t kTokenPrefixLength = 8;
@@ -541,6 +545,33 @@ Result<std::string> ReadBootId() {
     return Status::Internal(fmt::format("the kernel boot id in {} is empty", kBootIdPath));
   }
   return id;
+}
+
+// This process's CLOCK_BOOTTIME offset from the host's (ParseBoottimeOffsetNs). A kernel without
+// time namespaces (before 5.6, or built without CONFIG_TIME_NS) has no such file, and every
+// process reads the host's clock: 0.
+Result<std::int64_t> ReadBoottimeOffsetNs() {
+  const int fd = ::open(kTimensOffsetsPath, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) {
+    return 0;
+  }
+  const auto refuse = [](const std::string& why) {
+    return Status::Internal(fmt::format(
+        "cannot read this process's time namespace offsets from {} ({}): the sqlite store "
+        "shares CLOCK_BOOTTIME times between processes and must know this process's offset",
+        kTimensOffsetsPath, why));
+  };
+  if (fd < 0) {
+    return refuse(OsReason(errno));
+  }
+  std::array<char, 512> buffer{};
+  const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+  const int err = errno;
+  ::close(fd);
+  if (n < 0) {
+    return refuse(OsReason(err));
+  }
+  return ParseBoottimeOffsetNs(std::string_view(buffer.data(), static_cast<std::size_t>(n)));
 }
 
 // The smallest string greater than every string starting with `prefix`, or nullopt if there is
@@ -1511,6 +1542,53 @@ CheckItem AccessItem(const std::string& path, const std::string& fix) {
 
 // ---------------------------------------------------------------------------------------------
 
+Result<std::int64_t> ParseBoottimeOffsetNs(std::string_view timens_offsets) {
+  const auto malformed = [&] {
+    return Status::Internal(fmt::format("no valid \"boottime <s> <ns>\" line in {}: \"{}\"",
+                                        kTimensOffsetsPath, timens_offsets));
+  };
+  std::size_t at = 0;
+  while (at < timens_offsets.size()) {
+    std::size_t end = timens_offsets.find('\n', at);
+    if (end == std::string_view::npos) {
+      end = timens_offsets.size();
+    }
+    // The line's fields, split on blanks.
+    std::vector<std::string_view> fields;
+    for (std::size_t i = at; i < end;) {
+      while (i < end && (timens_offsets[i] == ' ' || timens_offsets[i] == '\t')) {
+        ++i;
+      }
+      const std::size_t start = i;
+      while (i < end && timens_offsets[i] != ' ' && timens_offsets[i] != '\t') {
+        ++i;
+      }
+      if (i > start) {
+        fields.push_back(timens_offsets.substr(start, i - start));
+      }
+    }
+    at = end + 1;
+    if (fields.empty() || fields[0] != "boottime") {
+      continue;
+    }
+    std::int64_t seconds = 0;
+    std::int64_t nanos = 0;
+    const auto number = [](std::string_view text, std::int64_t& out) {
+      const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+      return ec == std::errc() && ptr == text.data() + text.size();
+    };
+    // The kernel bounds an offset to what a timespec64 holds; more than ~292 years overflows ns.
+    constexpr std::int64_t kMaxSeconds =
+        std::numeric_limits<std::int64_t>::max() / 1'000'000'000 - 1;
+    if (fields.size() != 3 || !number(fields[1], seconds) || !number(fields[2], nanos) ||
+        nanos < 0 || nanos >= 1'000'000'000 || seconds > kMaxSeconds || seconds < -kMaxSeconds) {
+      return malformed();
+    }
+    return seconds * 1'000'000'000 + nanos;
+  }
+  return malformed();
+}
+
 Result<std::string> DefaultSqlitePath() {
   // XDG Base Directory spec: a relative $XDG_STATE_HOME is invalid and must be ignored.
   const char* state_home = std::getenv("XDG_STATE_HOME");
@@ -1546,6 +1624,7 @@ Result<std::shared_ptr<SqliteBackend>> SqliteBackend::Open(SqliteOptions options
   if (boot_id.empty()) {
     LH_ASSIGN_OR_RETURN(boot_id, ReadBootId());
   }
+  LH_ASSIGN_OR_RETURN(const std::int64_t boot_offset_ns, ReadBoottimeOffsetNs());
 
   LH_RETURN_IF_ERROR(CreateParentDirectories(options.path));
   LH_RETURN_IF_ERROR(CreateOrCheckDatabaseFile(options.path));
@@ -1559,19 +1638,22 @@ Result<std::shared_ptr<SqliteBackend>> SqliteBackend::Open(SqliteOptions options
                       SqliteHostQueue::Open(options.path, boot_id));
   connection->set_queue(std::move(queue));
   return std::shared_ptr<SqliteBackend>(new SqliteBackend(
-      std::move(options.path), std::move(boot_id), clock, std::move(connection)));
+      std::move(options.path), std::move(boot_id), boot_offset_ns, clock, std::move(connection)));
 }
 
-SqliteBackend::SqliteBackend(std::string path, std::string boot_id, Clock& clock,
-                             std::unique_ptr<SqliteConnection> connection)
+SqliteBackend::SqliteBackend(std::string path, std::string boot_id, std::int64_t boot_offset_ns,
+                             Clock& clock, std::unique_ptr<SqliteConnection> connection)
     : path_(std::move(path)),
       boot_id_(std::move(boot_id)),
+      boot_offset_ns_(boot_offset_ns),
       clock_(clock),
       connection_(std::move(connection)) {}
 
 SqliteBackend::~SqliteBackend() = default;
 
-std::int64_t SqliteBackend::NowNs() const { return clock_.Now().time_since_epoch().count(); }
+std::int64_t SqliteBackend::NowNs() const {
+  return clock_.Now().time_since_epoch().count() - boot_offset_ns_;
+}
 
 Capabilities SqliteBackend::capabilities() const {
   return Capabilities{

@@ -88,6 +88,12 @@ Result<std::shared_ptr<Backend>> OpenSqliteBackend(const Url& url,
 // requires. Returns kInvalidArgument if neither variable is usable.
 Result<std::string> DefaultSqlitePath();
 
+// The CLOCK_BOOTTIME offset of this process's time namespace (time_namespaces(7)), in ns, from
+// the text of /proc/self/timens_offsets ("boottime <s> <ns>" among its lines): the host's
+// CLOCK_BOOTTIME is the process's minus it. Returns kInternal naming the text when the line is
+// missing or malformed.
+Result<std::int64_t> ParseBoottimeOffsetNs(std::string_view timens_offsets);
+
 class SqliteBackend final : public Backend {
  public:
   // Opens or creates the database, as OpenSqliteBackend does; all checks happen here, so that a
@@ -202,10 +208,11 @@ class SqliteBackend final : public Backend {
   [[nodiscard]] const std::string& boot_id() const { return boot_id_; }
 
  private:
-  SqliteBackend(std::string path, std::string boot_id, Clock& clock,
+  SqliteBackend(std::string path, std::string boot_id, std::int64_t boot_offset_ns, Clock& clock,
                 std::unique_ptr<SqliteConnection> connection);
 
-  // The store's time: the clock's CLOCK_BOOTTIME reading in nanoseconds, as grants record it.
+  // The store's time, as grants record it: the host's CLOCK_BOOTTIME in nanoseconds (the
+  // clock's reading minus this process's time namespace offset, boot_offset_ns_).
   [[nodiscard]] std::int64_t NowNs() const;
 
   // TryAcquire inside the lock.
@@ -227,6 +234,8 @@ class SqliteBackend final : public Backend {
   // Immutable after construction.
   const std::string path_;
   const std::string boot_id_;
+  // This process's CLOCK_BOOTTIME minus the host's (its time namespace's offset; 0 outside one).
+  const std::int64_t boot_offset_ns_;
   Clock& clock_;
 
   // The change generation a waiter's refused TryAcquire read before its transaction, by

@@ -238,6 +238,27 @@ std::vector<std::string> Keys(const std::vector<LeaseInfo>& infos) {
 // ---------------------------------------------------------------------------------------------
 // SqliteOptions and the default path.
 
+TEST(SqliteTimeNamespaceTest, TheBoottimeOffsetIsReadFromItsLine) {
+  // As the kernel prints it: both clocks, padded, seconds then nanoseconds.
+  EXPECT_EQ(*ParseBoottimeOffsetNs("monotonic           0         0\n"
+                                   "boottime         3600         0\n"),
+            3600'000'000'000LL);
+  EXPECT_EQ(*ParseBoottimeOffsetNs("boottime -3601 500000000\nmonotonic -50 0\n"),
+            -3601'000'000'000LL + 500'000'000LL);
+  EXPECT_EQ(*ParseBoottimeOffsetNs("monotonic 7 0\nboottime 0 0"), 0);
+}
+
+TEST(SqliteTimeNamespaceTest, AMissingOrMalformedBoottimeLineIsAnError) {
+  for (const char* text : {"", "monotonic 0 0\n", "boottime 1\n", "boottime x 0\n",
+                           "boottime 1 1000000000\n", "boottime 1 -1\n", "boottime 1 0 0\n",
+                           "boottime 99999999999999999999 0\n", "boottime 10000000000 0\n"}) {
+    const Result<std::int64_t> offset = ParseBoottimeOffsetNs(text);
+    ASSERT_FALSE(offset.ok()) << text;
+    EXPECT_EQ(offset.status().code(), StatusCode::kInternal) << text;
+    EXPECT_THAT(offset.status().message(), HasSubstr("boottime")) << text;
+  }
+}
+
 TEST(SqliteOptionsTest, FromUrlReadsPathAndBusyTimeout) {
   Result<SqliteOptions> options =
       SqliteOptions::FromUrl(SqliteUrl("/var/lib/app/leases.db", {{"busy_timeout", "500ms"}}));
