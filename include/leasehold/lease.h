@@ -16,6 +16,11 @@
 //
 // Lost is terminal: a lost Lease never becomes valid again; acquire anew.
 //
+// fork(): the Lease belongs to the process that acquired it. In a fork() child (without exec)
+// its copy is lost: valid() is false, Write() and Release() return kLost and do nothing, and
+// its destruction touches nothing, so the parent keeps its grant, its sessions and its
+// renewals. (libpq has the same rule for its connections: never use one in a forked child.)
+//
 // Thread safety: thread-safe. valid(), state() and the accessors may be called from any
 // thread while another thread calls Release(); Write() from any number of threads at once, but
 // not during a Release() or a move of the same Lease.
@@ -162,6 +167,9 @@ class Lease {
   // until `keep_until` (on the store's Clock; nothing kept if passed) and replacing the key's
   // record with `record` (if set) in the same atomic step.
   Status Finish(SteadyTime keep_until, std::optional<std::string> record, Duration record_ttl);
+
+  // True in a fork() child of the process that acquired this (unreleased) lease.
+  [[nodiscard]] bool Forked() const;
 
   void ReleaseOnDestroy() noexcept;
 

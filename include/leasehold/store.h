@@ -18,6 +18,11 @@
 //
 // Leases keep the store's internals alive: a Lease may outlive the Store it came from.
 //
+// fork(): a Store belongs to the process that opened it. In a fork() child (without exec) every
+// operation returns kFailedPrecondition before it touches a connection, and destroying the
+// Store (or returning from main with it) closes nothing: the parent's sessions and leases are
+// unaffected. A child that needs leases opens a Store of its own.
+//
 // Thread safety: thread-safe.
 
 #pragma once
@@ -184,6 +189,9 @@ class Store {
 
  private:
   explicit Store(std::shared_ptr<internal::StoreCore> core);
+
+  // OK, or kFailedPrecondition in a fork() child of the process that opened this Store.
+  Status Usable() const;
 
   // TryAcquire as one attempt of a waiting Acquire (waiter_id non-empty) or alone (empty),
   // under `owner_token` (a fresh one from internal::NewOwnerToken).

@@ -380,6 +380,7 @@ std::string_view CheckVerdictName(CheckVerdict verdict) {
 }
 
 Result<CheckReport> Store::Check(const CheckOptions& options) {
+  LH_RETURN_IF_ERROR(Usable());
   if (options.probes < 1 || options.probes > kMaxProbes) {
     return Status::InvalidArgument(
         fmt::format("probes must be 1..{}, got {}", kMaxProbes, options.probes));

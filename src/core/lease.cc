@@ -28,8 +28,18 @@ Lease& Lease::operator=(Lease&& other) noexcept {
 
 Lease::~Lease() { ReleaseOnDestroy(); }
 
+bool Lease::Forked() const {
+  return store_ != nullptr && store_->forked();
+}
+
 void Lease::ReleaseOnDestroy() noexcept {
   if (!core_) {
+    return;
+  }
+  if (Forked()) {
+    // The parent's grant: nothing to do here (the leaked heartbeat keeps the LeaseCore alive).
+    store_.reset();
+    core_.reset();
     return;
   }
   // A lease already known to be lost was reported when it was lost: say it again only in
@@ -82,6 +92,9 @@ Result<FencedWriteResult> Lease::Write(const FencedWrite& write) const {
     return Status::InvalidArgument("an empty Lease cannot write");
   }
   const std::shared_ptr<internal::StoreCore>& store = store_;
+  if (Forked()) {
+    return internal::ForkedChildStatus("lease " + core_->key(), store->process);
+  }
   if (!store) {
     return internal::FencedOut(core_->key(), core_->fencing_token(),
                                "was released: a released lease writes nothing");
@@ -153,14 +166,22 @@ Result<FencedWriteResult> Lease::Write(const FencedWrite& write) const {
   return FencedWriteResult{.affected = std::move(affected).value()};
 }
 
-bool Lease::valid() const { return core_ && core_->Valid(); }
+// In a fork() child the lease is lost, and its LeaseCore is not asked: a heartbeat thread of
+// the parent may have held its lock at the fork, and that lock stays held in the child.
+bool Lease::valid() const {
+  return core_ && !Forked() && core_->Valid();
+}
 
-LeaseState Lease::state() const { return core_ ? core_->state() : LeaseState::kLost; }
+LeaseState Lease::state() const {
+  return core_ && !Forked() ? core_->state() : LeaseState::kLost;
+}
 
-SteadyTime Lease::safe_until() const { return core_ ? core_->safe_until() : SteadyTime(); }
+SteadyTime Lease::safe_until() const {
+  return core_ && !Forked() ? core_->safe_until() : SteadyTime();
+}
 
 std::stop_token Lease::lost_token() const {
-  if (!core_) {
+  if (!core_ || Forked()) {
     std::stop_source stopped;
     stopped.request_stop();
     return stopped.get_token();
@@ -168,7 +189,12 @@ std::stop_token Lease::lost_token() const {
   return core_->lost_token();
 }
 
-Status Lease::lost_reason() const { return core_ ? core_->lost_reason() : Status(); }
+Status Lease::lost_reason() const {
+  if (Forked()) {
+    return internal::ForkedChildStatus("lease " + core_->key(), store_->process);
+  }
+  return core_ ? core_->lost_reason() : Status();
+}
 
 Duration Lease::ttl() const { return core_ ? core_->ttl() : Duration(); }
 
@@ -200,6 +226,12 @@ Status Lease::Finish(SteadyTime keep_until, std::optional<std::string> record,
                      Duration record_ttl) {
   if (!core_ || !store_) {
     return Status();  // empty, or released before: releasing twice is harmless
+  }
+  if (Forked()) {
+    // The parent's grant stays the parent's: no round trip, no heartbeat change.
+    Status forked = internal::ForkedChildStatus("lease " + core_->key(), store_->process);
+    store_.reset();
+    return forked;
   }
   std::shared_ptr<internal::StoreCore> store = std::move(store_);
   Status local = core_->BeginRelease();

@@ -276,6 +276,7 @@ Status SlotClaim::Finish(const SlotFinish& result) {
 }
 
 Result<std::vector<SlotRun>> Store::SlotRuns(std::string_view key) {
+  LH_RETURN_IF_ERROR(Usable());
   LH_RETURN_IF_ERROR(ValidateKey(key));
   LH_ASSIGN_OR_RETURN(std::optional<std::string> record, core_->backend->ReadRecord(key));
   if (!record.has_value()) {
@@ -285,6 +286,7 @@ Result<std::vector<SlotRun>> Store::SlotRuns(std::string_view key) {
 }
 
 Result<std::vector<KeySlotRuns>> Store::ListSlotRuns(std::string_view prefix) {
+  LH_RETURN_IF_ERROR(Usable());
   LH_ASSIGN_OR_RETURN(auto records, core_->backend->ListRecords(prefix));
   std::vector<KeySlotRuns> out;
   out.reserve(records.size());
@@ -300,6 +302,7 @@ Result<std::vector<KeySlotRuns>> Store::ListSlotRuns(std::string_view prefix) {
 
 Result<SlotClaim> Store::ClaimSlot(std::string_view key, const SlotGrid& grid,
                                    const LeaseOptions& options, std::stop_token cancel) {
+  LH_RETURN_IF_ERROR(Usable());
   LH_RETURN_IF_ERROR(ValidateKey(key));
   LH_RETURN_IF_ERROR(ValidateSlotGrid(grid));
   internal::Backend& backend = *core_->backend;

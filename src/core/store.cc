@@ -180,8 +180,15 @@ namespace internal {
 
 std::shared_ptr<StoreCore> MakeStoreCore(std::shared_ptr<Backend> backend, Clock& clock,
                                          std::string display_url, const StoreOptions& options) {
-  auto core = std::make_shared<StoreCore>(std::move(backend), clock, std::move(display_url),
-                                          options.metrics, options.record_metrics);
+  // In a fork() child the StoreCore is left alone (fork_guard.h): destroying it would join
+  // heartbeat threads the child does not have and close the parent's sessions politely.
+  std::shared_ptr<StoreCore> core(new StoreCore(std::move(backend), clock, std::move(display_url),
+                                                options.metrics, options.record_metrics),
+                                  [](StoreCore* c) {
+                                    if (!c->forked()) {
+                                      delete c;
+                                    }
+                                  });
   if (core->lease_metrics != nullptr) {
     core->backend->set_metrics(core->lease_metrics);
     // The gauges are read from the heartbeat at scrape time, through a weak reference that
@@ -194,6 +201,14 @@ std::shared_ptr<StoreCore> MakeStoreCore(std::shared_ptr<Backend> backend, Clock
 }
 
 }  // namespace internal
+
+Status Store::Usable() const {
+  if (core_->forked()) {
+    return Status::FailedPrecondition(std::string(
+        internal::ForkedChildStatus("store " + core_->display_url, core_->process).message()));
+  }
+  return Status();
+}
 
 Result<std::string> Store::DefaultUrl() {
   if (const char* env = std::getenv("LEASEHOLD_STORE"); env != nullptr && *env != '\0') {
@@ -258,6 +273,7 @@ bool Store::fencing_survives_restart() const {
 bool Store::notifies_changes() const { return core_->backend->capabilities().native_wait; }
 
 Status Store::WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token cancel) {
+  LH_RETURN_IF_ERROR(Usable());
   LH_RETURN_IF_ERROR(ValidateKey(key));
   return core_->backend->WaitForChange(key, deadline, std::move(cancel));
 }
@@ -269,6 +285,7 @@ Result<Lease> Store::TryAcquire(std::string_view key, const LeaseOptions& option
 
 Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& options,
                                   const std::string& waiter_id, const std::string& owner_token) {
+  LH_RETURN_IF_ERROR(Usable());
   LH_ASSIGN_OR_RETURN(ResolvedOptions resolved, Resolve(key, options));
   const std::string& token = owner_token;
   internal::Backend& backend = *core_->backend;
@@ -371,6 +388,7 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
 
 Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
                              std::stop_token cancel) {
+  LH_RETURN_IF_ERROR(Usable());
   LH_RETURN_IF_ERROR(Resolve(key, options).status());
   Clock& clock = core_->clock;
   const SteadyTime start = clock.Now();
@@ -528,11 +546,13 @@ void Store::LogHandoff(const Lease& lease, Duration waited, std::optional<Durati
 }
 
 Result<std::optional<LeaseInfo>> Store::Inspect(std::string_view key) {
+  LH_RETURN_IF_ERROR(Usable());
   LH_RETURN_IF_ERROR(ValidateKey(key));
   return core_->backend->Inspect(key);
 }
 
 Result<std::vector<LeaseInfo>> Store::List(std::string_view prefix) {
+  LH_RETURN_IF_ERROR(Usable());
   if (prefix.size() > kMaxKeyBytes) {
     return Status::InvalidArgument("prefix is longer than the longest key");
   }
@@ -540,11 +560,13 @@ Result<std::vector<LeaseInfo>> Store::List(std::string_view prefix) {
 }
 
 Result<std::vector<LeaseInfo>> Store::Holders(std::string_view key) {
+  LH_RETURN_IF_ERROR(Usable());
   LH_RETURN_IF_ERROR(ValidateKey(key));
   return core_->backend->Holders(key);
 }
 
 Result<bool> Store::ForceReleaseGrant(std::string_view key, std::string_view token_prefix) {
+  LH_RETURN_IF_ERROR(Usable());
   LH_RETURN_IF_ERROR(ValidateKey(key));
   if (token_prefix.empty() || token_prefix.size() > 32 ||
       token_prefix.find_first_not_of("0123456789abcdef") != std::string_view::npos) {
@@ -561,6 +583,7 @@ Result<bool> Store::ForceReleaseGrant(std::string_view key, std::string_view tok
 }
 
 Result<bool> Store::ForceRelease(std::string_view key) {
+  LH_RETURN_IF_ERROR(Usable());
   LH_RETURN_IF_ERROR(ValidateKey(key));
   LH_ASSIGN_OR_RETURN(bool existed, core_->backend->ForceRelease(key));
   internal::LogEvent(internal::LogLevel::kInfo, "force_released",

@@ -12,11 +12,13 @@
 #include <memory>
 #include <string>
 
-#include "backends/backend.h"
-#include "heartbeat/heartbeat.h"
 #include "leasehold/clock.h"
 #include "leasehold/metrics.h"
 #include "leasehold/options.h"
+
+#include "backends/backend.h"
+#include "core/fork_guard.h"
+#include "heartbeat/heartbeat.h"
 #include "metrics/registry.h"
 
 namespace leasehold::internal {
@@ -34,6 +36,11 @@ struct StoreCore {
                              : nullptr),
         heartbeat(backend, clock, lease_metrics) {}
 
+  // True in a fork() child of the process that made this (fork_guard.h): then nothing may
+  // use the backend or the heartbeat, nor destroy them.
+  [[nodiscard]] bool forked() const { return IsForkedFrom(process); }
+
+  const ProcessStamp process = CurrentProcess();
   const std::shared_ptr<Backend> backend;
   Clock& clock;
   const std::string display_url;

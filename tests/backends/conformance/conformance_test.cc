@@ -198,6 +198,25 @@ TEST_P(ConformanceTest, MutualExclusionBetweenTwoProcesses) {
   EXPECT_EQ(tryer.Wait(), 3) << tryer.ReadLine();
 }
 
+// fork() without exec: the child's copies of the parent's Store and Lease (statics destroyed by
+// exit(0), left alone by _exit(0), or used: valid(), Write, Release, TryAcquire) neither end,
+// renew nor write through the parent's grant or sessions; after three renew intervals the
+// parent's lease is valid, its fenced write goes through, a second handle reads its grant
+// unchanged, and its release succeeds (lease_holder's fork mode).
+TEST_P(ConformanceTest, AForkedChildNeverEndsRenewsOrWritesItsParentsGrant) {
+  if (!backend_->capabilities().multi_process) {
+    GTEST_SKIP() << GetParam().name << " is confined to one process";
+  }
+  Child holder({LEASE_HOLDER_PATH, url_, "forked", "fork", "1500"});
+  const std::string acquired = holder.ReadLine();
+  ASSERT_TRUE(acquired.starts_with("acquired ")) << acquired;
+  EXPECT_EQ(holder.ReadLine(), "children 0 0 0")
+      << "exit(0), _exit(0), and a child whose checks failed (bits: 1 valid, 2 Write, 4 Release, "
+         "8 TryAcquire)";
+  EXPECT_EQ(holder.ReadLine(), "parent 1 1 " + acquired.substr(9));
+  EXPECT_EQ(holder.Wait(), 0) << "the parent's release";
+}
+
 TEST_P(ConformanceTest, WrongTokenRenewAndReleaseAreRefused) {
   auto grant = Grant("job", Token('a'));
   ASSERT_TRUE(grant.ok()) << grant.status().ToString();

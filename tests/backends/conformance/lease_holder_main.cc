@@ -11,12 +11,23 @@
 //                                              "start NS FENCE SLOT" (CLOCK_MONOTONIC ns, read
 //                                              after the grant), hold 5..50 ms while valid(),
 //                                              print "end NS" (read before the release), release
+//   lease_holder URL KEY fork TTL_MS           acquire, print "acquired N", then fork three
+//                                              children in turn: one calls exit(0) (the Store
+//                                              and Lease are statics: their destructors run),
+//                                              one _exit(0), one uses them (valid() false,
+//                                              Write and Release kLost, TryAcquire refused) and
+//                                              exits 0 only if all that held; print "children
+//                                              A B C" (their exit codes), sleep 3 renew
+//                                              intervals, print "parent VALID INTACT N"
+//                                              (valid() and a fenced Put where the store has
+//                                              one; the grant as a second handle's Inspect
+//                                              reads it: same token and holder; the fencing
+//                                              token), release: exit 0 if that was ok
 // Options after the mode's arguments: limit=N (a semaphore of N), shared (a shared lease).
 // Output is flushed per line so the test can read it while the process runs.
 
-#include <unistd.h>
-
 #include <time.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -26,7 +37,97 @@
 #include <string_view>
 #include <thread>
 
+#include <sys/wait.h>
+
+#include "leasehold/fenced_write.h"
 #include "leasehold/store.h"
+
+namespace {
+
+// The fork mode's Store and Lease: statics, so that a child's exit(0) destroys them.
+std::unique_ptr<leasehold::Store> g_store;
+leasehold::Lease g_lease;
+
+// A fork() child's checks: every operation refuses without touching the parent's grant.
+int ForkedChildUses() {
+  int failed = 0;
+  if (g_lease.valid() || g_lease.state() != leasehold::LeaseState::kLost) {
+    failed |= 1;
+  }
+  auto wrote =
+      g_lease.Write(leasehold::FencedWrite().Put(g_lease.DataKey("/lh-fork-child"), "child"));
+  if (wrote.status().code() != leasehold::StatusCode::kLost) {
+    failed |= 2;
+  }
+  if (g_lease.Release().code() != leasehold::StatusCode::kLost) {
+    failed |= 4;
+  }
+  auto other = g_store->TryAcquire("fork-other");
+  if (other.status().code() != leasehold::StatusCode::kFailedPrecondition) {
+    failed |= 8;
+  }
+  return failed;
+}
+
+int ForkMode(const char* url, const char* key, const leasehold::LeaseOptions& options) {
+  auto lease = g_store->TryAcquire(key, options);
+  if (!lease.ok()) {
+    std::printf("error %s\n", lease.status().ToString().c_str());
+    return 1;
+  }
+  g_lease = std::move(lease).value();
+  std::printf("acquired %llu\n", static_cast<unsigned long long>(g_lease.fencing_token()));
+  std::fflush(stdout);
+  int codes[3] = {-1, -1, -1};
+  for (int variant = 0; variant < 3; ++variant) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (variant == 0) {
+        std::exit(0);
+      }
+      if (variant == 1) {
+        _exit(0);
+      }
+      std::exit(ForkedChildUses());
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) {
+      return 1;
+    }
+    codes[variant] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::printf("children %d %d %d\n", codes[0], codes[1], codes[2]);
+  std::fflush(stdout);
+  std::this_thread::sleep_for(3 * g_lease.renew_interval());
+  bool valid = g_lease.valid();
+  if (valid && g_store->SupportsFencedOp(leasehold::FencedOp::Kind::kPut)) {
+    // Absolute, for ZooKeeper; this process's own, on a shared server; deleted after.
+    const std::string data = g_lease.DataKey("/lh-fork-" + std::to_string(getpid()));
+    auto wrote = g_lease.Write(leasehold::FencedWrite().Put(data, "parent"));
+    if (wrote.ok() && g_store->SupportsFencedOp(leasehold::FencedOp::Kind::kDelete)) {
+      wrote = g_lease.Write(leasehold::FencedWrite().Delete(data));
+    }
+    if (!wrote.ok()) {
+      std::fprintf(stderr, "the parent's fenced write: %s\n", wrote.status().ToString().c_str());
+      valid = false;
+    }
+  }
+  // The grant as a second handle reads it from the store.
+  bool intact = false;
+  if (auto reader = leasehold::Store::Open(url); reader.ok()) {
+    auto info = (*reader)->Inspect(key);
+    intact = info.ok() && info->has_value() && (*info)->fencing_token == g_lease.fencing_token() &&
+             (*info)->holder == options.holder;
+  }
+  std::printf("parent %d %d %llu\n", valid ? 1 : 0, intact ? 1 : 0,
+              static_cast<unsigned long long>(g_lease.fencing_token()));
+  std::fflush(stdout);
+  const bool released = g_lease.Release().ok();
+  g_store.reset();
+  return released ? 0 : 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace std::chrono_literals;
@@ -49,6 +150,10 @@ int main(int argc, char** argv) {
     } else if (arg == "shared") {
       options.mode = leasehold::LeaseMode::kShared;
     }
+  }
+  if (mode == "fork") {
+    g_store = std::move(store).value();
+    return ForkMode(argv[1], argv[2], options);
   }
   if (mode == "race" && argc >= 6) {
     auto now_ns = [] {
