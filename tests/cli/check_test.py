@@ -297,6 +297,12 @@ class RedisServerProcess:
         self.dir = dir
         os.makedirs(dir)
         self.log = open(os.path.join(dir, "redis.log"), "ab")
+        self.args = args
+        self.start()
+
+    def start(self):
+        args = self.args
+        dir = self.dir
         self.proc = subprocess.Popen(
             ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", dir,
              "--daemonize", "no", *args], stdout=self.log, stderr=self.log,
@@ -307,6 +313,12 @@ class RedisServerProcess:
                 self.stop()
                 raise AssertionError(f"redis-server {args} did not come up on {self.port}")
             time.sleep(0.02)
+
+    def kill9_and_restart(self):
+        """kill -9, then the same server again on its port and dir at once (a supervisor)."""
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        self.start()
 
     def cli(self, *args):
         r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), *args],
@@ -393,6 +405,39 @@ class RedisCheckTest(CheckHarness, unittest.TestCase):
                          r"(?m)^durability +unsafe +.*fencing does not survive a restart")
         self.assertRegex(text.stdout, r"(?m)^FIX  durability: .*appendonly yes")
         self.assertRegex(text.stdout, r"(?m)^verdict +unsafe$")
+
+    def test_a_master_without_persistence_wipes_its_replicas_when_restarted(self):
+        off = ("--save", "", "--appendonly", "no")
+        master = self.server(*off)
+        replica = self.server(*off, "--replicaof", "127.0.0.1", str(master.port))
+        self.wait_for(lambda: "connected_slaves:1" in master.cli("INFO", "replication"),
+                      "the replica connects")
+        rc, doc, err = self.check(store=master.url())
+        self.assertEqual(rc, EXIT_UNSAFE, json.dumps(doc, indent=1) + err)
+        item = self.assert_item(doc, "durability", "unsafe", "copy the empty dataset")
+        self.assertIn("1 replica(s)", item["found"])
+        self.assertIn("never restart a master without persistence", item["fix"])
+        # The negative control: what the finding warns of. The check left its fencing counter;
+        # once the replica has it, kill -9 and restart the master at once: the replica resyncs
+        # from the empty master and loses the counter too.
+        keys = int(master.cli("DBSIZE"))
+        self.assertGreater(keys, 0)
+        self.wait_for(lambda: int(replica.cli("DBSIZE") or 0) == keys, "the replica has the keys")
+        t0 = time.monotonic()
+        master.kill9_and_restart()
+        restart_ms = (time.monotonic() - t0) * 1000
+        self.wait_for(lambda: "master_link_status:up" in replica.cli("INFO", "replication")
+                      and int(replica.cli("DBSIZE") or -1) == 0,
+                      "the replica resyncs with the restarted master", timeout=20)
+        print(f"\n  [figure] persistence-off master restarted in {restart_ms:.0f} ms: replica "
+              f"keys {keys} -> 0", file=sys.stderr)
+
+    def wait_for(self, pred, what, timeout=10):
+        deadline = time.monotonic() + timeout
+        while not pred():
+            if time.monotonic() > deadline:
+                self.fail(f"timed out waiting: {what}")
+            time.sleep(0.05)
 
     def test_each_persistence_setting_is_reported_as_what_a_restart_keeps(self):
         cases = [

@@ -351,7 +351,7 @@ Status EvictionRefusal(const std::string& address, const Eviction& eviction) {
 // but not RDB snapshots (either way AOF off is unsafe: counters go back to the last snapshot, or
 // to nothing).
 CheckItem DurabilityItem(const ServerConfig& config, std::optional<std::string_view> info,
-                         const std::string& info_refusal) {
+                         const std::string& info_refusal, std::string_view replicas) {
   constexpr std::string_view kAofFix =
       "turn on AOF: CONFIG SET appendonly yes and CONFIG SET appendfsync always (or everysec), "
       "and the same in redis.conf";
@@ -417,6 +417,16 @@ CheckItem DurabilityItem(const ServerConfig& config, std::optional<std::string_v
     item.found =
         "persistence off (appendonly no, save \"\"): fencing does not survive a restart "
         "(leases are forgotten and fencing tokens start again at 1)";
+    if (!replicas.empty() && replicas != "0") {
+      // Redis's replication documentation: a master without persistence that restarts
+      // before a failover comes back empty, and its replicas copy the empty dataset.
+      item.found += fmt::format(
+          "; and it has {} replica(s) (connected_slaves:{}): restarted before a failover (a "
+          "supervisor, a quick reboot) it comes back empty and they copy the empty dataset, "
+          "so every lease and counter is gone on every node",
+          replicas, replicas);
+      item.fix += "; or never restart a master without persistence automatically";
+    }
   }
   return item;
 }
@@ -1606,7 +1616,10 @@ Result<Diagnosis> RedisBackend::Diagnose() {
         InfoText(replies[info_at + 1].get(), &persistence_refusal);
     std::optional<std::string_view> replication =
         InfoText(replies[info_at + 2].get(), &replication_refusal);
-    CheckItem durability = DurabilityItem(persistence, persistence_info, persistence_refusal);
+    const std::string replicas =
+        replication ? InfoField(*replication, "connected_slaves").value_or("") : std::string();
+    CheckItem durability =
+        DurabilityItem(persistence, persistence_info, persistence_refusal, replicas);
     CheckItem topology = TopologyItem(options_, server, replication, replication_refusal);
     std::string memory_refusal;
     CheckItem eviction = EvictionItem(ReadEviction(
