@@ -1590,9 +1590,8 @@ std::string RedisBackend::PermissionsFix() const {
 }
 
 // One round trip: CONFIG GET and INFO memory (as Open reads them) and INFO server, persistence
-// and replication,
-// as separate commands so that a server older than 7.0 (one INFO section per call) answers
-// them and a refusal of one leaves the others readable.
+// and replication, as separate commands so that a server older than 7.0 (one INFO section per
+// call) answers them and a refusal of one leaves the others readable.
 Result<Diagnosis> RedisBackend::Diagnose() {
   std::vector<Command> commands = ServerConfigCommands();
   const std::size_t memory_at = commands.size() - 1;
