@@ -3728,13 +3728,24 @@ def main():
                  for n, u, sc, must in NEGATIVE_CONTROLS]
     else:
         has_server = bool(STORES[args.store].server_faults)
+
+        def injectable(sc):
+            """A scenario with faults none of which this store can inject (eviction's
+            cache-fill off redis-evict) is not one of its defaults."""
+            faults = SCENARIOS[sc]["faults"]
+            return not faults or any(k in ("pause", "pause-check", "kill") or
+                                     k in STORES[args.store].server_faults for k in faults)
         chosen = args.scenario or list(getattr(STORES[args.store], "default_scenarios", ())) or \
-            [sc for sc in SCENARIOS if has_server or not SCENARIOS[sc].get("server")]
+            [sc for sc in SCENARIOS
+             if (has_server or not SCENARIOS[sc].get("server")) and injectable(sc)]
         for sc in chosen:
             if sc in CLI_SCENARIOS:
                 ap.error(f"scenario {sc} is for --cli")
             if SCENARIOS[sc].get("server") and not has_server:
                 ap.error(f"scenario {sc} needs a store with a server, not {args.store}")
+            if not injectable(sc):
+                ap.error(f"scenario {sc}: {args.store} has none of its faults "
+                         f"({', '.join(SCENARIOS[sc]['faults'])})")
         plan = [(None, guard_flags, sc, None) for sc in chosen]
     if args.negative_control and args.control:
         unknown = set(args.control) - {p[0] for p in plan}
