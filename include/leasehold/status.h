@@ -61,7 +61,7 @@ enum class StatusCode : int {
   // policy that can drop a lease): the message names the setting and the fix. Do not retry until
   // the store's settings change. Status::detail() is the URL parameter that accepts the risk
   // where there is one (e.g. "accept_eviction=true"), which `leasehold check` uses to diagnose
-  // such a store.
+  // such a store. Also: a Store used in a fork() child of the process that opened it.
   kFailedPrecondition = 10,
 };
 
