@@ -130,6 +130,21 @@ class Lease {
   [[nodiscard]] Duration ttl() const;
   [[nodiscard]] Duration renew_interval() const;
 
+  // Proves that the store holds this grant *now*: one owner-checked round trip (a renewal,
+  // sent after the call starts) whose success moves safe_until() to t_send + ttl - drift.
+  // valid() judges by this process's clocks, which cannot see a pause they did not count: a
+  // paused or live-migrated VM, a restored snapshot or checkpoint (CRIU), a frozen cgroup.
+  // Call Confirm() right before an action outside the store that cannot be undone (a payment,
+  // an email, a write to a system without fencing tokens), and act only on OK, before the new
+  // safe_until(). Writes to this lease's own store need no Confirm(): Write() is checked by the
+  // store in the same atomic step.
+  // Returns OK if the store confirmed the grant in time (the lease is held); kLost if the grant
+  // is gone, expired or someone else's, or the lease was already lost or released (the lease is
+  // lost from then on); kUnavailable (or the store's error) if the store did not answer: the
+  // lease is at risk and the heartbeat retries, as after a failed renewal. An empty Lease:
+  // kInvalidArgument. Not during a Release() or a move of the same Lease.
+  Status Confirm();
+
   // Deletes the grant if the owner token still matches, and wakes waiters.
   // Returns OK on success and on a second call; kLost if the grant was lost, expired or taken
   // over (nothing of anyone else's is deleted); kUnavailable if the store did not answer, in

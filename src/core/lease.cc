@@ -200,6 +200,40 @@ Duration Lease::ttl() const { return core_ ? core_->ttl() : Duration(); }
 
 Duration Lease::renew_interval() const { return core_ ? core_->renew_interval() : Duration(); }
 
+Status Lease::Confirm() {
+  if (!core_) {
+    return Status::InvalidArgument("an empty Lease has no grant to confirm");
+  }
+  if (Forked()) {
+    return internal::ForkedChildStatus("lease " + core_->key(), store_->process);
+  }
+  const std::shared_ptr<internal::StoreCore>& store = store_;
+  auto over = [&] {
+    Status why = core_->lost_reason();
+    return why.ok() ? Status::Lost(fmt::format("lease {} was released", core_->key())) : why;
+  };
+  if (!store || !core_->Valid()) {
+    return over();
+  }
+  // Read before sending, as the heartbeat does: the reply can be arbitrarily late.
+  const SteadyTime t_send = store->clock.Now();
+  Status result = store->backend->Renew(
+      {.key = core_->key(), .owner_token = core_->owner_token(), .ttl = core_->ttl()});
+  if (store->lease_metrics != nullptr && !result.ok()) {
+    store->lease_metrics->RecordRenewFailure(internal::KindOf(core_->mode(), core_->limit()),
+                                             internal::RenewFailureOf(result.code()));
+  }
+  core_->OnRenewResult(t_send, result);
+  store->heartbeat.Replan();
+  if (!core_->Valid()) {
+    return over();
+  }
+  if (!result.ok()) {
+    return result.WithContext(fmt::format("confirming lease {}", core_->key()));
+  }
+  return Status();
+}
+
 Status Lease::Release() { return Finish(SteadyTime::min(), std::nullopt, Duration::zero()); }
 
 Status Lease::Release(const ReleaseOptions& options) {

@@ -52,6 +52,12 @@ void Heartbeat::Remove(const LeaseCore* lease) {
   std::erase_if(leases_, [&](const auto& l) { return l.get() == lease; });
 }
 
+void Heartbeat::Replan() {
+  MutexLock lock(&mu_);
+  renew_wake_.request_stop();
+  watchdog_wake_.request_stop();
+}
+
 std::size_t Heartbeat::size() {
   MutexLock lock(&mu_);
   return leases_.size();
@@ -163,10 +169,7 @@ void Heartbeat::RenewLoop() {
                           : Status::Internal("backend returned too few renew results");
       if (metrics_ != nullptr && !result.ok()) {
         metrics_->RecordRenewFailure(KindOf(batch[i]->mode(), batch[i]->limit()),
-                                     result.code() == StatusCode::kUnavailable
-                                         ? RenewFailure::kUnavailable
-                                     : result.code() == StatusCode::kLost ? RenewFailure::kLost
-                                                                          : RenewFailure::kError);
+                                     RenewFailureOf(result.code()));
       }
       batch[i]->OnRenewResult(t_send, result);
     }

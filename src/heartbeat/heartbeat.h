@@ -54,6 +54,10 @@ class Heartbeat final : public GaugeSource {
   // result is ignored by the lease.
   void Remove(const LeaseCore* lease) LH_EXCLUDES(mu_);
 
+  // A lease's schedule changed outside the renew loop (Lease::Confirm renewed it): both loops
+  // plan again from the leases' state.
+  void Replan() LH_EXCLUDES(mu_);
+
   // Returns the number of leases being renewed.
   std::size_t size() LH_EXCLUDES(mu_);
 

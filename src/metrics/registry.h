@@ -86,6 +86,13 @@ enum class FencedWriteOutcome : std::uint8_t { kAccepted, kFencedOut, kError };
 inline constexpr std::string_view kFencedWriteOutcomeNames[] = {"accepted", "fenced_out", "error"};
 enum class RenewFailure : std::uint8_t { kUnavailable, kLost, kError };
 inline constexpr std::string_view kRenewFailureNames[] = {"unavailable", "lost", "error"};
+
+// The failure label of a renewal that returned `code` (not kOk).
+constexpr RenewFailure RenewFailureOf(StatusCode code) {
+  return code == StatusCode::kUnavailable ? RenewFailure::kUnavailable
+         : code == StatusCode::kLost      ? RenewFailure::kLost
+                                          : RenewFailure::kError;
+}
 inline constexpr LostCause kLostCauses[] = {LostCause::kExpired, LostCause::kStoreSaidNo,
                                             LostCause::kStolen, LostCause::kSessionLost};
 

@@ -3,6 +3,7 @@
 #include "leasehold/store.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include <gtest/gtest.h>
 
@@ -120,6 +121,60 @@ TEST(StoreSharedTest, AStoreWithoutSharedLeasesRefusesThemBeforeAsking) {
   EXPECT_EQ(store->TryAcquire("k", {.mode = LeaseMode::kShared}).status().code(),
             StatusCode::kUnimplemented);
   EXPECT_TRUE(store->TryAcquire("k").ok());
+}
+
+// Lease::Confirm on a fake clock, against a store whose renewals are scripted: no answer leaves
+// the lease at risk (neither confirmed nor lost); an answer in time moves safe_until to
+// t_send + ttl - drift, t_send read before the request went out; an answer that comes after
+// safe_until is a loss, never a renewal.
+TEST(StoreConfirmTest, ConfirmsOnlyWhatTheStoreAnsweredInTime) {
+  testing::FakeClock clock;
+
+  class Scripted final : public internal::ForwardingBackend {
+   public:
+    Scripted(std::shared_ptr<internal::Backend> inner, testing::FakeClock& clock)
+        : ForwardingBackend(std::move(inner)), clock_(clock) {}
+
+    Status Renew(const internal::RenewRequest& request) override {
+      clock_.Advance(delay.exchange(Duration::zero()));
+      return answer_ok ? ForwardingBackend::Renew(request) : Status::Unavailable("no answer");
+    }
+
+    std::atomic<Duration> delay{Duration::zero()};
+    std::atomic<bool> answer_ok{true};
+
+   private:
+    testing::FakeClock& clock_;
+  };
+
+  auto url = internal::ParseUrl("memory://");
+  ASSERT_TRUE(url.ok());
+  auto inner = internal::OpenMemoryBackend(*url, clock);
+  ASSERT_TRUE(inner.ok());
+  auto scripted = std::make_shared<Scripted>(*inner, clock);
+  auto store = Store::OpenWithBackendForTesting(scripted, {.clock = &clock});
+  // The heartbeat's first renewal is due after everything below.
+  auto held = store->TryAcquire("k", {.ttl = 30s, .renew_interval = 25s});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  const Duration drift = LeaseOptions::DefaultDrift(30s);
+
+  scripted->answer_ok = false;
+  EXPECT_EQ(held->Confirm().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(held->state(), LeaseState::kAtRisk);
+  EXPECT_TRUE(held->valid()) << "a renewal that failed leaves the old safe_until";
+
+  scripted->answer_ok = true;
+  clock.Advance(2s);
+  const SteadyTime t_send = clock.Now();
+  scripted->delay = 1s;
+  EXPECT_TRUE(held->Confirm().ok());
+  EXPECT_EQ(held->safe_until(), t_send + 30s - drift) << "from t_send, not from the reply";
+  EXPECT_EQ(held->state(), LeaseState::kHeld);
+
+  scripted->delay = 40s;  // the reply comes after safe_until
+  Status late = held->Confirm();
+  EXPECT_EQ(late.code(), StatusCode::kLost) << late.ToString();
+  EXPECT_FALSE(held->valid());
 }
 
 // The writer intent on the reference store, on a fake clock: it keeps readers out while it

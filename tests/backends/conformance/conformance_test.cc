@@ -440,6 +440,41 @@ TEST_P(ConformanceTest, ForceReleaseFreesTheKeyAndTheHolderFindsOut) {
   EXPECT_EQ(held->Release().code(), StatusCode::kLost);
 }
 
+// Lease::Confirm: one owner-checked round trip. A held lease is confirmed and its safe_until moves
+// on; a grant ended behind its holder's back (force-released here and taken by another handle,
+// as a holder whose VM was paused past its TTL finds it) is reported lost by the call itself,
+// before any renewal of the heartbeat's; the new holder's grant is untouched.
+TEST_P(ConformanceTest, ConfirmProvesTheGrantLiveOrReportsItLost) {
+  auto a = OpenHandle();
+  auto b = OpenHandle();
+  // The heartbeat stays out of the way: its first renewal is due after the test.
+  auto held = a->TryAcquire("job", {.ttl = 20s, .renew_interval = 10s});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  const SteadyTime first = held->safe_until();
+  std::this_thread::sleep_for(20ms);
+  Status confirmed = held->Confirm();
+  EXPECT_TRUE(confirmed.ok()) << confirmed.ToString();
+  EXPECT_GT(held->safe_until(), first) << "a confirmation is a renewal";
+  EXPECT_EQ(held->state(), LeaseState::kHeld);
+  auto forced = b->ForceRelease("job");
+  ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+  EXPECT_TRUE(*forced);
+  auto taken = b->Acquire("job", {.ttl = 20s, .wait = 5s});
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  const auto sent = std::chrono::steady_clock::now();
+  confirmed = held->Confirm();
+  EXPECT_EQ(confirmed.code(), StatusCode::kLost) << confirmed.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - sent, 5s) << "one round trip, not a TTL";
+  EXPECT_FALSE(held->valid());
+  EXPECT_EQ(held->Confirm().code(), StatusCode::kLost) << "lost is terminal";
+  confirmed = taken->Confirm();
+  EXPECT_TRUE(confirmed.ok()) << "the new holder's grant is untouched: " << confirmed.ToString();
+  EXPECT_TRUE(taken->valid());
+  ASSERT_TRUE(taken->Release().ok());
+  EXPECT_EQ(taken->Confirm().code(), StatusCode::kLost) << "a released lease confirms nothing";
+  EXPECT_EQ(Lease().Confirm().code(), StatusCode::kInvalidArgument);
+}
+
 // A store that renews several grants of one handle together (etcd: one shared lease) must still
 // lose only the grant that was force-released.
 TEST_P(ConformanceTest, ForceReleaseOfOneKeyLeavesTheHoldersOtherLeasesHeld) {
