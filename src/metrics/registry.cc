@@ -7,6 +7,8 @@
 
 #include "leasehold/version.h"
 
+#include "core/cgroup_cpu.h"
+
 namespace leasehold {
 
 namespace internal {
@@ -33,6 +35,10 @@ enum class FamilyId : std::size_t {
   kTtlHeadroom,
   kTtlHeadroomWarnings,
   kStoreFailovers,
+  kCgroupCpuPeriods,
+  kCgroupCpuThrottledPeriods,
+  kCgroupCpuThrottledSeconds,
+  kCgroupCpuLimit,
   kBuildInfo,
   kCount,
 };
@@ -81,14 +87,27 @@ constexpr FamilySpec kFamilies[] = {
     {FamilyId::kTtlHeadroom, "leasehold_ttl_headroom_ratio", MetricType::kGauge,
      "Smallest TTL / p99 heartbeat round trip (over its last 100 rounds) among held leases. "
      "The rule wants at least 10; below it the heartbeat warns."},
-    {FamilyId::kTtlHeadroomWarnings, "leasehold_ttl_headroom_warnings_total",
-     MetricType::kCounter,
+    {FamilyId::kTtlHeadroomWarnings, "leasehold_ttl_headroom_warnings_total", MetricType::kCounter,
      "Heartbeat warnings (at most one a minute per store handle) that the p99 round trip "
      "exceeded a tenth of a lease's TTL."},
     {FamilyId::kStoreFailovers, "leasehold_store_failovers_total", MetricType::kCounter,
      "Store failovers a store handle noticed (PostgreSQL: a grant on a new timeline, a "
      "connection to a different server); the leases it held are re-checked at their next "
      "renewal on the new primary."},
+    {FamilyId::kCgroupCpuPeriods, "leasehold_cgroup_cpu_periods_total", MetricType::kCounter,
+     "CPU quota enforcement periods with runnable work in the process's cgroup (the nearest "
+     "one with a quota: cpu.stat nr_periods)."},
+    {FamilyId::kCgroupCpuThrottledPeriods, "leasehold_cgroup_cpu_throttled_periods_total",
+     MetricType::kCounter,
+     "Periods in which that cgroup spent its CPU quota and every thread, the heartbeat's too, "
+     "was stopped until the next one (cpu.stat nr_throttled)."},
+    {FamilyId::kCgroupCpuThrottledSeconds, "leasehold_cgroup_cpu_throttled_seconds_total",
+     MetricType::kCounter,
+     "Time that cgroup's threads were stopped by its CPU quota, all threads together "
+     "(cpu.stat throttled_usec; v1 throttled_time)."},
+    {FamilyId::kCgroupCpuLimit, "leasehold_cgroup_cpu_limit_cores", MetricType::kGauge,
+     "That cgroup's CPU quota per period, in CPUs (cpu.max; v1 cpu.cfs_quota_us / "
+     "cpu.cfs_period_us). Absent without a quota."},
     {FamilyId::kBuildInfo, "leasehold_build_info", MetricType::kGauge,
      "Always 1; the labels say what the library was built from: version, git "
      "commit and the stores compiled in."},
@@ -251,6 +270,22 @@ MetricsSnapshot MetricsRegistry::Snapshot() {
 
   MetricsSnapshot snap;
   Families f(snap.families);
+  if (const std::optional<CpuThrottling> cpu = ReadCpuThrottling()) {
+    auto point = [](double value) {
+      MetricPoint p;
+      p.value = value;
+      return p;
+    };
+    f.Add(FamilyId::kCgroupCpuPeriods, point(static_cast<double>(cpu->stat.periods)));
+    f.Add(FamilyId::kCgroupCpuThrottledPeriods,
+          point(static_cast<double>(cpu->stat.throttled_periods)));
+    f.Add(FamilyId::kCgroupCpuThrottledSeconds,
+          point(static_cast<double>(cpu->stat.throttled.count()) / kNanosPerSecond));
+    if (cpu->quota) {
+      f.Add(FamilyId::kCgroupCpuLimit, point(static_cast<double>(cpu->quota->quota.count()) /
+                                             static_cast<double>(cpu->quota->period.count())));
+    }
+  }
   MetricPoint build;
   build.labels = {{"version", Version()}, {"commit", Commit()}, {"stores", CompiledStores()}};
   build.value = 1;
