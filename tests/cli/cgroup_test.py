@@ -57,7 +57,27 @@ def make_cgroup(name):
                 f.write("10000")
     except OSError as e:
         return None, f"no writable CPU controller: {e}"
-    return os.path.join(d, "cgroup.procs"), lambda: os.rmdir(d)
+    return os.path.join(d, "cgroup.procs"), lambda: remove_cgroup(d)
+
+
+def remove_cgroup(d):
+    """Kills what is left in the cgroup, then removes it (rmdir is refused while a process,
+    even a dying one, is in it)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.rmdir(d)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+        with open(os.path.join(d, "cgroup.procs")) as f:
+            for pid in f.read().split():
+                try:
+                    os.kill(int(pid), 9)
+                except OSError:
+                    pass
+        time.sleep(0.05)
 
 
 def metric(text, name):
@@ -75,7 +95,7 @@ class CpuQuotaTest(CliHarness, unittest.TestCase):
         if procs is None:
             self.skipTest(cleanup)
         self.cgroup_procs = procs
-        self.addCleanup(lambda: (time.sleep(0.2), cleanup()))
+        self.addCleanup(cleanup)
         super().setUp()
 
     def test_a_throttled_holder_keeps_its_key_and_reports_the_throttling(self):
