@@ -55,7 +55,8 @@ std::string_view CheckVerdictName(CheckVerdict verdict);
 
 struct CheckItem {
   // What was looked at: "round-trip", "cycle", "clock", "durability", "eviction" (Redis),
-  // "topology", "permissions", "session", "ttl".
+  // "topology", "permissions", "session", "ttl", "cpu" (the CPU quota of the cgroup the check
+  // runs in).
   std::string area;
   CheckVerdict verdict = CheckVerdict::kPass;
   // One line: what was found.

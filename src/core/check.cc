@@ -5,19 +5,23 @@
 // heartbeat, no metrics), so each one is timed alone; every one is bounded by the backend's
 // timeouts, so a check of a store that does not answer ends as "unreachable", never hangs.
 
+#include "leasehold/check.h"
+
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "leasehold/store.h"
+
+#include "core/cgroup_cpu.h"
 #include "core/duration.h"
 #include "core/owner_token.h"
 #include "core/store_core.h"
-#include "leasehold/check.h"
-#include "leasehold/store.h"
 
 namespace leasehold {
 
@@ -356,6 +360,49 @@ void Advise(const CheckOptions& options, Duration shortest, CheckReport& report)
   }
 }
 
+// The CPU quota of the cgroup the check runs in (core/cgroup_cpu.h; the job's when check runs
+// beside it): a quota of Q per period P stops every thread, the heartbeat's too, for up to
+// P - Q at a time. Judged by the round trip's rule: such a stop should fit ten times in the
+// TTL (the one given, else the recommended one).
+void JudgeCpu(const CheckOptions& options, CheckReport& report) {
+  const std::optional<internal::CpuThrottling> cpu = internal::ReadCpuThrottling();
+  if (!cpu) {
+    return;  // no cgroup CPU controller to read: nothing to say
+  }
+  if (!cpu->quota) {
+    report.items.push_back({.area = "cpu",
+                            .found = fmt::format("no CPU quota on cgroup {} (cgroup v{})",
+                                                 cpu->cgroup, cpu->version)});
+    return;
+  }
+  const Duration stall = cpu->LongestStall();
+  const std::string found = fmt::format(
+      "CPU quota of {:.2f} CPUs ({} per {}) on cgroup {} (cgroup v{}): the holder may be "
+      "stopped for up to {} at a time; throttled in {} of {} periods so far ({} in all)",
+      static_cast<double>(cpu->quota->quota.count()) /
+          static_cast<double>(cpu->quota->period.count()),
+      FormatDuration(cpu->quota->quota), FormatDuration(cpu->quota->period), cpu->cgroup,
+      cpu->version, FormatDuration(stall), cpu->stat.throttled_periods, cpu->stat.periods,
+      FormatDuration(RoundForDisplay(cpu->stat.throttled)));
+  const Duration ttl = options.ttl ? (report.ttl_judged ? report.ttl_granted : *options.ttl)
+                                   : report.recommended_ttl;
+  if (ttl <= Duration::zero() || stall * kTtlToP99 <= ttl) {
+    report.items.push_back({.area = "cpu", .found = found});
+    return;
+  }
+  report.items.push_back(
+      {.area = "cpu",
+       .verdict = CheckVerdict::kWarn,
+       .found = found,
+       .fix = fmt::format("a stop of {} is more than a tenth of the TTL of {}: renewals come "
+                          "late and a lease can be lost while its holder is healthy; raise the "
+                          "quota to at least {} per {}, or use --ttl {}",
+                          FormatDuration(stall), FormatDuration(ttl),
+                          FormatDuration(cpu->quota->period - ttl / kTtlToP99),
+                          FormatDuration(cpu->quota->period),
+                          FormatDuration(RoundTtl(stall * kTtlToP99)))});
+}
+
 std::string ThrowawayKey() {
   auto token = internal::NewOwnerToken();
   return "leasehold-check/" + (token.ok() ? token->substr(0, 16) : std::string("0"));
@@ -428,6 +475,7 @@ Result<CheckReport> Store::Check(const CheckOptions& options) {
   if (reachable && report.round_trip.count + report.renew.count > 0) {
     Advise(options, found.shortest_ttl, report);
   }
+  JudgeCpu(options, report);
 
   for (const auto& item : report.items) report.verdict = std::max(report.verdict, item.verdict);
   return report;

@@ -12,9 +12,12 @@
 # asks for the key every 200 ms: each ask is refused (exit 75: the holder never lost the key),
 # and the holder's run ends 0 (no loss). The holder's /metrics shows the throttling
 # (leasehold_cgroup_cpu_throttled_periods_total > 0, leasehold_cgroup_cpu_limit_cores 0.1).
+# `leasehold check` in the cgroup names the quota (area cpu): a warning for --ttl 500ms (a stop
+# of 90 ms is more than a tenth of it), a pass for --ttl 1s; outside it, no quota.
 #
 # Needs root and a writable CPU controller; skipped otherwise, saying why.
 
+import json
 import os
 import re
 import subprocess
@@ -143,6 +146,28 @@ class CpuQuotaTest(CliHarness, unittest.TestCase):
         self.assertIsNotNone(throttled, f"no throttling metrics in:\n{metrics}")
         self.assertGreater(throttled, 0)
         self.assertEqual(metric(metrics, "leasehold_cgroup_cpu_limit_cores"), 0.1)
+
+    def check_items(self, ttl, inside):
+        prefix = ["sh", "-c", f'echo $$ > {self.cgroup_procs} && exec "$@"', "sh"] if inside \
+            else []
+        r = subprocess.run(prefix + self.argv(["check", "--json", "--ttl", ttl], True),
+                           env=self.env, cwd=self.tmp, capture_output=True, text=True,
+                           timeout=60)
+        doc = json.loads(r.stdout)
+        return [i for i in doc["items"] if i["area"] == "cpu"]
+
+    def test_check_judges_the_quota_against_the_ttl(self):
+        items = self.check_items("500ms", True)
+        self.assertEqual(len(items), 1, items)
+        self.assertEqual(items[0]["verdict"], "warn", items)
+        self.assertIn("10ms per 100ms", items[0]["found"])
+        self.assertIn("up to 90ms", items[0]["found"])
+        self.assertIn("--ttl 900ms", items[0]["fix"])
+        self.assertIn("at least 50ms per 100ms", items[0]["fix"])
+        items = self.check_items("1s", True)
+        self.assertEqual([i["verdict"] for i in items], ["pass"], items)
+        for item in self.check_items("500ms", False):
+            self.assertNotIn("10ms per 100ms", item["found"])
 
 
 if __name__ == "__main__":
