@@ -879,7 +879,9 @@ TEST(ZkEnsembleTest, ReconnectWithinTheSessionReArmsTheWatchesOnce) {
   // The re-armed watches work: a delete by another client is seen by the next round.
   auto other = OpenZk(url);
   ASSERT_TRUE(other);
-  ASSERT_TRUE(other->ForceRelease("r0").ok());
+  auto forced = other->ForceRelease("r0");
+  ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+  ASSERT_TRUE(*forced) << "the other client found no grant of r0 to release";
   std::vector<Status> last = a->RenewMany(renewals);
   EXPECT_EQ(last[0].code(), StatusCode::kLost) << last[0].ToString();
   EXPECT_TRUE(last[1].ok() && last[2].ok());
