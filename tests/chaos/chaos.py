@@ -1302,7 +1302,8 @@ class RedisEvictStore(RedisStore):
 
 
 class RedisSentinelStore(RedisStore):
-    """redis+sentinel://: a master (AOF, appendfsync always), one replica and three sentinels
+    """redis+sentinel://: a master (AOF, appendfsync always), one replica (--sentinel-replicas)
+    and three sentinels
     (`redis-server CONF --sentinel`, down-after-milliseconds 1000), as
     tests/testing/redis_sentinel.cc starts them; the workers learn the master from the
     sentinels. min_replicas=1 unless --sentinel-min-replicas says otherwise.
@@ -1315,6 +1316,7 @@ class RedisSentinelStore(RedisStore):
     scheme = "redis-sentinel"
     server_faults = ("master-kill",)
     min_replicas = 1
+    replicas = 1
 
     def start(self, run_dir):
         self.dir = os.path.join(run_dir, "sentinel")
@@ -1324,12 +1326,12 @@ class RedisSentinelStore(RedisStore):
         self.kills = 0
         self.servers = {}  # port -> Popen
         master = free_port()
-        replica = free_port()
         self._launch_data(master, None)
-        self._launch_data(replica, master)
+        for _ in range(self.replicas):
+            self._launch_data(free_port(), master)
         deadline = time.time() + 20
-        while time.time() < deadline and "state=online" not in self._cli(master, "INFO",
-                                                                         "replication"):
+        while (time.time() < deadline and
+               self._cli(master, "INFO", "replication").count("state=online") < self.replicas):
             time.sleep(0.05)
         self.sentinels = []
         for i in range(3):
@@ -1351,7 +1353,8 @@ class RedisSentinelStore(RedisStore):
         while time.time() < deadline:
             out = self._cli(self.sentinels[0], "SENTINEL", "MASTER", "chaos").split("\n")
             fields = dict(zip(out[::2], out[1::2]))
-            if fields.get("num-slaves") == "1" and fields.get("num-other-sentinels") == "2":
+            if (fields.get("num-slaves") == str(self.replicas) and
+                    fields.get("num-other-sentinels") == "2"):
                 return
             time.sleep(0.1)
         raise SystemExit("chaos: the sentinels did not find the replica and each other in 30 s")
@@ -3564,6 +3567,9 @@ def main():
     ap.add_argument("--sentinel-min-replicas", type=int, default=1, metavar="N",
                     help="--store redis-sentinel: the workers' min_replicas (default 1; 0 shows "
                          "what asynchronous replication can lose in a failover)")
+    ap.add_argument("--sentinel-replicas", type=int, default=1, metavar="N",
+                    help="--store redis-sentinel: the master's replicas (default 1), each of "
+                         "replica-priority 100")
     ap.add_argument("--cluster-min-replicas", type=int, default=1, metavar="N",
                     help="--store redis-cluster: the workers' min_replicas (default 1; 0 shows "
                          "what asynchronous replication can lose in a failover)")
@@ -3615,6 +3621,7 @@ def main():
     ap.add_argument("--check-only", metavar="DIR")
     args = ap.parse_args()
     RedisSentinelStore.min_replicas = args.sentinel_min_replicas
+    RedisSentinelStore.replicas = args.sentinel_replicas
     PostgresHaStore.sync = args.pg_ha_sync
     if args.pg_ha_faults:
         kinds = tuple(k for k in args.pg_ha_faults.split(",") if k)

@@ -54,8 +54,13 @@ Result<std::unique_ptr<RedisSentinelSetup>> RedisSentinelSetup::Start(
   const int master_port = master->port();
   setup->servers_.push_back(std::move(master));
   for (int i = 0; i < options.replicas; ++i) {
-    LH_ASSIGN_OR_RETURN(std::unique_ptr<RedisServer> replica,
-                        RedisServer::Start({.aof = options.aof, .replica_of = master_port}));
+    const int priority = i < static_cast<int>(options.replica_priorities.size())
+                             ? options.replica_priorities[i]
+                             : 100;
+    LH_ASSIGN_OR_RETURN(
+        std::unique_ptr<RedisServer> replica,
+        RedisServer::Start(
+            {.aof = options.aof, .replica_of = master_port, .replica_priority = priority}));
     setup->servers_.push_back(std::move(replica));
   }
   // Every replica in sync (state=online in the master's INFO replication) before the sentinels

@@ -34,6 +34,9 @@ namespace leasehold::testing {
 struct RedisSentinelOptions {
   int sentinels = 3;
   int replicas = 1;
+  // The replicas' replica-priority, in order (RedisServerOptions::replica_priority); missing
+  // ones are 100. Default: none (all 100).
+  std::vector<int> replica_priorities;
   // The master's and replicas' appendonly (RedisServerOptions::aof).
   bool aof = true;
   std::string master_name = "leasehold";

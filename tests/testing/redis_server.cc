@@ -158,6 +158,9 @@ Status RedisServer::Launch() {
   if (options_.replica_of > 0) {
     args.insert(args.end(), {"--replicaof", "127.0.0.1", std::to_string(options_.replica_of)});
   }
+  if (options_.replica_priority != 100) {
+    args.insert(args.end(), {"--replica-priority", std::to_string(options_.replica_priority)});
+  }
   if (options_.tls) {
     args.insert(args.end(),
                 {"--tls-port", std::to_string(tls_port_), "--tls-cert-file",

@@ -41,6 +41,9 @@ struct RedisServerOptions {
   // Starts as a replica of the server on 127.0.0.1 at this port (--replicaof). Default: 0 (a
   // master).
   int replica_of = 0;
+  // replica-priority: which replica Sentinel promotes first (the lowest); 0 means never.
+  // Default: 100 (Redis's own).
+  int replica_priority = 100;
   // TLS: a second port (tls_port(), TlsUrl()) speaks TLS only, with certificates that Start
   // makes with `openssl` in dir()/tls: a test CA (ca.crt), the server's certificate for
   // localhost and 127.0.0.1 signed by it, a client certificate (client.crt, client.key) signed

@@ -431,10 +431,72 @@ CheckItem DurabilityItem(const ServerConfig& config, std::optional<std::string_v
   return item;
 }
 
+// With Sentinel, the topology finding of a master with `connected` replicas, judged again
+// against what a failover promotes (redis_failover.h): min_replicas below what puts every
+// confirmation on a first choice is unsafe; no replica the sentinels can promote is a warning
+// (no failover at all).
+void JudgeFailover(const RedisOptions& options, const Result<std::vector<SentinelReplica>>& view,
+                   long long connected, CheckItem& item) {
+  if (!view.ok()) {
+    item.found += fmt::format("; the sentinels' view of the replicas could not be read ({})",
+                              view.status().message());
+    if (item.verdict == CheckVerdict::kPass) {
+      item.verdict = CheckVerdict::kWarn;
+      item.fix = "check that the sentinels answer SENTINEL REPLICAS";
+    }
+    return;
+  }
+  if (item.verdict == CheckVerdict::kUnsafe) {
+    return;  // fewer replicas than min_replicas: said already
+  }
+  const FailoverCopies copies = CountFailoverCopies(*view, static_cast<int>(connected));
+  // "redis 7.0.15, a master with 2 replica(s)": what TopologyItem found before its judgement.
+  const std::string head = item.found.substr(0, item.found.find(';'));
+  if (copies.first_choice == 0) {
+    item.verdict = std::max(item.verdict, CheckVerdict::kWarn);
+    item.found =
+        head +
+        fmt::format(
+            "; the sentinels can promote none of its replicas ({}): a failover cannot happen{}",
+            copies.listing.empty() ? "they know none" : copies.listing,
+            options.min_replicas > 0
+                ? ", and WAIT is confirmed by replicas that never become master"
+                : "");
+    item.fix = "give a replica a replica-priority above 0 (0 means never promoted)";
+    return;
+  }
+  if (options.min_replicas == 0) {
+    item.fix = fmt::format(
+        "add min_replicas={} to the URL: every acquire and renew then WAITs until a replica the "
+        "sentinels promote first has it (fencing tokens cover what is left)",
+        copies.needed);
+    return;
+  }
+  if (options.min_replicas < copies.needed) {
+    item.verdict = CheckVerdict::kUnsafe;
+    item.found = fmt::format(
+        "{}; min_replicas={} can be met by replicas the sentinels would not promote first ({}): "
+        "a failover can hand a confirmed grant's key to another holder",
+        head, options.min_replicas, copies.listing);
+    item.fix = fmt::format(
+        "min_replicas={} (every confirmation then includes a first choice), or give every "
+        "replica the same non-zero replica-priority",
+        copies.needed);
+    return;
+  }
+  item.found = fmt::format(
+      "{}; min_replicas={}: every confirmation includes a replica the sentinels promote first "
+      "({}), so a failover loses a confirmed grant only if that replica is lost with the master "
+      "(fencing tokens cover what is left)",
+      head, options.min_replicas, copies.listing);
+}
+
 // Diagnose's topology finding, from INFO server (version, mode) and INFO replication (role,
-// replicas), judged against the URL's min_replicas.
+// replicas), judged against the URL's min_replicas, and with Sentinel (`sentinel_view` not
+// null) against the replicas a failover promotes.
 CheckItem TopologyItem(const RedisOptions& options, std::optional<std::string_view> server,
-                       std::optional<std::string_view> replication, const std::string& refusal) {
+                       std::optional<std::string_view> replication, const std::string& refusal,
+                       const Result<std::vector<SentinelReplica>>* sentinel_view) {
   CheckItem item{.area = "topology"};
   std::string version = "redis";
   if (server) {
@@ -510,6 +572,9 @@ CheckItem TopologyItem(const RedisOptions& options, std::optional<std::string_vi
         "(replication stays asynchronous: a failover to one that had not confirmed can still "
         "lose a grant, which fencing tokens cover)",
         version, replicas, options.min_replicas);
+  }
+  if (sentinel_view != nullptr) {
+    JudgeFailover(options, *sentinel_view, replicas, item);
   }
   return item;
 }
@@ -1619,7 +1684,12 @@ Result<Diagnosis> RedisBackend::Diagnose() {
         replication ? InfoField(*replication, "connected_slaves").value_or("") : std::string();
     CheckItem durability =
         DurabilityItem(persistence, persistence_info, persistence_refusal, replicas);
-    CheckItem topology = TopologyItem(options_, server, replication, replication_refusal);
+    std::optional<Result<std::vector<SentinelReplica>>> sentinel_view;
+    if (options_.sentinel()) {
+      sentinel_view = master->AskSentinelsForReplicas();
+    }
+    CheckItem topology = TopologyItem(options_, server, replication, replication_refusal,
+                                      sentinel_view ? &*sentinel_view : nullptr);
     std::string memory_refusal;
     CheckItem eviction = EvictionItem(ReadEviction(
         persistence, InfoText(replies[memory_at].get(), &memory_refusal), memory_refusal));

@@ -859,6 +859,30 @@ Result<std::pair<std::string, int>> RedisConnectionPool::AskSentinels() const {
                   unknown.empty() ? "" : fmt::format(" (and {} know no such master)", unknown)));
 }
 
+Result<std::vector<SentinelReplica>> RedisConnectionPool::AskSentinelsForReplicas() const {
+  std::string errors;
+  for (const auto& [host, port] : options_.sentinels) {
+    const RedisOptions s = SentinelOptions(host, port);
+    const std::string at = s.Address();
+    Result<std::unique_ptr<RedisConnection>> connection = RedisConnection::Connect(s, tls_.get());
+    const std::vector<Command> ask = {{"SENTINEL", "REPLICAS", options_.sentinel_master}};
+    Result<std::vector<ReplyPtr>> replies =
+        connection.ok() ? (*connection)->Pipeline(ask, at)
+                        : Result<std::vector<ReplyPtr>>(connection.status());
+    Result<std::vector<SentinelReplica>> replicas =
+        !replies.ok() ? Result<std::vector<SentinelReplica>>(replies.status())
+        : IsError((*replies)[0].get())
+            ? Status::Unavailable(std::string(ReplyText((*replies)[0].get())))
+            : ParseSentinelReplicas((*replies)[0].get());
+    if (replicas.ok()) {
+      return replicas;
+    }
+    errors += fmt::format("{}{}: {}", errors.empty() ? "" : "; ", at, replicas.status().message());
+  }
+  return Status::Unavailable(
+      fmt::format("no sentinel listed the replicas of '{}': {}", options_.sentinel_master, errors));
+}
+
 void RedisConnectionPool::MasterMoved(std::optional<std::pair<std::string, int>> to) {
   std::vector<std::unique_ptr<RedisConnection>> closing;
   {

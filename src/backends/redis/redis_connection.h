@@ -62,6 +62,7 @@ struct evp_pkey_st;
 #include "leasehold/status.h"
 
 #include "backends/common/time.h"
+#include "backends/redis/redis_failover.h"
 #include "backends/redis/redis_options.h"
 #include "util/mutex.h"
 #include "util/thread_annotations.h"
@@ -245,6 +246,10 @@ class RedisConnectionPool {
   // Sentinel: asks the sentinels in turn for the master's address. kUnavailable if none
   // answers, kInvalidArgument if every one that answers knows no master of that name.
   Result<std::pair<std::string, int>> AskSentinels() const;
+
+  // Sentinel: the replicas of the master as the first sentinel that answers knows them
+  // (SENTINEL REPLICAS). kUnavailable if none answers, naming each one's error.
+  Result<std::vector<SentinelReplica>> AskSentinelsForReplicas() const;
 
   // Sentinel: the master moved (a +switch-master message, or any sign that the address is
   // stale: a broken connection, a replica's ROLE). With an address, that is the new master;

@@ -11,7 +11,6 @@
 // conformance suite runs the store through Sentinel as its `redis_sentinel` row.
 
 #include "testing/redis_sentinel.h"
-#include "redis_test_util.h"
 
 #include <atomic>
 #include <chrono>
@@ -27,8 +26,10 @@
 #include "leasehold/store.h"
 
 #include "backends/redis/redis_backend.h"
+#include "backends/redis/redis_failover.h"
 #include "backends/redis/redis_options.h"
 #include "core/url.h"
+#include "redis_test_util.h"
 
 namespace leasehold::internal {
 namespace {
@@ -269,6 +270,78 @@ FailoverFigures KillTheMasterDuringRenewals(RedisSentinelSetup& setup, int min_r
       f.holder_kept ? "kept" : (f.holder_lost ? "lost-before-takeover" : "?"), f.overlap ? 1 : 0,
       f.acknowledged, f.lost, f.before_lag, f.before_lag_lost);
   return f;
+}
+
+// min_replicas is judged against the replicas a failover promotes: the lowest non-zero
+// replica-priority among the reachable ones is the first choice, and every set of min_replicas
+// confirming replicas must include one.
+TEST(RedisFailoverCopiesTest, MinReplicasMustReachAFirstChoiceWhateverConfirms) {
+  auto count = [](std::vector<SentinelReplica> replicas, int connected) {
+    return CountFailoverCopies(replicas, connected);
+  };
+  FailoverCopies equal = count({{"a:1", 100, "slave"}, {"b:2", 100, "slave"}}, 2);
+  EXPECT_EQ(equal.first_choice, 2);
+  EXPECT_EQ(equal.needed, 1) << "equal priorities: the promoted one has the largest offset";
+  FailoverCopies never = count({{"a:1", 100, "slave"}, {"b:2", 0, "slave"}}, 2);
+  EXPECT_EQ(never.needed, 2) << "WAIT 1 can be confirmed by the replica never promoted";
+  EXPECT_NE(never.listing.find("b:2 priority 0 (never promoted)"), std::string::npos)
+      << never.listing;
+  FailoverCopies ranked = count({{"a:1", 100, "slave"}, {"b:2", 10, "slave"}}, 2);
+  EXPECT_EQ(ranked.first_priority, 10);
+  EXPECT_EQ(ranked.needed, 2) << "priority wins over offset: only b:2 is a first choice";
+  FailoverCopies down = count({{"a:1", 100, "slave"}, {"b:2", 10, "slave,s_down"}}, 1);
+  EXPECT_EQ(down.first_priority, 100) << "a replica the sentinels cannot reach is not promoted";
+  EXPECT_EQ(down.needed, 1);
+  FailoverCopies none = count({{"a:1", 0, "slave"}}, 1);
+  EXPECT_EQ(none.first_choice, 0);
+  EXPECT_EQ(none.needed, 0);
+  FailoverCopies unseen = count({{"a:1", 100, "slave"}}, 3);
+  EXPECT_EQ(unseen.confirming, 3) << "replicas the sentinels have not seen yet confirm WAIT too";
+  EXPECT_EQ(unseen.needed, 3);
+}
+
+// leasehold check on a Sentinel URL: with a replica of replica-priority 0 beside a promotable
+// one, min_replicas=1 is unsafe (WAIT 1 may be the unpromotable replica's confirmation) and the
+// fix names min_replicas=2, which passes.
+TEST(RedisSentinelTest, CheckJudgesMinReplicasAgainstTheReplicasAFailoverPromotes) {
+  auto setup = StartSetup({.replicas = 2, .replica_priorities = {100, 0}, .wait_for_quorum = true});
+  ASSERT_NE(setup, nullptr);
+  // The sentinels read each replica's priority from its INFO (every 10 s): wait until the
+  // first one, which the check asks first, reports the 0.
+  const auto deadline = std::chrono::steady_clock::now() + 25s;
+  std::string listed;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto replicas = setup->SentinelCli(0, {"SENTINEL", "REPLICAS", "leasehold"});
+    listed = replicas.ok() ? *replicas : replicas.status().ToString();
+    if (listed.find("slave-priority\n0\n") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(200ms);
+  }
+  ASSERT_NE(listed.find("slave-priority\n0\n"), std::string::npos) << listed;
+  for (int min_replicas : {1, 2}) {
+    auto backend = OpenUrl(setup->Url(fmt::format("/0?min_replicas={}", min_replicas)));
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+    auto diagnosis = (*backend)->Diagnose();
+    ASSERT_TRUE(diagnosis.ok()) << diagnosis.status().ToString();
+    const CheckItem* topology = nullptr;
+    for (const CheckItem& item : diagnosis->items) {
+      topology = item.area == "topology" ? &item : topology;
+    }
+    ASSERT_NE(topology, nullptr);
+    EXPECT_NE(topology->found.find("priority 0 (never promoted)"), std::string::npos)
+        << topology->found;
+    if (min_replicas == 1) {
+      EXPECT_EQ(topology->verdict, CheckVerdict::kUnsafe) << topology->found;
+      EXPECT_NE(topology->fix.find("min_replicas=2"), std::string::npos) << topology->fix;
+    } else {
+      EXPECT_EQ(topology->verdict, CheckVerdict::kPass) << topology->found;
+      EXPECT_NE(topology->found.find("every confirmation includes a replica the sentinels "
+                                     "promote first"),
+                std::string::npos)
+          << topology->found;
+    }
+  }
 }
 
 // Without WAIT, what the master acknowledged while its replica lagged is gone after the
