@@ -45,8 +45,9 @@ struct LogField {
 struct LogRecord {
   LogLevel level = LogLevel::kInfo;
   // The event's name: "acquired", "renewed_late", "at_risk", "recovered", "lost", "released",
-  // "handoff", "force_released", "fenced_out" (a Lease::Write the store refused); "message"
-  // for a free-text line.
+  // "handoff", "force_released", "fenced_out" (a Lease::Write the store refused), "cpu_quota"
+  // (the CPU quota of the process's cgroup can stop it for more than a tenth of a grant's TTL;
+  // once per Store); "message" for a free-text line.
   std::string_view event;
   // The event's fields in a fixed order: key, fencing_token, token (8-hex-digit prefix),
   // backend, then event-specific ones (latency_seconds, reason, cause...). Empty for "message".

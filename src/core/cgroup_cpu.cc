@@ -55,6 +55,10 @@ Duration CpuThrottling::LongestStall() const {
   return quota->period - quota->quota;
 }
 
+bool CpuThrottling::StallsTtl(Duration ttl) const {
+  return ttl > Duration::zero() && LongestStall() * 10 > ttl;
+}
+
 std::optional<std::string> ParseCgroupPath(std::string_view text, std::string_view v1_controller) {
   while (!text.empty()) {
     const std::size_t nl = text.find('\n');

@@ -41,6 +41,10 @@ struct CpuThrottling {
   // The longest a period's quota can stop a single-threaded process: period - quota, zero when
   // the quota is a whole CPU per period or more.
   [[nodiscard]] Duration LongestStall() const;
+  // Whether that stop is more than a tenth of `ttl`, the share check allows a round trip (a
+  // stop delays a renewal as much): renewals then come late and a healthy holder can lose its
+  // lease. `leasehold check` (area cpu) and the first grant of a Store judge by it.
+  [[nodiscard]] bool StallsTtl(Duration ttl) const;
 };
 
 // The process's cgroup in /proc/self/cgroup's text: the v2 line's ("0::/a/b" -> "/a/b") with

@@ -386,7 +386,7 @@ void JudgeCpu(const CheckOptions& options, CheckReport& report) {
       FormatDuration(RoundForDisplay(cpu->stat.throttled)));
   const Duration ttl = options.ttl ? (report.ttl_judged ? report.ttl_granted : *options.ttl)
                                    : report.recommended_ttl;
-  if (ttl <= Duration::zero() || stall * kTtlToP99 <= ttl) {
+  if (!cpu->StallsTtl(ttl)) {
     report.items.push_back({.area = "cpu", .found = found});
     return;
   }

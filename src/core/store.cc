@@ -9,6 +9,7 @@
 
 #include "backends/registry.h"
 #include "core/backoff.h"
+#include "core/cgroup_cpu.h"
 #include "core/duration.h"
 #include "core/key_waiter.h"
 #include "core/lease_core.h"
@@ -140,6 +141,34 @@ bool IsUtf8(std::string_view s) {
     i += len;
   }
   return true;
+}
+
+// The first grant of a handle whose TTL this process's CPU quota endangers (cgroup_cpu.h:
+// a stop of period - quota is more than a tenth of the TTL) logs one warning, the finding
+// `leasehold check` reports as area cpu. The quota is read once per process.
+void WarnOfCpuQuota(internal::StoreCore& core, std::string_view key, Duration ttl) {
+  if (core.cpu_quota_warned.load(std::memory_order_relaxed) ||
+      !internal::LogEnabled(internal::LogLevel::kWarning)) {
+    return;
+  }
+  static const std::optional<internal::CpuThrottling> cpu = internal::ReadCpuThrottling();
+  if (!cpu || !cpu->quota || !cpu->StallsTtl(ttl) || core.cpu_quota_warned.exchange(true)) {
+    return;
+  }
+  const Duration stall = cpu->LongestStall();
+  const std::string quota = fmt::format("{} per {}", FormatDuration(cpu->quota->quota),
+                                        FormatDuration(cpu->quota->period));
+  const std::string fix = fmt::format(
+      "renewals can come {} late, more than a tenth of the TTL: raise the quota, or the TTL to "
+      "{} or more",
+      FormatDuration(stall), FormatDuration(stall * 10));
+  internal::LogEvent(internal::LogLevel::kWarning, "cpu_quota",
+                     {{"key", key},
+                      {"ttl_seconds", internal::LogSeconds(ttl), true},
+                      {"stall_seconds", internal::LogSeconds(stall), true},
+                      {"quota", quota},
+                      {"cgroup", cpu->cgroup},
+                      {"fix", fix}});
 }
 
 }  // namespace
@@ -330,6 +359,7 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
     (void)backend.Release(key, token);
     return s;
   }
+  WarnOfCpuQuota(*core_, key, ttl);
   internal::LeaseParams params{
       .key = std::string(key),
       .owner_token = token,

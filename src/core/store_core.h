@@ -9,6 +9,7 @@
 
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -50,6 +51,9 @@ struct StoreCore {
   // StoreCore is alive).
   LeaseMetrics* const lease_metrics;
   Heartbeat heartbeat;
+  // Set by the first grant whose TTL this process's CPU quota endangers: the warning is logged
+  // once per handle (store.cc, WarnOfCpuQuota).
+  std::atomic<bool> cpu_quota_warned{false};
 };
 
 // Makes a StoreCore and registers its heartbeat for the gauges of its metrics.

@@ -13,7 +13,8 @@
 # and the holder's run ends 0 (no loss). The holder's /metrics shows the throttling
 # (leasehold_cgroup_cpu_throttled_periods_total > 0, leasehold_cgroup_cpu_limit_cores 0.1).
 # `leasehold check` in the cgroup names the quota (area cpu): a warning for --ttl 500ms (a stop
-# of 90 ms is more than a tenth of it), a pass for --ttl 1s; outside it, no quota.
+# of 90 ms is more than a tenth of it), a pass for --ttl 1s; outside it, no quota. `leasehold
+# run` judges the same at its grant: one cpu_quota warning for --ttl 500ms, none for 1s.
 #
 # Needs root and a writable CPU controller; skipped otherwise, saying why.
 
@@ -168,6 +169,23 @@ class CpuQuotaTest(CliHarness, unittest.TestCase):
         self.assertEqual([i["verdict"] for i in items], ["pass"], items)
         for item in self.check_items("500ms", False):
             self.assertNotIn("10ms per 100ms", item["found"])
+
+    def test_run_warns_once_of_a_quota_that_endangers_its_ttl(self):
+        def run_inside(ttl):
+            return subprocess.run(
+                ["sh", "-c", f'echo $$ > {self.cgroup_procs} && exec "$@"', "sh"] +
+                self.argv(["run", "--ttl", ttl, "cgroup-run", "--", "true"], True),
+                env=self.env, cwd=self.tmp, capture_output=True, text=True, timeout=60)
+        short = run_inside("500ms")
+        self.assertEqual(short.returncode, 0, short.stderr)
+        warnings = [l for l in short.stderr.splitlines() if "cpu_quota" in l]
+        self.assertEqual(len(warnings), 1, short.stderr)
+        self.assertIn("stall_seconds=0.09", warnings[0])
+        self.assertIn("10ms per 100ms", warnings[0])
+        self.assertIn("the TTL to 900ms or more", warnings[0])
+        long = run_inside("1s")
+        self.assertEqual(long.returncode, 0, long.stderr)
+        self.assertNotIn("cpu_quota", long.stderr)
 
 
 if __name__ == "__main__":
