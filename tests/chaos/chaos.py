@@ -1380,11 +1380,16 @@ class RedisSentinelStore(RedisStore):
         return r.stdout.strip() if r.returncode == 0 else ""
 
     def master_port(self):
+        """The master most sentinels name (one that has not seen a failover yet names the old
+        one, which must then not be started again as a master), or None."""
+        named = []
         for port in self.sentinels:
             out = self._cli(port, "SENTINEL", "get-master-addr-by-name", "chaos").split("\n")
             if len(out) == 2 and out[1].isdigit():
-                return int(out[1])
-        return None
+                named.append(int(out[1]))
+        if not named:
+            return None
+        return max(named, key=named.count)
 
     def url(self):
         hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinels)

@@ -58,29 +58,22 @@ FailoverCopies CountFailoverCopies(const std::vector<SentinelReplica>& replicas,
   FailoverCopies out;
   int reachable = 0;
   for (const SentinelReplica& r : replicas) {
-    if (r.reachable()) {
-      ++reachable;
-      if (r.priority > 0 && (out.first_priority == 0 || r.priority < out.first_priority)) {
-        out.first_priority = r.priority;
-      }
-    }
-  }
-  for (const SentinelReplica& r : replicas) {
     std::string role;
     if (!r.reachable()) {
       role = fmt::format("down ({})", r.flags);
-    } else if (r.priority == 0) {
-      role = "priority 0 (never promoted)";
-    } else if (r.priority == out.first_priority) {
-      ++out.first_choice;
-      role = fmt::format("priority {} (first choice)", r.priority);
     } else {
-      role = fmt::format("priority {} (promoted only without a first choice)", r.priority);
+      ++reachable;
+      if (r.priority == 0) {
+        role = "priority 0 (never promoted)";
+      } else {
+        ++out.promotable;
+        role = fmt::format("priority {}", r.priority);
+      }
     }
     out.listing += fmt::format("{}{} {}", out.listing.empty() ? "" : ", ", r.address, role);
   }
   out.confirming = std::max(reachable, connected);
-  out.needed = out.first_choice > 0 ? out.confirming - out.first_choice + 1 : 0;
+  out.needed = out.promotable > 0 ? out.confirming : 0;
   return out;
 }
 

@@ -1,15 +1,17 @@
 // File: backends/redis/redis_failover.h (internal)
 //
 // What a Sentinel failover can lose under WAIT: the replicas the sentinels know (SENTINEL
-// REPLICAS), which of them a failover would promote, and the min_replicas that puts every
-// confirmed write on one of those. `leasehold check` judges a redis+sentinel:// URL with it.
+// REPLICAS), which of them a failover may promote, and the min_replicas that puts every
+// confirmed write on the one promoted. `leasehold check` judges a redis+sentinel:// URL with it.
 //
-// Sentinel promotes, among the replicas it reaches, the one with the lowest non-zero
-// replica-priority, and among equals the one with the most of the master's stream (the largest
-// replication offset); a replica of priority 0 is never promoted. WAIT N counts any N replicas,
-// so a confirmation by N replicas survives a failover exactly when every N replicas include
-// one of the first choice: N > (replicas that can confirm) - (first choices). A first choice
-// that confirmed holds the write; the one promoted has at least its offset, so holds it too.
+// Sentinel promotes, among the replicas it reaches, one with the lowest non-zero
+// replica-priority, and among equals the one with the largest replication offset *as it last
+// read it* (INFO every 10 s, every second once the master is down): that reading lags, so the
+// replica promoted can be one that had not received the newest writes (the chaos run with two
+// replicas and min_replicas=1: 10 fencing-token regressions in 20 failovers, tests/chaos/
+// RESULTS.md). A replica of priority 0 is never promoted, but WAIT N counts any N replicas,
+// its confirmation too. So a confirmation survives a failover only when every replica that can
+// confirm has confirmed: min_replicas must be the number of replicas.
 //
 // Thread safety: plain functions.
 
@@ -38,14 +40,13 @@ struct SentinelReplica {
 Result<std::vector<SentinelReplica>> ParseSentinelReplicas(const redisReply* reply);
 
 struct FailoverCopies {
-  int confirming = 0;      // replicas that can answer WAIT
-  int first_choice = 0;    // reachable, with the lowest non-zero priority among the reachable
-  int first_priority = 0;  // their priority (0 when there is none)
-  // The least min_replicas whose every confirmation includes a first choice:
-  // confirming - first_choice + 1 (0 when there is no first choice).
+  int confirming = 0;  // replicas that can answer WAIT
+  int promotable = 0;  // reachable, with a non-zero priority: a failover may promote any one
+  // The least min_replicas whose confirmation is on whichever replica is promoted: every one
+  // that can confirm (0 when none can be promoted).
   int needed = 0;
-  // One line: each reachable replica with its priority, e.g. "127.0.0.1:7001 priority 100
-  // (first choice), 127.0.0.1:7002 priority 0 (never promoted)"; down ones named as down.
+  // One line: each replica with its priority, e.g. "127.0.0.1:7001 priority 100,
+  // 127.0.0.1:7002 priority 0 (never promoted)"; down ones named as down.
   std::string listing;
 };
 
