@@ -114,7 +114,9 @@ class CpuQuotaTest(CliHarness, unittest.TestCase):
         try:
             def held():
                 return self.cli("run", KEY, "--", "true").returncode == EXIT_HELD
-            self.wait_until("the holder's grant", held)
+            # The holder starts under the quota (a tenth of a CPU, less on a busy machine):
+            # its start may take seconds.
+            self.wait_until("the holder's grant", held, timeout=60)
             asks, refused, metrics = 0, 0, ""
             end = time.monotonic() + SECONDS
             while time.monotonic() < end and holder.poll() is None:
