@@ -3,25 +3,30 @@
 // Bytes from a Redis server, read by hiredis' own reply reader (redisReader, what every
 // RedisConnection uses), then by leasehold's decoding of those replies (redis_connection.h,
 // redis_replies.h): integers, error replies, a script's error, the grant fields of the acquire
-// and inspect scripts, the acquire scripts' refusal, and the fair queue's "handed" message.
-// Invariants:
+// and inspect scripts, the acquire scripts' refusal, the fair queue's "handed" message, and a
+// sentinel's SENTINEL REPLICAS list (redis_failover.h). Invariants:
 // - A decoded grant has a remaining time and a TTL in [0, Duration's range] (printed with
 //   FormatDuration, in nanoseconds, without overflow).
 // - An error reply maps to kPermissionDenied, kUnavailable or kInternal, naming the server.
 // - A refusal decodes to kHeldByAnother or kInternal, never anything else.
 // - A handed-over TTL is > 0.
-
-#include <hiredis/hiredis.h>
+// - A replica list decodes, or is kInternal; counted, it needs no more confirmations than can
+//   confirm, and none when no replica can be promoted.
 
 #include <chrono>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include <hiredis/hiredis.h>
+
+#include "leasehold/duration.h"
 
 #include "backends/redis/redis_connection.h"
+#include "backends/redis/redis_failover.h"
 #include "backends/redis/redis_replies.h"
 #include "backends/redis/redis_scripts.h"
 #include "fuzz_check.h"
-#include "leasehold/duration.h"
 
 namespace {
 
@@ -74,6 +79,15 @@ void CheckReply(const redisReply* reply, int depth) {
   }
   CheckGrant(reply, 0);
   CheckGrant(reply, 1);
+  leasehold::Result<std::vector<SentinelReplica>> replicas = ParseSentinelReplicas(reply);
+  if (!replicas.ok()) {
+    FUZZ_CHECK(replicas.status().code() == StatusCode::kInternal, replicas.status().message());
+  } else {
+    const FailoverCopies copies = CountFailoverCopies(*replicas, 1);
+    FUZZ_CHECK(copies.needed <= copies.confirming && copies.promotable <= copies.confirming,
+               copies.listing);
+    FUZZ_CHECK(copies.promotable > 0 || copies.needed == 0, copies.listing);
+  }
   // As RedisBackend::TryAcquire calls it: an array of at least 2 whose first element is 0.
   if (reply->elements >= 2) {
     leasehold::Result<long long> granted = ParseInteger(reply->element[0]);
