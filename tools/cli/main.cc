@@ -325,8 +325,9 @@ void AddAdminCommands(CLI::App& app, Flags& flags, Subcommands& sub) {
       "The store doctor: times the store's round trip (the probe leasehold-bench calls the "
       "floor) and one acquire -> renew -> release cycle on a throwaway key, compares the "
       "store's clock with this host's, reports durability (do fencing tokens survive a "
-      "restart?), topology and permissions, and recommends a --ttl and --renew-every from the "
-      "measured p99 (at least 10x it, in the store's own steps). Exit 0 when nothing is unsafe; "
+      "restart?), eviction (Redis), topology (replicas against min_replicas; with Sentinel, "
+      "every replica must confirm), permissions and the CPU quota of its cgroup, and "
+      "recommends a --ttl and --renew-every from the measured p99 (at least 10x it, in the store's own steps). Exit 0 when nothing is unsafe; "
       "69 unreachable, 77 permission denied, 81 unsafe; one line per failure says what to "
       "change");
   AddCommonOptions(*check, flags);
