@@ -14,7 +14,8 @@
 # (leasehold_cgroup_cpu_throttled_periods_total > 0, leasehold_cgroup_cpu_limit_cores 0.1).
 # `leasehold check` in the cgroup names the quota (area cpu): a warning for --ttl 500ms (a stop
 # of 90 ms is more than a tenth of it), a pass for --ttl 1s; outside it, no quota. `leasehold
-# run` judges the same at its grant: one cpu_quota warning for --ttl 500ms, none for 1s.
+# run` judges the same at its grant: one cpu_quota warning for --ttl 500ms, none for 1s (the
+# run's own outcome is not judged there: a 500 ms lease may be lost under this quota).
 #
 # Needs root and a writable CPU controller; skipped otherwise, saying why.
 
@@ -178,15 +179,17 @@ class CpuQuotaTest(CliHarness, unittest.TestCase):
                 ["sh", "-c", f'echo $$ > {self.cgroup_procs} && exec "$@"', "sh"] +
                 self.argv(["run", "--ttl", ttl, "cgroup-run", "--", "true"], True),
                 env=self.env, cwd=self.tmp, capture_output=True, text=True, timeout=60)
+        # Only the warning is judged: the 500 ms lease may well be lost under this quota (exit
+        # 79: what the warning says), and the 1 s one on a busy machine.
         short = run_inside("500ms")
-        self.assertEqual(short.returncode, 0, short.stderr)
+        self.assertIn(short.returncode, (0, 79), short.stderr)
         warnings = [l for l in short.stderr.splitlines() if "cpu_quota" in l]
         self.assertEqual(len(warnings), 1, short.stderr)
         self.assertIn("stall_seconds=0.09", warnings[0])
         self.assertIn("10ms per 100ms", warnings[0])
         self.assertIn("the TTL to 900ms or more", warnings[0])
         long = run_inside("1s")
-        self.assertEqual(long.returncode, 0, long.stderr)
+        self.assertIn(long.returncode, (0, 79), long.stderr)
         self.assertNotIn("cpu_quota", long.stderr)
 
 
