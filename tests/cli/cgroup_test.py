@@ -108,8 +108,9 @@ class CpuQuotaTest(CliHarness, unittest.TestCase):
         busy = f"timeout {SECONDS + 1} sh -c 'while :; do :; done'; true"
         holder = subprocess.Popen(
             ["sh", "-c", f'echo $$ > {self.cgroup_procs} && exec "$@"', "sh"] + self.argv(
-                ["run", "--ttl", "1s", "--metrics-addr", f"127.0.0.1:{port}", KEY, "--",
-                 "sh", "-c", busy], True),
+                # --wait: a probe below may take the key first while the holder starts.
+                ["run", "--ttl", "1s", "--wait", "60s", "--metrics-addr", f"127.0.0.1:{port}",
+                 KEY, "--", "sh", "-c", busy], True),
             env=self.env, cwd=self.tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             start_new_session=True)
         try:
