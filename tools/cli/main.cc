@@ -327,9 +327,9 @@ void AddAdminCommands(CLI::App& app, Flags& flags, Subcommands& sub) {
       "store's clock with this host's, reports durability (do fencing tokens survive a "
       "restart?), eviction (Redis), topology (replicas against min_replicas; with Sentinel, "
       "every replica must confirm), permissions and the CPU quota of its cgroup, and "
-      "recommends a --ttl and --renew-every from the measured p99 (at least 10x it, in the store's own steps). Exit 0 when nothing is unsafe; "
-      "69 unreachable, 77 permission denied, 81 unsafe; one line per failure says what to "
-      "change");
+      "recommends a --ttl and --renew-every from the measured p99 (at least 10x it, in the "
+      "store's own steps). Exit 0 when nothing is unsafe; 69 unreachable, 77 permission denied, "
+      "81 unsafe; one line per failure says what to change");
   AddCommonOptions(*check, flags);
   check->add_option("--ttl", flags.check.ttl,
                     "Judge this TTL: what the store grants for it, and whether it is at least 10x "

@@ -431,66 +431,6 @@ CheckItem DurabilityItem(const ServerConfig& config, std::optional<std::string_v
   return item;
 }
 
-// With Sentinel, the topology finding of a master with `connected` replicas, judged again
-// against what a failover may promote (redis_failover.h): min_replicas below the number of
-// replicas is unsafe (the one promoted may not have confirmed); no replica the sentinels can
-// promote is a warning (no failover at all).
-void JudgeFailover(const RedisOptions& options, const Result<std::vector<SentinelReplica>>& view,
-                   long long connected, CheckItem& item) {
-  if (!view.ok()) {
-    item.found += fmt::format("; the sentinels' view of the replicas could not be read ({})",
-                              view.status().message());
-    if (item.verdict == CheckVerdict::kPass) {
-      item.verdict = CheckVerdict::kWarn;
-      item.fix = "check that the sentinels answer SENTINEL REPLICAS";
-    }
-    return;
-  }
-  if (item.verdict == CheckVerdict::kUnsafe) {
-    return;  // fewer replicas than min_replicas: said already
-  }
-  const FailoverCopies copies = CountFailoverCopies(*view, static_cast<int>(connected));
-  // "redis 7.0.15, a master with 2 replica(s)": what TopologyItem found before its judgement.
-  const std::string head = item.found.substr(0, item.found.find(';'));
-  if (copies.promotable == 0) {
-    item.verdict = std::max(item.verdict, CheckVerdict::kWarn);
-    item.found = head + fmt::format(
-                            "; the sentinels can promote none of its replicas ({}): a failover "
-                            "cannot happen{}",
-                            copies.listing.empty() ? "they know none" : copies.listing,
-                            options.min_replicas > 0
-                                ? ", and WAIT is confirmed by replicas that never become master"
-                                : "");
-    item.fix = "give a replica a replica-priority above 0 (0 means never promoted)";
-    return;
-  }
-  if (options.min_replicas == 0) {
-    item.fix = fmt::format(
-        "add min_replicas={} to the URL: every acquire and renew then WAITs until every replica "
-        "has it, so the one a failover promotes does (fencing tokens cover what is left)",
-        copies.needed);
-    return;
-  }
-  if (options.min_replicas < copies.needed) {
-    item.verdict = CheckVerdict::kUnsafe;
-    item.found = fmt::format(
-        "{}; min_replicas={} of {} replicas ({}): a failover may promote one that did not "
-        "confirm (Sentinel ranks replicas by replica-priority, then by the replication offset it "
-        "last read, which lags), and hand a confirmed grant's key to another holder",
-        head, options.min_replicas, copies.confirming, copies.listing);
-    item.fix = fmt::format(
-        "min_replicas={} (every replica confirms; one replica down then fails every acquire "
-        "closed), or fewer replicas",
-        copies.needed);
-    return;
-  }
-  item.found = fmt::format(
-      "{}; min_replicas={}: every replica ({}) confirms each grant, so the one a failover "
-      "promotes has it; one replica down fails every acquire closed (fencing tokens cover a "
-      "split brain)",
-      head, options.min_replicas, copies.listing);
-}
-
 // Diagnose's topology finding, from INFO server (version, mode) and INFO replication (role,
 // replicas), judged against the URL's min_replicas, and with Sentinel (`sentinel_view` not
 // null) against the replicas a failover promotes.
@@ -574,7 +514,7 @@ CheckItem TopologyItem(const RedisOptions& options, std::optional<std::string_vi
         version, replicas, options.min_replicas);
   }
   if (sentinel_view != nullptr) {
-    JudgeFailover(options, *sentinel_view, replicas, item);
+    JudgeFailover(options.min_replicas, *sentinel_view, replicas, item);
   }
   return item;
 }

@@ -77,4 +77,60 @@ FailoverCopies CountFailoverCopies(const std::vector<SentinelReplica>& replicas,
   return out;
 }
 
+void JudgeFailover(int min_replicas, const Result<std::vector<SentinelReplica>>& view,
+                   long long connected, CheckItem& item) {
+  if (!view.ok()) {
+    item.found += fmt::format("; the sentinels' view of the replicas could not be read ({})",
+                              view.status().message());
+    if (item.verdict == CheckVerdict::kPass) {
+      item.verdict = CheckVerdict::kWarn;
+      item.fix = "check that the sentinels answer SENTINEL REPLICAS";
+    }
+    return;
+  }
+  if (item.verdict == CheckVerdict::kUnsafe) {
+    return;  // fewer replicas than min_replicas: said already
+  }
+  const FailoverCopies copies = CountFailoverCopies(*view, static_cast<int>(connected));
+  // "redis 7.0.15, a master with 2 replica(s)": what TopologyItem found before its judgement.
+  const std::string head = item.found.substr(0, item.found.find(';'));
+  if (copies.promotable == 0) {
+    item.verdict = std::max(item.verdict, CheckVerdict::kWarn);
+    item.found =
+        head +
+        fmt::format(
+            "; the sentinels can promote none of its replicas ({}): a failover "
+            "cannot happen{}",
+            copies.listing.empty() ? "they know none" : copies.listing,
+            min_replicas > 0 ? ", and WAIT is confirmed by replicas that never become master" : "");
+    item.fix = "give a replica a replica-priority above 0 (0 means never promoted)";
+    return;
+  }
+  if (min_replicas == 0) {
+    item.fix = fmt::format(
+        "add min_replicas={} to the URL: every acquire and renew then WAITs until every replica "
+        "has it, so the one a failover promotes does (fencing tokens cover what is left)",
+        copies.needed);
+    return;
+  }
+  if (min_replicas < copies.needed) {
+    item.verdict = CheckVerdict::kUnsafe;
+    item.found = fmt::format(
+        "{}; min_replicas={} of {} replicas ({}): a failover may promote one that did not "
+        "confirm (Sentinel ranks replicas by replica-priority, then by the replication offset it "
+        "last read, which lags), and hand a confirmed grant's key to another holder",
+        head, min_replicas, copies.confirming, copies.listing);
+    item.fix = fmt::format(
+        "min_replicas={} (every replica confirms; one replica down then fails every acquire "
+        "closed), or fewer replicas",
+        copies.needed);
+    return;
+  }
+  item.found = fmt::format(
+      "{}; min_replicas={}: every replica ({}) confirms each grant, so the one a failover "
+      "promotes has it; one replica down fails every acquire closed (fencing tokens cover a "
+      "split brain)",
+      head, min_replicas, copies.listing);
+}
+
 }  // namespace leasehold::internal

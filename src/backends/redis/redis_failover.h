@@ -22,6 +22,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include "leasehold/check.h"
 #include "leasehold/status.h"
 
 namespace leasehold::internal {
@@ -53,5 +54,13 @@ struct FailoverCopies {
 // `connected` is the master's connected_slaves: a replica the sentinels have not seen yet can
 // confirm a WAIT too, so the larger of it and the reachable count is what can confirm.
 FailoverCopies CountFailoverCopies(const std::vector<SentinelReplica>& replicas, int connected);
+
+// check's topology finding for a Sentinel master with `connected` replicas (`item`, as judged
+// from INFO against min_replicas), judged again against `view`, the sentinels' replicas:
+// min_replicas below the number of replicas is unsafe (the one promoted may not have
+// confirmed), naming the value that would do; no replica the sentinels can promote is a
+// warning (no failover at all); a view that could not be read is a warning.
+void JudgeFailover(int min_replicas, const Result<std::vector<SentinelReplica>>& view,
+                   long long connected, CheckItem& item);
 
 }  // namespace leasehold::internal
