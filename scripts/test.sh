@@ -17,6 +17,17 @@ step() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
 # which leaves the chaos runs (one at a time: RESOURCE_LOCK chaos) for last, beside an idle
 # core. tests/ctest-costs.txt holds the seconds of the long ones from a fresh-clone run, as a
 # first guess; CTest replaces it with its own figures after the run.
+# A ctest step that fails prints, last, the end of each failed test's output: a CI report may
+# keep only a log's last lines, and they must say why as well as which.
+run_ctest() {
+  local dir="$1"
+  shift
+  ctest --test-dir "$dir" "$@" || {
+    local rc=$?
+    python3 scripts/ctest-failures.py "$dir" || true
+    return "$rc"
+  }
+}
 seed_costs() {
   mkdir -p "$1/Testing/Temporary"
   [ -f "$1/Testing/Temporary/CTestCostData.txt" ] ||
@@ -35,7 +46,7 @@ seed_costs build
 # One job more than cores: the suite waits on servers, TTLs and timers far more than it computes
 # (all 1058 tests at -j2: 1356 s with the CPUs 30 % busy; at -j3: 1021 s, 42 % busy). The
 # sanitizer steps below stay at one job per core: their tests compute several times as much.
-ctest --test-dir build -j "$((jobs + 1))" --timeout 600
+run_ctest build -j "$((jobs + 1))" --timeout 600
 
 step "thread-safety analysis (clang 14, -Werror=thread-safety) and fuzz targets"
 # One clang build serves both: the library is compiled with -fsanitize=fuzzer-no-link,address,
@@ -46,7 +57,7 @@ CXX=clang++-14 BUILD_DIR="$root/build-clang" BUILD_TYPE=Debug scripts/build.sh \
 step "fuzz every parser (ASan + UBSan, ${FUZZ_SECONDS:-5} s each)"
 # The seeds and regression inputs first (label fuzz), then new inputs for a bounded time; the
 # long run by hand is in tests/chaos/RESULTS.md ("Fuzzing").
-ctest --test-dir build-clang -L fuzz --timeout 120
+run_ctest build-clang -L fuzz --timeout 120
 # A fixed seed: the same inputs on every run, so a finding here reproduces (exploring with
 # random seeds and long runs is done by hand).
 scripts/fuzz.sh --build-dir build-clang --seconds "${FUZZ_SECONDS:-5}" --seed "${FUZZ_SEED:-1}"
@@ -79,7 +90,7 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
   # the same calls) behind a pooler: it runs in the plain test step, not here or below.
   seed_costs build-asan
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-asan -j "$jobs" --timeout 900 \
+    run_ctest build-asan -j "$jobs" --timeout 900 \
     -LE "install|chaos|partition|model|package|slots|contention|check|shared|sentinel|cluster|postgres-ha" \
     -E "SharedLeaseTest.RacingProcesses|/postgres_table_pgbouncer|^cli_test$|^cli_tree_test$|^cli_cgroup_quota$"
 
@@ -95,7 +106,7 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
   # (checked on the redis row here), with OpenSSL under them, which is not instrumented; the
   # TLS code runs under ASan + UBSan above.
   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-    ctest --test-dir build-tsan -j "$jobs" --timeout 900 -L 'unit|conformance' \
+    run_ctest build-tsan -j "$jobs" --timeout 900 -L 'unit|conformance' \
     -E "SharedLeaseTest.RacingProcesses|/rediss|/postgres_table_pgbouncer"
 fi
 step "all tests passed"
