@@ -33,13 +33,33 @@ endif()
 # gtest_discover_tests flattens a list in PROPERTIES (the second element would turn into a
 # property name), and `ctest -L`/`-LE` match a label by regular expression, so -L redis and
 # -LE sentinel both select "redis-sentinel".
+#
+# ROWS (a value-parameterized suite whose parameters are store rows, like conformance_test):
+# one CTest test per row, NAME/<row>, running that row's tests in one process, instead of one
+# process per test (cmake/GtestRows.cmake, at CTest time). A process per test started the
+# row's servers for every test: 637 conformance tests took 1096 s of test time at -j3, the
+# rows in a process each about half. SPLIT names tests ("Suite.Test", without the
+# instantiation prefix) that stay a CTest test of their own per row, under their gtest name.
 function(leasehold_cc_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ENVIRONMENT" ${ARGN})
+  cmake_parse_arguments(T "ROWS" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ENVIRONMENT;SPLIT" ${ARGN})
   add_executable(${T_NAME} ${T_SRCS})
   target_link_libraries(${T_NAME} PRIVATE leasehold_internal GTest::gtest GTest::gtest_main
                         GTest::gmock ${T_DEPS} leasehold_build_flags)
   target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   string(REPLACE ";" "-" label "${T_LABELS}")
+  if(T_ROWS)
+    set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${T_NAME}_rows.cmake")
+    file(GENERATE OUTPUT "${include_file}" CONTENT
+"set(EXE [==[$<TARGET_FILE:${T_NAME}>]==])
+set(NAME [==[${T_NAME}]==])
+set(LABELS [==[${label}]==])
+set(SPLIT [==[${T_SPLIT}]==])
+set(ENVIRONMENT [==[${T_ENVIRONMENT}]==])
+include([==[${PROJECT_SOURCE_DIR}/cmake/GtestRows.cmake]==])
+")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${include_file}")
+    return()
+  endif()
   gtest_discover_tests(${T_NAME} PROPERTIES LABELS "${label}" ENVIRONMENT "${T_ENVIRONMENT}"
                        DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -44,7 +44,7 @@ BUILD_DIR="$root/build" scripts/build.sh -DLEASEHOLD_WERROR=ON -DLEASEHOLD_BUILD
 step "tests"
 seed_costs build
 # One job more than cores: the suite waits on servers, TTLs and timers far more than it computes
-# (all 1058 tests at -j2: 1356 s with the CPUs 30 % busy; at -j3: 1021 s, 42 % busy). The
+# (1058 tests at -j2 took 1356 s with the CPUs 30 % busy; at -j3, 1021 s, 42 % busy). The
 # sanitizer steps below stay at one job per core: their tests compute several times as much.
 run_ctest build -j "$((jobs + 1))" --timeout 600
 

@@ -1,0 +1,65 @@
+# Run by CTest before it runs tests (a TEST_INCLUDE_FILES entry that leasehold_cc_test(... ROWS)
+# generates, setting EXE, NAME, LABELS, SPLIT and ENVIRONMENT): lists EXE's tests and registers
+# one CTest test per parameter row, NAME/<row>, which runs that row's tests in one process (its
+# servers are started once, where a process per test started them for each), and one test per
+# row for each test named in SPLIT (its CTest name its gtest name, as gtest_discover_tests
+# would name it, for -E patterns and costs). Tests without a row run as NAME/plain.
+execute_process(COMMAND "${EXE}" --gtest_list_tests OUTPUT_VARIABLE listing
+                RESULT_VARIABLE rc ERROR_VARIABLE err TIMEOUT 60)
+if(NOT rc EQUAL 0)
+  add_test("${NAME}/NOT_LISTED" "${EXE}" --gtest_list_tests)
+  return()
+endif()
+string(REPLACE "\n" ";" lines "${listing}")
+set(rows "")
+set(split_runs "")
+set(plain FALSE)
+set(suite "")
+foreach(line IN LISTS lines)
+  if(line MATCHES "^([^ ].*)\\.$")
+    set(suite "${CMAKE_MATCH_1}")
+  elseif(line MATCHES "^  ([^ #]+)")
+    set(test "${CMAKE_MATCH_1}")
+    if(test MATCHES "^(.+)/([^/]+)$")
+      set(base "${CMAKE_MATCH_1}")
+      set(row "${CMAKE_MATCH_2}")
+      list(APPEND rows "${row}")
+      set(bare_suite "${suite}")  # without the instantiation's prefix ("AllBackends/")
+      if(suite MATCHES "/([^/]+)$")
+        set(bare_suite "${CMAKE_MATCH_1}")
+      endif()
+      list(FIND SPLIT "${bare_suite}.${base}" split_at)  # (CTest's scripts run without CMP0057)
+      if(NOT split_at EQUAL -1)
+        list(APPEND split_runs "${suite}.${test}")
+      endif()
+    else()
+      set(plain TRUE)
+    endif()
+  endif()
+endforeach()
+list(REMOVE_DUPLICATES rows)
+set(exclude "")  # ":-A/*:B/*": the split tests, out of their rows
+foreach(s IN LISTS SPLIT)
+  if(exclude STREQUAL "")
+    set(exclude ":-*${s}/*")
+  else()
+    string(APPEND exclude ":*${s}/*")
+  endif()
+endforeach()
+# A row none of whose tests ran (its server is not installed: every test skips) is skipped; a
+# row with some skipped (cases for fair stores only) passed.
+foreach(row IN LISTS rows)
+  add_test("${NAME}/${row}" "${EXE}" "--gtest_filter=*/${row}${exclude}")
+  set_tests_properties("${NAME}/${row}" PROPERTIES LABELS "${LABELS}"
+                       ENVIRONMENT "${ENVIRONMENT}"
+                       SKIP_REGULAR_EXPRESSION "\\[  PASSED  \\] 0 tests")
+endforeach()
+foreach(run IN LISTS split_runs)
+  add_test("${run}" "${EXE}" "--gtest_filter=${run}")
+  set_tests_properties("${run}" PROPERTIES LABELS "${LABELS}" ENVIRONMENT "${ENVIRONMENT}"
+                       SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+endforeach()
+if(plain)
+  add_test("${NAME}/plain" "${EXE}" "--gtest_filter=-*/*")
+  set_tests_properties("${NAME}/plain" PROPERTIES LABELS "${LABELS}" ENVIRONMENT "${ENVIRONMENT}")
+endif()
