@@ -12,11 +12,6 @@ jobs="${JOBS:-$(nproc)}"
 export CTEST_OUTPUT_ON_FAILURE=1
 
 step() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
-# CTest runs the costliest tests first when it knows their costs (CTestCostData.txt, which it
-# writes after every run); a fresh build directory knows none and runs them in definition order,
-# which leaves the chaos runs (one at a time: RESOURCE_LOCK chaos) for last, beside an idle
-# core. tests/ctest-costs.txt holds the seconds of the long ones from a fresh-clone run, as a
-# first guess; CTest replaces it with its own figures after the run.
 # A ctest step that fails prints, last, the end of each failed test's output: a CI report may
 # keep only a log's last lines, and they must say why as well as which.
 run_ctest() {
@@ -28,6 +23,11 @@ run_ctest() {
     return "$rc"
   }
 }
+# CTest runs the costliest tests first when it knows their costs (CTestCostData.txt, which it
+# writes after every run); a fresh build directory knows none and runs them in definition order,
+# which leaves the chaos runs (one at a time: RESOURCE_LOCK chaos) for last, beside an idle
+# core. tests/ctest-costs.txt holds the seconds of the long ones from a fresh-clone run, as a
+# first guess; CTest replaces it with its own figures after the run.
 seed_costs() {
   mkdir -p "$1/Testing/Temporary"
   [ -f "$1/Testing/Temporary/CTestCostData.txt" ] ||
