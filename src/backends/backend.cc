@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/duration.h"
+#include "core/logging.h"
 #include "metrics/registry.h"
 
 namespace leasehold::internal {
@@ -127,6 +128,23 @@ Status Backend::WaitForChange(std::string_view /*key*/, SteadyTime /*deadline*/,
 Status Backend::WaitForTurn(std::string_view key, std::string_view /*waiter_id*/,
                             SteadyTime deadline, std::stop_token stop) {
   return WaitForChange(key, deadline, std::move(stop));
+}
+
+void Backend::ObserveStoreTime(const StoreTimeReading& reading) {
+  std::optional<StoreClockStep> step = store_clock_.Observe(reading);
+  if (!step.has_value()) {
+    return;
+  }
+  if (LeaseMetrics* m = metrics_.load(std::memory_order_acquire); m != nullptr) {
+    m->store_clock_jumps.Add();
+  }
+  LogEvent(LogLevel::kWarning, "store_clock_jump",
+           {{"backend", scheme()},
+            {"direction", step->step > Duration::zero() ? "forward" : "backward"},
+            {"step_seconds", LogSeconds(step->step), true},
+            {"store_elapsed_seconds", LogSeconds(step->store_elapsed), true},
+            {"local_elapsed_min_seconds", LogSeconds(step->local_min), true},
+            {"local_elapsed_max_seconds", LogSeconds(step->local_max), true}});
 }
 
 void Backend::CountStoreFailover() {

@@ -40,6 +40,8 @@
 #include "leasehold/lease_info.h"
 #include "leasehold/status.h"
 
+#include "backends/common/store_clock.h"
+
 namespace leasehold::internal {
 
 struct LeaseMetrics;
@@ -243,6 +245,11 @@ class Backend {
   // leasehold_store_failovers_total). Set by the Store that opens it; nullptr: not recorded.
   void set_metrics(LeaseMetrics* metrics) { metrics_.store(metrics, std::memory_order_release); }
 
+  // The store server's wall clock as this backend read it in its renewals' round trips
+  // (backends/common/store_clock.h): Redis and PostgreSQL table mode read it, the others expire
+  // grants on clocks no wall step reaches. The heartbeat reads steps() around each round.
+  [[nodiscard]] virtual const StoreClockWatch& store_clock() const { return store_clock_; }
+
   // Creates the grant only if no live grant of request.key exists, binds it to
   // request.owner_token and bumps the key's fencing counter, all in one atomic step.
   // The key has been validated. Returns kHeldByAnother, with Status::holder() set where the
@@ -353,8 +360,14 @@ class Backend {
   // Counts a store failover the backend noticed, where metrics are recorded (set_metrics).
   void CountStoreFailover();
 
+  // A reading of the store's wall clock taken in a renewal's round trip, judged against the
+  // previous one: a step is logged (store_clock_jump, a warning) and counted
+  // (leasehold_store_clock_jumps_total), and the heartbeat acts on it (store_clock()).
+  void ObserveStoreTime(const StoreTimeReading& reading);
+
  private:
   std::atomic<LeaseMetrics*> metrics_{nullptr};
+  StoreClockWatch store_clock_;
 };
 
 }  // namespace leasehold::internal

@@ -23,6 +23,8 @@ class ForwardingBackend : public Backend {
 
   Capabilities capabilities() const override { return inner_->capabilities(); }
 
+  const StoreClockWatch& store_clock() const override { return inner_->store_clock(); }
+
   Result<Grant> TryAcquire(const GrantRequest& request) override {
     return inner_->TryAcquire(request);
   }

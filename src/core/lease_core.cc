@@ -166,6 +166,31 @@ void LeaseCore::MarkLost(Status reason) {
   Announce(t);
 }
 
+void LeaseCore::OnStoreClockStep(SteadyTime t_send, Duration step, const std::string& why) {
+  Transition t;
+  {
+    MutexLock lock(&mu_);
+    if (state_ == LeaseState::kLost || released_ || last_renew_send_ >= t_send) {
+      return;
+    }
+    safe_until_ -= step;
+    const SteadyTime now = clock_.Now();
+    if (now >= safe_until_) {
+      t = SetStateLocked(
+          LeaseState::kLost,
+          Status::Lost(fmt::format("lease {} may have ended early: {}", params_.key, why),
+                       LostCause::kExpired));
+    } else {
+      ++failures_;
+      retry_at_ = now;
+      t = SetStateLocked(LeaseState::kAtRisk,
+                         Status::Unavailable(fmt::format(
+                             "lease {} may end early: {}; renewing at once", params_.key, why)));
+    }
+  }
+  Announce(t);
+}
+
 Status LeaseCore::BeginRelease() {
   {
     MutexLock lock(&mu_);

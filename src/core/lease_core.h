@@ -125,6 +125,13 @@ class LeaseCore {
   // Marks the lease lost with `reason`, once. Later calls do nothing.
   void MarkLost(Status reason) LH_EXCLUDES(mu_);
 
+  // The store's wall clock stepped forward by `step` (> 0) somewhere before the renew round
+  // trip sent at `t_send` read it (backends/common/store_clock.h): a grant not confirmed in
+  // that round trip may end `step` earlier than its renewal set. Such a lease's safe_until moves
+  // `step` earlier: lost if that has passed, else at risk with a renewal due at once. A lease
+  // confirmed by a renewal sent at or after `t_send` is left alone.
+  void OnStoreClockStep(SteadyTime t_send, Duration step, const std::string& why) LH_EXCLUDES(mu_);
+
   // Marks the lease released by its owner. Returns OK the first time if it was still held,
   // OK on a second call (it is a no-op), and kLost if it had been lost before.
   // After this, the caller deletes the grant from the store.

@@ -156,6 +156,18 @@ void Heartbeat::RenewLoop() {
     SteadyTime t_send = clock_.Now();
     std::vector<Status> results = backend_->RenewMany(requests);
     const Duration latency = clock_.Now() - t_send;
+    results.resize(batch.size(), Status::Internal("backend returned too few renew results"));
+    // A forward step of the store's clock: a refused renewal says so, and every lease not
+    // confirmed in this round may end early (after the results: a confirmation stands).
+    const std::optional<ClockStep> step = NewStoreClockStep();
+    if (step.has_value()) {
+      for (Status& result : results) {
+        if (result.code() == StatusCode::kLost) {
+          result = Status::Lost(fmt::format("{}: {}", result.message(), step->why),
+                                result.lost_cause().value_or(LostCause::kStoreSaidNo));
+        }
+      }
+    }
     if (metrics_ != nullptr) {
       metrics_->heartbeat_latency.Observe(latency);
     }
@@ -164,14 +176,22 @@ void Heartbeat::RenewLoop() {
       ++rounds_;
     }
     for (std::size_t i = 0; i < batch.size(); ++i) {
-      Status result = i < results.size()
-                          ? results[i]
-                          : Status::Internal("backend returned too few renew results");
+      const Status& result = results[i];
       if (metrics_ != nullptr && !result.ok()) {
         metrics_->RecordRenewFailure(KindOf(batch[i]->mode(), batch[i]->limit()),
                                      RenewFailureOf(result.code()));
       }
       batch[i]->OnRenewResult(t_send, result);
+    }
+    if (step.has_value()) {
+      std::vector<std::shared_ptr<LeaseCore>> leases;
+      {
+        MutexLock lock(&mu_);
+        leases = leases_;
+      }
+      for (const auto& lease : leases) {
+        lease->OnStoreClockStep(t_send, step->step, step->why);
+      }
     }
     // A renewal can move a lease's next check earlier than the watchdog planned for (at risk
     // back to held: the overdue point comes before the old safe_until): re-plan it then.
@@ -181,7 +201,7 @@ void Heartbeat::RenewLoop() {
     }
     {
       MutexLock lock(&mu_);
-      if (earliest_check < watchdog_planned_) {
+      if (earliest_check < watchdog_planned_ || step.has_value()) {
         watchdog_wake_.request_stop();
       }
     }
@@ -193,6 +213,28 @@ void Heartbeat::RenewLoop() {
     }
     JudgeHeadroom(latency, min_ttl);
   }
+}
+
+std::optional<Heartbeat::ClockStep> Heartbeat::NewStoreClockStep() {
+  const StoreClockWatch& watch = backend_->store_clock();
+  const std::uint64_t steps = watch.steps();
+  if (steps == clock_steps_seen_) {
+    return std::nullopt;
+  }
+  clock_steps_seen_ = steps;
+  const std::optional<StoreClockStep> step = watch.last_step();
+  if (!step.has_value() || step->step <= Duration::zero()) {
+    return std::nullopt;  // backward: grants last longer than their renewals set
+  }
+  const std::string low = FormatDuration(RoundForDisplay(step->local_min));
+  const std::string high = FormatDuration(RoundForDisplay(step->local_max));
+  std::string why = fmt::format(
+      "the store's clock jumped forward by {} (it counted {} between two renewals {} apart; "
+      "store_clock_jump)",
+      FormatDuration(RoundForDisplay(step->step)),
+      FormatDuration(RoundForDisplay(step->store_elapsed)),
+      low == high ? low : fmt::format("{} to {}", low, high));
+  return ClockStep{step->step, std::move(why)};
 }
 
 void Heartbeat::JudgeHeadroom(Duration latency, Duration min_ttl) {

@@ -13,6 +13,10 @@
 // ("ttl_headroom_low", at most once per kHeadroomWarnEvery per heartbeat) naming the figure and a
 // TTL that would meet the rule, and counts it (leasehold_ttl_headroom_warnings_total); the gauge
 // leasehold_ttl_headroom_ratio is the smallest TTL / p99 among held leases (the rule wants 10).
+// The renewer also acts on a step of the store's wall clock that the backend noticed in a round
+// (Backend::store_clock(), backends/common/store_clock.h): after a forward step, a renewal the
+// store refused says so in its lost reason, and every other lease of the handle has its
+// safe_until moved earlier by the step and is renewed at once (LeaseCore::OnStoreClockStep).
 // The watchdog is why a lease's lost signal fires at safe_until "even if no reply ever
 // arrives" (the safety rule of docs/impl.md, "safe_until"): a single thread blocked in I/O
 // could not promise that.
@@ -23,14 +27,17 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <stop_token>
+#include <string>
 #include <thread>
 #include <vector>
+
+#include "leasehold/clock.h"
 
 #include "backends/backend.h"
 #include "core/lease_core.h"
 #include "heartbeat/latency_window.h"
-#include "leasehold/clock.h"
 #include "metrics/registry.h"
 #include "util/mutex.h"
 
@@ -92,6 +99,15 @@ class Heartbeat final : public GaugeSource {
   // Drops leases that are no longer active.
   void PruneLocked() LH_REQUIRES(mu_);
 
+  // A forward step of the store's clock the backend noticed since the last round, if any
+  // (backward steps end no grant early), and the words that explain it.
+  struct ClockStep {
+    Duration step;
+    std::string why;
+  };
+
+  std::optional<ClockStep> NewStoreClockStep();
+
   // Immutable after construction.
   const std::shared_ptr<Backend> backend_;
   Clock& clock_;
@@ -115,6 +131,8 @@ class Heartbeat final : public GaugeSource {
   LatencyWindow latencies_ LH_GUARDED_BY(mu_);
   std::optional<SteadyTime> last_headroom_warning_ LH_GUARDED_BY(mu_);
   std::uint64_t headroom_warnings_ LH_GUARDED_BY(mu_) = 0;
+  // The renewer's own: Backend::store_clock().steps() as of its last round.
+  std::uint64_t clock_steps_seen_ = 0;
   // Started lazily by the first Add, so that handles used only for status/list stay cheap.
   std::jthread renewer_ LH_GUARDED_BY(mu_);
   std::jthread watchdog_ LH_GUARDED_BY(mu_);

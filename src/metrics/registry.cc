@@ -35,6 +35,7 @@ enum class FamilyId : std::size_t {
   kTtlHeadroom,
   kTtlHeadroomWarnings,
   kStoreFailovers,
+  kStoreClockJumps,
   kCgroupCpuPeriods,
   kCgroupCpuThrottledPeriods,
   kCgroupCpuThrottledSeconds,
@@ -94,6 +95,11 @@ constexpr FamilySpec kFamilies[] = {
      "Store failovers a store handle noticed (PostgreSQL: a grant on a new timeline, a "
      "connection to a different server); the leases it held are re-checked at their next "
      "renewal on the new primary."},
+    {FamilyId::kStoreClockJumps, "leasehold_store_clock_jumps_total", MetricType::kCounter,
+     "Steps of the store server's wall clock a store handle noticed between two renewals "
+     "(Redis TIME, PostgreSQL table mode's clock_timestamp()) that the elapsed time and the "
+     "drift bound cannot explain. A forward step ends grants early: the handle's leases are put "
+     "at risk and renewed at once."},
     {FamilyId::kCgroupCpuPeriods, "leasehold_cgroup_cpu_periods_total", MetricType::kCounter,
      "CPU quota enforcement periods with runnable work in the process's cgroup (the nearest "
      "one with a quota: cpu.stat nr_periods)."},
@@ -357,6 +363,7 @@ MetricsSnapshot MetricsRegistry::Snapshot() {
     }
     f.Add(FamilyId::kTtlHeadroomWarnings, CounterPoint({backend}, s.ttl_headroom_warnings));
     f.Add(FamilyId::kStoreFailovers, CounterPoint({backend}, s.store_failovers));
+    f.Add(FamilyId::kStoreClockJumps, CounterPoint({backend}, s.store_clock_jumps));
   }
   return snap;
 }

@@ -179,6 +179,8 @@ struct LeaseMetrics {
   Counter ttl_headroom_warnings;
   // Store failovers a backend noticed (Backend::CountStoreFailover).
   Counter store_failovers;
+  // Store clock steps a backend noticed (Backend::ObserveStoreTime).
+  Counter store_clock_jumps;
   Histogram heartbeat_latency;
 
  private:

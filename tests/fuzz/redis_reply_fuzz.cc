@@ -2,18 +2,25 @@
 //
 // Bytes from a Redis server, read by hiredis' own reply reader (redisReader, what every
 // RedisConnection uses), then by leasehold's decoding of those replies (redis_connection.h,
-// redis_replies.h): integers, error replies, a script's error, the grant fields of the acquire
-// and inspect scripts, the acquire scripts' refusal, the fair queue's "handed" message, and a
-// sentinel's SENTINEL REPLICAS list (redis_failover.h). Invariants:
+// redis_replies.h): integers, error replies, TIME, a script's error, the grant fields of the
+// acquire and inspect scripts, the acquire scripts' refusal, the fair queue's "handed" message,
+// and a sentinel's SENTINEL REPLICAS list and its master with its config epoch
+// (redis_failover.h).
+// Invariants:
 // - A decoded grant has a remaining time and a TTL in [0, Duration's range] (printed with
 //   FormatDuration, in nanoseconds, without overflow).
 // - An error reply maps to kPermissionDenied, kUnavailable or kInternal, naming the server.
 // - A refusal decodes to kHeldByAnother or kInternal, never anything else.
 // - A handed-over TTL is > 0.
+// - A TIME reply decodes to microseconds in [0, year 10000), or to none.
 // - A replica list decodes, or is kInternal; counted, it needs no more confirmations than can
 //   confirm, and none when no replica can be promoted.
+// - A sentinel's master decodes to a port in 1..65535 and an epoch in 0..kMaxSentinelEpoch,
+//   to none, or is kInternal.
 
 #include <chrono>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +81,9 @@ void CheckReply(const redisReply* reply, int depth) {
   if (std::optional<Duration> ttl = HandedToOther(text, "w1")) {
     FUZZ_CHECK(*ttl > Duration::zero(), std::string(text));
   }
+  if (std::optional<std::int64_t> us = ParseServerTime(reply)) {
+    FUZZ_CHECK(*us >= 0 && *us < 253'402'300'800'000'000, std::to_string(*us));
+  }
   if (reply->type != REDIS_REPLY_ARRAY) {
     return;
   }
@@ -87,6 +97,20 @@ void CheckReply(const redisReply* reply, int depth) {
     FUZZ_CHECK(copies.needed <= copies.confirming && copies.promotable <= copies.confirming,
                copies.listing);
     FUZZ_CHECK(copies.promotable > 0 || copies.needed == 0, copies.listing);
+  }
+  // As AskSentinels calls it: the reply as both answers, and its first two elements as the pair.
+  auto master = [](const redisReply* address, const redisReply* fields) {
+    leasehold::Result<std::optional<SentinelMaster>> m = ParseSentinelMaster(address, fields);
+    if (!m.ok()) {
+      FUZZ_CHECK(m.status().code() == StatusCode::kInternal, m.status().message());
+    } else if (m->has_value()) {
+      FUZZ_CHECK((*m)->port >= 1 && (*m)->port <= 65535, (*m)->host);
+      FUZZ_CHECK((*m)->epoch >= 0 && (*m)->epoch <= kMaxSentinelEpoch, (*m)->host);
+    }
+  };
+  master(reply, reply);
+  if (reply->elements >= 2) {
+    master(reply->element[0], reply->element[1]);
   }
   // As RedisBackend::TryAcquire calls it: an array of at least 2 whose first element is 0.
   if (reply->elements >= 2) {

@@ -3,21 +3,22 @@
 
 #include "heartbeat/heartbeat.h"
 
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <mutex>
-#include <string>
-#include <vector>
+#include "leasehold/store.h"
+#include "leasehold/testing/fake_clock.h"
 
 #include "backends/forwarding_backend.h"
 #include "backends/memory/memory_backend.h"
 #include "core/logging.h"
 #include "core/url.h"
-#include "leasehold/store.h"
-#include "leasehold/testing/fake_clock.h"
 
 namespace leasehold::internal {
 namespace {
@@ -197,6 +198,166 @@ TEST(HeartbeatTest, StaysSilentWithinTheHeadroomRule) {
   EXPECT_EQ(run.counted, 0u);
   ASSERT_TRUE(run.gauges.min_ttl_headroom.has_value());
   EXPECT_DOUBLE_EQ(*run.gauges.min_ttl_headroom, 12.0);
+}
+
+// A store with a wall clock of its own, read in every renewal round as Redis and PostgreSQL
+// table mode read theirs: the fake clock's time plus `offset`, which a test steps.
+class StoreWithAClock final : public ForwardingBackend {
+ public:
+  StoreWithAClock(std::shared_ptr<Backend> inner, testing::FakeClock& clock)
+      : ForwardingBackend(std::move(inner)), clock_(clock) {}
+
+  std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override {
+    const SteadyTime t_send = clock_.Now();
+    std::vector<Status> out = refuse_.load()
+                                  ? std::vector<Status>(requests.size(), Status::Lost("gone"))
+                                  : ForwardingBackend::RenewMany(requests);
+    const auto store = clock_.Now().time_since_epoch() + offset_.load();
+    ObserveStoreTime({t_send, clock_.Now(),
+                      std::chrono::duration_cast<std::chrono::microseconds>(store).count()});
+    return out;
+  }
+
+  // Its own watch, not the memory store's.
+  const StoreClockWatch& store_clock() const override { return Backend::store_clock(); }
+
+  std::atomic<Duration> offset_{Duration::zero()};
+  std::atomic<bool> refuse_{false};
+
+ private:
+  testing::FakeClock& clock_;
+};
+
+struct ClockStepRun {
+  testing::FakeClock clock;
+  std::shared_ptr<StoreWithAClock> backend;
+  LeaseMetrics metrics{"memory", false};
+  std::unique_ptr<Heartbeat> heartbeat;
+  std::shared_ptr<LeaseCore> often;   // renewed every 1 s (TTL 3 s)
+  std::shared_ptr<LeaseCore> seldom;  // renewed every 10 s (TTL 30 s): not in the 1 s rounds
+  std::mutex mu;
+  std::vector<LeaseState> seldom_states;  // seldom's state changes, in order
+
+  ClockStepRun() {
+    auto memory = OpenMemoryBackend(Url{.scheme = "memory"}, clock);
+    EXPECT_TRUE(memory.ok());
+    backend = std::make_shared<StoreWithAClock>(*memory, clock);
+    backend->set_metrics(&metrics);
+    heartbeat = std::make_unique<Heartbeat>(backend, clock);
+    often = Make("often", 3s, 1s);
+    seldom = Make("seldom", 30s, 10s, [this](LeaseState state, const Status&) {
+      std::lock_guard lock(mu);
+      seldom_states.push_back(state);
+    });
+    heartbeat->Add(often);
+    heartbeat->Add(seldom);
+  }
+
+  ~ClockStepRun() { heartbeat.reset(); }
+
+  std::shared_ptr<LeaseCore> Make(
+      const std::string& key, Duration ttl, Duration every,
+      std::function<void(LeaseState, const Status&)> on_state_change = nullptr) {
+    EXPECT_TRUE(backend->TryAcquire({key, std::string(32, 'a'), "h", ttl}).ok());
+    return std::make_shared<LeaseCore>(clock,
+                                       LeaseParams{.key = key,
+                                                   .owner_token = std::string(32, 'a'),
+                                                   .ttl = ttl,
+                                                   .renew_interval = every,
+                                                   .drift = ttl / 100 + 2ms,
+                                                   .t_send = clock.Now(),
+                                                   .on_state_change = std::move(on_state_change)});
+  }
+
+  // Lets the round due at `often`'s next renewal run.
+  void Round() {
+    const std::uint64_t before = heartbeat->rounds();
+    EXPECT_TRUE(clock.WaitForSleepers(2));
+    clock.Set(often->NextRenewDue());
+    for (int w = 0; w < 400 && heartbeat->rounds() == before; ++w) {
+      std::this_thread::sleep_for(5ms);
+    }
+    EXPECT_GT(heartbeat->rounds(), before);
+  }
+};
+
+// A forward step of the store's clock by 2 x the long TTL: the lease the round did not renew
+// may have ended on the store already, and is lost at once, saying why; the one it renewed
+// stands. The step is logged and counted once.
+TEST(HeartbeatStoreClockTest, AForwardStepEndsTheLeasesTheRoundDidNotConfirm) {
+  std::vector<std::string> lines;
+  std::mutex mu;
+  SetLogSink([&](LogLevel, std::string_view line) {
+    std::lock_guard lock(mu);
+    lines.emplace_back(line);
+  });
+  {
+    ClockStepRun run;
+    run.Round();
+    run.Round();
+    EXPECT_EQ(run.metrics.store_clock_jumps.value(), 0u) << "a steady store clock";
+    run.backend->offset_ = 60s;
+    run.Round();
+    EXPECT_EQ(run.metrics.store_clock_jumps.value(), 1u);
+    EXPECT_EQ(run.often->state(), LeaseState::kHeld) << "renewed in the round that saw the step";
+    EXPECT_EQ(run.seldom->state(), LeaseState::kLost);
+    const std::string reason(run.seldom->lost_reason().message());
+    EXPECT_NE(reason.find("may have ended early: the store's clock jumped forward by"),
+              std::string::npos)
+        << reason;
+    run.Round();
+    EXPECT_EQ(run.metrics.store_clock_jumps.value(), 1u) << "one step, counted once";
+  }
+  SetLogSink(nullptr);
+  std::lock_guard lock(mu);
+  int jumps = 0;
+  for (const std::string& line : lines) {
+    if (line.find("store_clock_jump") != std::string::npos &&
+        line.find("direction=forward") != std::string::npos) {
+      ++jumps;
+    }
+  }
+  EXPECT_EQ(jumps, 1);
+}
+
+// A step smaller than what is left of a lease: at risk, renewed at once (no time passes on the
+// fake clock), held again.
+TEST(HeartbeatStoreClockTest, ASmallerStepPutsTheLeaseAtRiskAndRenewsItAtOnce) {
+  ClockStepRun run;
+  run.Round();
+  const SteadyTime before_step = run.seldom->safe_until();
+  run.backend->offset_ = 5s;
+  run.Round();
+  EXPECT_TRUE(run.clock.WaitForSleepers(2));
+  {
+    std::lock_guard lock(run.mu);
+    EXPECT_EQ(run.seldom_states, (std::vector<LeaseState>{LeaseState::kAtRisk, LeaseState::kHeld}));
+  }
+  EXPECT_EQ(run.seldom->state(), LeaseState::kHeld);
+  EXPECT_GT(run.seldom->safe_until(), before_step) << "renewed after the step";
+  EXPECT_EQ(run.metrics.store_clock_jumps.value(), 1u) << "the renewal at once saw no new step";
+}
+
+// A refused renewal in the round that saw a forward step names the step; a backward step ends
+// nothing early: counted, nothing else.
+TEST(HeartbeatStoreClockTest, ARefusedRenewalNamesTheStepAndABackwardStepEndsNothing) {
+  {
+    ClockStepRun run;
+    run.Round();
+    run.backend->offset_ = -60s;
+    run.Round();
+    EXPECT_EQ(run.metrics.store_clock_jumps.value(), 1u);
+    EXPECT_EQ(run.often->state(), LeaseState::kHeld);
+    EXPECT_EQ(run.seldom->state(), LeaseState::kHeld);
+  }
+  ClockStepRun run;
+  run.Round();
+  run.backend->offset_ = 60s;
+  run.backend->refuse_ = true;
+  run.Round();
+  EXPECT_EQ(run.often->state(), LeaseState::kLost);
+  const std::string reason(run.often->lost_reason().message());
+  EXPECT_NE(reason.find("gone: the store's clock jumped forward"), std::string::npos) << reason;
 }
 
 }  // namespace

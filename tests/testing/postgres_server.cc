@@ -152,18 +152,24 @@ Result<std::unique_ptr<PostgresServer>> PostgresServer::Start(PostgresServerOpti
   // A copy of the template, as its owner: the same files initdb would have written.
   LH_RETURN_IF_ERROR(RunAsAndWait({"/bin/cp", "-a", data_template, server->dir_ + "/data"},
                                   server->dir_ + "/copy.log", who, "copying the initdb template"));
-  LH_ASSIGN_OR_RETURN(
-      server->pid_,
-      SpawnServer({std::string(kPgBin) + "/postgres", "-D", server->dir_ + "/data", "-c",
-             "listen_addresses=127.0.0.1", "-p", std::to_string(port), "-c",
-             "unix_socket_directories=" + server->dir_, "-c", "fsync=off", "-c",
-             "synchronous_commit=off", "-c", "full_page_writes=off", "-c",
-             fmt::format("max_connections={}", options.max_connections), "-c",
-             "shared_buffers=32MB", "-c", "max_locks_per_transaction=256", "-c",
-             // LEASEHOLD_PG_LOG_STATEMENTS=1: every statement in pg.log, for debugging.
-             std::getenv("LEASEHOLD_PG_LOG_STATEMENTS") != nullptr ? "log_statement=all"
-                                                                    : "log_statement=none"},
-            log, who));
+  std::vector<std::string> args;
+  if (!options.env.empty()) {
+    // env execs postgres in its place: the pid stays the postmaster's.
+    args.push_back("/usr/bin/env");
+    args.insert(args.end(), options.env.begin(), options.env.end());
+  }
+  const std::vector<std::string> server_args = {
+      std::string(kPgBin) + "/postgres", "-D", server->dir_ + "/data", "-c",
+      "listen_addresses=127.0.0.1", "-p", std::to_string(port), "-c",
+      "unix_socket_directories=" + server->dir_, "-c", "fsync=off", "-c", "synchronous_commit=off",
+      "-c", "full_page_writes=off", "-c",
+      fmt::format("max_connections={}", options.max_connections), "-c", "shared_buffers=32MB", "-c",
+      "max_locks_per_transaction=256", "-c",
+      // LEASEHOLD_PG_LOG_STATEMENTS=1: every statement in pg.log, for debugging.
+      std::getenv("LEASEHOLD_PG_LOG_STATEMENTS") != nullptr ? "log_statement=all"
+                                                            : "log_statement=none"};
+  args.insert(args.end(), server_args.begin(), server_args.end());
+  LH_ASSIGN_OR_RETURN(server->pid_, SpawnServer(args, log, who));
   LH_RETURN_IF_ERROR(AwaitPsql(port, options.ready_timeout, server->pid_, log, "postgres"));
   return server;
 }

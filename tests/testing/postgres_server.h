@@ -23,6 +23,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <sys/types.h>
 
@@ -35,6 +36,9 @@ struct PostgresServerOptions {
   int max_connections = 300;
   // How long Start waits for the server to accept connections. Default: 30 s.
   std::chrono::milliseconds ready_timeout{30'000};
+  // "NAME=value" settings added to the server's environment (through /usr/bin/env), e.g.
+  // LD_PRELOAD of libfaketime. Default: none.
+  std::vector<std::string> env;
 };
 
 class PostgresServer {

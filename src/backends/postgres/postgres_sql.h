@@ -207,13 +207,20 @@ WHERE l.key = $1 AND l.token IS NOT NULL AND NOT EXISTS (SELECT 1 FROM granted))
 
 // Renews many grants in one statement. $1 keys, $2 owner tokens, $3 ttls in ms (arrays of the
 // same length). A row is extended only while its token matches and it has not expired; the
-// returned (key, token) pairs are the renewals that took, every other request is lost.
+// returned (key, token, NULL) rows are the renewals that took, every other request is lost.
+// One more row (NULL, NULL, us): the server's wall clock in microseconds since the Unix epoch,
+// read after the updates (the data-modifying CTE runs first): the clock expires_at is judged
+// by, which the backend watches for steps (backends/common/store_clock.h).
 inline constexpr std::string_view kTableRenewMany = R"sql(
-UPDATE {schema}.leases AS l
-SET expires_at = clock_timestamp() + r.ttl_ms * interval '1 millisecond', ttl_ms = r.ttl_ms
-FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, token, ttl_ms)
-WHERE l.key = r.key AND l.token = r.token AND l.expires_at > clock_timestamp()
-RETURNING l.key, l.token)sql";
+WITH x AS (
+  UPDATE {schema}.leases AS l
+  SET expires_at = clock_timestamp() + r.ttl_ms * interval '1 millisecond', ttl_ms = r.ttl_ms
+  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, token, ttl_ms)
+  WHERE l.key = r.key AND l.token = r.token AND l.expires_at > clock_timestamp()
+  RETURNING l.key, l.token)
+SELECT key, token, NULL::bigint FROM x
+UNION ALL
+SELECT NULL, NULL, floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint)sql";
 
 // Release, table mode. $1 key, $2 owner token. Clears the grant only if the token matches and
 // it is live, and NOTIFYs the key on the schema's channel (delivered at commit, i.e. at once):
@@ -438,7 +445,8 @@ FROM e CROSS JOIN s LEFT JOIN i ON true,
 
 // Renews many grants in one statement, both tables. $1 keys, $2 owner tokens, $3 ttls in ms
 // (arrays of the same length). As kTableRenewMany: a grant is extended only while its token
-// matches and it has not expired; the returned (key, token) pairs are the renewals that took.
+// matches and it has not expired; the returned (key, token, NULL) rows are the renewals that
+// took, and one (NULL, NULL, us) row is the server's wall clock.
 inline constexpr std::string_view kTableRenewManyShared = R"sql(
 WITH r AS MATERIALIZED (
   SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, token, ttl_ms)),
@@ -455,7 +463,9 @@ s AS (
   WHERE l.key = r.key AND l.slot >= 0 AND l.token = r.token
     AND l.expires_at > clock_timestamp()
   RETURNING l.key, l.token)
-SELECT key, token FROM x UNION ALL SELECT key, token FROM s)sql";
+SELECT key, token, NULL::bigint FROM x UNION ALL SELECT key, token, NULL FROM s
+UNION ALL
+SELECT NULL, NULL, floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint)sql";
 
 // Release, table mode, both tables. $1 key, $2 owner token. Ends the grant only if the token
 // matches and it is live, and NOTIFYs the key: one row means released, none means lost. The

@@ -578,6 +578,21 @@ constexpr int kMaxRedirectRounds = 5;
 // both sides).
 constexpr Duration kTryAgainPause = milliseconds(20);
 
+// The last argument of a granting script (kAcquireScript, kFairAcquireScript, kFairEndScript):
+// RunEach puts in its place the least fencing token of the connection it sends the call on
+// (BindEpochFloor). Not a number, so a call sent without it reads as floor 0.
+constexpr std::string_view kEpochFloorArg = "(epoch floor)";
+
+// `call` as it goes out on `connection`: a trailing kEpochFloorArg becomes the connection's
+// master's config epoch << 32 (0 without Sentinel; redis_failover.h).
+Command BindEpochFloor(const Command& call, const RedisConnection& connection) {
+  Command out = call;
+  if (!out.empty() && out.back() == kEpochFloorArg) {
+    out.back() = std::to_string(connection.epoch << 32);
+  }
+  return out;
+}
+
 // The key a command is routed by: EVALSHA's first key, GET's key; none (any master) otherwise.
 std::optional<std::string_view> RoutingKey(const Command& command) {
   if (command.size() >= 4 && command[0] == "EVALSHA" && command[2] != "0") {
@@ -675,7 +690,7 @@ ScriptReplies RunEach(RedisRouter& router, const std::vector<Command>& calls, bo
         if (t.asking) {
           commands.push_back(asking);
         }
-        commands.push_back(calls[i]);
+        commands.push_back(BindEpochFloor(calls[i], t.connection->get()));
       }
       if (waiting) {
         commands.push_back(wait);
@@ -997,21 +1012,22 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
     // t_q: this attempt's send time, read after the core's t_send and before sending. The
     // queue entry keeps it; a release that hands us the key copies it (kFairEndScript).
     const SteadyTime t_q = clock_.Now();
-    call.push_back(
-        {"EVALSHA", pool_->shas_[kFairAcquire], "6", lease_key,
-         FenceKeyName(options_.prefix, request.key), QueueKeyName(options_.prefix, request.key),
-         QueueExpiryKeyName(options_.prefix, request.key),
-         QueueSeqKeyName(options_.prefix, request.key),
-         QueueDataKeyName(options_.prefix, request.key), request.owner_token, request.holder,
-         std::to_string(ttl_ms), request.waiter_id,
-         std::to_string(CeilMillis(FairEntryLifetime(options_, request.ttl))),
-         std::to_string(t_q.time_since_epoch().count()), kind, std::to_string(request.limit)});
+    call.push_back({"EVALSHA", pool_->shas_[kFairAcquire], "6", lease_key,
+                    FenceKeyName(options_.prefix, request.key),
+                    QueueKeyName(options_.prefix, request.key),
+                    QueueExpiryKeyName(options_.prefix, request.key),
+                    QueueSeqKeyName(options_.prefix, request.key),
+                    QueueDataKeyName(options_.prefix, request.key), request.owner_token,
+                    request.holder, std::to_string(ttl_ms), request.waiter_id,
+                    std::to_string(CeilMillis(FairEntryLifetime(options_, request.ttl))),
+                    std::to_string(t_q.time_since_epoch().count()), kind,
+                    std::to_string(request.limit), std::string(kEpochFloorArg)});
   } else {
     call.push_back({"EVALSHA", pool_->shas_[kAcquire], "3", lease_key,
                     FenceKeyName(options_.prefix, request.key),
                     IntentKeyName(options_.prefix, request.key), request.owner_token,
                     request.holder, std::to_string(ttl_ms), kind, std::to_string(request.limit),
-                    request.waiter_id});
+                    request.waiter_id, std::string(kEpochFloorArg)});
   }
   LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, true));
   const redisReply* reply = out.replies[0].get();
@@ -1167,7 +1183,8 @@ Result<long long> RedisBackend::FairEnd(std::string_view key, std::string_view w
        QueueExpiryKeyName(options_.prefix, key), QueueSeqKeyName(options_.prefix, key),
        QueueDataKeyName(options_.prefix, key), RecordKeyName(options_.prefix, key),
        std::string(who), ChannelName(options_.prefix, key), std::string(mode), record ? "1" : "0",
-       record ? *record : std::string(), record ? std::to_string(CeilMillis(record_ttl)) : "0"}};
+       record ? *record : std::string(), record ? std::to_string(CeilMillis(record_ttl)) : "0",
+       std::string(kEpochFloorArg)}};
   LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, record.has_value()));
   const redisReply* reply = out.replies[0].get();
   if (IsError(reply)) {
@@ -1201,9 +1218,22 @@ std::vector<Status> RedisBackend::RenewMany(std::span<const RenewRequest> reques
                      LeaseKeyName(options_.prefix, request.key), request.owner_token,
                      std::to_string(CeilMillis(request.ttl))});
   }
+  // The server's wall clock, by which it expires the grants, read in the same round trip after
+  // the renewals (backends/common/store_clock.h). Not in a cluster: each master has its own
+  // clock, and TIME would go to one of them.
+  const bool read_time = !router_->cluster();
+  if (read_time) {
+    calls.push_back({"TIME"});
+  }
   // In a cluster each request goes to its key's master, and only a node that fails fails its
   // own requests.
+  const SteadyTime t_send = clock_.Now();
   ScriptReplies out = RunEach(*router_, calls, true);
+  if (read_time && out.errors.back().ok()) {
+    if (std::optional<std::int64_t> us = ParseServerTime(out.replies.back().get())) {
+      ObserveStoreTime({t_send, clock_.Now(), *us});
+    }
+  }
   results.reserve(requests.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
     if (!out.errors[i].ok()) {

@@ -746,11 +746,12 @@ Result<std::unique_ptr<RedisConnection>> RedisConnectionPool::ConnectToMaster() 
       generation = generation_;
     }
     if (target.port == 0) {
-      LH_ASSIGN_OR_RETURN(auto master, AskSentinels());
+      LH_ASSIGN_OR_RETURN(SentinelMaster master, AskSentinels());
       MutexLock lock(&mu_);
       if (generation_ == generation || master_port_ == 0) {
-        master_host_ = master.first;
-        master_port_ = master.second;
+        master_host_ = master.host;
+        master_port_ = master.port;
+        master_epoch_ = master.epoch;
       }
       target.host = master_host_;
       target.port = master_port_;
@@ -770,6 +771,7 @@ Result<std::unique_ptr<RedisConnection>> RedisConnectionPool::ConnectToMaster() 
       MutexLock lock(&mu_);
       if (generation_ == generation) {
         (*connection)->generation = generation;
+        (*connection)->epoch = master_epoch_;
         return connection;
       }
     }
@@ -813,39 +815,54 @@ RedisOptions RedisConnectionPool::SentinelOptions(const std::string& host, int p
   return s;
 }
 
-Result<std::pair<std::string, int>> RedisConnectionPool::AskSentinels() const {
+Result<SentinelMaster> RedisConnectionPool::AskSentinels() const {
   std::string unreachable;
   std::string unknown;
+  std::optional<SentinelMaster> best;
+  std::size_t answered = 0;  // sentinels that named a master or knew none
+  const std::size_t majority = options_.sentinels.size() / 2 + 1;
   for (const auto& [host, port] : options_.sentinels) {
+    if (answered >= majority) {
+      break;
+    }
     const RedisOptions s = SentinelOptions(host, port);
     const std::string at = s.Address();
+    auto failed = [&](std::string_view why) {
+      unreachable += fmt::format("{}{}: {}", unreachable.empty() ? "" : "; ", at, why);
+    };
     Result<std::unique_ptr<RedisConnection>> connection = RedisConnection::Connect(s, tls_.get());
     if (!connection.ok()) {
-      unreachable += fmt::format("{}{}: {}", unreachable.empty() ? "" : "; ", at,
-                                 connection.status().message());
+      failed(connection.status().message());
       continue;
     }
     const std::vector<Command> ask = {
-        {"SENTINEL", "get-master-addr-by-name", options_.sentinel_master}};
+        {"SENTINEL", "get-master-addr-by-name", options_.sentinel_master},
+        {"SENTINEL", "MASTER", options_.sentinel_master}};
     Result<std::vector<ReplyPtr>> replies = (*connection)->Pipeline(ask, at);
     if (!replies.ok()) {
-      unreachable +=
-          fmt::format("{}{}: {}", unreachable.empty() ? "" : "; ", at, replies.status().message());
+      failed(replies.status().message());
       continue;
     }
-    const redisReply* r = (*replies)[0].get();
-    if (r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
-      int master_port = 0;
-      const std::string_view port_text = ReplyText(r->element[1]);
-      if (ParseWholeNumber(port_text, 1, 65535, &master_port)) {
-        return std::make_pair(std::string(ReplyText(r->element[0])), master_port);
-      }
-    }
-    if (IsError(r)) {
-      unreachable += fmt::format("{}{}: {}", unreachable.empty() ? "" : "; ", at, ReplyText(r));
+    const redisReply* address = (*replies)[0].get();
+    if (IsError(address)) {
+      failed(ReplyText(address));
       continue;
     }
-    unknown += (unknown.empty() ? "" : ", ") + at;
+    Result<std::optional<SentinelMaster>> master =
+        ParseSentinelMaster(address, (*replies)[1].get());
+    if (!master.ok()) {
+      failed(master.status().message());
+      continue;
+    }
+    ++answered;
+    if (!master->has_value()) {
+      unknown += (unknown.empty() ? "" : ", ") + at;
+    } else if (!best || (*master)->epoch > best->epoch) {
+      best = std::move(**master);
+    }
+  }
+  if (best) {
+    return std::move(*best);
   }
   if (unreachable.empty()) {
     return Status::InvalidArgument(fmt::format(
@@ -891,12 +908,9 @@ void RedisConnectionPool::MasterMoved(std::optional<std::pair<std::string, int>>
       return;
     }
     if (to) {
-      master_host_ = to->first;
-      master_port_ = to->second;
-      backoff_.Succeeded();  // the failures were the old master's: the new one is known
-    } else {
-      master_port_ = 0;
+      backoff_.Succeeded();  // the failures were the old master's: a new one is named
     }
+    master_port_ = 0;
     ++generation_;
     open_ -= static_cast<int>(idle_.size());
     closing.swap(idle_);

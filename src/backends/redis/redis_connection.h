@@ -173,6 +173,9 @@ class RedisConnection {
   // Which master address the pool opened this connection to (Sentinel: it changes at each
   // failover, and a connection to an older one is not given back to the pool).
   std::uint64_t generation = 0;
+  // Sentinel: the config epoch of that master address (SentinelMaster::epoch); every grant made
+  // on this connection raises the fencing counter to at least epoch << 32. 0 elsewhere.
+  std::int64_t epoch = 0;
 
  private:
   RedisConnection(int fd, Duration io_timeout);
@@ -243,18 +246,22 @@ class RedisConnectionPool {
   // Sentinel, to the master as last learnt, asking the sentinels first when it is not known.
   Result<std::unique_ptr<RedisConnection>> Connect() LH_EXCLUDES(mu_);
 
-  // Sentinel: asks the sentinels in turn for the master's address. kUnavailable if none
-  // answers, kInvalidArgument if every one that answers knows no master of that name.
-  Result<std::pair<std::string, int>> AskSentinels() const;
+  // Sentinel: asks the sentinels in turn for the master's address and config epoch, each in
+  // one pipelined round trip, until a majority of them has answered (or every one was asked),
+  // and takes the answer of the highest epoch: a sentinel cut off from the others may still
+  // name the old master. kUnavailable if none answers, kInvalidArgument if every one that
+  // answers knows no master of that name.
+  Result<SentinelMaster> AskSentinels() const;
 
   // Sentinel: the replicas of the master as the first sentinel that answers knows them
   // (SENTINEL REPLICAS). kUnavailable if none answers, naming each one's error.
   Result<std::vector<SentinelReplica>> AskSentinelsForReplicas() const;
 
-  // Sentinel: the master moved (a +switch-master message, or any sign that the address is
-  // stale: a broken connection, a replica's ROLE). With an address, that is the new master;
-  // without, the next connect asks the sentinels. Idle connections to the old one are closed,
-  // borrowed ones are not given back.
+  // Sentinel: the master moved (a +switch-master message naming the new master `to`, or any
+  // sign that the address is stale: a broken connection, a replica's ROLE). Unless `to` is the
+  // address already known, the next connect asks the sentinels for the address and its config
+  // epoch together (a +switch-master message carries no epoch). Idle connections to the old
+  // master are closed, borrowed ones are not given back.
   void MasterMoved(std::optional<std::pair<std::string, int>> to = std::nullopt) LH_EXCLUDES(mu_);
 
   // Sentinel: the generation of the master address (RedisConnection::generation); a connection
@@ -302,9 +309,11 @@ class RedisConnectionPool {
   ReconnectBackoff backoff_ LH_GUARDED_BY(mu_);
   // Why the last connect failed, for the refusals during its backoff.
   Status last_error_ LH_GUARDED_BY(mu_);
-  // Sentinel: the master as last learnt (port 0: ask the sentinels), and its generation.
+  // Sentinel: the master as last learnt (port 0: ask the sentinels), its config epoch, and its
+  // generation.
   std::string master_host_ LH_GUARDED_BY(mu_);
   int master_port_ LH_GUARDED_BY(mu_) = 0;
+  std::int64_t master_epoch_ LH_GUARDED_BY(mu_) = 0;
   std::uint64_t generation_ LH_GUARDED_BY(mu_) = 0;
 
   // Last: stopped and joined first, while everything above still exists.

@@ -54,6 +54,37 @@ Result<std::vector<SentinelReplica>> ParseSentinelReplicas(const redisReply* rep
   return replicas;
 }
 
+Result<std::optional<SentinelMaster>> ParseSentinelMaster(const redisReply* address,
+                                                          const redisReply* master) {
+  if (address != nullptr && address->type == REDIS_REPLY_NIL) {
+    return std::optional<SentinelMaster>();
+  }
+  SentinelMaster out;
+  if (address == nullptr || address->type != REDIS_REPLY_ARRAY || address->elements != 2 ||
+      !ParseWholeNumber(ReplyText(address->element[1]), 1, 65535, &out.port)) {
+    return Status::Internal("unexpected reply from a sentinel to get-master-addr-by-name");
+  }
+  out.host = ReplyText(address->element[0]);
+  if (master == nullptr || master->type != REDIS_REPLY_ARRAY || master->elements % 2 != 0) {
+    return Status::Internal("unexpected reply from a sentinel to SENTINEL MASTER");
+  }
+  for (std::size_t f = 0; f + 1 < master->elements; f += 2) {
+    if (ReplyText(master->element[f]) != "config-epoch") {
+      continue;
+    }
+    const std::string_view value = ReplyText(master->element[f + 1]);
+    int epoch = 0;
+    if (!ParseWholeNumber(value, 0, static_cast<int>(kMaxSentinelEpoch), &epoch)) {
+      return Status::Internal(fmt::format(
+          "a sentinel reported a config epoch of '{}' (leasehold's token floor holds up to {})",
+          value, kMaxSentinelEpoch));
+    }
+    out.epoch = epoch;
+    return std::optional<SentinelMaster>(std::move(out));
+  }
+  return Status::Internal("a sentinel's SENTINEL MASTER reply has no config-epoch");
+}
+
 FailoverCopies CountFailoverCopies(const std::vector<SentinelReplica>& replicas, int connected) {
   FailoverCopies out;
   int reachable = 0;

@@ -13,10 +13,20 @@
 // its confirmation too. So a confirmation survives a failover only when every replica that can
 // confirm has confirmed: min_replicas must be the number of replicas.
 //
+// A failover that lost writes (min_replicas=0, or a confirmation from a replica that was not
+// promoted) sends the fencing counter back: the new master's counter is what it had replicated.
+// The master's config epoch, which the sentinels bump at every failover, keeps tokens from
+// repeating: every connection is opened to a master learnt together with its epoch
+// (SentinelMaster), and every grant on it raises the counter to at least epoch << 32
+// (kGrantLib's lh_floor), so a token granted after a failover is above every token granted
+// before it at that epoch, as long as fewer than 2^32 grants were made within one epoch.
+//
 // Thread safety: plain functions.
 
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +49,28 @@ struct SentinelReplica {
 // Reads the reply of SENTINEL REPLICAS <name>: an array of flat field/value arrays (RESP2).
 // kInternal for any other shape.
 Result<std::vector<SentinelReplica>> ParseSentinelReplicas(const redisReply* reply);
+
+// The master as one sentinel names it, with the config epoch of that naming.
+struct SentinelMaster {
+  std::string host;
+  int port = 0;
+  // Sentinel's config-epoch for this master: bumped by the failover that promoted it.
+  std::int64_t epoch = 0;
+};
+
+// The largest config epoch a token floor can carry: epoch << 32 stays below 2^53, the largest
+// integer every Lua number (a double) holds exactly.
+inline constexpr std::int64_t kMaxSentinelEpoch = (std::int64_t{1} << 21) - 1;
+
+// Reads one sentinel's replies to SENTINEL get-master-addr-by-name <name> (`address`: an array
+// {ip, port}, or nil when it knows no such master) and SENTINEL MASTER <name> (`master`: a flat
+// field/value array holding "config-epoch"), sent in one pipeline so that both describe the same
+// moment of that sentinel. The address is the one get-master-addr-by-name gives: during a
+// failover it names the promoted replica from the moment the epoch is bumped, while SENTINEL
+// MASTER's ip/port still name the old master until the failover ends. nullopt when the sentinel
+// knows no such master; kInternal for any other shape, or an epoch above kMaxSentinelEpoch.
+Result<std::optional<SentinelMaster>> ParseSentinelMaster(const redisReply* address,
+                                                          const redisReply* master);
 
 struct FailoverCopies {
   int confirming = 0;  // replicas that can answer WAIT

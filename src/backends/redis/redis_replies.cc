@@ -167,4 +167,26 @@ std::optional<Duration> HandedToOther(std::string_view payload, std::string_view
   return StoreMillis(ttl_ms);
 }
 
+std::optional<std::int64_t> ParseServerTime(const redisReply* reply) {
+  if (reply == nullptr || reply->type != REDIS_REPLY_ARRAY || reply->elements != 2) {
+    return std::nullopt;
+  }
+  std::int64_t parts[2] = {0, 0};
+  // Seconds up to year 9999; microseconds below one second.
+  constexpr std::int64_t kLimits[2] = {253'402'300'799, 999'999};
+  for (int i = 0; i < 2; ++i) {
+    const redisReply* e = reply->element[i];
+    if (e == nullptr || e->type != REDIS_REPLY_STRING) {
+      return std::nullopt;
+    }
+    const std::string_view text = ReplyText(e);
+    const char* end = text.data() + text.size();
+    auto [ptr, ec] = std::from_chars(text.data(), end, parts[i]);
+    if (ec != std::errc() || ptr != end || parts[i] < 0 || parts[i] > kLimits[i]) {
+      return std::nullopt;
+    }
+  }
+  return parts[0] * 1'000'000 + parts[1];
+}
+
 }  // namespace leasehold::internal

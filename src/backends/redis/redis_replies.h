@@ -2,8 +2,8 @@
 //
 // Reading what the redis:// store gets back from the server beyond a bare integer (that is
 // ParseInteger, redis_connection.h): the grant fields of the acquire and inspect scripts, the
-// acquire scripts' refusal, a script's error reply, and the "handed" pub/sub message of the
-// fair queue. Plain functions of hiredis replies and strings, so that the fuzz target
+// acquire scripts' refusal, a script's error reply, the "handed" pub/sub message of the fair
+// queue, and TIME. Plain functions of hiredis replies and strings, so that the fuzz target
 // tests/fuzz/redis_reply_fuzz.cc reads them from bytes fed through hiredis' own reader.
 //
 // Thread safety: plain functions.
@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -46,5 +47,9 @@ Status HeldReply(std::string_view key, const redisReply* reply);
 // (kFairEndScript) reports, if it went to a waiter other than `waiter_id`; nullopt otherwise
 // (ours, another kind of message, or unreadable).
 std::optional<Duration> HandedToOther(std::string_view payload, std::string_view waiter_id);
+
+// The server's wall clock from TIME's reply {unix seconds, microseconds}, in microseconds since
+// the Unix epoch; nullopt for any other reply (an error, another shape, a number out of range).
+std::optional<std::int64_t> ParseServerTime(const redisReply* reply);
 
 }  // namespace leasehold::internal

@@ -69,6 +69,7 @@ inline constexpr std::string_view kGrantLib = R"lua(
 local function lh_fmt(n)
   return string.format('%d', n)
 end
+local lh_floor = 0
 local function lh_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -138,8 +139,12 @@ local function lh_admits(st, kind, limit, tok)
 end
 local function lh_grant(key, fence_key, st, kind, limit, tok, holder, ttl, now, w, q)
   local fence = redis.call('INCR', fence_key)
+  if fence < lh_floor then
+    fence = lh_floor
+    redis.call('SET', fence_key, lh_fmt(fence))
+  end
   if kind == 'exclusive' then
-    redis.call('HSET', key, 'token', tok, 'holder', holder, 'fence', fence, 'ttl', ttl)
+    redis.call('HSET', key, 'token', tok, 'holder', holder, 'fence', lh_fmt(fence), 'ttl', ttl)
     if w then
       redis.call('HSET', key, 'handed', w, 'tq', q)
     end
@@ -163,7 +168,7 @@ local function lh_grant(key, fence_key, st, kind, limit, tok, holder, ttl, now, 
   end
   local g = {e = now + 1 + tonumber(ttl), s = slot, f = lh_fmt(fence), t = tonumber(ttl),
              h = holder, w = w, q = q}
-  redis.call('HSET', key, 'fence', fence, 'g:' .. tok, cjson.encode(g))
+  redis.call('HSET', key, 'fence', lh_fmt(fence), 'g:' .. tok, cjson.encode(g))
   local last = g.e
   for _, o in ipairs(st.grants) do
     last = math.max(last, o.e)
@@ -214,8 +219,14 @@ end
 //             the same Store::Acquire whose reply was lost) makes it 'full', as an exclusive
 //             grant of one's own token always did: its expiry began before this attempt's
 //             t_send, so it must not be reported as a fresh grant, nor overwritten.
+//   lh_floor  The least fencing token a grant of this call may get: 0, or with Sentinel the
+//             master's config epoch << 32 (redis_failover.h), which the granting scripts set
+//             from their last ARGV on their first line. A local of the script's own chunk
+//             (kGrantLib is its first part), so every call starts from 0.
 //   lh_grant  Bump the key's one fencing counter first (it survives release, expiry and
-//             force-release, so every grant's token is above every earlier one of any kind).
+//             force-release, so every grant's token is above every earlier one of any kind),
+//             and raise it to lh_floor when it is below: a counter sent back by a failover
+//             that lost writes starts again above every token of the earlier epoch.
 //             Exclusive: the earlier layout exactly, with PEXPIRE. Shared/semaphore: the
 //             smallest slot no live grant uses, the header on the first grant, the grant's
 //             field with e = now + 1 + TTL (now is rounded down: +1 keeps e at or after the
@@ -227,13 +238,13 @@ end
 // With kGrantLib. KEYS[1] = grant hash, KEYS[2] = fence counter, KEYS[3] = writer intent.
 // ARGV[1] = owner token, ARGV[2] = holder identity, ARGV[3] = TTL in milliseconds,
 // ARGV[4] = kind ('exclusive', 'shared', 'semaphore'), ARGV[5] = limit, ARGV[6] = waiter id
-// ('' for a plain try-acquire).
+// ('' for a plain try-acquire), ARGV[7] = the least fencing token (kGrantLib's lh_floor).
 // Returns {1, fencing_token, slot} when granted; {0, <lh_info of the lowest slot>, intent}
 // when held by another, intent 1 if this attempt recorded or refreshed a writer intent;
 // {3, held kind, held limit, holder} on a family or limit mismatch; {4, <lh_info of the
 // waiting writer>} when a writer intent keeps a shared request out.
 inline constexpr std::string_view kAcquireScript = R"lua(
-local now = lh_now()
+local now = lh_now(); lh_floor = tonumber(ARGV[7]) or 0
 local st = lh_state(KEYS[1], now, true)
 local kind, limit = ARGV[4], tonumber(ARGV[5])
 local admits = lh_admits(st, kind, limit, ARGV[1])
@@ -267,7 +278,7 @@ out[10] = intent
 return out
 )lua";
 // Line by line:
-//   1-2 The key's live grants, the dead ones dropped (kGrantLib).
+//   1-2 The token floor; the key's live grants, the dead ones dropped (kGrantLib).
 //   3-7 A live grant of the other family, or of another limit: refuse, naming it.
 //   8-13 A shared request the rules admit still waits while another waiter's writer intent
 //       lives: answer with the writer's identity and the intent's time left.
@@ -285,7 +296,8 @@ return out
 // ARGV[1] = owner token, ARGV[2] = holder identity, ARGV[3] = TTL in milliseconds,
 // ARGV[4] = waiter id ('' for a plain try-acquire), ARGV[5] = queue entry lifetime in ms,
 // ARGV[6] = t_q: the caller's send time of this attempt, on its own steady clock (opaque here),
-// ARGV[7] = kind, ARGV[8] = limit (as kAcquireScript).
+// ARGV[7] = kind, ARGV[8] = limit (as kAcquireScript), ARGV[9] = the least fencing token
+// (kGrantLib's lh_floor).
 // Returns {1, fencing_token, slot} when granted; {2, fencing_token, t_q, ttl_ms, slot} when a
 // release already handed the key to this waiter (kFairEndScript) under its owner token, t_q
 // being the send time of the waiter's attempt whose entry the release found; {3, ...} on a
@@ -294,7 +306,7 @@ return out
 // the head waiter's id, queued the queue length, position the caller's 0-based place in the
 // queue (-1 when not queued).
 inline constexpr std::string_view kFairAcquireScript = R"lua(
-local now = lh_now()
+local now = lh_now(); lh_floor = tonumber(ARGV[9]) or 0
 lh_qpurge(KEYS[3], KEYS[4], KEYS[6], now)
 local st = lh_state(KEYS[1], now, true)
 local kind, limit = ARGV[7], tonumber(ARGV[8])
@@ -358,9 +370,9 @@ out[10], out[11], out[12] = string.sub(head or '', 1, 8), redis.call('ZCARD', KE
 return out
 )lua";
 // Line by line:
-//   1-2 Now, on the server's clock; drop every entry whose deadline has passed, with its grant
-//       data: a waiter that died, or stopped waiting without AbandonWait, is skipped once its
-//       entry expires.
+//   1-2 Now, on the server's clock, and the token floor; drop every entry whose deadline has
+//       passed, with its grant data: a waiter that died, or stopped waiting without
+//       AbandonWait, is skipped once its entry expires.
 //   3   The key's live grants (kGrantLib).
 //   5-11 A waiter whose key a release handed over (kFairEndScript) while this attempt was on
 //       its way, or whose notification was lost: a live grant holds its owner token and names
@@ -470,11 +482,12 @@ return 1
 // release channel, ARGV[3] = which grant may be ended: 'owner' (the one holding ARGV[1]),
 // 'force' (all), 'handed' (the one a release handed to waiter ARGV[1]), 'prefix' (the one whose
 // token starts with ARGV[1]), ARGV[4] = '1' to write the record, ARGV[5] = the record,
-// ARGV[6] = its TTL in milliseconds.
+// ARGV[6] = its TTL in milliseconds, ARGV[7] = the least fencing token of a grant to a waiter
+// (kGrantLib's lh_floor).
 // Returns 0 if no such grant was live (nothing changes), 1 if it was deleted and nobody was
 // handed the key, 2 if it was deleted and the key handed to one or more head waiters.
 inline constexpr std::string_view kFairEndScript = R"lua(
-local now = lh_now()
+local now = lh_now(); lh_floor = tonumber(ARGV[7]) or 0
 local st = lh_state(KEYS[1], now, true)
 local victim = nil
 for _, g in ipairs(st.grants) do
@@ -533,7 +546,7 @@ end
 return handed > 0 and 2 or 1
 )lua";
 // Line by line:
-//   1-2 Now, and the key's live grants (kGrantLib; the dead ones dropped).
+//   1-2 Now and the token floor, and the key's live grants (kGrantLib; the dead ones dropped).
 //   3-11 Which grant may be ended: the caller's own (compare-and-delete, as kReleaseScript),
 //       any (force: all of them), the one handed to waiter ARGV[1] (its Acquire gave up before
 //       it took the grant: AbandonWait), or the one with the token prefix (ForceReleaseGrant).

@@ -1,16 +1,19 @@
 // The backend toolkit every store reads its URL and paces its reconnects with
 // (src/backends/common/): one rule and one message format for all of them.
 
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include <gtest/gtest.h>
 
+#include "leasehold/testing/fake_clock.h"
+
 #include "backends/common/host_port.h"
+#include "backends/common/store_clock.h"
 #include "backends/common/time.h"
 #include "backends/common/url_params.h"
 #include "core/url.h"
-#include "leasehold/testing/fake_clock.h"
 
 namespace leasehold::internal {
 namespace {
@@ -159,6 +162,48 @@ TEST(TimeTest, ToSteadyCountsTheTimeLeftOnTheGivenClock) {
   EXPECT_LT(at - before, 3s);
   auto past = ToSteady(clock.Now() - 1h, clock);
   EXPECT_LE(past, std::chrono::steady_clock::now()) << "a passed deadline is now";
+}
+
+// Two readings of the store's clock bound the real time between them by their round trips; the
+// store may run off by the drift bound (1 % + 2 ms) and no more.
+TEST(StoreClockWatchTest, JudgesTheStoresElapsedTimeAgainstTheRoundTripsAndTheDriftBound) {
+  const SteadyTime t0{std::chrono::hours(1)};
+  auto at = [&](Duration send, Duration recv, Duration store) {
+    return StoreTimeReading{t0 + send, t0 + recv,
+                            std::chrono::duration_cast<std::chrono::microseconds>(store).count()};
+  };
+  StoreClockWatch watch;
+  EXPECT_FALSE(watch.Observe(at(0ms, 10ms, 1000s)).has_value()) << "the first reading";
+  // 1 s later, 10 ms round trips: real time between 990 ms and 1010 ms; allowed up to
+  // 1010 + 10.1 + 2 ms and down to 990 - 9.9 - 2 ms.
+  EXPECT_FALSE(watch.Observe(at(1000ms, 1010ms, 1000s + 1022ms)).has_value());
+  EXPECT_FALSE(watch.Observe(at(2000ms, 2010ms, 1000s + 1022ms + 979ms)).has_value());
+  std::optional<StoreClockStep> forward = watch.Observe(at(3000ms, 3010ms, 1000s + 2001ms + 3s));
+  ASSERT_TRUE(forward.has_value());
+  EXPECT_GT(forward->step, 1900ms);
+  EXPECT_LT(forward->step, 2000ms);
+  EXPECT_EQ(forward->local_min, 990ms);
+  EXPECT_EQ(forward->local_max, 1010ms);
+  std::optional<StoreClockStep> backward = watch.Observe(at(4000ms, 4010ms, 1000s));
+  ASSERT_TRUE(backward.has_value());
+  EXPECT_LT(backward->step, -4s);
+  EXPECT_EQ(watch.steps(), 2u);
+  ASSERT_TRUE(watch.last_step().has_value());
+  EXPECT_EQ(watch.last_step()->step, backward->step);
+  // A long pause between renewals with a steady store: 1 % of an hour is allowed.
+  EXPECT_FALSE(watch.Observe(at(4000ms + 1h, 4010ms + 1h, 1000s + 1h + 30s)).has_value());
+  EXPECT_TRUE(watch.Observe(at(4000ms + 2h, 4010ms + 2h, 1000s + 2h + 90s)).has_value());
+}
+
+TEST(StoreClockWatchTest, AReadingWhoseRoundTripOverlapsThePreviousIsNotJudged) {
+  const SteadyTime t0{std::chrono::hours(1)};
+  StoreClockWatch watch;
+  watch.Observe({t0, t0 + 100ms, 5'000'000});
+  // Sent before the previous reply came (a Confirm() beside the heartbeat): kept, not judged.
+  EXPECT_FALSE(watch.Observe({t0 + 50ms, t0 + 300ms, 99'000'000}).has_value());
+  EXPECT_EQ(watch.steps(), 0u);
+  // The next one is judged against it.
+  EXPECT_FALSE(watch.Observe({t0 + 1300ms, t0 + 1310ms, 100'000'000}).has_value());
 }
 
 }  // namespace
