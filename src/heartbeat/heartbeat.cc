@@ -10,7 +10,10 @@
 namespace leasehold::internal {
 
 Heartbeat::Heartbeat(std::shared_ptr<Backend> backend, Clock& clock, LeaseMetrics* metrics)
-    : backend_(std::move(backend)), clock_(clock), metrics_(metrics) {}
+    : backend_(std::move(backend)),
+      clock_(clock),
+      metrics_(metrics),
+      clock_steps_seen_(backend_->store_clock().steps()) {}
 
 Heartbeat::~Heartbeat() {
   std::jthread renewer;

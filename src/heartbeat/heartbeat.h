@@ -131,8 +131,9 @@ class Heartbeat final : public GaugeSource {
   LatencyWindow latencies_ LH_GUARDED_BY(mu_);
   std::optional<SteadyTime> last_headroom_warning_ LH_GUARDED_BY(mu_);
   std::uint64_t headroom_warnings_ LH_GUARDED_BY(mu_) = 0;
-  // The renewer's own: Backend::store_clock().steps() as of its last round.
-  std::uint64_t clock_steps_seen_ = 0;
+  // The renewer's own: Backend::store_clock().steps() as of its last round (from construction:
+  // a step noticed before this heartbeat existed is no news to its leases).
+  std::uint64_t clock_steps_seen_;
   // Started lazily by the first Add, so that handles used only for status/list stay cheap.
   std::jthread renewer_ LH_GUARDED_BY(mu_);
   std::jthread watchdog_ LH_GUARDED_BY(mu_);
