@@ -8,7 +8,6 @@
 
 #include "backends/zookeeper/zk_backend.h"
 
-#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,17 +15,16 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
-#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <zookeeper/zookeeper.h>
 
 #include "leasehold/check.h"
@@ -36,6 +34,7 @@
 #include "backends/zookeeper/zk_options.h"
 #include "core/url.h"
 #include "testing/spawned_process.h"
+#include "testing/tcp_proxy.h"
 #include "testing/zk_server.h"
 
 namespace leasehold {
@@ -1235,32 +1234,11 @@ TEST_F(ZkFencedWriteTest, SkippingTheGuardLetsAStaleWriteThrough) {
 // create whose reply was lost in a connection drop, on demand.
 class ReplyDroppingProxy {
  public:
-  explicit ReplyDroppingProxy(int upstream_port) : upstream_port_(upstream_port) {
-    listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    (void)bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    (void)listen(listen_fd_, 16);
-    (void)getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
-    acceptor_ = std::jthread([this](std::stop_token stop) { Accept(stop); });
-  }
+  explicit ReplyDroppingProxy(int upstream_port)
+      : proxy_({.upstream_port = upstream_port,
+                .filter = [this] { return std::make_unique<Filter>(*this); }}) {}
 
-  ReplyDroppingProxy(const ReplyDroppingProxy&) = delete;
-  ReplyDroppingProxy& operator=(const ReplyDroppingProxy&) = delete;
-  ReplyDroppingProxy(ReplyDroppingProxy&&) = delete;
-  ReplyDroppingProxy& operator=(ReplyDroppingProxy&&) = delete;
-
-  ~ReplyDroppingProxy() {
-    acceptor_.request_stop();
-    acceptor_.join();
-    pumps_.clear();  // request_stop + join each
-    close(listen_fd_);
-  }
-
-  int port() const { return port_; }
+  int port() const { return proxy_.port(); }
 
   void Drop(std::chrono::milliseconds cut_after) {
     cut_at_ = std::chrono::steady_clock::now() + cut_after;
@@ -1270,67 +1248,25 @@ class ReplyDroppingProxy {
   void Pass() { drop_ = false; }
 
  private:
-  void Accept(std::stop_token stop) {
-    while (!stop.stop_requested()) {
-      pollfd p{listen_fd_, POLLIN, 0};
-      if (poll(&p, 1, 50) <= 0) {
-        continue;
-      }
-      int client = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (client < 0) {
-        continue;
-      }
-      int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      sockaddr_in addr{};
-      addr.sin_family = AF_INET;
-      addr.sin_port = htons(static_cast<uint16_t>(upstream_port_));
-      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      if (connect(server, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-        close(client);
-        close(server);
-        continue;
-      }
-      pumps_.emplace_back([this, client, server](std::stop_token s) { Pump(s, client, server); });
-    }
-  }
+  class Filter : public testing::TcpProxyFilter {
+   public:
+    explicit Filter(const ReplyDroppingProxy& proxy) : proxy_(proxy) {}
 
-  void Pump(std::stop_token stop, int client, int server) {
-    char buf[65536];
-    while (!stop.stop_requested()) {
-      if (drop_ && std::chrono::steady_clock::now() >= cut_at_.load()) {
-        break;  // cut: the client sees a connection loss
-      }
-      pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
-      if (poll(p, 2, 20) <= 0) {
-        continue;
-      }
-      if (p[0].revents != 0) {
-        ssize_t n = recv(client, buf, sizeof(buf), 0);
-        if (n <= 0 || send(server, buf, static_cast<std::size_t>(n), MSG_NOSIGNAL) != n) {
-          break;
-        }
-      }
-      if (p[1].revents != 0) {
-        ssize_t n = recv(server, buf, sizeof(buf), 0);
-        if (n <= 0) {
-          break;
-        }
-        if (!drop_ && send(client, buf, static_cast<std::size_t>(n), MSG_NOSIGNAL) != n) {
-          break;
-        }
-      }
+    std::string FromServer(std::string_view bytes) override {
+      return proxy_.drop_ ? std::string() : std::string(bytes);
     }
-    close(client);
-    close(server);
-  }
 
-  const int upstream_port_;
-  int listen_fd_ = -1;
-  int port_ = 0;
+    bool Cut() override {
+      return proxy_.drop_ && std::chrono::steady_clock::now() >= proxy_.cut_at_.load();
+    }
+
+   private:
+    const ReplyDroppingProxy& proxy_;
+  };
+
   std::atomic<bool> drop_{false};
   std::atomic<std::chrono::steady_clock::time_point> cut_at_{};
-  std::vector<std::jthread> pumps_;  // touched by the acceptor thread only, then the destructor
-  std::jthread acceptor_;
+  testing::TcpProxy proxy_;  // last: its connections' filters read the fields above
 };
 
 // A create whose reply is lost in a connection drop (the server made the node, the client heard
