@@ -584,11 +584,14 @@ constexpr Duration kTryAgainPause = milliseconds(20);
 constexpr std::string_view kEpochFloorArg = "(epoch floor)";
 
 // `call` as it goes out on `connection`: a trailing kEpochFloorArg becomes the connection's
-// master's config epoch << 32 (0 without Sentinel; redis_failover.h).
-Command BindEpochFloor(const Command& call, const RedisConnection& connection) {
+// master's config epoch << 32 (0 without Sentinel; redis_failover.h), or in a cluster
+// 'cluster': the script reads the node's own config epoch in the grant's atomic step
+// (kGrantLib's lh_floor_of), so a connection kept across the node's role changes never grants
+// from an old epoch.
+Command BindEpochFloor(const Command& call, const RedisConnection& connection, bool cluster) {
   Command out = call;
   if (!out.empty() && out.back() == kEpochFloorArg) {
-    out.back() = std::to_string(connection.epoch << 32);
+    out.back() = cluster ? std::string("cluster") : std::to_string(connection.epoch << 32);
   }
   return out;
 }
@@ -690,7 +693,7 @@ ScriptReplies RunEach(RedisRouter& router, const std::vector<Command>& calls, bo
         if (t.asking) {
           commands.push_back(asking);
         }
-        commands.push_back(BindEpochFloor(calls[i], t.connection->get()));
+        commands.push_back(BindEpochFloor(calls[i], t.connection->get(), router.cluster()));
       }
       if (waiting) {
         commands.push_back(wait);
@@ -1591,7 +1594,8 @@ Status RedisBackend::Ping() {
 // UNSUBSCRIBE. Inside the scripts (redis_scripts.h), which the ACL checks too: EXISTS HMGET HGET
 // HSET INCR PEXPIRE PTTL DEL PUBLISH SET TIME, and for shared and semaphore grants (kGrantLib)
 // HGETALL HDEL PEXPIREAT; with fair=true ZADD ZREM ZRANGE ZRANGEBYSCORE ZREMRANGEBYSCORE ZSCORE
-// ZRANK ZCARD HEXISTS; with Sentinel ROLE; with Cluster CLUSTER SLOTS and ASKING. CONFIG GET
+// ZRANK ZCARD HEXISTS; with Sentinel ROLE; with Cluster CLUSTER SLOTS and ASKING, and CLUSTER INFO
+// inside the granting scripts (the node's config epoch). CONFIG GET
 // and INFO (Open's persistence and eviction checks, and Diagnose) are optional: refused, they
 // are reported, never fatal.
 std::string RedisBackend::PermissionsFix() const {
@@ -1615,7 +1619,8 @@ std::string RedisBackend::PermissionsFix() const {
     commands += " +role";  // Sentinel: every connection checks that it reached the master
   }
   if (options_.cluster()) {
-    commands += " +cluster|slots +asking";  // the slot map, and ASK redirections
+    // The slot map, ASK redirections, and the node's config epoch (the granting scripts).
+    commands += " +cluster|slots +asking +cluster|info";
   }
   return fmt::format(
       "ACL SETUSER {} on ~{} &{} {} (optional: +config|get +info, for the persistence and "

@@ -70,6 +70,13 @@ local function lh_fmt(n)
   return string.format('%d', n)
 end
 local lh_floor = 0
+local function lh_floor_of(arg)
+  if arg == 'cluster' then
+    local e = tonumber(string.match(redis.call('CLUSTER', 'INFO'), 'cluster_my_epoch:(%d+)'))
+    return math.min(e or 0, 2097151) * 4294967296
+  end
+  return tonumber(arg) or 0
+end
 local function lh_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -220,9 +227,12 @@ end
 //             grant of one's own token always did: its expiry began before this attempt's
 //             t_send, so it must not be reported as a fresh grant, nor overwritten.
 //   lh_floor  The least fencing token a grant of this call may get: 0, or with Sentinel the
-//             master's config epoch << 32 (redis_failover.h), which the granting scripts set
-//             from their last ARGV on their first line. A local of the script's own chunk
-//             (kGrantLib is its first part), so every call starts from 0.
+//             master's config epoch << 32 (redis_failover.h), or in a Cluster this node's own
+//             config epoch << 32 (read here, by CLUSTER INFO's cluster_my_epoch, in the same
+//             atomic step as the grant), which the granting scripts set from their last ARGV
+//             ('cluster', or the number) on their first line (lh_floor_of; the epoch capped at
+//             2^21 - 1, exact as a Lua double). A local of the script's own chunk (kGrantLib
+//             is its first part), so every call starts from 0.
 //   lh_grant  Bump the key's one fencing counter first (it survives release, expiry and
 //             force-release, so every grant's token is above every earlier one of any kind),
 //             and raise it to lh_floor when it is below: a counter sent back by a failover
@@ -244,7 +254,7 @@ end
 // {3, held kind, held limit, holder} on a family or limit mismatch; {4, <lh_info of the
 // waiting writer>} when a writer intent keeps a shared request out.
 inline constexpr std::string_view kAcquireScript = R"lua(
-local now = lh_now(); lh_floor = tonumber(ARGV[7]) or 0
+local now = lh_now(); lh_floor = lh_floor_of(ARGV[7])
 local st = lh_state(KEYS[1], now, true)
 local kind, limit = ARGV[4], tonumber(ARGV[5])
 local admits = lh_admits(st, kind, limit, ARGV[1])
@@ -306,7 +316,7 @@ return out
 // the head waiter's id, queued the queue length, position the caller's 0-based place in the
 // queue (-1 when not queued).
 inline constexpr std::string_view kFairAcquireScript = R"lua(
-local now = lh_now(); lh_floor = tonumber(ARGV[9]) or 0
+local now = lh_now(); lh_floor = lh_floor_of(ARGV[9])
 lh_qpurge(KEYS[3], KEYS[4], KEYS[6], now)
 local st = lh_state(KEYS[1], now, true)
 local kind, limit = ARGV[7], tonumber(ARGV[8])
@@ -487,7 +497,7 @@ return 1
 // Returns 0 if no such grant was live (nothing changes), 1 if it was deleted and nobody was
 // handed the key, 2 if it was deleted and the key handed to one or more head waiters.
 inline constexpr std::string_view kFairEndScript = R"lua(
-local now = lh_now(); lh_floor = tonumber(ARGV[7]) or 0
+local now = lh_now(); lh_floor = lh_floor_of(ARGV[7])
 local st = lh_state(KEYS[1], now, true)
 local victim = nil
 for _, g in ipairs(st.grants) do

@@ -15,6 +15,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <thread>
@@ -356,8 +358,18 @@ TEST(RedisClusterTest, AHalfMigratedSlotIsServedThroughAskAndTryAgain) {
   ASSERT_TRUE((*a)->Release("job", Token('a')).ok());
 }
 
+// The config epoch of the node on `port`, as CLUSTER INFO gives it (-1 if unreadable).
+long long MyEpoch(const RedisClusterSetup& cluster, int port) {
+  auto info = cluster.Cli(port, {"CLUSTER", "INFO"});
+  const std::string field = "cluster_my_epoch:";
+  const std::size_t at = info.ok() ? info->find(field) : std::string::npos;
+  return at == std::string::npos ? -1 : std::atoll(info->c_str() + at + field.size());
+}
+
 // Last: it kills a master of the shared cluster (its replica takes over, and the old master
-// comes back as that one's replica).
+// comes back as that one's replica). Then the write a failover can lose: the new master's
+// fencing counter set back to 0 by hand, as an unreplicated bump would leave it; the next
+// grant still comes above every earlier token, from the new master's config epoch.
 TEST(RedisClusterTest, ZKillOfAHeldKeysMasterWithMinReplicasKeepsTheGrant) {
   RedisClusterSetup* cluster = SharedCluster();
   ASSERT_NE(cluster, nullptr);
@@ -369,6 +381,10 @@ TEST(RedisClusterTest, ZKillOfAHeldKeysMasterWithMinReplicasKeepsTheGrant) {
       (*a)->TryAcquire({.key = "job", .owner_token = Token('a'), .holder = "a", .ttl = 30s});
   ASSERT_TRUE(grant.ok()) << grant.status().ToString();
   const int slot = KeySlot(grant->store_key);
+  const long long epoch_before = MyEpoch(*cluster, cluster->MasterPortForSlot(slot).value_or(0));
+  ASSERT_GT(epoch_before, 0);
+  EXPECT_EQ(grant->fencing_token, static_cast<std::uint64_t>(epoch_before) << 32)
+      << "a key's first grant is its master's config epoch << 32";
   auto old_port = cluster->Kill9MasterOf(slot);
   ASSERT_TRUE(old_port.ok()) << old_port.status().ToString();
   EXPECT_EQ((*a)->Renew({"job", Token('a'), 30s}).code(), StatusCode::kUnavailable)
@@ -395,6 +411,22 @@ TEST(RedisClusterTest, ZKillOfAHeldKeysMasterWithMinReplicasKeepsTheGrant) {
                 .status()
                 .code(),
             StatusCode::kHeldByAnother);
+
+  ASSERT_TRUE((*a)->Release("job", Token('a')).ok());
+  const long long epoch_after = MyEpoch(*cluster, *new_port);
+  EXPECT_GT(epoch_after, epoch_before) << "a failover bumps the promoted node's config epoch";
+  ASSERT_TRUE(
+      cluster->Cli(*new_port, {"SET", RedisBackend::FenceKeyName(prefix, "job"), "0"}).ok());
+  auto next =
+      (*b)->TryAcquire({.key = "job", .owner_token = Token('b'), .holder = "b", .ttl = 30s});
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  std::printf(
+      "cluster-epoch: epoch_before=%lld first_token=%llu epoch_after=%lld "
+      "token_after_counter_reset=%llu\n",
+      epoch_before, static_cast<unsigned long long>(grant->fencing_token), epoch_after,
+      static_cast<unsigned long long>(next->fencing_token));
+  EXPECT_GT(next->fencing_token, grant->fencing_token);
+  EXPECT_EQ(next->fencing_token, static_cast<std::uint64_t>(epoch_after) << 32);
 }
 
 }  // namespace
