@@ -13,7 +13,7 @@ BUILD_DIR="$root/build" TARGET=leasehold_cli scripts/build.sh -DLEASEHOLD_BUILD_
 leasehold="$root/build/tools/cli/leasehold"
 key="demo:nightly-report"
 
-echo "store: ${LEASEHOLD_STORE:-the embedded default (\$XDG_STATE_HOME/leasehold/leases.db)}"
+echo "store: ${LEASEHOLD_STORE:-the host-wide embedded default (/var/lib/leasehold/leases.db)}"
 "$leasehold" run --ttl 5s "$key" -- sh -c \
   'echo "[first]  running with fencing token $LEASEHOLD_FENCING_TOKEN; working for 3 s"; sleep 3; echo "[first]  done"' &
 first=$!

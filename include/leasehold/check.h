@@ -36,6 +36,19 @@
 
 namespace leasehold {
 
+// Which processes exclude each other through a store: those that open the same store. A lease
+// means nothing to a process outside its store's scope.
+enum class StoreScope {
+  kProcess,  // memory://: this process only
+  kUser,     // an embedded file only its owner may write: this user's processes on this host
+  kHost,     // an embedded file every local user may write (sqlite's scope=host, the default
+             // store): every process of this host
+  kFleet,    // a server: every process of every host that reaches it
+};
+
+// "this process", "this user on this host", "this host", "every host that reaches the store".
+std::string_view StoreScopeName(StoreScope scope);
+
 // How bad a finding is, in increasing order (CheckReport::verdict is the largest).
 enum class CheckVerdict {
   kPass,
@@ -91,6 +104,8 @@ struct CheckReport {
   // The store (Store::display_url, password masked) and its backend's scheme.
   std::string store;
   std::string backend;
+  // Which processes its leases exclude (Store::scope()).
+  StoreScope scope = StoreScope::kFleet;
 
   // The round trip: `probe` names it ("PING", "SELECT 1", ...).
   std::string probe;

@@ -5,6 +5,7 @@
 //
 // URLs (the README has a section per server store with its URL and parameters):
 //   sqlite:///path/to/file.db   the embedded single-host store (the default; see DefaultUrl())
+//                               ?scope=host: a file every local user shares (StoreScope)
 //   memory://[name]             in-process, for unit tests and examples; handles opened with
 //                               the same name in one process share leases
 // and, where compiled in (CompiledSchemes()), redis://, postgres://, etcd:// and zk://.
@@ -56,8 +57,12 @@ class Store {
   // reached, kPermissionDenied if it refuses access.
   static Result<std::unique_ptr<Store>> Open(std::string_view url, StoreOptions options = {});
 
-  // Returns the URL used when none is given: $LEASEHOLD_STORE if set, else
-  // sqlite://$XDG_STATE_HOME/leasehold/leases.db (or ~/.local/state/leasehold/leases.db).
+  // Returns the URL used when none is given: $LEASEHOLD_STORE if set, else the `store = URL`
+  // line of the host's configuration file ($LEASEHOLD_CONFIG, else
+  // /etc/leasehold/leasehold.conf, if it exists), else the host-wide embedded store
+  // sqlite://$LEASEHOLD_STATE_DIR/leases.db?scope=host (/var/lib/leasehold/leases.db), which
+  // every local user shares. kInvalidArgument names the file and line of a configuration line
+  // that does not read as `key = value`.
   static Result<std::string> DefaultUrl();
 
   // Returns `url` with any password masked, as display_url() shows it, without connecting; a URL
@@ -173,6 +178,10 @@ class Store {
   // has already seen. Lease::Write is not affected (it checks the grant, not the number).
   [[nodiscard]] bool fencing_survives_restart() const;
 
+  // Returns which processes this store's leases exclude (StoreScope): for an embedded file, as
+  // its mode was when the store was opened.
+  [[nodiscard]] StoreScope scope() const;
+
   // Returns the clock every deadline and time of this handle is on (StoreOptions::clock, or
   // Clock::Real()): safe_until, WaitForChange's deadline, the waits of Acquire.
   [[nodiscard]] Clock& clock() const;
@@ -204,8 +213,17 @@ class Store {
   std::shared_ptr<internal::StoreCore> core_;
 };
 
-// Checks that `key` is a valid lease key: 1..512 bytes of valid UTF-8 without a NUL byte.
-// Returns kInvalidArgument saying which rule it breaks.
+// Checks that `key` is a valid lease key: 1..512 bytes of valid UTF-8 without control
+// characters (C0 including NUL, DEL, C1). Returns kInvalidArgument saying which rule it breaks
+// (for a control character: which one, at which byte).
 Status ValidateKey(std::string_view key);
+
+// The longest holder identity (LeaseOptions::holder), in bytes.
+inline constexpr std::size_t kMaxHolderBytes = 256;
+
+// Checks that `holder` is a valid holder identity: at most kMaxHolderBytes of valid UTF-8
+// without control characters (empty means the default, LeaseOptions::DefaultHolder()).
+// Returns kInvalidArgument saying which rule it breaks.
+Status ValidateHolder(std::string_view holder);
 
 }  // namespace leasehold

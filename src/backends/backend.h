@@ -49,8 +49,8 @@ struct LeaseMetrics;
 // What a backend can do, for the core and for the conformance suite's capability predicates
 // (in the manner of Arrow's GenericFileSystemTest).
 struct Capabilities {
-  // Two processes on one host can share the store (false for memory://).
-  bool multi_process = true;
+  // Which processes share the store's leases (memory://: this process only).
+  StoreScope scope = StoreScope::kFleet;
   // WaitForChange uses a store notification rather than returning kUnimplemented.
   bool native_wait = false;
   // The fencing counter survives a restart of the store.

@@ -51,7 +51,7 @@ struct StoreRow {
 #if LEASEHOLD_WITH_SQLITE
 Result<std::string> DefaultSqliteUrl() {
   LH_ASSIGN_OR_RETURN(std::string path, DefaultSqlitePath());
-  return "sqlite://" + path;
+  return "sqlite://" + path + "?scope=host";
 }
 #endif
 

@@ -426,6 +426,20 @@ std::string_view CheckVerdictName(CheckVerdict verdict) {
   return "unsafe";
 }
 
+std::string_view StoreScopeName(StoreScope scope) {
+  switch (scope) {
+    case StoreScope::kProcess:
+      return "this process";
+    case StoreScope::kUser:
+      return "this user on this host";
+    case StoreScope::kHost:
+      return "this host";
+    case StoreScope::kFleet:
+      return "every host that reaches the store";
+  }
+  return "this process";
+}
+
 Result<CheckReport> Store::Check(const CheckOptions& options) {
   LH_RETURN_IF_ERROR(Usable());
   if (options.probes < 1 || options.probes > kMaxProbes) {
@@ -447,6 +461,7 @@ Result<CheckReport> Store::Check(const CheckOptions& options) {
   CheckReport report;
   report.store = core_->display_url;
   report.backend = std::string(backend.scheme());
+  report.scope = backend.capabilities().scope;
   Checker checker(backend, core_->clock, report);
 
   auto diagnosis = backend.Diagnose();

@@ -11,6 +11,7 @@
 #include "core/backoff.h"
 #include "core/cgroup_cpu.h"
 #include "core/duration.h"
+#include "core/host_config.h"
 #include "core/key_waiter.h"
 #include "core/lease_core.h"
 #include "core/logging.h"
@@ -81,9 +82,7 @@ Result<ResolvedOptions> Resolve(std::string_view key, const LeaseOptions& option
   if (options.wait < Duration::zero()) {
     return Status::InvalidArgument("wait must not be negative");
   }
-  if (options.holder.size() > 256) {
-    return Status::InvalidArgument("holder identity is longer than 256 bytes");
-  }
+  LH_RETURN_IF_ERROR(ValidateHolder(options.holder));
   if (options.limit < 1 || options.limit > kMaxLeaseLimit) {
     return Status::InvalidArgument(
         fmt::format("limit must be 1..{}, got {}", kMaxLeaseLimit, options.limit));
@@ -188,6 +187,28 @@ const std::string& LeaseOptions::DefaultHolder() {
   return holder;
 }
 
+namespace {
+
+// kInvalidArgument naming the first control character of `text` (C0, DEL, or C1 encoded in
+// UTF-8) and its byte offset, or OK. A key or holder id is printed by `status` and `list` and
+// written in log lines: a newline or an escape sequence in it could forge an operator's output.
+Status RefuseControlCharacters(std::string_view what, std::string_view text) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    const bool c1 = byte == 0xC2 && i + 1 < text.size() &&
+                    static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(text[i + 1]) <= 0x9F;
+    if (byte < 0x20 || byte == 0x7F || c1) {
+      const unsigned code = c1 ? static_cast<unsigned char>(text[i + 1]) : byte;
+      return Status::InvalidArgument(fmt::format(
+          "{} must not contain control characters: U+{:04X} at byte {}", what, code, i));
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
 Status ValidateKey(std::string_view key) {
   if (key.empty()) {
     return Status::InvalidArgument("key must not be empty");
@@ -196,13 +217,21 @@ Status ValidateKey(std::string_view key) {
     return Status::InvalidArgument(
         fmt::format("key is {} bytes long; the limit is {}", key.size(), kMaxKeyBytes));
   }
-  if (key.find('\0') != std::string_view::npos) {
-    return Status::InvalidArgument("key must not contain a NUL byte");
-  }
   if (!IsUtf8(key)) {
     return Status::InvalidArgument("key must be valid UTF-8");
   }
-  return Status();
+  return RefuseControlCharacters("key", key);  // a NUL byte included
+}
+
+Status ValidateHolder(std::string_view holder) {
+  if (holder.size() > kMaxHolderBytes) {
+    return Status::InvalidArgument(fmt::format("holder identity is {} bytes long; the limit is {}",
+                                               holder.size(), kMaxHolderBytes));
+  }
+  if (!IsUtf8(holder)) {
+    return Status::InvalidArgument("holder identity must be valid UTF-8");
+  }
+  return RefuseControlCharacters("holder identity", holder);
 }
 
 namespace internal {
@@ -242,6 +271,10 @@ Status Store::Usable() const {
 Result<std::string> Store::DefaultUrl() {
   if (const char* env = std::getenv("LEASEHOLD_STORE"); env != nullptr && *env != '\0') {
     return std::string(env);
+  }
+  LH_ASSIGN_OR_RETURN(std::optional<std::string> configured, internal::HostConfigValue("store"));
+  if (configured.has_value() && !configured->empty()) {
+    return *std::move(configured);
   }
   return internal::DefaultStoreUrl();
 }
@@ -297,6 +330,10 @@ std::string Store::DataKey(std::string_view key, std::string_view name) const {
 
 bool Store::fencing_survives_restart() const {
   return core_->backend->capabilities().fencing_survives_restart;
+}
+
+StoreScope Store::scope() const {
+  return core_->backend->capabilities().scope;
 }
 
 bool Store::notifies_changes() const { return core_->backend->capabilities().native_wait; }

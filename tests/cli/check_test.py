@@ -246,14 +246,17 @@ class SqliteCheckTest(CheckHarness, unittest.TestCase):
             self.skipTest(f"chattr +i is not available here: {r.stderr.strip()}")
         self.undo.append(lambda: subprocess.run(["chattr", "-i", path], capture_output=True))
 
-    def test_healthy_file_is_wal_full_on_a_local_disk_single_host_and_writable(self):
+    def test_healthy_file_is_wal_full_on_a_local_disk_private_and_writable(self):
         rc, doc, err = self.check()
         self.assertEqual(rc, 0, json.dumps(doc, indent=1) + err)
         self.assertEqual(doc["round_trip"]["probe"], "BEGIN IMMEDIATE/COMMIT")
         self.assert_item(doc, "durability", "pass", "journal_mode wal, synchronous FULL")
         if fs_type(self.tmp) not in ("tmpfs", "ramfs"):
             self.assert_item(doc, "durability", "pass", "is on a local file system")
-        self.assert_item(doc, "topology", "pass", "single host")
+        # A file made by an explicit URL is private to its owner: check says so (a warning);
+        # the host-wide store passes (tests/cli/scope_test.py).
+        self.assert_item(doc, "topology", "warn", "this user on this host")
+        self.assertEqual(doc["scope"], "this user on this host")
         self.assert_item(doc, "permissions", "pass", "and its directory are writable")
 
     def test_file_on_tmpfs_is_unsafe_its_fencing_counters_end_at_a_reboot(self):

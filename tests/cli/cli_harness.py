@@ -7,8 +7,8 @@
 #
 # CliHarness gives every test a fresh temp dir (the cwd of everything it starts), its own store
 # (store_url(): a sqlite file in the temp dir unless a subclass names another) and its own
-# XDG_STATE_HOME and HOME, so nothing touches the real home; tearDown kills every process group
-# the test started, then whatever kill_leftovers() (a subclass's hook) finds, then removes the
+# LEASEHOLD_STATE_DIR, LEASEHOLD_CONFIG and HOME, so nothing touches the host's own store or
+# configuration; tearDown kills every process group the test started, then whatever kill_leftovers() (a subclass's hook) finds, then removes the
 # temp dir.
 
 import argparse
@@ -40,6 +40,14 @@ def use_leasehold(path, prog):
     if not os.access(LEASEHOLD, os.X_OK):
         sys.exit(f"{prog}: {LEASEHOLD} is not an executable")
     return LEASEHOLD
+
+
+def main(prog):
+    """A test script's main: --leasehold PATH (use_leasehold), the rest to unittest."""
+    import unittest
+    args, rest = arg_parser().parse_known_args()
+    use_leasehold(args.leasehold, prog)
+    unittest.main(argv=[sys.argv[0]] + rest)
 
 
 def figure(name, value, bound):
@@ -104,7 +112,11 @@ class CliHarness:
         self.env = dict(os.environ)
         self.env.pop("LEASEHOLD_STORE", None)
         self.env.pop("LEASEHOLD_DEBUG", None)
-        self.env["XDG_STATE_HOME"] = os.path.join(self.tmp, "state")
+        # The host-wide default store and the host's configuration file, under the temp dir.
+        self.env["LEASEHOLD_STATE_DIR"] = os.path.join(self.tmp, "state", "leasehold")
+        self.env["LEASEHOLD_CONFIG"] = os.path.join(self.tmp, "leasehold.conf")
+        with open(self.env["LEASEHOLD_CONFIG"], "w") as f:
+            f.write("# none: the tests give --store, or test the defaults\n")
         self.env["HOME"] = self.tmp
         self.procs = []
         # Create the store once up front (the sqlite file; a server store must answer): the tests

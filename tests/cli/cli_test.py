@@ -9,7 +9,7 @@
 #
 #   python3 tests/cli/cli_test.py --leasehold build/tools/cli/leasehold [-v] [CliTest.test_x]
 #
-# Every test gets a fresh temp dir, its own sqlite file and XDG_STATE_HOME (nothing touches the
+# Every test gets a fresh temp dir, its own sqlite file and LEASEHOLD_STATE_DIR (nothing touches the
 # real home), and tearDown kills every process group it started: that fixture, the helpers and
 # figure() live in tests/cli/cli_harness.py (CliHarness), shared with tree_test.py. Timing bounds
 # are generous (busy CI machines), and every measured figure is printed so a regression shows
@@ -353,7 +353,9 @@ class CliTest(CliHarness, unittest.TestCase):
         free = self.cli("status", "nobody")
         self.assertEqual(free.returncode, 0, free.stderr)
         self.assertIn("free", free.stdout)
-        self.assertEqual(self.status_json("nobody"), {"key": "nobody", "held": False, "slot_runs": []})
+        self.assertEqual(self.status_json("nobody"),
+                         {"key": "nobody", "held": False, "slot_runs": [], "store": self.store,
+                          "scope": "this user on this host"})
 
         r = self.cli("list", "app:", "--json")
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -407,13 +409,13 @@ class CliTest(CliHarness, unittest.TestCase):
         # --store overrides the environment; the explicit store does not have it.
         self.assertFalse(self.status_json("envjob", env=env)["held"])
 
-        # Neither --store nor $LEASEHOLD_STORE: the file under $XDG_STATE_HOME.
+        # Neither --store nor $LEASEHOLD_STORE nor a configured store: the host-wide file.
         r = self.cli("--store", "sqlite://" + env_db, "status", "envjob", store=False)
         self.assertEqual(r.returncode, 0, r.stderr)  # --store before the subcommand works too
         self.assertIn("held", r.stdout)
         r = self.cli("run", "--quiet", "defjob", "--", "true", store=False)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertTrue(os.path.exists(os.path.join(self.env["XDG_STATE_HOME"], "leasehold",
+        self.assertTrue(os.path.exists(os.path.join(self.env["LEASEHOLD_STATE_DIR"],
                                                     "leases.db")))
 
     def test_child_env_has_key_and_token_but_no_owner_token(self):
@@ -423,7 +425,10 @@ class CliTest(CliHarness, unittest.TestCase):
             env = dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line)
         self.assertEqual(env["LEASEHOLD_KEY"], "job:env")
         self.assertGreater(int(env["LEASEHOLD_FENCING_TOKEN"]), 0)
-        self.assertEqual(sorted(k for k in env if k.startswith("LEASEHOLD_")),
+        # What leasehold sets; the harness's own LEASEHOLD_CONFIG and LEASEHOLD_STATE_DIR are
+        # inherited as any variable is.
+        self.assertEqual(sorted(k for k in env if k.startswith("LEASEHOLD_")
+                                and k not in ("LEASEHOLD_CONFIG", "LEASEHOLD_STATE_DIR")),
                          ["LEASEHOLD_FENCING_TOKEN", "LEASEHOLD_KEY", "LEASEHOLD_STORE_KEY"])
         self.assertEqual(env["LEASEHOLD_STORE_KEY"], "job:env", "the SQL stores keep the key as is")
 

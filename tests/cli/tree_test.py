@@ -19,7 +19,7 @@
 # through `$$`: in pidns mode `$$` is a PID inside the new namespace. Processes are found from the
 # host side through /proc (ppid links, process groups, pid namespaces, cwd). Every test gets a
 # fresh temp dir (the cwd of everything it starts), its own sqlite file or Redis key, and its own
-# XDG_STATE_HOME; tearDown kills every process group it started, every pid recorded in a *.pid
+# LEASEHOLD_STATE_DIR; tearDown kills every process group it started, every pid recorded in a *.pid
 # file, and every process still running in the temp dir (an escaped daemon). That fixture
 # (TreeFixture) is CliHarness of tests/cli/cli_harness.py, shared with cli_test.py, plus the pid
 # files and the strays; figure(), process_gone() and free_port() live there too. Timing bounds are
@@ -210,7 +210,7 @@ def probe(mode):
     (exit code, stderr, the mode named by its `containment:` line or None). Cached."""
     if mode not in _PROBES:
         d = tempfile.mkdtemp(prefix="leasehold-tree-probe-")
-        env = dict(os.environ, XDG_STATE_HOME=os.path.join(d, "state"), HOME=d)
+        env = dict(os.environ, LEASEHOLD_STATE_DIR=os.path.join(d, "state"), HOME=d)
         env.pop("LEASEHOLD_STORE", None)
         try:
             r = subprocess.run([LEASEHOLD, "run", "--store", f"sqlite://{d}/probe.db",

@@ -86,9 +86,10 @@ class ManPageTest(unittest.TestCase):
         sections = man_plain()
         for var in ("LEASEHOLD_STORE", "LEASEHOLD_KEY", "LEASEHOLD_FENCING_TOKEN",
                     "LEASEHOLD_STORE_KEY",
-                    "LEASEHOLD_TERM", "XDG_STATE_HOME"):
+                    "LEASEHOLD_TERM", "LEASEHOLD_CONFIG", "LEASEHOLD_STATE_DIR"):
             self.assertIn(var, sections["ENVIRONMENT"])
-        self.assertIn("leasehold/leases.db", sections["FILES"])
+        self.assertIn("/var/lib/leasehold/leases.db", sections["FILES"])
+        self.assertIn("/etc/leasehold/leasehold.conf", sections["FILES"])
 
     def test_groff_renders_it_without_a_warning(self):
         r = subprocess.run(["groff", "-man", "-ww", "-z", f"{SOURCE}/docs/leasehold.1"],

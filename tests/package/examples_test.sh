@@ -7,8 +7,8 @@
 #   - every `leasehold` command line in the examples (the crontab line, the ExecStart lines, the
 #     entrypoint) runs for real against a throwaway sqlite:// store, with the job replaced by a
 #     stub that records its run, so a flag the CLI does not have fails the test; and the exit
-#     codes the files promise (75 held by another, 130/143 on stop, SuccessExitStatus=) are the
-#     ones the command really gives;
+#     codes the files promise (held and done moved to 0 by --exit-code while a job's own 75 or
+#     80 fails, 130/143 on stop, SuccessExitStatus=) are the ones the command really gives;
 #   - `sh -n` on entrypoint.sh, which also runs as the container's PID 1 (a new PID namespace,
 #     where root may make one) and without privileges (where it must fall back to group
 #     containment, as Dockerfile.snippet says).
@@ -68,7 +68,8 @@ to_ms() {
 }
 
 # The stub that stands in for /usr/local/bin/NAME: it appends "key term leader_id" to
-# $tmp/ran/NAME and then, by $STUB_MODE: exits 0 (exit0), exits 3 (fail), runs until SIGTERM
+# $tmp/ran/NAME and then, by $STUB_MODE: exits 0 (exit0), exits 3 (fail), 75 (exit75) or 80
+# (exit80), runs until SIGTERM
 # and exits 0 then (serve), or runs until killed, with SIGTERM's default action (serve-notrap).
 mkdir -p "$tmp/bin" "$tmp/ran" "$tmp/pathbin"
 chmod 0777 "$tmp/ran"
@@ -81,6 +82,8 @@ echo "\${LEASEHOLD_KEY:-} \${LEASEHOLD_TERM:-} \${LEASEHOLD_LEADER_ID:-}" >>"$tm
 case "\${STUB_MODE:-exit0}" in
   exit0) exit 0 ;;
   fail) exit 3 ;;
+  exit75) exit 75 ;;
+  exit80) exit 80 ;;
   serve) trap 'exit 0' TERM; while :; do sleep 0.05; done ;;
   serve-notrap) exec sleep 60 ;;
 esac
@@ -267,8 +270,10 @@ done
 [ "$(one_value "$rt" AccuracySec)" = 1s ] || fail "leasehold-report.timer: AccuracySec= is not 1s"
 [ "$(one_value "$rt" Persistent)" = true ] || fail "leasehold-report.timer: Persistent= is not true"
 [ "$(one_value "$ls_" Restart)" = always ] || fail "leasehold-leader.service: Restart= is not always"
-in_list 75 "$(one_value "$rs" SuccessExitStatus)" ||
-  fail "leasehold-report.service: SuccessExitStatus= lacks 75"
+[ -z "$(unit_values "$rs" SuccessExitStatus)" ] ||
+  fail "leasehold-report.service: SuccessExitStatus= would pass a job's own code; --exit-code moves leasehold's"
+[[ "$(exec_start "$rs")" == *" --exit-code held=0 "* ]] ||
+  fail "leasehold-report.service: ExecStart lacks --exit-code held=0"
 # TimeoutStopSec covers the job's grace, the leftovers' grace and a release (2 s).
 for f in "$rs" "$ls_"; do
   cmd="$(exec_start "$f")"
@@ -278,18 +283,18 @@ for f in "$rs" "$ls_"; do
   [ "$stop_ms" -ge $((2 * grace_ms + 2000)) ] ||
     fail "$(basename "$f"): TimeoutStopSec=${stop_ms}ms < 2 x --kill-grace + 2 s"
 done
-ok "unit settings: oneshot, Delegate=yes, KillMode=mixed, AccuracySec=1s, Persistent=true, Restart=always, 75 is success, TimeoutStopSec >= 2 x grace + 2 s"
+ok "unit settings: oneshot, Delegate=yes, KillMode=mixed, AccuracySec=1s, Persistent=true, Restart=always, held moved to 0, TimeoutStopSec >= 2 x grace + 2 s"
 # leasehold-invoices.{service,timer}: the --once-per pair.
 is_="$sd/leasehold-invoices.service"
 it="$sd/leasehold-invoices.timer"
 [ "$(one_value "$is_" Type)" = oneshot ] || fail "leasehold-invoices.service: Type= is not oneshot"
 [ "$(one_value "$is_" Delegate)" = yes ] || fail "leasehold-invoices.service: Delegate= is not yes"
 [ "$(one_value "$is_" KillMode)" = mixed ] || fail "leasehold-invoices.service: KillMode= is not mixed"
-for code in 75 80; do
-  in_list "$code" "$(one_value "$is_" SuccessExitStatus)" ||
-    fail "leasehold-invoices.service: SuccessExitStatus= lacks $code"
-done
+[ -z "$(unit_values "$is_" SuccessExitStatus)" ] ||
+  fail "leasehold-invoices.service: SuccessExitStatus= would pass a job's own code"
 cmd="$(exec_start "$is_")"
+[[ "$cmd" == *" --exit-code held=0 --exit-code done=0 "* ]] ||
+  fail "leasehold-invoices.service: ExecStart lacks --exit-code held=0 --exit-code done=0"
 [[ "$cmd" == *" --once-per 1h "* ]] || fail "leasehold-invoices.service: ExecStart lacks --once-per 1h"
 [[ "$cmd" =~ --kill-grace\ ([^ ]+) ]] || fail "leasehold-invoices.service: ExecStart has no --kill-grace"
 [ "$(to_ms "$(one_value "$is_" TimeoutStopSec)")" -ge $((2 * $(to_ms "${BASH_REMATCH[1]}") + 2000)) ] ||
@@ -298,7 +303,7 @@ cmd="$(exec_start "$is_")"
   fail "leasehold-invoices.timer sets AccuracySec= (its comment explains why the default is kept)"
 [ "$(one_value "$it" Persistent)" = true ] || fail "leasehold-invoices.timer: Persistent= is not true"
 [ "$(one_value "$it" Unit)" = leasehold-invoices.service ] || fail "leasehold-invoices.timer: Unit= is not the service"
-ok "leasehold-invoices: oneshot, Delegate=yes, KillMode=mixed, 75 and 80 are success, --once-per 1h, default AccuracySec, Persistent=true"
+ok "leasehold-invoices: oneshot, Delegate=yes, KillMode=mixed, held and done moved to 0, --once-per 1h, default AccuracySec, Persistent=true"
 
 # --- crontab line ---------------------------------------------------------------------------
 
@@ -315,7 +320,8 @@ for line in "${cron_file[@]}"; do
   [[ "$user" =~ ^[a-z_][a-z0-9_-]*$ ]] || fail "crontab line has no user field: $line"
   [[ "$cmd" != *%* ]] || fail "crontab command contains %, which cron turns into a newline"
   [[ "$cmd" == *" --wait 0 "* ]] || fail "crontab line lacks --wait 0"
-  [[ "$cmd" == *"|| [ \$? -eq 75 ]" ]] || fail "crontab line does not end with || [ \$? -eq 75 ]"
+  [[ "$cmd" == *" --exit-code held=0 "* ]] || fail "crontab line lacks --exit-code held=0"
+  [[ "$cmd" != *"||"* ]] || fail "crontab line judges leasehold's codes with a shell wrapper: $cmd"
   cron_lines=$((cron_lines + 1))
   local_cmd="$(localize "$cmd")"
   job="$(grep -o '/usr/local/bin/[A-Za-z0-9_.-]*' <<<"$cmd" | head -1 | sed 's#.*/##')"
@@ -328,22 +334,21 @@ for line in "${cron_file[@]}"; do
   [ "$(ran_count "$job")" -eq 1 ] || fail "crontab line did not run its job once"
   [ "$(cut -d' ' -f1 "$tmp/ran/$job")" = "$key" ] || fail "the job did not see LEASEHOLD_KEY=$key"
   ok "crontab line runs the job with the lease $key, exit 0"
-  # Another host holds the key: leasehold exits 75, the line exits 0, the job does not run.
+  # Another host holds the key: leasehold's 75, moved to 0; the job does not run.
   hold_key "$key"
   rc=0
-  sh -c "${local_cmd% || *}" 2>/dev/null || rc=$?
-  [ "$rc" -eq 75 ] || fail "leasehold run --wait 0 on a held key exited $rc, not 75"
-  rc=0
   sh -c "$local_cmd" 2>/dev/null || rc=$?
-  [ "$rc" -eq 0 ] || fail "crontab line exited $rc when another holds the key (|| [ \$? -eq 75 ])"
+  [ "$rc" -eq 0 ] || fail "crontab line exited $rc when another holds the key (--exit-code held=0)"
   [ "$(ran_count "$job")" -eq 1 ] || fail "the job ran although another held the key"
   release_holder
-  ok "crontab line with the key held elsewhere: leasehold exits 75, the line exits 0, no run"
-  # A job that fails still fails the line (with status 1, the test's, not the job's 3).
-  rc=0
-  STUB_MODE=fail sh -c "$local_cmd" 2>/dev/null || rc=$?
-  [ "$rc" -ne 0 ] || fail "crontab line exited 0 for a job that exits 3"
-  ok "crontab line still fails (exit $rc) when the job fails (exit 3)"
+  ok "crontab line with the key held elsewhere: exit 0 (leasehold's 75 moved), no run"
+  # A job that fails fails the line with its own code, 75 included.
+  for mode_code in fail:3 exit75:75 exit80:80; do
+    rc=0
+    STUB_MODE="${mode_code%:*}" sh -c "$local_cmd" 2>/dev/null || rc=$?
+    [ "$rc" -eq "${mode_code#*:}" ] || fail "crontab line exited $rc for a job that exits ${mode_code#*:}"
+  done
+  ok "crontab line fails with the job's own code (3, 75, 80) when the job fails"
 done
 [ "$cron_lines" -ge 1 ] || fail "no crontab line in leasehold.cron"
 
@@ -370,66 +375,53 @@ avoid_slot_edge() {
     sleep $((until_ms / 1000 + 1))
   fi
 }
-# check_once_per NAME LOCAL_COMMAND SUCCESS_CODES: runs a --once-per command line (after
-# localize; a crontab line's command or an ExecStart) on a store of its own, as the hosts of a
-# fleet would in one slot: held by another host (75, nothing printed, the job not run), the
-# job fails (its 3: the slot stays open), the next run (0, the job runs), and once more (80,
-# nothing printed, the job not run). SUCCESS_CODES: what the line itself must exit for 75 and
-# 80 ("line": a crontab line that maps them to 0; else the codes the unit counts as success).
+# check_once_per NAME LOCAL_COMMAND: runs a --once-per command line (after localize; a crontab
+# line's command or an ExecStart) on a store of its own, as the hosts of a fleet would in one
+# slot: held by another host (leasehold's 75 moved to 0 by --exit-code held=0, nothing
+# printed, the job not run), the job exits 80 and then 3 (its own codes, failures: the slot
+# stays open), the next run (0, the job runs), and once more (the slot is done: leasehold's 80
+# moved to 0 by --exit-code done=0, nothing printed, the job not run).
 check_once_per() {
-  local name="$1" c="$2" success="$3" lh key job rc err saved_store="$store"
+  local name="$1" c="$2" key job rc err saved_store="$store"
   store="sqlite://$tmp/slots-$name.db"
   c="$(sed -E "s#--store [^ ]+#--store $store#" <<<"$c")"
-  lh="${c%% || *}"  # leasehold's own part of a crontab line
-  key="$(sed -E 's/.* ([^ ]+) -- .*/\1/' <<<"$lh")"
-  job="$(grep -o "$tmp/bin/[A-Za-z0-9_.-]*" <<<"$lh" | head -1 | sed 's#.*/##')"
-  avoid_slot_edge "$lh"
+  [[ "$c" == *" --exit-code held=0 --exit-code done=0 "* ]] ||
+    fail "$name: lacks --exit-code held=0 --exit-code done=0: $c"
+  [[ "$c" != *"||"* ]] || fail "$name: judges leasehold's codes with a shell wrapper: $c"
+  key="$(sed -E 's/.* ([^ ]+) -- .*/\1/' <<<"$c")"
+  job="$(grep -o "$tmp/bin/[A-Za-z0-9_.-]*" <<<"$c" | head -1 | sed 's#.*/##')"
+  avoid_slot_edge "$c"
   reset_ran
-  # expect WHAT CODE [STUB_MODE]: runs leasehold's part, checks its code. A crontab line
-  # ("line") is also run whole where that runs no job (75, 80: it must exit 0), and instead of
-  # leasehold's part where the job fails (it must exit non-zero).
+  # expect WHAT CODE [STUB_MODE]: runs the line (cron runs it with sh; systemd splits it as sh
+  # does here), checks its code.
   expect() {
-    local whole=no
-    [ "$success" = line ] && [ "$c" != "$lh" ] && whole=yes
-    if [ "$whole" = yes ] && [ "$2" -ne 0 ] && [ "$2" -ne 75 ] && [ "$2" -ne 80 ]; then
-      rc=0
-      STUB_MODE="${3:-exit0}" sh -c "$c" 2>/dev/null || rc=$?
-      [ "$rc" -ne 0 ] || fail "$name, $1: the line exited 0 for a job that exits $2"
-      return 0
-    fi
     rc=0
-    STUB_MODE="${3:-exit0}" sh -c "$lh" 2>"$tmp/once.err" || rc=$?
+    STUB_MODE="${3:-exit0}" sh -c "$c" 2>"$tmp/once.err" || rc=$?
     err="$(cat "$tmp/once.err")"
-    [ "$rc" -eq "$2" ] || fail "$name, $1: leasehold exited $rc, not $2: $err"
-    if [ "$whole" = yes ] && [ "$2" -ne 0 ]; then
-      rc=0
-      STUB_MODE="${3:-exit0}" sh -c "$c" 2>/dev/null || rc=$?
-      [ "$rc" -eq 0 ] || fail "$name, $1: the line exited $rc for leasehold's $2"
-    fi
+    [ "$rc" -eq "$2" ] || fail "$name, $1: exited $rc, not $2: $err"
   }
   hold_key "$key"
-  expect "key held by another host" 75
+  expect "key held by another host (leasehold's 75, moved)" 0
   release_holder
-  [ -z "$err" ] || fail "$name: --quiet --once-per printed on 75: $err"
+  [ -z "$err" ] || fail "$name: --quiet --once-per printed when held elsewhere: $err"
   [ "$(ran_count "$job")" -eq 0 ] || fail "$name ran the job while another host held the key"
+  expect "the job itself exits 80" 80 exit80
+  [ "$(ran_count "$job")" -eq 1 ] || fail "$name: the job exiting 80 did not run once"
   expect "the job fails" 3 fail
-  [ "$(ran_count "$job")" -eq 1 ] || fail "$name: the failing job did not run once"
-  expect "after a failure" 0
-  [ "$(ran_count "$job")" -eq 2 ] || fail "$name: the slot's failed run was not run again"
-  expect "the slot is done" 80
-  [ -z "$err" ] || fail "$name: --quiet --once-per printed on 80: $err"
-  [ "$(ran_count "$job")" -eq 2 ] || fail "$name ran the job again in a done slot"
-  if [ "$success" != line ]; then
-    in_list 75 "$success" && in_list 80 "$success" || fail "$name: 75 or 80 is not a success: $success"
-  fi
+  [ "$(ran_count "$job")" -eq 2 ] || fail "$name: the failing job did not run"
+  expect "after failures" 0
+  [ "$(ran_count "$job")" -eq 3 ] || fail "$name: the slot's failed runs were not run again"
+  expect "the slot is done (leasehold's 80, moved)" 0
+  [ -z "$err" ] || fail "$name: --quiet --once-per printed on a done slot: $err"
+  [ "$(ran_count "$job")" -eq 3 ] || fail "$name ran the job again in a done slot"
   python3 - "$("$leasehold" --store "$store" status --json "$key")" <<'PY' || fail "$name: status --json slot_runs"
 import json, sys
 runs = json.loads(sys.argv[1])["slot_runs"]
 got = [(r["outcome"], r["exit_code"]) for r in runs]
-assert got == [("done", 0), ("failed_retryable", 3)], got
-assert runs[0]["slot"] == runs[1]["slot"], runs
+assert got[0] == ("done", 0) and ("failed_retryable", 3) in got, got
+assert all(r["slot"] == runs[0]["slot"] for r in runs), runs
 PY
-  ok "$name: held elsewhere 75, silent; failed run 3 leaves the slot open; next run 0; then 80, silent; status shows both runs"
+  ok "$name: held elsewhere 0, silent; the job's own 80 and 3 fail and leave the slot open; next run 0; then done, 0, silent"
   store="$saved_store"
 }
 
@@ -448,13 +440,13 @@ for line in "${cron_file[@]}"; do
   [[ "$cmd" == *" --once-per 1h "* ]] || fail "crontab line lacks --once-per 1h (its schedule is hourly)"
   [[ "$cmd" == *" --quiet "* ]] || fail "crontab line lacks --quiet"
   once_lines=$((once_lines + 1))
-  check_once_per "leasehold-once-per.cron" "$(localize "$cmd")" line
+  check_once_per "leasehold-once-per.cron" "$(localize "$cmd")"
 done
 [ "$once_lines" -eq 1 ] || fail "want one crontab line in leasehold-once-per.cron, got $once_lines"
 
 cmd="$(exec_start "$is_")"
 [[ "$cmd" != *[\$%\"\']* ]] || fail "ExecStart uses \$, % or quotes; this test splits it like sh"
-check_once_per "leasehold-invoices.service" "$(localize "$cmd")" "0 $(one_value "$is_" SuccessExitStatus)"
+check_once_per "leasehold-invoices.service" "$(localize "$cmd")"
 
 # --- the units' ExecStart lines, run for real -----------------------------------------------
 
@@ -465,7 +457,6 @@ local_cmd="$(localize "$cmd")"
 read -ra argv <<<"$local_cmd"
 job="$(basename "${argv[-1]}")"
 key="${argv[-3]}"
-success="0 $(one_value "$rs" SuccessExitStatus)"
 reset_ran
 rc=0
 "${argv[@]}" || rc=$?
@@ -476,10 +467,12 @@ hold_key "$key"
 rc=0
 "${argv[@]}" 2>/dev/null || rc=$?
 release_holder
-[ "$rc" -eq 75 ] || fail "leasehold-report.service ExecStart exited $rc with the key held elsewhere, not 75"
-in_list "$rc" "$success" || fail "exit $rc is not in SuccessExitStatus"
+[ "$rc" -eq 0 ] || fail "leasehold-report.service ExecStart exited $rc with the key held elsewhere, not 0 (held moved)"
 [ "$(ran_count "$job")" -eq 1 ] || fail "leasehold-report.service ran the job although the key was held"
-ok "leasehold-report.service with the key held elsewhere: exit 75, a success for the unit"
+rc=0
+STUB_MODE=exit75 "${argv[@]}" 2>/dev/null || rc=$?
+[ "$rc" -eq 75 ] || fail "leasehold-report.service: a job exiting 75 gave $rc, not its own 75 (a failure)"
+ok "leasehold-report.service with the key held elsewhere: exit 0, a success; the job's own 75: 75, a failure"
 # systemctl stop (KillMode=mixed: SIGTERM to leasehold alone): forwarded, job exits, released.
 reset_ran
 STUB_MODE=serve start_bg "${argv[@]}"

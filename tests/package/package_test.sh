@@ -28,6 +28,10 @@ for lib in libc6 libstdc++6 libsqlite3 libhiredis libssl3 libpq5 libgrpc++ libpr
 done
 grep -q "libleasehold" <<<"$depends" && fail "Depends: names the package's own library"
 grep -Eq "[[:space:]]shlibs[[:space:]]*$" <<<"$info" || fail "no shlibs control file for libleasehold.so.0"
+# postinst makes the host-wide store's directory, sticky and writable by every user.
+postinst="$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./postinst)" || fail "no postinst"
+grep -q "install -d -m 1777 /var/lib/leasehold" <<<"$postinst" \
+  || fail "postinst does not make /var/lib/leasehold: $postinst"
 
 # Contents: every piece the package promises.
 contents="$(dpkg-deb --contents "$deb" | awk '{print $6}')"
@@ -51,7 +55,7 @@ grep -Eq '^leasehold [0-9]+\.[0-9]+\.[0-9]+ \(commit [0-9a-f]{7,}(-dirty)?; stor
 libs="$(ldd "$root/usr/bin/leasehold")"
 grep -qF "$root/usr/lib/libleasehold.so.0" <<<"$libs" \
   || fail "the command does not use the packaged libleasehold.so.0: $libs"
-HOME="$tmp" XDG_STATE_HOME="$tmp/state" "$root/usr/bin/leasehold" run --quiet job -- sh -c \
+HOME="$tmp" LEASEHOLD_STATE_DIR="$tmp/state" "$root/usr/bin/leasehold" run --quiet job -- sh -c \
   '[ -n "$LEASEHOLD_FENCING_TOKEN" ]' || fail "leasehold run from the package failed"
 man -l "$root/usr/share/man/man1/leasehold.1"* >/dev/null 2>"$tmp/man.err" || fail "man -l failed"
 [ ! -s "$tmp/man.err" ] || { cat "$tmp/man.err" >&2; fail "man -l warned"; }

@@ -66,8 +66,7 @@ std::string DescribeRun(const SlotRun& run) {
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(run.ended - run.started);
   return fmt::format("{} {} by {} (fencing token {}, exit {}, {})", FormatSlotTime(run.slot_start),
                      run.succeeded ? "done" : (run.final ? "failed" : "failed (retry allowed)"),
-                     run.holder, run.fencing_token, run.exit_code,
-                     FormatDuration(took));
+                     Printable(run.holder), run.fencing_token, run.exit_code, FormatDuration(took));
 }
 
 void PrintLine(const std::string& text) {
@@ -118,6 +117,8 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
       }
       j["slot_runs"] = std::move(slots);
     }
+    j["store"] = (*store)->display_url();
+    j["scope"] = StoreScopeName((*store)->scope());
     PrintLine(j.dump());
     return 0;
   }
@@ -125,28 +126,28 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     PrintLine(fmt::format("{}: free", key));
   } else if (const LeaseInfo& f = **info; f.mode != LeaseMode::kExclusive || f.limit > 1) {
     // A shared or semaphore key: one line per holder.
-    PrintLine(fmt::format("key:           {}", f.key));
+    PrintLine(fmt::format("key:           {}", Printable(f.key)));
     PrintLine(fmt::format(
         "state:         held by {} ({})", holders->size(),
         f.limit > 1 ? fmt::format("semaphore, {} of {} slots", holders->size(), f.limit)
                     : std::string("shared")));
     std::size_t holder_width = 6;
     for (const LeaseInfo& h : *holders) {
-      holder_width = std::max(holder_width, h.holder.size());
+      holder_width = std::max(holder_width, Printable(h.holder).size());
     }
     PrintLine(fmt::format("{:>4}  {:<9}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", "SLOT", "MODE",
                           "HOLDER", holder_width, "FENCING_TOKEN", "REMAINING", "TTL", "TOKEN"));
     for (const LeaseInfo& h : *holders) {
       PrintLine(fmt::format("{:>4}  {:<9}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", h.slot,
-                            LeaseKindName(h.mode, h.limit), h.holder, holder_width,
+                            LeaseKindName(h.mode, h.limit), Printable(h.holder), holder_width,
                             h.fencing_token, FormatDuration(RoundForDisplay(h.remaining)),
                             FormatDuration(h.ttl), h.token_prefix));
     }
   } else {
     const LeaseInfo& l = **info;
-    PrintLine(fmt::format("key:           {}", l.key));
+    PrintLine(fmt::format("key:           {}", Printable(l.key)));
     PrintLine("state:         held");
-    PrintLine(fmt::format("holder:        {}", l.holder));
+    PrintLine(fmt::format("holder:        {}", Printable(l.holder)));
     PrintLine(fmt::format("fencing token: {}", l.fencing_token));
     PrintLine(fmt::format("token prefix:  {}", l.token_prefix));
     PrintLine(fmt::format("remaining:     {}", FormatDuration(RoundForDisplay(l.remaining))));
@@ -156,6 +157,8 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     PrintLine(fmt::format("{}{}", i == 0 ? "slot runs:     " : "               ",
                           DescribeRun((*runs)[i])));
   }
+  PrintLine(fmt::format("store:         {} (shared by {})", (*store)->display_url(),
+                        StoreScopeName((*store)->scope())));
   return 0;
 }
 
@@ -210,19 +213,20 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
   std::size_t key_width = 3;
   std::size_t holder_width = 6;
   for (const LeaseInfo& l : *leases) {
-    key_width = std::max(key_width, l.key.size());
-    holder_width = std::max(holder_width, l.holder.size());
+    key_width = std::max(key_width, Printable(l.key).size());
+    holder_width = std::max(holder_width, Printable(l.holder).size());
   }
   // MODE and SLOT: every holder of a shared or semaphore key has a line of its own.
   PrintLine(fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {:<8}  {:<9}  {}", "KEY",
                         key_width, "HOLDER", holder_width, "FENCING_TOKEN", "REMAINING", "TTL",
                         "TOKEN", "MODE", "SLOT"));
   for (const LeaseInfo& l : *leases) {
-    PrintLine(fmt::format(
-        "{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {:<8}  {:<9}  {}", l.key, key_width, l.holder,
-        holder_width, l.fencing_token, FormatDuration(RoundForDisplay(l.remaining)),
-        FormatDuration(l.ttl), l.token_prefix, LeaseKindName(l.mode, l.limit),
-        l.limit > 1 ? fmt::format("{}/{}", l.slot, l.limit) : std::to_string(l.slot)));
+    PrintLine(
+        fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {:<8}  {:<9}  {}", Printable(l.key),
+                    key_width, Printable(l.holder), holder_width, l.fencing_token,
+                    FormatDuration(RoundForDisplay(l.remaining)), FormatDuration(l.ttl),
+                    l.token_prefix, LeaseKindName(l.mode, l.limit),
+                    l.limit > 1 ? fmt::format("{}/{}", l.slot, l.limit) : std::to_string(l.slot)));
   }
   // Then the last recorded schedule-slot run of every key that has one (run --once-per).
   std::size_t slot_key_width = 3;
@@ -230,7 +234,7 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
   for (const KeySlotRuns& k : slots) {
     if (!k.runs.empty()) {
       any = true;
-      slot_key_width = std::max(slot_key_width, k.key.size());
+      slot_key_width = std::max(slot_key_width, Printable(k.key).size());
     }
   }
   if (!any) {
@@ -240,7 +244,8 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
   PrintLine(fmt::format("{:<{}}  {}", "KEY", slot_key_width, "LAST SLOT RUN"));
   for (const KeySlotRuns& k : slots) {
     if (!k.runs.empty()) {
-      PrintLine(fmt::format("{:<{}}  {}", k.key, slot_key_width, DescribeRun(k.runs.front())));
+      PrintLine(
+          fmt::format("{:<{}}  {}", Printable(k.key), slot_key_width, DescribeRun(k.runs.front())));
     }
   }
   return 0;

@@ -31,6 +31,7 @@ nlohmann::ordered_json ToJson(const CheckReport& r) {
   nlohmann::ordered_json j;
   j["store"] = r.store;
   j["backend"] = r.backend;
+  j["scope"] = StoreScopeName(r.scope);
   j["verdict"] = CheckVerdictName(r.verdict);
   nlohmann::ordered_json rt = ToJson(r.round_trip);
   rt["probe"] = r.probe;
@@ -76,7 +77,8 @@ void Print(const std::string& line) {
 // one "FIX area: ..." line per finding that is not a pass.
 void PrintText(const CheckReport& r) {
   Print(r.backend.empty() ? fmt::format("store        {}", r.store)
-                          : fmt::format("store        {} ({})", r.store, r.backend));
+                          : fmt::format("store        {} ({}; shared by {})", r.store, r.backend,
+                                        StoreScopeName(r.scope)));
   for (const auto& item : r.items) {
     Print(fmt::format("{:<12} {:<11} {}", item.area, CheckVerdictName(item.verdict), item.found));
   }

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,7 +66,7 @@ bool WaitForInterrupt(int signal_fd, Duration limit) {
 
 }  // namespace
 
-int ElectCommand(const ElectFlags& flags) {
+CommandExit ElectCommand(const ElectFlags& flags) {
   const RunFlags& run = flags.run;
   SetLogFormat(run.observability.log_format == "json" ? LogFormat::kJson : LogFormat::kText);
   if (run.command.empty()) {
@@ -74,6 +75,9 @@ int ElectCommand(const ElectFlags& flags) {
   Result<RunSettings> settings = ParseSettings(run);
   if (!settings.ok()) {
     return ReportFailure(settings.error());
+  }
+  if (std::optional<int> refused = RefuseUnrunnableCommand(run.command)) {
+    return *refused;  // before campaigning: a command that cannot run never leads
   }
   const std::string id = run.holder.empty() ? LeaseOptions::DefaultHolder() : run.holder;
   // /metrics is served across every term, until elect exits.
@@ -98,7 +102,7 @@ int ElectCommand(const ElectFlags& flags) {
                                                      : "waiting up to " + FormatDuration(wait)));
          }
        }});
-  int exit_code = 0;
+  CommandExit exit_code = CommandExit::FromCommand(0);
   Duration pause = Duration::zero();  // between short terms (--again)
   for (;;) {
     if (watcher == nullptr) {
@@ -126,9 +130,10 @@ int ElectCommand(const ElectFlags& flags) {
       return ReportFailure(leadership.error());
     }
     const Lease& lease = leadership->lease();
-    Info(fmt::format("elected leader of {} as {} (term {}, ttl {}, renew every {})", flags.name, id,
-                     leadership->term(), FormatDuration(lease.ttl()),
-                     FormatDuration(RoundForDisplay(lease.renew_interval()))));
+    Info(fmt::format("elected leader of {} as {} (term {}, ttl {}, renew every {}); {}", flags.name,
+                     id, leadership->term(), FormatDuration(lease.ttl()),
+                     FormatDuration(RoundForDisplay(lease.renew_interval())),
+                     DescribeStore(store)));
     std::vector<std::string> env = LeaseChildEnvironment(
         lease, leadership->term(),
         {"LEASEHOLD_ELECTION=" + flags.name, fmt::format("LEASEHOLD_TERM={}", leadership->term()),
@@ -137,7 +142,8 @@ int ElectCommand(const ElectFlags& flags) {
     ChildOutcome outcome = RunUnderLease(
         lease, [&leadership](int) { return leadership->Resign(); }, run.command, std::move(env),
         TreeSettingsFor(*settings, run), sup, "leadership of " + flags.name);
-    exit_code = outcome.exit_code;
+    exit_code = outcome.from_command ? CommandExit::FromCommand(outcome.exit_code)
+                                     : CommandExit(outcome.exit_code);
     if (!flags.again || outcome.interrupted) {
       return exit_code;
     }
@@ -151,7 +157,7 @@ int ElectCommand(const ElectFlags& flags) {
                          ? " after " + FormatDuration(pause) + " (its term lasted only " +
                                FormatDuration(RoundForDisplay(term)) + ")"
                          : std::string(),
-                     exit_code));
+                     exit_code.code));
     if (pause > Duration::zero() && WaitForInterrupt(sup.signal_fd.get(), pause)) {
       Error(fmt::format("interrupted while pausing between terms of {}", flags.name));
       return exit_code;

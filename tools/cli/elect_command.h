@@ -27,7 +27,7 @@ struct ElectFlags {
   RunFlags run;
 };
 
-// Returns the process exit code: as RunCommand's, the last command's when --again stops.
-int ElectCommand(const ElectFlags& flags);
+// Returns the outcome: as RunCommand's, the last command's when --again stops.
+CommandExit ElectCommand(const ElectFlags& flags);
 
 }  // namespace leasehold::cli

@@ -10,7 +10,10 @@
 
 #pragma once
 
+#include <map>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "leasehold/status.h"
 
@@ -72,6 +75,38 @@ inline int ExitCodeFor(const Status& status) {
   return kExitInternal;
 }
 
+// What `run` and `elect` end with: one of leasehold's own outcomes above, or the command's own
+// exit code (its 0..125, or 128+N for its death by signal N), which --exit-code never moves.
+struct CommandExit {
+  CommandExit(int own_code) : code(own_code) {}  // NOLINT(google-explicit-constructor)
+
+  static CommandExit FromCommand(int command_code) {
+    CommandExit e(command_code);
+    e.from_command = true;
+    return e;
+  }
+
+  int code;
+  bool from_command = false;
+};
+
+// --exit-code OUTCOME=N (flock -E for each outcome): leasehold's own code for OUTCOME becomes N
+// (0..255), so that a job's own 75 or 80 is never mistaken for "held by another" or "slot
+// done". OUTCOME: usage, unavailable, internal, held, permission, lost, done, unsafe,
+// cannot-execute, not-found, interrupted. Returns {own code -> N}, or kInvalidArgument naming
+// the bad spec and the outcomes.
+Result<std::map<int, int>> ParseExitCodeMap(const std::vector<std::string>& specs);
+
+// The process exit code of `exit` under `map`: the command's own code as it is, leasehold's
+// moved where the map says.
+inline int ExitCodeOf(const CommandExit& exit, const std::map<int, int>& map) {
+  if (exit.from_command) {
+    return exit.code;
+  }
+  const auto moved = map.find(exit.code);
+  return moved == map.end() ? exit.code : moved->second;
+}
+
 // The exit-code table printed at the end of every --help.
 inline constexpr std::string_view kExitCodeHelp =
     "Exit codes:\n"
@@ -89,6 +124,10 @@ inline constexpr std::string_view kExitCodeHelp =
     "  126     run/elect: command found but not executable\n"
     "  127     run/elect: command not found\n"
     "  128+N   run/elect: the command died of signal N\n"
-    "  130     interrupted (SIGINT/SIGTERM/SIGHUP) while waiting for the lease\n";
+    "  130     interrupted (SIGINT/SIGTERM/SIGHUP) while waiting for the lease\n"
+    "run/elect --exit-code OUTCOME=N moves one of leasehold's own codes (usage 64, unavailable "
+    "69,\n"
+    "internal 70, held 75, permission 77, lost 79, done 80, unsafe 81, cannot-execute 126,\n"
+    "not-found 127, interrupted 130) to N; the command's own code is never moved.\n";
 
 }  // namespace leasehold::cli

@@ -45,10 +45,10 @@ void PrintLeader(const std::string& name, const std::optional<LeaderInfo>& leade
     }
     line = j.dump();
   } else if (leader.has_value()) {
-    line = fmt::format("{}: leader {} (term {}, {} left)", name, leader->id, leader->term,
-                       FormatDuration(RoundForDisplay(leader->remaining)));
+    line = fmt::format("{}: leader {} (term {}, {} left)", Printable(name), Printable(leader->id),
+                       leader->term, FormatDuration(RoundForDisplay(leader->remaining)));
   } else {
-    line = fmt::format("{}: no leader", name);
+    line = fmt::format("{}: no leader", Printable(name));
   }
   std::fputs(line.c_str(), stdout);
   std::fputc('\n', stdout);

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <new>
 #include <optional>
 #include <string>
@@ -24,14 +25,18 @@
 #include "exit_codes.h"
 #include "leader_command.h"
 #include "run_command.h"
+#include "store_flag.h"
 
 namespace leasehold::cli {
 
 namespace {
 
 constexpr const char* kStoreHelp =
-    "Store URL, e.g. sqlite:///var/lib/app/leases.db. Default: $LEASEHOLD_STORE, else "
-    "sqlite://$XDG_STATE_HOME/leasehold/leases.db (~/.local/state/leasehold/leases.db)";
+    "Store URL, e.g. redis://leases.internal/0 (the fleet's store). Default: $LEASEHOLD_STORE, "
+    "else `store = URL` in /etc/leasehold/leasehold.conf ($LEASEHOLD_CONFIG), else the "
+    "host-wide embedded store sqlite:///var/lib/leasehold/leases.db?scope=host "
+    "($LEASEHOLD_STATE_DIR), which every local user shares. memory:// is refused (it excludes "
+    "no other command)";
 
 // A flag whose text is kept only if it was given (RunFlags' std::optional<std::string>).
 struct OptionalFlag {
@@ -134,8 +139,15 @@ constexpr const char* kContainHelp =
     "every descendant under the keeper; a process that outlives the keeper escapes), or auto "
     "(the first of cgroup, pidns, group this machine allows; as root all three). Default: auto";
 
-// --contain and --wait-children, for run and elect.
+// --contain, --wait-children and --exit-code, for run and elect.
 void AddTreeOptions(CLI::App& app, RunFlags& run) {
+  app.add_option("--exit-code", run.exit_codes,
+                 "Move one of leasehold's own exit codes, so that a job's own code is never "
+                 "mistaken for it (as flock -E): e.g. --exit-code held=0 --exit-code done=0 "
+                 "makes another host's run a success and leaves every exit of the command as "
+                 "it is. OUTCOME: usage, unavailable, internal, held, permission, lost, done, "
+                 "unsafe, cannot-execute, not-found, interrupted. Repeatable")
+      ->type_name("OUTCOME=N");
   app.add_option("--contain", run.contain, kContainHelp)->type_name("auto|cgroup|pidns|group");
   app.add_flag("--wait-children", run.wait_children,
                "When the command exits and processes it started remain, keep holding (and "
@@ -227,7 +239,10 @@ CLI::App* AddRunCommand(CLI::App& app, Flags& flags) {
       "release at once",
       "DURATION");
   AddObservabilityOptions(*run, flags.run.observability);
-  run->add_option("KEY", flags.run.key, "The lease's name, 1..512 bytes of UTF-8")->required();
+  run->add_option("KEY,--key", flags.run.key,
+                  "The lease's name: 1..512 bytes of UTF-8, no control characters (--key KEY "
+                  "for one that starts with '-')")
+      ->required();
   // Not required() here: what follows `--` is taken verbatim before CLI11 parses (SplitCommand);
   // RunCommand reports a missing COMMAND.
   run->add_option("COMMAND", flags.run.command, "The command to run, after --, with its arguments");
@@ -285,7 +300,9 @@ void AddAdminCommands(CLI::App& app, Flags& flags, Subcommands& sub) {
       "status", "Show who holds KEY, its fencing token and remaining TTL ('KEY: free' if none)");
   AddCommonOptions(*status, flags);
   status->add_flag("--json", flags.json, "Print one JSON object");
-  status->add_option("KEY", flags.key, "The lease's name")->required();
+  status
+      ->add_option("KEY,--key", flags.key, "The lease's name (--key KEY: one that starts with '-')")
+      ->required();
   status->footer(Footer());
 
   CLI::App* list = app.add_subcommand(
@@ -311,7 +328,9 @@ void AddAdminCommands(CLI::App& app, Flags& flags, Subcommands& sub) {
                       "holder identity or its token prefix, as `leasehold status KEY` shows "
                       "them. Default: every grant of KEY")
       ->type_name("ID");
-  release->add_option("KEY", flags.key, "The lease's name")->required();
+  release
+      ->add_option("KEY,--key", flags.key, "The lease's name (--key KEY: one that starts with '-')")
+      ->required();
   release->footer(Footer());
 
   CLI::App* schema = app.add_subcommand(
@@ -385,14 +404,19 @@ std::optional<int> Parse(CLI::App& app, int cli_argc, char** argv) {
 
 // Runs the parsed subcommand; returns the exit code.
 int Dispatch(const Subcommands& sub, Flags& flags) {
-  if (sub.run->parsed()) {
-    flags.run_lease.CopyTo(flags.store_url, flags.run);
-    flags.run_slot.CopyTo(flags.run);
-    return RunCommand(flags.run);
-  }
-  if (sub.elect->parsed()) {
+  if (sub.run->parsed() || sub.elect->parsed()) {
+    RunFlags& run = sub.run->parsed() ? flags.run : flags.elect.run;
+    Result<std::map<int, int>> moved = ParseExitCodeMap(run.exit_codes);
+    if (!moved.ok()) {
+      return ReportFailure(moved.error());
+    }
+    if (sub.run->parsed()) {
+      flags.run_lease.CopyTo(flags.store_url, flags.run);
+      flags.run_slot.CopyTo(flags.run);
+      return ExitCodeOf(RunCommand(flags.run), *moved);
+    }
     flags.elect_lease.CopyTo(flags.store_url, flags.elect.run);
-    return ElectCommand(flags.elect);
+    return ExitCodeOf(ElectCommand(flags.elect), *moved);
   }
   if (sub.leader->parsed()) {
     return LeaderCommand(flags.store_url, flags.elect.name, flags.watch, flags.json);

@@ -96,7 +96,7 @@ int ReportNotTaken(Store& store, const std::string& key, const Status& status, b
 
 }  // namespace
 
-int RunCommand(const RunFlags& flags) {
+CommandExit RunCommand(const RunFlags& flags) {
   SetLogFormat(flags.observability.log_format == "json" ? LogFormat::kJson : LogFormat::kText);
   if (Status s = ValidateKey(flags.key); !s.ok()) {
     return ReportFailure(s);
@@ -117,6 +117,10 @@ int RunCommand(const RunFlags& flags) {
     return ReportFailure(Status::InvalidArgument(fmt::format(
         "--once-per runs each slot once, on one host: it takes no {}",
         flags.shared ? "--shared" : "--limit")));
+  }
+  // Resolve before you lock: a command that cannot run takes no lease and closes no slot.
+  if (std::optional<int> refused = RefuseUnrunnableCommand(flags.command)) {
+    return *refused;
   }
   // /metrics is served from before the wait until the command has ended and the lease is
   // released.
@@ -163,28 +167,29 @@ int RunCommand(const RunFlags& flags) {
           done.slot_start > claim->slot_start()
               ? fmt::format(" (a later slot, {}, has run)", FormatSlotTime(done.slot_start))
               : "",
-          done.succeeded ? "ran" : "failed, not to be retried", done.holder, done.fencing_token,
-          done.exit_code, FormatSlotTime(done.ended), clock));
+          done.succeeded ? "ran" : "failed, not to be retried", Printable(done.holder),
+          done.fencing_token, done.exit_code, FormatSlotTime(done.ended), clock));
       return kExitSlotDone;
     }
-    Info(fmt::format("{}: claimed slot {} (named by {}; fencing token {})", flags.key, slot, clock,
-                     claim->lease().fencing_token()));
+    Info(fmt::format("{}: claimed slot {} (named by {}; fencing token {}); {}", flags.key, slot,
+                     clock, claim->lease().fencing_token(), DescribeStore(store)));
     Lease& lease = claim->lease();
     std::vector<std::string> env =
         LeaseChildEnvironment(lease, lease.fencing_token(), {"LEASEHOLD_SLOT=" + slot});
     const bool retry_failed = settings->retry_failed;
     const Duration hold = settings->hold_at_least;
-    return RunUnderLease(
-               lease,
-               [&claim, retry_failed, hold](int code) {
-                 return claim->Finish({.succeeded = code == 0,
-                                       .exit_code = code,
-                                       .retry_failed = retry_failed,
-                                       .hold_at_least = hold});
-               },
-               flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup,
-               "lease " + flags.key)
-        .exit_code;
+    const ChildOutcome outcome = RunUnderLease(
+        lease,
+        [&claim, retry_failed, hold](int code) {
+          return claim->Finish({.succeeded = code == 0,
+                                .exit_code = code,
+                                .retry_failed = retry_failed,
+                                .hold_at_least = hold});
+        },
+        flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup,
+        "lease " + flags.key);
+    return outcome.from_command ? CommandExit::FromCommand(outcome.exit_code)
+                                : CommandExit(outcome.exit_code);
   }
   Result<Lease> lease = TakeOrWait<Lease>(
       [&](const LeaseOptions& o, std::stop_token cancel) {
@@ -205,7 +210,9 @@ int RunCommand(const RunFlags& flags) {
     return ReportNotTaken(store, flags.key, lease.error(), waited, /*quiet_when_held=*/false);
   }
 
-  // The acquisition was logged by the library ("acquired key=... fencing_token=... token=...").
+  // The acquisition was logged by the library ("acquired key=... fencing_token=... token=..."):
+  // say where.
+  Info(DescribeStore(store));
 
   // Everything the child needs is allocated here, before fork().
   std::vector<std::string> extra;
@@ -222,11 +229,11 @@ int RunCommand(const RunFlags& flags) {
   std::vector<std::string> env =
       LeaseChildEnvironment(*lease, lease->fencing_token(), std::move(extra));
   const Duration hold = settings->hold_at_least;
-  return RunUnderLease(
-             *lease, [&lease, hold](int) { return lease->Release({.hold_at_least = hold}); },
-             flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup,
-             "lease " + flags.key)
-      .exit_code;
+  const ChildOutcome outcome = RunUnderLease(
+      *lease, [&lease, hold](int) { return lease->Release({.hold_at_least = hold}); },
+      flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup, "lease " + flags.key);
+  return outcome.from_command ? CommandExit::FromCommand(outcome.exit_code)
+                              : CommandExit(outcome.exit_code);
 }
 
 }  // namespace leasehold::cli

@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "exit_codes.h"
 #include "observability.h"
 
 namespace leasehold::cli {
@@ -84,9 +85,11 @@ struct RunFlags {
   // --hold-at-least: the grant stays in the store this long after it was taken, without the
   // process (ReleaseOptions::hold_at_least).
   std::optional<std::string> hold_at_least;
+  // --exit-code OUTCOME=N, as given (ParseExitCodeMap); applied by the caller (ExitCodeOf).
+  std::vector<std::string> exit_codes;
 };
 
-// Runs the command; returns the process exit code (exit_codes.h).
-int RunCommand(const RunFlags& flags);
+// Runs the command; returns leasehold's own outcome or the command's code (exit_codes.h).
+CommandExit RunCommand(const RunFlags& flags);
 
 }  // namespace leasehold::cli

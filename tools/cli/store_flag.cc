@@ -12,11 +12,23 @@
 namespace leasehold::cli {
 
 Result<std::unique_ptr<Store>> OpenStoreFromFlag(const std::string& url) {
-  if (!url.empty()) {
-    return Store::Open(url);
+  std::string chosen = url;
+  if (chosen.empty()) {
+    LH_ASSIGN_OR_RETURN(chosen, Store::DefaultUrl());
   }
-  LH_ASSIGN_OR_RETURN(std::string default_url, Store::DefaultUrl());
-  return Store::Open(default_url);
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(chosen));
+  if (store->scope() == StoreScope::kProcess) {
+    // Each leasehold command is a process of its own: two of them never exclude each other.
+    return Status::InvalidArgument(fmt::format(
+        "{} keeps leases inside one process, so no other leasehold command would ever see "
+        "them: use the host-wide embedded store (the default) or a server store",
+        store->display_url()));
+  }
+  return store;
+}
+
+std::string DescribeStore(const Store& store) {
+  return fmt::format("store {} (shared by {})", store.display_url(), StoreScopeName(store.scope()));
 }
 
 std::string Describe(const Status& status) {
@@ -35,14 +47,34 @@ int ReportFailure(const Status& status) {
   return ExitCodeFor(status);
 }
 
+std::string Printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    const bool c1 = byte == 0xC2 && i + 1 < text.size() &&
+                    static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+                    static_cast<unsigned char>(text[i + 1]) <= 0x9F;
+    if (byte < 0x20 || byte == 0x7F || byte == '\\' || c1) {
+      out += fmt::format("\\x{:02x}", byte);
+      if (c1) {
+        out += fmt::format("\\x{:02x}", static_cast<unsigned char>(text[++i]));
+      }
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
 std::string DescribeHolder(const LeaseInfo& info) {
   const bool plain = info.mode == LeaseMode::kExclusive && info.limit <= 1;
-  return fmt::format("{} ({}fencing token {}, expires in {})",
-                     info.holder.empty() ? std::string("an unnamed holder") : info.holder,
-                     plain ? std::string()
-                           : fmt::format("{} slot {}, ", LeaseKindName(info.mode, info.limit),
-                                         info.slot),
-                     info.fencing_token, FormatDuration(RoundForDisplay(info.remaining)));
+  return fmt::format(
+      "{} ({}fencing token {}, expires in {})",
+      info.holder.empty() ? std::string("an unnamed holder") : Printable(info.holder),
+      plain ? std::string()
+            : fmt::format("{} slot {}, ", LeaseKindName(info.mode, info.limit), info.slot),
+      info.fencing_token, FormatDuration(RoundForDisplay(info.remaining)));
 }
 
 }  // namespace leasehold::cli

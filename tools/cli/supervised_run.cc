@@ -19,10 +19,12 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/timerfd.h>
 
 #include "leasehold/clock.h"
@@ -419,6 +421,50 @@ Result<std::unique_ptr<Supervision>> BlockSignals() {
   return sup;
 }
 
+std::optional<int> RefuseUnrunnableCommand(const std::vector<std::string>& command) {
+  const std::string& name = command.front();
+  // What execvp would try, in order.
+  std::vector<std::string> candidates;
+  if (name.find('/') != std::string::npos) {
+    candidates.push_back(name);
+  } else if (!name.empty()) {
+    const char* env_path = std::getenv("PATH");
+    const std::string path = env_path != nullptr ? env_path : "/bin:/usr/bin";
+    std::size_t at = 0;
+    while (at <= path.size()) {
+      std::size_t end = path.find(':', at);
+      if (end == std::string::npos) {
+        end = path.size();
+      }
+      const std::string dir = path.substr(at, end - at);
+      candidates.push_back(dir.empty() ? name : dir + "/" + name);  // empty: the working dir
+      at = end + 1;
+    }
+  }
+  std::string not_executable;
+  for (const std::string& candidate : candidates) {
+    struct stat st {};
+
+    if (::stat(candidate.c_str(), &st) != 0) {
+      continue;
+    }
+    if (S_ISREG(st.st_mode) && ::access(candidate.c_str(), X_OK) == 0) {
+      return std::nullopt;
+    }
+    if (not_executable.empty()) {
+      not_executable = candidate;
+    }
+  }
+  if (!not_executable.empty()) {
+    Error(fmt::format("cannot run '{}': {} is not an executable file; nothing was taken", name,
+                      not_executable));
+    return kExitCannotExecute;
+  }
+  Error(fmt::format("cannot run '{}': command not found{}; nothing was taken", name,
+                    name.find('/') != std::string::npos ? std::string() : " in $PATH"));
+  return kExitCommandNotFound;
+}
+
 Result<SupervisedSetup> StartSupervision(const RunFlags& flags) {
   SupervisedSetup setup;
   LH_ASSIGN_OR_RETURN(setup.sup, BlockSignals());
@@ -476,7 +522,7 @@ ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status(int)>&
     Status released = release(ExitCodeFor(started.error()));
     Error(fmt::format("cannot run '{}': {}{}", command.front(), Describe(started.error()),
                       released.ok() ? "" : "; release failed: " + Describe(released)));
-    return {ExitCodeFor(started.error()), false};
+    return {.exit_code = ExitCodeFor(started.error())};
   }
   Supervisor& tree = **started;
   if (int err = tree.exec_errno(); err != 0) {
@@ -484,7 +530,7 @@ ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status(int)>&
     Status released = release(code);
     Error(fmt::format("cannot run '{}': {}{}", command.front(), std::strerror(err),
                       released.ok() ? "" : "; release failed: " + Describe(released)));
-    return {code, false};
+    return {.exit_code = code};
   }
   Info(fmt::format("containment: {}", tree.mode_note()));
   if (tree.weak()) {
@@ -510,17 +556,17 @@ ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status(int)>&
     (void)release(kExitLeaseLost);
     Error(fmt::format("{} lost{}; the command was stopped: it {}", what,
                       reason.ok() ? std::string() : ": " + Describe(reason), tree.DescribeExit()));
-    return {kExitLeaseLost, guard.interrupted()};
+    return {.exit_code = kExitLeaseLost, .interrupted = guard.interrupted()};
   }
   Info(fmt::format("the command {}; its whole tree is gone", tree.DescribeExit()));
   if (Status released = release(child_code); !released.ok()) {
     Error(fmt::format("release of {} failed: {}", what, Describe(released)));
     if (released.code() == StatusCode::kLost) {
-      return {kExitLeaseLost, guard.interrupted()};
+      return {.exit_code = kExitLeaseLost, .interrupted = guard.interrupted()};
     }
   }
   // A successful release was logged by the library ("released key=... fencing_token=...").
-  return {child_code, guard.interrupted()};
+  return {.exit_code = child_code, .from_command = true, .interrupted = guard.interrupted()};
 }
 
 }  // namespace leasehold::cli

@@ -62,6 +62,12 @@ struct TreeSettings {
 // The tree settings of a run: from its settings and its --on-risk / --wait-children flags.
 TreeSettings TreeSettingsFor(const RunSettings& settings, const RunFlags& flags);
 
+// Finds `command`'s program as execvp will (a name with a '/' as it is, else the first match in
+// $PATH, "/bin:/usr/bin" when unset) before any lease or slot is taken: nullopt if it can run;
+// else prints one line and returns 127 (not found) or 126 (found, but not an executable file).
+// The exec itself can still fail (a bad interpreter line); that case releases what it took.
+std::optional<int> RefuseUnrunnableCommand(const std::vector<std::string>& command);
+
 // The signal mask and descriptors of a supervised command, made before the store opens.
 struct Supervision {
   sigset_t saved_mask{};
@@ -102,6 +108,8 @@ LeaseOptions SupervisedLeaseOptions(const RunSettings& settings, const Supervisi
 // How a supervised run ended.
 struct ChildOutcome {
   int exit_code = 0;
+  // exit_code is the command's own (its exit, or 128+N for its signal), not leasehold's.
+  bool from_command = false;
   // SIGINT/SIGTERM/SIGHUP reached us while the command ran.
   bool interrupted = false;
 };

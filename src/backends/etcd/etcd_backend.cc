@@ -432,7 +432,6 @@ EtcdBackend::~EtcdBackend() = default;
 
 Capabilities EtcdBackend::capabilities() const {
   return Capabilities{
-      .multi_process = true,
       .native_wait = true,
       .fencing_survives_restart = true,
       .fair_queue = options_.fair,

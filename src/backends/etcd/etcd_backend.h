@@ -164,7 +164,7 @@ class EtcdBackend final : public Backend {
 
   [[nodiscard]] std::string_view scheme() const override { return "etcd"; }
 
-  // native_wait (watch), multi_process, fencing_survives_restart (revisions are persisted),
+  // native_wait (watch), fencing_survives_restart (revisions are persisted),
   // fenced_ops Put and Delete, shared_leases.
   [[nodiscard]] Capabilities capabilities() const override;
 

@@ -443,7 +443,7 @@ class MemoryBackend final : public Backend {
   std::string_view scheme() const override { return "memory"; }
 
   Capabilities capabilities() const override {
-    return {.multi_process = false,
+    return {.scope = StoreScope::kProcess,
             .native_wait = true,
             .fencing_survives_restart = false,
             .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete),

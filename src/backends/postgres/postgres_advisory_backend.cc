@@ -203,8 +203,7 @@ PostgresAdvisoryBackend::~PostgresAdvisoryBackend() {
 }
 
 Capabilities PostgresAdvisoryBackend::capabilities() const {
-  return Capabilities{.multi_process = true,
-                      .native_wait = true,
+  return Capabilities{.native_wait = true,
                       .fencing_survives_restart = true,
                       .fair_queue = true,
                       .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),

@@ -319,8 +319,7 @@ PostgresTableBackend::~PostgresTableBackend() {
 }
 
 Capabilities PostgresTableBackend::capabilities() const {
-  return Capabilities{.multi_process = true,
-                      .native_wait = !pooled_,
+  return Capabilities{.native_wait = !pooled_,
                       .fencing_survives_restart = true,
                       .fair_queue = false,
                       .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),

@@ -941,8 +941,7 @@ Result<std::shared_ptr<RedisBackend>> RedisBackend::Open(RedisOptions options, C
 }
 
 Capabilities RedisBackend::capabilities() const {
-  return Capabilities{.multi_process = true,
-                      .native_wait = true,
+  return Capabilities{.native_wait = true,
                       .fencing_survives_restart = !persistence_off_,
                       .fair_queue = options_.fair,
                       .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) |

@@ -439,9 +439,23 @@ Status FileSystemError(int err, std::string_view action, std::string_view what,
   return SqliteFileErrorStatus(err, std::move(message));
 }
 
-// Creates the missing directories leading to `path`, each 0700 whatever the umask. Existing
-// directories are left as they are.
-Status CreateParentDirectories(const std::string& path) {
+// The modes of what Open creates: private to the owner, or (host scope) shared by every local
+// user, the directory that holds the file sticky as /tmp is (nobody removes another's file).
+struct CreateModes {
+  mode_t file;
+  mode_t leaf_directory;
+  mode_t directory;
+};
+
+CreateModes ModesFor(bool host_scope) {
+  return host_scope ? CreateModes{0666, 01777, 0755} : CreateModes{0600, 0700, 0700};
+}
+
+// Creates the missing directories leading to `path` with `modes` whatever the umask. Existing
+// directories are left as they are. A host-scope directory that this user may not create is
+// kPermissionDenied with the one command that makes it.
+Status CreateParentDirectories(const std::string& path, bool host_scope) {
+  const CreateModes modes = ModesFor(host_scope);
   const std::size_t last_slash = path.rfind('/');
   if (last_slash == std::string::npos || last_slash == 0) {
     return Status::Ok();  // In the working directory, or in "/".
@@ -470,33 +484,43 @@ Status CreateParentDirectories(const std::string& path) {
     if (errno != ENOENT) {
       return FileSystemError(errno, "use the directory", prefix, path);
     }
-    if (::mkdir(prefix.c_str(), 0700) != 0) {
+    const mode_t mode = prefix == dir ? modes.leaf_directory : modes.directory;
+    if (::mkdir(prefix.c_str(), mode & 0777) != 0) {
       if (errno == EEXIST) {
         continue;  // Another process made it meanwhile.
       }
+      if (host_scope && IsPermissionErrno(errno)) {
+        return Status::PermissionDenied(fmt::format(
+            "cannot create {}, the directory of the host-wide sqlite store {}: {}; make it once "
+            "as root with `install -d -m 1777 {}` (every local user then shares the store), or "
+            "give a private store, e.g. --store sqlite://$HOME/.local/state/leasehold/leases.db",
+            dir, path, OsReason(errno), dir));
+      }
       return FileSystemError(errno, "create the directory", prefix, path);
     }
-    // mkdir's mode is filtered by the umask; the state directory must be exactly 0700.
-    if (::chmod(prefix.c_str(), 0700) != 0) {
+    // mkdir's mode is filtered by the umask (and takes no sticky bit everywhere): set it.
+    if (::chmod(prefix.c_str(), mode) != 0) {
       return FileSystemError(errno, "set the mode of the directory", prefix, path);
     }
   }
   return Status::Ok();
 }
 
-// Creates `path` as an empty 0600 file if it does not exist (before SQLite would create it
-// 0644 minus the umask), and checks that an existing one is a regular file we may read and
-// write. SQLite gives its -wal and -shm files the database file's mode.
-Status CreateOrCheckDatabaseFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0600);
+// Creates `path` as an empty file of the scope's mode if it does not exist (before SQLite would
+// create it 0644 minus the umask), and checks that an existing one is a regular file we may read
+// and write. SQLite gives its -wal and -shm files the database file's mode. Returns the file's
+// mode.
+Result<mode_t> CreateOrCheckDatabaseFile(const std::string& path, bool host_scope) {
+  const mode_t mode = ModesFor(host_scope).file;
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, mode);
   if (fd >= 0) {
-    const int rc = ::fchmod(fd, 0600);
+    const int rc = ::fchmod(fd, mode);
     const int err = errno;
     ::close(fd);
     if (rc != 0) {
       return FileSystemError(err, "set the mode of", path, path);
     }
-    return Status::Ok();
+    return mode;
   }
   if (errno != EEXIST) {
     return FileSystemError(errno, "create", path, path);
@@ -518,7 +542,7 @@ Status CreateOrCheckDatabaseFile(const std::string& path) {
     return Status::InvalidArgument(
         fmt::format("{} is not a regular file, so it cannot be a leasehold database", path));
   }
-  return Status::Ok();
+  return st.st_mode & 07777;
 }
 
 // Reads the kernel's boot id, which changes at every boot: CLOCK_BOOTTIME values from another
@@ -1538,6 +1562,35 @@ CheckItem AccessItem(const std::string& path, const std::string& fix) {
   return item;
 }
 
+// Diagnose's topology finding: who shares the file. A private file excludes nothing of another
+// user's: their leasehold commands use a store of their own unless they name this file.
+CheckItem TopologyItem(const std::string& path, StoreScope scope) {
+  CheckItem item{.area = "topology"};
+
+  struct stat st {};
+
+  const bool known = ::stat(path.c_str(), &st) == 0;
+  const std::string mode =
+      known ? fmt::format("mode {:04o}, owner uid {}", st.st_mode & 07777, st.st_uid)
+            : std::string("mode unknown");
+  if (scope == StoreScope::kHost) {
+    item.found = fmt::format(
+        "this host: every local user who runs leasehold with this store shares it ({}); other "
+        "hosts cannot",
+        mode);
+    return item;
+  }
+  item.verdict = CheckVerdict::kWarn;
+  item.found = fmt::format(
+      "this user on this host: only processes that may write {} share it ({}); another user's "
+      "leasehold run with the default store does not see these leases",
+      path, mode);
+  item.fix =
+      "for one lease per host whoever runs the job, use the host-wide store (the default, "
+      "sqlite:///var/lib/leasehold/leases.db?scope=host); for one per fleet, a server store";
+  return item;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -1590,18 +1643,17 @@ Result<std::int64_t> ParseBoottimeOffsetNs(std::string_view timens_offsets) {
 }
 
 Result<std::string> DefaultSqlitePath() {
-  // XDG Base Directory spec: a relative $XDG_STATE_HOME is invalid and must be ignored.
-  const char* state_home = std::getenv("XDG_STATE_HOME");
-  if (state_home != nullptr && state_home[0] == '/') {
-    return fmt::format("{}/leasehold/leases.db", state_home);
+  const char* dir = std::getenv("LEASEHOLD_STATE_DIR");
+  if (dir == nullptr || dir[0] == '\0') {
+    return fmt::format("{}/leases.db", kDefaultSqliteStateDir);
   }
-  const char* home = std::getenv("HOME");
-  if (home != nullptr && home[0] != '\0') {
-    return fmt::format("{}/.local/state/leasehold/leases.db", home);
+  if (dir[0] != '/') {
+    return Status::InvalidArgument(fmt::format(
+        "LEASEHOLD_STATE_DIR must be an absolute path (the host-wide store's directory), got "
+        "\"{}\"",
+        dir));
   }
-  return Status::InvalidArgument(
-      "cannot choose the default sqlite database: $HOME is not set (nor an absolute "
-      "$XDG_STATE_HOME); give a store URL such as sqlite:///path/to/leases.db");
+  return fmt::format("{}/leases.db", dir);
 }
 
 Result<std::shared_ptr<Backend>> OpenSqliteBackend(const Url& url, Clock& clock) {
@@ -1626,8 +1678,11 @@ Result<std::shared_ptr<SqliteBackend>> SqliteBackend::Open(SqliteOptions options
   }
   LH_ASSIGN_OR_RETURN(const std::int64_t boot_offset_ns, ReadBoottimeOffsetNs());
 
-  LH_RETURN_IF_ERROR(CreateParentDirectories(options.path));
-  LH_RETURN_IF_ERROR(CreateOrCheckDatabaseFile(options.path));
+  LH_RETURN_IF_ERROR(CreateParentDirectories(options.path, options.host_scope));
+  LH_ASSIGN_OR_RETURN(const mode_t mode,
+                      CreateOrCheckDatabaseFile(options.path, options.host_scope));
+  // Whoever may write the file shares its leases: others too when group or others may.
+  const StoreScope scope = (mode & 0022) != 0 ? StoreScope::kHost : StoreScope::kUser;
   auto connection =
       std::make_unique<SqliteConnection>(options.path, options.busy_timeout, clock);
   LH_RETURN_IF_ERROR(connection->Open());
@@ -1637,13 +1692,16 @@ Result<std::shared_ptr<SqliteBackend>> SqliteBackend::Open(SqliteOptions options
   LH_ASSIGN_OR_RETURN(std::unique_ptr<SqliteHostQueue> queue,
                       SqliteHostQueue::Open(options.path, boot_id));
   connection->set_queue(std::move(queue));
-  return std::shared_ptr<SqliteBackend>(new SqliteBackend(
-      std::move(options.path), std::move(boot_id), boot_offset_ns, clock, std::move(connection)));
+  return std::shared_ptr<SqliteBackend>(new SqliteBackend(std::move(options.path), scope,
+                                                          std::move(boot_id), boot_offset_ns, clock,
+                                                          std::move(connection)));
 }
 
-SqliteBackend::SqliteBackend(std::string path, std::string boot_id, std::int64_t boot_offset_ns,
-                             Clock& clock, std::unique_ptr<SqliteConnection> connection)
+SqliteBackend::SqliteBackend(std::string path, StoreScope scope, std::string boot_id,
+                             std::int64_t boot_offset_ns, Clock& clock,
+                             std::unique_ptr<SqliteConnection> connection)
     : path_(std::move(path)),
+      scope_(scope),
       boot_id_(std::move(boot_id)),
       boot_offset_ns_(boot_offset_ns),
       clock_(clock),
@@ -1657,7 +1715,7 @@ std::int64_t SqliteBackend::NowNs() const {
 
 Capabilities SqliteBackend::capabilities() const {
   return Capabilities{
-      .multi_process = true,
+      .scope = scope_,
       .native_wait = true,
       .fencing_survives_restart = true,
       .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),
@@ -2115,9 +2173,7 @@ Result<Diagnosis> SqliteBackend::Diagnose() {
     diagnosis.items.push_back(JournalItem(durability.journal_mode, durability.synchronous));
   }
   diagnosis.items.push_back(FileSystemItem(path_));
-  diagnosis.items.push_back(
-      {.area = "topology",
-       .found = "single host: every process of this host shares it (other hosts cannot)"});
+  diagnosis.items.push_back(TopologyItem(path_, scope_));
   diagnosis.items.push_back(AccessItem(path_, fix));
   return diagnosis;
 }

@@ -83,10 +83,13 @@ inline constexpr std::int32_t kSqliteSchemaVersion = 2;
 Result<std::shared_ptr<Backend>> OpenSqliteBackend(const Url& url,
                                                  Clock& clock = Clock::Real());
 
-// The default database path: $XDG_STATE_HOME/leasehold/leases.db, else
-// ~/.local/state/leasehold/leases.db. A relative $XDG_STATE_HOME is ignored, as the XDG spec
-// requires. Returns kInvalidArgument if neither variable is usable.
+// The host-wide database path, which every local user shares (opened with scope=host):
+// $LEASEHOLD_STATE_DIR/leases.db, else /var/lib/leasehold/leases.db. Returns kInvalidArgument
+// for a relative $LEASEHOLD_STATE_DIR.
 Result<std::string> DefaultSqlitePath();
+
+// The host-wide store's directory when $LEASEHOLD_STATE_DIR is not set.
+inline constexpr std::string_view kDefaultSqliteStateDir = "/var/lib/leasehold";
 
 // The CLOCK_BOOTTIME offset of this process's time namespace (time_namespaces(7)), in ns, from
 // the text of /proc/self/timens_offsets ("boottime <s> <ns>" among its lines): the host's
@@ -143,8 +146,9 @@ class SqliteBackend final : public Backend {
   Status Ping() override;
 
   // Items: durability (journal_mode and the synchronous level grants commit with; the file
-  // system, by statfs: a network, FUSE or volatile one is kUnsafe), topology (single host) and
-  // permissions (access(2) on the file, its -lhq queue file and its directory).
+  // system, by statfs: a network, FUSE or volatile one is kUnsafe), topology (who shares the
+  // file: this host, or a warning for a private file) and permissions (access(2) on the file,
+  // its -lhq queue file and its directory).
   Result<Diagnosis> Diagnose() override;
 
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
@@ -208,7 +212,8 @@ class SqliteBackend final : public Backend {
   [[nodiscard]] const std::string& boot_id() const { return boot_id_; }
 
  private:
-  SqliteBackend(std::string path, std::string boot_id, std::int64_t boot_offset_ns, Clock& clock,
+  SqliteBackend(std::string path, StoreScope scope, std::string boot_id,
+                std::int64_t boot_offset_ns, Clock& clock,
                 std::unique_ptr<SqliteConnection> connection);
 
   // The store's time, as grants record it: the host's CLOCK_BOOTTIME in nanoseconds (the
@@ -233,6 +238,8 @@ class SqliteBackend final : public Backend {
 
   // Immutable after construction.
   const std::string path_;
+  // Who may write the file, as Open found its mode (Capabilities::scope).
+  const StoreScope scope_;
   const std::string boot_id_;
   // This process's CLOCK_BOOTTIME minus the host's (its time namespace's offset; 0 outside one).
   const std::int64_t boot_offset_ns_;

@@ -21,7 +21,7 @@ Result<SqliteOptions> SqliteOptions::FromUrl(const Url& url) {
     return Status::InvalidArgument(
         fmt::format("expected a sqlite:// URL, got scheme \"{}\"", url.scheme));
   }
-  constexpr std::string_view kKnownParams[] = {kSqliteBusyTimeoutParam};
+  constexpr std::string_view kKnownParams[] = {kSqliteBusyTimeoutParam, kSqliteScopeParam};
   LH_RETURN_IF_ERROR(RefuseUnknownParams(url, kKnownParams));
 
   SqliteOptions options;
@@ -29,6 +29,14 @@ Result<SqliteOptions> SqliteOptions::FromUrl(const Url& url) {
   LH_RETURN_IF_ERROR(ReadDurationParam(url, kSqliteBusyTimeoutParam, Duration::zero(),
                                        kSqliteMaxBusyTimeout, &options.busy_timeout));
 
+  std::string scope = url.path.empty() ? "host" : "user";
+  LH_RETURN_IF_ERROR(ReadStringParam(url, kSqliteScopeParam, &scope));
+  if (scope != "host" && scope != "user") {
+    return BadParam(url, kSqliteScopeParam,
+                    "must be host (every local user shares the file) or user (private to its "
+                    "owner)");
+  }
+  options.host_scope = scope == "host";
   if (url.path.empty()) {
     LH_ASSIGN_OR_RETURN(options.path, DefaultSqlitePath());
   } else {

@@ -5,7 +5,8 @@
 //
 //   sqlite:///var/lib/app/leases.db?busy_timeout=500ms
 //   sqlite://relative/leases.db            (relative to the working directory)
-//   sqlite://                              (DefaultSqlitePath())
+//   sqlite:///var/lib/leasehold/leases.db?scope=host   (a file every local user shares)
+//   sqlite://                              (DefaultSqlitePath(), scope=host)
 //
 // Example:
 //
@@ -28,17 +29,26 @@
 
 namespace leasehold::internal {
 
-// The only query parameter a sqlite:// URL accepts.
+// The query parameters a sqlite:// URL accepts.
 inline constexpr std::string_view kSqliteBusyTimeoutParam = "busy_timeout";
+inline constexpr std::string_view kSqliteScopeParam = "scope";
 
 // The longest busy_timeout: sqlite3_busy_timeout takes an int of milliseconds.
 inline constexpr Duration kSqliteMaxBusyTimeout = std::chrono::milliseconds(2'000'000'000);
 
 struct SqliteOptions {
-  // The database file; created (0600, parent directories 0700) if missing. Relative paths are
-  // relative to the working directory.
-  // Default: DefaultSqlitePath() (FromUrl fills it in for "sqlite://").
+  // The database file; created if missing (host_scope: 0666, the directory that holds it
+  // 1777 and the others 0755; else 0600 and 0700). Relative paths are relative to the working
+  // directory.
+  // Default: DefaultSqlitePath() (FromUrl fills it in for "sqlite://", with host_scope).
   std::string path;
+
+  // Every local user shares the file: whoever runs leasehold on this host excludes everyone
+  // else who does (the default store). Created files and the directory are writable by all
+  // (the directory sticky, as /tmp: nobody deletes another user's file); an existing file keeps
+  // its mode. Without it a file made here is private to its owner.
+  // URL: scope=host (or scope=user). Default: false, true for "sqlite://".
+  bool host_scope = false;
 
   // How long one call waits for another process's write lock before it returns kUnavailable.
   // Must be >= 0 and at most about 24 days (SQLite takes milliseconds as an int).
@@ -51,8 +61,7 @@ struct SqliteOptions {
   std::string boot_id_for_testing;
 
   // Builds options from a "sqlite" URL. Returns kInvalidArgument for another scheme, an
-  // unknown query parameter (named in the message), a bad busy_timeout, or an empty path when
-  // no default path can be found ($XDG_STATE_HOME and $HOME unset).
+  // unknown query parameter (named in the message), a bad busy_timeout or scope.
   static Result<SqliteOptions> FromUrl(const Url& url);
 };
 

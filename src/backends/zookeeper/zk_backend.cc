@@ -272,7 +272,6 @@ ZkBackend::~ZkBackend() {
 
 Capabilities ZkBackend::capabilities() const {
   return Capabilities{
-      .multi_process = true,
       .native_wait = true,
       .fencing_survives_restart = true,
       .fair_queue = true,

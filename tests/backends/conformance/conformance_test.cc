@@ -3,7 +3,7 @@
 // its fixture row to tests/testing/store_fixtures.cc; a behaviour added for one store is added
 // here, for all.
 //
-// Capability predicates (multi_process, native_wait...) come from the backend itself; a test
+// Capability predicates (scope, native_wait...) come from the backend itself; a test
 // that needs a capability the store does not have is skipped with the reason printed.
 
 #include <signal.h>
@@ -185,7 +185,7 @@ TEST_P(ConformanceTest, AFakeClockDrivesOnlyAStoreWithoutTimeOfItsOwn) {
 }
 
 TEST_P(ConformanceTest, MutualExclusionBetweenTwoProcesses) {
-  if (!backend_->capabilities().multi_process) {
+  if (backend_->capabilities().scope == StoreScope::kProcess) {
     GTEST_SKIP() << GetParam().name << " is confined to one process";
   }
   Child holder({LEASE_HOLDER_PATH, url_, "job", "hold", "5000", "60000"});
@@ -204,7 +204,7 @@ TEST_P(ConformanceTest, MutualExclusionBetweenTwoProcesses) {
 // parent's lease is valid, its fenced write goes through, a second handle reads its grant
 // unchanged, and its release succeeds (lease_holder's fork mode).
 TEST_P(ConformanceTest, AForkedChildNeverEndsRenewsOrWritesItsParentsGrant) {
-  if (!backend_->capabilities().multi_process) {
+  if (backend_->capabilities().scope == StoreScope::kProcess) {
     GTEST_SKIP() << GetParam().name << " is confined to one process";
   }
   Child holder({LEASE_HOLDER_PATH, url_, "forked", "fork", "1500"});
@@ -291,7 +291,7 @@ TEST_P(ConformanceTest, TakeoverAfterTtlWhenTheHolderStopsRenewing) {
 }
 
 TEST_P(ConformanceTest, TakeoverAfterTheHoldingProcessIsKilled) {
-  if (!backend_->capabilities().multi_process) {
+  if (backend_->capabilities().scope == StoreScope::kProcess) {
     GTEST_SKIP() << GetParam().name << " is confined to one process";
   }
   Child holder({LEASE_HOLDER_PATH, url_, "job", "hold", "500", "60000"});
@@ -934,7 +934,7 @@ TEST_P(ConformanceTest, FinishCanKeepTheGrantWithoutItsHolder) {
 }
 
 TEST_P(ConformanceTest, HoldAtLeastKeepsOthersOutAfterTheHolderHasExited) {
-  if (!backend_->capabilities().multi_process) {
+  if (backend_->capabilities().scope == StoreScope::kProcess) {
     GTEST_SKIP() << GetParam().name << " is confined to one process";
   }
   // The holder takes the key, releases it with hold_at_least 2s at once, and exits: its
@@ -1650,7 +1650,7 @@ TEST_P(SharedLeaseTest, AWaiterIsWokenWhenAnyOneHolderLeaves) {
 }
 
 TEST_P(SharedLeaseTest, ACrashedHoldersPermitReturnsAtItsTtlAndNeverEarlier) {
-  if (!backend_->capabilities().multi_process) {
+  if (backend_->capabilities().scope == StoreScope::kProcess) {
     GTEST_SKIP() << GetParam().name << " is confined to one process";
   }
   auto handle = OpenHandle();
@@ -1766,7 +1766,7 @@ TEST_P(SharedLeaseTest, FairStoresServeSemaphoreAndReadWriteWaitersInQueueOrder)
 // at no instant may more than N be open. LEASEHOLD_CONFORMANCE_RACE_SECONDS sets the length
 // (CI: 4 s; by hand: 30, the figure).
 TEST_P(SharedLeaseTest, RacingProcessesNeverExceedTheLimitThroughRandomKills) {
-  if (!backend_->capabilities().multi_process) {
+  if (backend_->capabilities().scope == StoreScope::kProcess) {
     GTEST_SKIP() << GetParam().name << " is confined to one process";
   }
   constexpr int kLimit = 3;

@@ -551,7 +551,7 @@ def token_of(stderr):
 def leasehold_env(home):
     env = dict(os.environ)
     env["HOME"] = home
-    env["XDG_STATE_HOME"] = os.path.join(home, "state")
+    env["LEASEHOLD_STATE_DIR"] = os.path.join(home, "state")
     return env
 
 

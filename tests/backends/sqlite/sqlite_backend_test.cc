@@ -41,6 +41,7 @@
 #include "backends/sqlite/sqlite_host_queue.h"
 #include "backends/sqlite/sqlite_options.h"
 #include "core/url.h"
+#include "testing/scoped_env.h"
 
 namespace leasehold::internal {
 namespace {
@@ -100,37 +101,7 @@ class TempDir {
   std::string path_;
 };
 
-// Sets (or unsets, for nullopt) an environment variable for the scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name); old != nullptr) {
-      old_ = old;
-    }
-    if (value.has_value()) {
-      ::setenv(name, value->c_str(), 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-  ScopedEnv(ScopedEnv&&) = delete;
-  ScopedEnv& operator=(ScopedEnv&&) = delete;
-
-  ~ScopedEnv() {
-    if (old_.has_value()) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using ::leasehold::testing::ScopedEnv;
 
 // A raw SQLite connection, to plant rows, hold locks and look at the file as another process
 // would.
@@ -296,37 +267,45 @@ TEST(SqliteOptionsTest, OtherSchemeIsRejected) {
   EXPECT_EQ(SqliteOptions::FromUrl(url).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(SqliteOptionsTest, EmptyPathMeansDefaultPath) {
-  ScopedEnv state("XDG_STATE_HOME", "/srv/state");
+TEST(SqliteOptionsTest, EmptyPathMeansTheHostWideDefault) {
+  ScopedEnv state("LEASEHOLD_STATE_DIR", "/srv/leasehold");
   Result<SqliteOptions> options = SqliteOptions::FromUrl(SqliteUrl(""));
   ASSERT_TRUE(options.ok()) << options.status().ToString();
-  EXPECT_EQ(options->path, "/srv/state/leasehold/leases.db");
+  EXPECT_EQ(options->path, "/srv/leasehold/leases.db");
+  EXPECT_TRUE(options->host_scope);
 }
 
-TEST(DefaultSqlitePathTest, UsesXdgStateHome) {
-  ScopedEnv state("XDG_STATE_HOME", "/srv/state");
+TEST(SqliteOptionsTest, ScopeIsUserUnlessAskedForAPath) {
+  Result<SqliteOptions> plain = SqliteOptions::FromUrl(SqliteUrl("/x/leases.db"));
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->host_scope);
+  Result<SqliteOptions> host =
+      SqliteOptions::FromUrl(SqliteUrl("/x/leases.db", {{"scope", "host"}}));
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  EXPECT_TRUE(host->host_scope);
+  Result<SqliteOptions> bad =
+      SqliteOptions::FromUrl(SqliteUrl("/x/leases.db", {{"scope", "fleet"}}));
+  ASSERT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("scope"));
+}
+
+TEST(DefaultSqlitePathTest, IsTheHostWideFileWhateverTheHome) {
+  ScopedEnv state("LEASEHOLD_STATE_DIR", std::nullopt);
   ScopedEnv home("HOME", "/home/ann");
-  EXPECT_EQ(DefaultSqlitePath().value(), "/srv/state/leasehold/leases.db");
+  ScopedEnv xdg("XDG_STATE_HOME", "/home/ann/state");
+  EXPECT_EQ(DefaultSqlitePath().value(), "/var/lib/leasehold/leases.db");
 }
 
-TEST(DefaultSqlitePathTest, FallsBackToHomeLocalState) {
-  ScopedEnv state("XDG_STATE_HOME", std::nullopt);
-  ScopedEnv home("HOME", "/home/ann");
-  EXPECT_EQ(DefaultSqlitePath().value(), "/home/ann/.local/state/leasehold/leases.db");
+TEST(DefaultSqlitePathTest, FollowsLeaseholdStateDir) {
+  ScopedEnv state("LEASEHOLD_STATE_DIR", "/srv/leasehold");
+  EXPECT_EQ(DefaultSqlitePath().value(), "/srv/leasehold/leases.db");
 }
 
-TEST(DefaultSqlitePathTest, IgnoresRelativeXdgStateHome) {
-  ScopedEnv state("XDG_STATE_HOME", "relative/state");
-  ScopedEnv home("HOME", "/home/ann");
-  EXPECT_EQ(DefaultSqlitePath().value(), "/home/ann/.local/state/leasehold/leases.db");
-}
-
-TEST(DefaultSqlitePathTest, WithoutHomeIsInvalidArgument) {
-  ScopedEnv state("XDG_STATE_HOME", std::nullopt);
-  ScopedEnv home("HOME", std::nullopt);
+TEST(DefaultSqlitePathTest, RelativeStateDirIsInvalidArgument) {
+  ScopedEnv state("LEASEHOLD_STATE_DIR", "relative/state");
   Result<std::string> path = DefaultSqlitePath();
   ASSERT_EQ(path.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(path.status().message()), HasSubstr("HOME"));
+  EXPECT_THAT(std::string(path.status().message()), HasSubstr("LEASEHOLD_STATE_DIR"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -347,26 +326,42 @@ class SqliteBackendTest : public ::testing::Test {
   TempDir dir_;
 };
 
-TEST_F(SqliteBackendTest, DefaultPathIsCreatedWithPrivateDirectoriesAndFile) {
-  const std::string state_home = dir_.Join("state/deep");
-  ScopedEnv state("XDG_STATE_HOME", state_home);
-  // A permissive umask must not widen the modes.
-  const mode_t old_umask = ::umask(0);
+TEST_F(SqliteBackendTest, DefaultPathIsCreatedForEveryLocalUser) {
+  const std::string state_dir = dir_.Join("state/leasehold");
+  ScopedEnv state("LEASEHOLD_STATE_DIR", state_dir);
+  // A restrictive umask must not narrow the modes.
+  const mode_t old_umask = ::umask(077);
   Result<std::shared_ptr<Backend>> backend = OpenSqliteBackend(SqliteUrl(""));
   ::umask(old_umask);
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
   ASSERT_TRUE((*backend)->TryAcquire(Request("job:x", kTokenA)).ok());
+  EXPECT_EQ((*backend)->capabilities().scope, StoreScope::kHost);
 
-  const std::string db = state_home + "/leasehold/leases.db";
+  const std::string db = state_dir + "/leases.db";
   ASSERT_TRUE(Exists(db));
+  EXPECT_EQ(ModeOf(db), 0666);
+  EXPECT_EQ(ModeOf(state_dir), 01777) << "sticky: nobody removes another user's file";
+  EXPECT_EQ(ModeOf(dir_.Join("state")), 0755);
+  // SQLite gives the WAL the database file's mode; the write queue beside it too.
+  ASSERT_TRUE(Exists(db + "-wal"));
+  EXPECT_EQ(ModeOf(db + "-wal"), 0666);
+  EXPECT_EQ(ModeOf(db + "-lhq"), 0666);
+}
+
+TEST_F(SqliteBackendTest, AnExplicitPathIsCreatedPrivate) {
+  const std::string db = dir_.Join("private/deep/leases.db");
+  // A permissive umask must not widen the modes.
+  const mode_t old_umask = ::umask(0);
+  Result<std::shared_ptr<SqliteBackend>> backend = OpenAt(db);
+  ::umask(old_umask);
+  ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+  ASSERT_TRUE((*backend)->TryAcquire(Request("job:x", kTokenA)).ok());
+  EXPECT_EQ((*backend)->capabilities().scope, StoreScope::kUser);
   EXPECT_EQ(ModeOf(db), 0600);
-  EXPECT_EQ(ModeOf(state_home + "/leasehold"), 0700);
-  EXPECT_EQ(ModeOf(state_home), 0700);
-  EXPECT_EQ(ModeOf(dir_.Join("state")), 0700);
-  // SQLite gives the WAL the database file's mode.
+  EXPECT_EQ(ModeOf(dir_.Join("private/deep")), 0700);
+  EXPECT_EQ(ModeOf(dir_.Join("private")), 0700);
   ASSERT_TRUE(Exists(db + "-wal"));
   EXPECT_EQ(ModeOf(db + "-wal") & 0077, 0);
-  // The write queue beside it too.
   EXPECT_EQ(ModeOf(db + "-lhq"), 0600);
 }
 
@@ -403,7 +398,7 @@ TEST_F(SqliteBackendTest, SchemeAndCapabilities) {
   ASSERT_NE(backend, nullptr);
   EXPECT_EQ(backend->scheme(), "sqlite");
   Capabilities caps = backend->capabilities();
-  EXPECT_TRUE(caps.multi_process);
+  EXPECT_EQ(caps.scope, StoreScope::kUser) << "a file made 0600";
   EXPECT_TRUE(caps.native_wait);
   EXPECT_TRUE(caps.fencing_survives_restart);
   // A free key: nothing to wait for.

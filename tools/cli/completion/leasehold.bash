@@ -13,7 +13,7 @@ _leasehold() {
 
   local subcommands="run elect leader status list release schema check"
   local common="--store --quiet -q --help -h"
-  local tree="--ttl --renew-every --wait --kill-grace --contain --wait-children --metrics-addr --log-format --on-risk"
+  local tree="--ttl --renew-every --wait --kill-grace --contain --wait-children --exit-code --metrics-addr --log-format --on-risk"
 
   # After `--` comes the command: complete it as a command line of its own.
   local i sub=""
@@ -34,19 +34,21 @@ _leasehold() {
     --wait) COMPREPLY=($(compgen -W "0 10s 1m forever" -- "$cur")); return ;;
     --once-per) COMPREPLY=($(compgen -W "15m 1h 1d" -- "$cur")); return ;;
     --retry-failed) COMPREPLY=($(compgen -W "yes no" -- "$cur")); return ;;
+    --exit-code) COMPREPLY=($(compgen -W "usage= unavailable= internal= held= permission= lost= done= unsafe= cannot-execute= not-found= interrupted=" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
     --slot-zone) COMPREPLY=($(cd /usr/share/zoneinfo 2>/dev/null && compgen -f -- "$cur")); return ;;
     --store) COMPREPLY=($(compgen -W "sqlite:// redis:// redis+unix:// postgres:// etcd:// etcds:// zk://" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
-    --ttl|--renew-every|--kill-grace|--holder|--id|--metrics-addr|--slot-offset|--slot-tolerance|--hold-at-least|--probes|--limit) return ;;
+    --ttl|--renew-every|--kill-grace|--key|--holder|--id|--metrics-addr|--slot-offset|--slot-tolerance|--hold-at-least|--probes|--limit) return ;;
   esac
 
   local flags
   case "$sub" in
     "") flags="$common --version"; COMPREPLY=($(compgen -W "$subcommands $flags" -- "$cur")); return ;;
-    run) flags="$common $tree --holder --limit --shared --once-per --slot-offset --slot-zone --slot-tolerance --retry-failed --hold-at-least" ;;
+    run) flags="$common $tree --key --holder --limit --shared --once-per --slot-offset --slot-zone --slot-tolerance --retry-failed --hold-at-least" ;;
     elect) flags="$common $tree --id --again" ;;
     leader) flags="$common --watch --json" ;;
-    status|list) flags="$common --json" ;;
-    release) flags="$common --force --holder" ;;
+    status) flags="$common --key --json" ;;
+    list) flags="$common --json" ;;
+    release) flags="$common --key --force --holder" ;;
     schema) flags="$common" ;;
     check) flags="$common --ttl --probes --json" ;;
   esac
