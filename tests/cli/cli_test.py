@@ -670,18 +670,65 @@ class ObservabilityCliTest(CliHarness, unittest.TestCase):
         self.assertNotIn("job", text.replace("# HELP", ""))  # never a key in a label
         self.assertEqual(self.wait_exit(run, 15), 0, self.stderr_of(run))
 
-    def test_metrics_addr_in_use_or_malformed_is_an_error(self):
-        r = self.cli("run", "--metrics-addr", "localhost", "job", "--", "true")
+    def test_metrics_addr_malformed_is_an_error_and_in_use_a_warning(self):
+        r = self.cli("run", "--metrics-addr", "localhost", "job", "--", "touch", "ran")
         self.assertEqual(r.returncode, EXIT_USAGE, r.stderr)
         self.assertIn("HOST:PORT", r.stderr)
+        self.assertFalse(os.path.exists(self.path("ran")))
         import socket
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
             s.listen(1)
             port = s.getsockname()[1]
-            r = self.cli("run", "--metrics-addr", f"127.0.0.1:{port}", "job", "--", "true")
-        self.assertEqual(r.returncode, EXIT_UNAVAILABLE, r.stderr)
+            r = self.cli("run", "--metrics-addr", f"127.0.0.1:{port}", "job", "--", "touch",
+                         "ran")
+        self.assertEqual(r.returncode, 0, "a port in use never stops the job: " + r.stderr)
+        self.assertIn("warning: --metrics-addr", r.stderr)
         self.assertIn("cannot listen", r.stderr)
+        self.assertTrue(os.path.exists(self.path("ran")))
+
+    def test_metrics_addr_port_0_prints_the_real_port(self):
+        r = self.cli("run", "--metrics-addr", "127.0.0.1:0", "job", "--", "true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        url = [line for line in r.stderr.splitlines() if "serving metrics at" in line]
+        self.assertEqual(len(url), 1, r.stderr)
+        self.assertRegex(url[0], r"serving metrics at http://127\.0\.0\.1:[1-9][0-9]*/metrics$")
+
+    def test_metrics_textfile_is_written_atomically_with_the_key_as_a_label(self):
+        prom = self.path("textfile/leasehold-job.prom")
+        os.mkdir(self.path("textfile"))
+        p = self.start("run", "--ttl", "3s", "--metrics-textfile", prom, "job:tf", "--", "sh",
+                       "-c", "sleep 0.5")
+        self.wait_until("written at the grant", lambda: os.path.exists(prom))
+        with open(prom) as f:
+            during = f.read()
+        self.assertIn('leasehold_lease_acquired_total{key="job:tf",backend="sqlite",'
+                      'kind="exclusive"} 1', during)
+        self.assertEqual(self.wait_exit(p, 30), 0, self.stderr_of(p))
+        with open(prom) as f:
+            after = f.read()
+        self.assertIn('leasehold_lease_released_total{key="job:tf",backend="sqlite",'
+                      'kind="exclusive",outcome="ok"} 1', after)
+        samples = [line for line in after.splitlines() if line and not line.startswith("#")]
+        self.assertTrue(all('key="job:tf"' in line for line in samples), samples[:5])
+        self.assertEqual(os.listdir(self.path("textfile")), ["leasehold-job.prom"],
+                         "no temporary file left behind")
+        # Held by another: the textfile still says so (acquire_conflicts_total), exit 75.
+        holder = self.start("run", "--ttl", "5s", "job:tf", "--", "sleep", "30")
+        self.wait_until("held", lambda: self.status_json("job:tf")["held"])
+        r = self.cli("run", "--metrics-textfile", prom, "job:tf", "--", "true")
+        self.assertEqual(r.returncode, EXIT_HELD, r.stderr)
+        with open(prom) as f:
+            self.assertIn('leasehold_acquire_conflicts_total{key="job:tf",backend="sqlite",'
+                          'kind="exclusive"} 1', f.read())
+        holder.terminate()
+        holder.wait()
+        # An unwritable path is a warning, never a reason not to run the job.
+        r = self.cli("run", "--metrics-textfile", "/proc/nope/x.prom", "job:tf2", "--", "touch",
+                     "ran")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("warning: cannot write --metrics-textfile", r.stderr)
+        self.assertTrue(os.path.exists(self.path("ran")))
 
     def test_log_format_json_is_one_object_per_event(self):
         r = self.cli("run", "--log-format", "json", "job", "--", "true")

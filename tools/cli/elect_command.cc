@@ -81,7 +81,7 @@ CommandExit ElectCommand(const ElectFlags& flags) {
   }
   const std::string id = run.holder.empty() ? LeaseOptions::DefaultHolder() : run.holder;
   // /metrics is served across every term, until elect exits.
-  Result<SupervisedSetup> setup = StartSupervision(run);
+  Result<SupervisedSetup> setup = StartSupervision(run, "election:" + flags.name);
   if (!setup.ok()) {
     return ReportFailure(setup.error());
   }
@@ -130,6 +130,7 @@ CommandExit ElectCommand(const ElectFlags& flags) {
       return ReportFailure(leadership.error());
     }
     const Lease& lease = leadership->lease();
+    WriteMetricsTextfile(sup);
     Info(fmt::format("elected leader of {} as {} (term {}, ttl {}, renew every {}); {}", flags.name,
                      id, leadership->term(), FormatDuration(lease.ttl()),
                      FormatDuration(RoundForDisplay(lease.renew_interval())),

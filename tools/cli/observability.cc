@@ -3,14 +3,18 @@
 #include "observability.h"
 
 #include <fcntl.h>
-#include <sys/socket.h>
+#include <httplib.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
+#include <cstdio>
+#include <cstring>
 #include <utility>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <httplib.h>
+#include <sys/socket.h>
 
 #include "cli_log.h"
 
@@ -42,11 +46,84 @@ Result<std::pair<std::string, int>> ParseAddr(const std::string& addr) {
 
 }  // namespace
 
+std::string MetricsUrl(const std::string& addr, int port) {
+  const std::size_t colon = addr.rfind(':');
+  return fmt::format("http://{}:{}/metrics", addr.substr(0, colon), port);
+}
+
+std::string WithKeyLabel(const std::string& text, const std::string& key) {
+  std::string escaped;
+  for (const char c : key) {
+    if (c == '\\' || c == '"') {
+      escaped += '\\';
+    }
+    escaped += c == '\n' ? std::string("\\n") : std::string(1, c);
+  }
+  const std::string label = fmt::format("key=\"{}\"", escaped);
+  std::string out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string::npos) {
+      end = text.size();
+    }
+    std::string line = text.substr(at, end - at);
+    at = end + 1;
+    if (!line.empty() && line.front() != '#') {
+      const std::size_t brace = line.find('{');
+      const std::size_t space = line.find(' ');
+      if (brace != std::string::npos && brace < space) {
+        line.insert(brace + 1, line[brace + 1] == '}' ? label : label + ",");
+      } else if (space != std::string::npos) {
+        line.insert(space, "{" + label + "}");
+      }
+    }
+    out += line;
+    out += '\n';
+  }
+  return out;
+}
+
+MetricsTextfile::MetricsTextfile(std::string path, std::string key,
+                                 std::shared_ptr<Metrics> metrics)
+    : path_(std::move(path)), key_(std::move(key)), metrics_(std::move(metrics)) {}
+
+void MetricsTextfile::Write() {
+  std::lock_guard lock(mu_);
+  const std::string text = WithKeyLabel(metrics_->PrometheusText(), key_);
+  const std::string tmp = fmt::format("{}.tmp.{}", path_, ::getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "we");
+  bool ok = f != nullptr;
+  int err = errno;
+  if (ok) {
+    ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    err = errno;
+    ok = (std::fclose(f) == 0) && ok;
+    ok = ok && std::rename(tmp.c_str(), path_.c_str()) == 0;
+    err = ok ? 0 : errno;
+    if (!ok) {
+      std::remove(tmp.c_str());
+    }
+  }
+  if (!ok && !warned_) {
+    warned_ = true;
+    Info(fmt::format("warning: cannot write --metrics-textfile {}: {}; the job runs on", path_,
+                     std::strerror(err)));
+  }
+}
+
 void AddObservabilityOptions(CLI::App& app, ObservabilityFlags& flags) {
   app.add_option("--metrics-addr", flags.metrics_addr,
                  "Serve Prometheus metrics (text format 0.0.4) at http://HOST:PORT/metrics "
-                 "while running. Default: off")
+                 "while running (port 0: a free one, printed). An address that cannot be bound "
+                 "is a warning: the job runs without it. Default: off")
       ->type_name("HOST:PORT");
+  app.add_option("--metrics-textfile", flags.metrics_textfile,
+                 "Write the same metrics, each with the label key=\"KEY\", to PATH for "
+                 "node_exporter's textfile collector (e.g. /var/lib/node_exporter/"
+                 "leasehold-KEY.prom): atomically, at each change of the lease's state and at "
+                 "the end of the run. Default: off")
+      ->type_name("PATH");
   app.add_option("--log-format", flags.log_format,
                  "Event lines on stderr as 'text' (leasehold: event key=value ...) or 'json' "
                  "(one object per line). Default: text")

@@ -1,7 +1,8 @@
 // File: tools/cli/observability.h
 //
 // The observability flags shared by `run` and `elect`: --metrics-addr (Prometheus text at
-// /metrics, served by cpp-httplib), --log-format=text|json and --on-risk=wait|term.
+// /metrics, served by cpp-httplib), --metrics-textfile (the same text in a file, for
+// node_exporter's textfile collector), --log-format=text|json and --on-risk=wait|term.
 //
 // Example:
 //
@@ -16,6 +17,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -31,6 +33,9 @@ namespace leasehold::cli {
 struct ObservabilityFlags {
   // --metrics-addr HOST:PORT; empty: no HTTP server.
   std::string metrics_addr;
+  // --metrics-textfile PATH: node_exporter's textfile collector format, written atomically;
+  // empty: none.
+  std::string metrics_textfile;
   // --log-format: "text" (leasehold: event key=value ...) or "json" (one object per line).
   std::string log_format = "text";
   // --on-risk: "wait" (SIGTERM at safe_until - kill-grace, the default) or "term" (SIGTERM as
@@ -43,6 +48,32 @@ void AddObservabilityOptions(CLI::App& app, ObservabilityFlags& flags);
 
 // Returns true for --on-risk=term. REQUIRES: flags validated by CLI11 (wait|term).
 bool TermOnRisk(const ObservabilityFlags& flags);
+
+// The URL a server bound from `addr` ("HOST:PORT") on `port` answers at:
+// "http://HOST:PORT/metrics" with the real port (addr may say 0).
+std::string MetricsUrl(const std::string& addr, int port);
+
+// `text` (Prometheus text format) with `key="<key>"` added to every sample's labels: the
+// textfile collector merges files from many jobs, and the key tells their leases apart.
+std::string WithKeyLabel(const std::string& text, const std::string& key);
+
+// Writes the store's metrics to a node_exporter textfile (--metrics-textfile): the text of
+// WithKeyLabel to PATH.tmp.PID, then rename(2) over PATH, so that the collector never reads a
+// half-written file. Write() is called on every lease state change and at the end of the run;
+// a failed write is one warning line (once), never a reason to stop the job.
+// Thread safety: thread-safe (one mutex).
+class MetricsTextfile {
+ public:
+  MetricsTextfile(std::string path, std::string key, std::shared_ptr<Metrics> metrics);
+  void Write();
+
+ private:
+  const std::string path_;
+  const std::string key_;
+  const std::shared_ptr<Metrics> metrics_;
+  std::mutex mu_;
+  bool warned_ = false;  // guarded by mu_
+};
 
 // Serves GET /metrics (Prometheus text format 0.0.4) on one listener thread, until destroyed.
 class MetricsServer {

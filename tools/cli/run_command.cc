@@ -124,7 +124,7 @@ CommandExit RunCommand(const RunFlags& flags) {
   }
   // /metrics is served from before the wait until the command has ended and the lease is
   // released.
-  Result<SupervisedSetup> setup = StartSupervision(flags);
+  Result<SupervisedSetup> setup = StartSupervision(flags, flags.key);
   if (!setup.ok()) {
     return ReportFailure(setup.error());
   }
@@ -171,6 +171,7 @@ CommandExit RunCommand(const RunFlags& flags) {
           done.fencing_token, done.exit_code, FormatSlotTime(done.ended), clock));
       return kExitSlotDone;
     }
+    WriteMetricsTextfile(sup);
     Info(fmt::format("{}: claimed slot {} (named by {}; fencing token {}); {}", flags.key, slot,
                      clock, claim->lease().fencing_token(), DescribeStore(store)));
     Lease& lease = claim->lease();
@@ -213,6 +214,7 @@ CommandExit RunCommand(const RunFlags& flags) {
   // The acquisition was logged by the library ("acquired key=... fencing_token=... token=..."):
   // say where.
   Info(DescribeStore(store));
+  WriteMetricsTextfile(sup);
 
   // Everything the child needs is allocated here, before fork().
   std::vector<std::string> extra;

@@ -465,19 +465,34 @@ std::optional<int> RefuseUnrunnableCommand(const std::vector<std::string>& comma
   return kExitCommandNotFound;
 }
 
-Result<SupervisedSetup> StartSupervision(const RunFlags& flags) {
+Result<SupervisedSetup> StartSupervision(const RunFlags& flags, const std::string& key) {
   SupervisedSetup setup;
   LH_ASSIGN_OR_RETURN(setup.sup, BlockSignals());
   setup.watcher = std::make_unique<InterruptWatcher>(setup.sup->signal_fd.get());
   LH_ASSIGN_OR_RETURN(setup.store, OpenStoreFromFlag(flags.store_url));
-  LH_ASSIGN_OR_RETURN(setup.metrics_server,
-                      MetricsServer::Start(flags.observability.metrics_addr,
-                                           setup.store->metrics()));
-  if (setup.metrics_server != nullptr) {
-    Info(fmt::format("serving metrics at http://{}/metrics (port {})",
-                     flags.observability.metrics_addr, setup.metrics_server->port()));
+  Result<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start(flags.observability.metrics_addr, setup.store->metrics());
+  if (!server.ok() && server.error().code() != StatusCode::kUnavailable) {
+    return server.error();  // a malformed address: a usage error
+  }
+  if (!server.ok()) {
+    Info(fmt::format("warning: {}; running without /metrics", Describe(server.error())));
+  } else if (*server != nullptr) {
+    setup.metrics_server = std::move(server).value();
+    Info(fmt::format("serving metrics at {}",
+                     MetricsUrl(flags.observability.metrics_addr, setup.metrics_server->port())));
+  }
+  if (!flags.observability.metrics_textfile.empty()) {
+    setup.sup->textfile = std::make_shared<MetricsTextfile>(flags.observability.metrics_textfile,
+                                                            key, setup.store->metrics());
   }
   return setup;
+}
+
+void WriteMetricsTextfile(const Supervision& sup) {
+  if (sup.textfile != nullptr) {
+    sup.textfile->Write();
+  }
 }
 
 int EndWait(std::unique_ptr<InterruptWatcher>& watcher) {
@@ -490,14 +505,27 @@ int EndWait(std::unique_ptr<InterruptWatcher>& watcher) {
 // Lease options whose callbacks wake the supervisor loop.
 LeaseOptions SupervisedLeaseOptions(const RunSettings& settings, const Supervision& sup) {
   const int wake_fd = sup.event_fd.get();
+  std::shared_ptr<MetricsTextfile> textfile = sup.textfile;
   return LeaseOptions{
       .ttl = settings.ttl,
       .renew_interval = settings.renew_interval,
       .drift = std::nullopt,  // the library's default; ParseSettings assumes it
       .wait = kWaitForever,   // used only by Acquire, set by the caller
       .holder = {},
-      .on_lost = [wake_fd](const Status&) { Poke(wake_fd); },
-      .on_state_change = [wake_fd](LeaseState, const Status&) { Poke(wake_fd); },
+      .on_lost =
+          [wake_fd, textfile](const Status&) {
+            Poke(wake_fd);
+            if (textfile != nullptr) {
+              textfile->Write();
+            }
+          },
+      .on_state_change =
+          [wake_fd, textfile](LeaseState, const Status&) {
+            Poke(wake_fd);
+            if (textfile != nullptr) {
+              textfile->Write();
+            }
+          },
       // A new safe_until goes to the keeper's dead man's switch at once.
       .on_renewed = [wake_fd](SteadyTime) { Poke(wake_fd); },
   };

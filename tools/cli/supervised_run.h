@@ -74,7 +74,13 @@ struct Supervision {
   UniqueFd signal_fd;
   UniqueFd event_fd;  // written by the lease callbacks; outlives the lease
   UniqueFd timer_fd;
+  // --metrics-textfile: rewritten by the lease callbacks at each state change, after the lease
+  // is taken (WriteMetricsTextfile) and when SupervisedSetup goes; null without the flag.
+  std::shared_ptr<MetricsTextfile> textfile;
 };
+
+// Rewrites --metrics-textfile, if given (after the lease or slot is taken).
+void WriteMetricsTextfile(const Supervision& sup);
 
 // Blocks the supervised signals before any library thread exists, so that all of them inherit
 // the mask and every supervised signal lands on the signalfd. SIGPIPE is blocked too, so that a
@@ -84,6 +90,17 @@ Result<std::unique_ptr<Supervision>> BlockSignals();
 // What a supervised command sets up before it takes its lease (StartSupervision). The members
 // go in reverse order: the metrics server first, the signal descriptors last.
 struct SupervisedSetup {
+  SupervisedSetup() = default;
+  SupervisedSetup(SupervisedSetup&&) = default;
+  SupervisedSetup& operator=(SupervisedSetup&&) = default;
+
+  // The end of the run: --metrics-textfile written once more, with the release counted.
+  ~SupervisedSetup() {
+    if (sup != nullptr) {
+      WriteMetricsTextfile(*sup);
+    }
+  }
+
   std::unique_ptr<Supervision> sup;
   // Ends a wait for the lease at SIGINT/SIGTERM/SIGHUP; the caller resets it after the wait.
   std::unique_ptr<InterruptWatcher> watcher;
@@ -94,9 +111,10 @@ struct SupervisedSetup {
 };
 
 // In this order: blocks the supervised signals (BlockSignals), starts watching for interrupts,
-// opens the store of --store and starts the metrics server of --metrics-addr (announcing it).
-// Returns the first error.
-Result<SupervisedSetup> StartSupervision(const RunFlags& flags);
+// opens the store of --store, starts the metrics server of --metrics-addr (announcing it, or
+// warning that it cannot bind: the job runs without it) and sets up --metrics-textfile with
+// `key` as its label. Returns the first error.
+Result<SupervisedSetup> StartSupervision(const RunFlags& flags, const std::string& key);
 
 // Ends a wait for the lease: stops and destroys `watcher` and returns the signal that
 // interrupted the wait (SIGINT, SIGTERM, SIGHUP), or 0 if none did.

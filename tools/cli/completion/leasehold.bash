@@ -13,7 +13,7 @@ _leasehold() {
 
   local subcommands="run elect leader status list release schema check"
   local common="--store --quiet -q --help -h"
-  local tree="--ttl --renew-every --wait --kill-grace --contain --wait-children --exit-code --metrics-addr --log-format --on-risk"
+  local tree="--ttl --renew-every --wait --kill-grace --contain --wait-children --exit-code --metrics-addr --metrics-textfile --log-format --on-risk"
 
   # After `--` comes the command: complete it as a command line of its own.
   local i sub=""
@@ -36,6 +36,7 @@ _leasehold() {
     --retry-failed) COMPREPLY=($(compgen -W "yes no" -- "$cur")); return ;;
     --exit-code) COMPREPLY=($(compgen -W "usage= unavailable= internal= held= permission= lost= done= unsafe= cannot-execute= not-found= interrupted=" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
     --slot-zone) COMPREPLY=($(cd /usr/share/zoneinfo 2>/dev/null && compgen -f -- "$cur")); return ;;
+    --metrics-textfile) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --store) COMPREPLY=($(compgen -W "sqlite:// redis:// redis+unix:// postgres:// etcd:// etcds:// zk://" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
     --ttl|--renew-every|--kill-grace|--key|--holder|--id|--metrics-addr|--slot-offset|--slot-tolerance|--hold-at-least|--probes|--limit) return ;;
   esac
