@@ -284,8 +284,12 @@ void Advise(const CheckOptions& options, Duration shortest, CheckReport& report)
   report.recommended_ttl = recommended;
   report.recommended_renew_every =
       std::chrono::duration_cast<std::chrono::milliseconds>(recommended / 3);
-  std::string basis = fmt::format("{}x the p99 round trip ({}) is {}", kTtlToP99, Ms(p99),
-                                  Ms(p99 * kTtlToP99));
+  // Name the p99 the advice rests on as the report prints it: the round trip's (its own line)
+  // or the renewals' (the cycle line prints their p50; their p99 is given here).
+  const bool renewals = report.renew.p99 > report.round_trip.p99;
+  std::string basis =
+      fmt::format("{}x the {} p99 ({}) is {}", kTtlToP99, renewals ? "renewals'" : "round trip's",
+                  Ms(p99), Ms(p99 * kTtlToP99));
   if (report.ttl_granularity > Duration::zero()) {
     basis += fmt::format(", in steps of {}", FormatDuration(report.ttl_granularity));
   }

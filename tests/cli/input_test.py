@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 # File: tests/cli/input_test.py
 #
-# What the command takes in and gives out (issue 35, points 7 and 8): the command is resolved
-# before anything is taken (a mistyped path under `--once-per --retry-failed no` neither takes
-# the lease nor closes the slot, and `elect` never leads with it); keys and holder ids with
+# What the command takes in and gives out (issue 35, points 6, 7 and 8): a --ttl shorter than
+# the kill schedule needs is refused naming the smallest that is not, one above an hour needs
+# --long-ttl; the command is resolved before anything is taken (a mistyped path under
+# `--once-per --retry-failed no` neither takes the lease nor closes the slot, and `elect` never
+# leads with it); keys and holder ids with
 # control characters are refused with one line naming the character and its byte; a key that
 # starts with '-' is given with --key; and `status`, `list` and `leader` escape what they print,
 # so a holder id written into the store by hand cannot forge a line of their output.
@@ -11,6 +13,7 @@
 #   python3 tests/cli/input_test.py --leasehold build/tools/cli/leasehold [-v]
 
 import os
+import re
 import sqlite3
 import stat
 import unittest
@@ -81,6 +84,37 @@ class InputTest(CliHarness, unittest.TestCase):
                 self.assert_one_error_line(r, EXIT_USAGE)
                 self.assertIn(words, r.stderr)
                 self.assertEqual(r.stdout, "")
+
+    def test_ttls_are_checked_at_the_door(self):
+        # Too short for the kill schedule: one line naming --ttl and the smallest that is not.
+        for ttl in ("100ms", "1us"):
+            with self.subTest(ttl=ttl):
+                r = self.cli("run", "--ttl", ttl, "job", "--", "touch", "ran")
+                self.assert_one_error_line(r, EXIT_USAGE)
+                self.assertIn(f"--ttl {ttl} is too short for the kill schedule", r.stderr)
+                self.assertNotIn("--kill-grace", r.stderr, "a flag never given is not blamed")
+        smallest = re.search(r"the smallest --ttl is (\d+)ms", r.stderr)
+        self.assertIsNotNone(smallest, r.stderr)
+        below = f"{int(smallest.group(1)) - 1}ms"
+        r = self.cli("run", "--ttl", below, "job", "--", "touch", "ran")
+        self.assert_one_error_line(r, EXIT_USAGE)
+        r = self.cli("run", "--ttl", smallest.group(1) + "ms", "job", "--", "touch", "ran")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotRegex(r.stderr, r"(in|after|by) -[0-9]", "no negative duration in a log line")
+        os.remove(self.path("ran"))
+        # With flags given: names them and the --ttl that would do with them.
+        r = self.cli("run", "--ttl", "400ms", "--kill-grace", "200ms", "job", "--", "true")
+        self.assert_one_error_line(r, EXIT_USAGE)
+        self.assertRegex(r.stderr, r"use --ttl \d+ms or more with these flags")
+        # Absurdly long: only with --long-ttl.
+        r = self.cli("run", "--ttl", "400d", "job", "--", "touch", "ran")
+        self.assert_one_error_line(r, EXIT_USAGE)
+        self.assertIn("--long-ttl", r.stderr)
+        self.assertFalse(os.path.exists(self.path("ran")))
+        r = self.cli("run", "--ttl", "2h", "--long-ttl", "job", "--", "touch", "ran")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.cli("elect", "--wait", "0", "--ttl", "100ms", "e", "--", "true")
+        self.assert_one_error_line(r, EXIT_USAGE)
 
     def test_a_key_that_starts_with_a_dash_is_given_with_key(self):
         r = self.cli("run", "--key", "-nightly", "--", "sh", "-c", "echo \"$LEASEHOLD_KEY\" > key")

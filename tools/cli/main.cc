@@ -60,6 +60,7 @@ struct OptionalFlag {
 // The lease flags `run` and `elect` share (AddLeaseFlags), as given.
 struct LeaseFlags {
   std::string ttl = "10s";
+  bool long_ttl = false;
   OptionalFlag renew_every;
   OptionalFlag wait;
   OptionalFlag kill_grace;
@@ -68,6 +69,7 @@ struct LeaseFlags {
   void CopyTo(const std::string& store_url, RunFlags& run) const {
     run.store_url = store_url;
     run.ttl = ttl;
+    run.long_ttl = long_ttl;
     renew_every.CopyTo(run.renew_every);
     wait.CopyTo(run.wait);
     kill_grace.CopyTo(run.kill_grace);
@@ -158,6 +160,8 @@ void AddTreeOptions(CLI::App& app, RunFlags& run) {
 // --ttl, --renew-every, --wait and --kill-grace, for run and elect.
 void AddLeaseFlags(CLI::App& app, LeaseFlags& flags, const LeaseFlagHelp& help) {
   app.add_option("--ttl", flags.ttl, help.ttl)->type_name("DURATION");
+  app.add_flag("--long-ttl", flags.long_ttl,
+               "Allow a --ttl above 1h (a crashed holder blocks the key for the whole TTL)");
   flags.renew_every.Add(app, "--renew-every",
                         "How often to renew; must be less than --ttl. Default: ttl/3", "DURATION");
   flags.wait.Add(app, "--wait", help.wait, "DURATION|forever");
@@ -182,7 +186,10 @@ CLI::App* AddRunCommand(CLI::App& app, Flags& flags) {
       "group. Usage: leasehold run [OPTIONS] KEY -- COMMAND [ARGS...]");
   AddCommonOptions(*run, flags);
   AddLeaseFlags(*run, flags.run_lease,
-                {.ttl = "How long the store keeps the lease without renewal. Default: 10s",
+                {.ttl = "How long the store keeps the lease without renewal: how long a crashed "
+                        "holder blocks KEY. At least what the kill schedule needs (374ms with the "
+                        "default --renew-every and --kill-grace; a shorter one is refused naming "
+                        "the smallest), at most 1h without --long-ttl. Default: 10s",
                  .wait = "Wait up to DURATION (or 'forever') for the key to become free. "
                          "Default: none, try once and exit 75 if it is held",
                  .kill_grace = "Time between SIGTERM and SIGKILL when the lease is lost or at "
@@ -263,7 +270,8 @@ CLI::App* AddElectCommand(CLI::App& app, Flags& flags) {
       "is election:NAME. Usage: leasehold elect [OPTIONS] NAME -- COMMAND [ARGS...]");
   AddCommonOptions(*elect, flags);
   AddLeaseFlags(*elect, flags.elect_lease,
-                {.ttl = "How long the store keeps leadership without renewal. Default: 10s",
+                {.ttl = "How long the store keeps leadership without renewal (bounds as for run "
+                        "--ttl). Default: 10s",
                  .wait = "Campaign for at most DURATION (0: try once, exit 75 if another "
                          "leads). Default: forever",
                  .kill_grace = "Time between SIGTERM and SIGKILL when leadership is lost or at "

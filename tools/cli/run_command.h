@@ -59,6 +59,8 @@ struct RunFlags {
   std::optional<std::string> renew_every;
   // --wait: a duration or "forever". Default: none (try once).
   std::optional<std::string> wait;
+  // --long-ttl: allows a --ttl above one hour.
+  bool long_ttl = false;
   // --kill-grace. Default: min(ttl / 4, 5s).
   std::optional<std::string> kill_grace;
   // --contain: auto, cgroup, pidns or group (supervisor.h). Default: auto.

@@ -54,6 +54,48 @@ using std::chrono::seconds;
 // lease's command, it never buys safety.
 constexpr Duration kMaxDefaultKillGrace = seconds(5);
 
+// What the kill schedule must leave between the grant and the SIGTERM point of a lease whose
+// renewals have not yet come back: time for the keeper and the command to start and for one
+// renewal round trip on a busy host. `--ttl 100ms` left 72 ms and its command got SIGTERM
+// before its first renewal returned.
+constexpr Duration kScheduleSlack = std::chrono::milliseconds(150);
+
+// Above this a crashed holder would block its key for hours: it takes --long-ttl.
+constexpr Duration kLongTtl = std::chrono::hours(1);
+
+// "in 1.2s", or "now" for an instant already reached: no negative duration in a log line.
+std::string InOrNow(Duration d) {
+  return d > Duration::zero() ? "in " + FormatDuration(RoundForDisplay(d)) : std::string("now");
+}
+
+// What is left of `ttl` after the drift allowance, a renew interval and the kill grace (the
+// flags given, or their defaults for this ttl): the slack of the kill schedule.
+Duration ScheduleSlack(Duration ttl, std::optional<Duration> renew_every,
+                       std::optional<Duration> kill_grace) {
+  const Duration renew = renew_every.value_or(ttl / 3);
+  const Duration grace = kill_grace.value_or(std::min<Duration>(ttl / 4, kMaxDefaultKillGrace));
+  return ttl - LeaseOptions::DefaultDrift(ttl) - renew - grace;
+}
+
+// The smallest whole-millisecond TTL whose schedule leaves kScheduleSlack with these flags.
+Duration SmallestSafeTtl(std::optional<Duration> renew_every, std::optional<Duration> kill_grace) {
+  using std::chrono::milliseconds;
+  milliseconds low(0);  // too short (the schedule needs more than nothing)
+  milliseconds high = std::chrono::duration_cast<milliseconds>(kLongTtl);
+  if (ScheduleSlack(high, renew_every, kill_grace) < kScheduleSlack) {
+    return high;
+  }
+  while (high - low > milliseconds(1)) {
+    const milliseconds mid = low + (high - low) / 2;
+    if (ScheduleSlack(mid, renew_every, kill_grace) >= kScheduleSlack) {
+      high = mid;
+    } else {
+      low = mid;
+    }
+  }
+  return high;
+}
+
 // The signals `run` supervises. SIGCONT is here only to wake the loop on resume: blocking it
 // does not stop the kernel from continuing the process.
 constexpr int kSupervisedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGCONT};
@@ -179,13 +221,13 @@ class LeaseGuard {
     const SteadyTime safe_until = lease_.safe_until();
     if (state != last_state_) {
       if (state == LeaseState::kAtRisk) {
-        Info(fmt::format(
-            "renewals of {} are failing (at risk): SIGTERM to the command's tree {}, "
-            "SIGKILL in {} unless a renewal succeeds",
-            lease_.key(),
-            term_on_risk_ ? std::string("now (--on-risk=term)")
-                          : "in " + FormatDuration(RoundForDisplay(safe_until - kill_grace_ - now)),
-            FormatDuration(RoundForDisplay(safe_until - now))));
+        Info(
+            fmt::format("renewals of {} are failing (at risk): SIGTERM to the command's tree {}, "
+                        "SIGKILL {} unless a renewal succeeds",
+                        lease_.key(),
+                        term_on_risk_ ? std::string("now (--on-risk=term)")
+                                      : InOrNow(safe_until - kill_grace_ - now),
+                        InOrNow(safe_until - now)));
       } else if (state == LeaseState::kHeld) {
         Info(fmt::format("renewals of {} succeed again", lease_.key()));
       }
@@ -370,22 +412,41 @@ Result<RunSettings> ParseSettings(const RunFlags& flags) {
                                                  FormatDuration(kMaxHoldAtLeast)));
     }
   }
+  std::optional<Duration> given_grace;
   if (flags.kill_grace.has_value()) {
-    LH_ASSIGN_OR_RETURN(s.kill_grace, ParsePositiveDurationFlag("--kill-grace", *flags.kill_grace));
-  } else {
-    s.kill_grace = std::min<Duration>(s.ttl / 4, kMaxDefaultKillGrace);
+    LH_ASSIGN_OR_RETURN(given_grace, ParsePositiveDurationFlag("--kill-grace", *flags.kill_grace));
+  }
+  s.kill_grace = given_grace.value_or(std::min<Duration>(s.ttl / 4, kMaxDefaultKillGrace));
+  if (s.ttl > kLongTtl && !flags.long_ttl) {
+    return Status::InvalidArgument(fmt::format(
+        "--ttl {}: a crashed holder would block the key that long; TTLs above {} need "
+        "--long-ttl (the heartbeat renews a lease however long the command runs: the TTL only "
+        "bounds how long a dead holder keeps it)",
+        flags.ttl, FormatDuration(kLongTtl)));
   }
   // A healthy lease is renewed every renew_interval and then has at least
-  // ttl - drift - renew_interval left; the SIGTERM point must lie beyond that, or a lease whose
+  // ttl - drift - renew_interval left; the SIGTERM point must lie beyond that by the time the
+  // command needs to start and a renewal to come back (kScheduleSlack), or a lease whose
   // renewals all succeed would still stop its command. drift is the library's default.
   const Duration renew = s.renew_interval.value_or(s.ttl / 3);
   const Duration drift = LeaseOptions::DefaultDrift(s.ttl);
-  if (renew + s.kill_grace >= s.ttl - drift) {
+  if (ScheduleSlack(s.ttl, s.renew_interval, given_grace) < kScheduleSlack) {
+    const Duration smallest = SmallestSafeTtl(s.renew_interval, given_grace);
+    if (!s.renew_interval.has_value() && !given_grace.has_value()) {
+      return Status::InvalidArgument(fmt::format(
+          "--ttl {} is too short for the kill schedule: the command would get SIGTERM before "
+          "its first renewal could come back; the smallest --ttl is {}",
+          flags.ttl, FormatDuration(smallest)));
+    }
     return Status::InvalidArgument(fmt::format(
-        "--kill-grace {} plus the renew interval {} must be less than --ttl {} minus the drift "
-        "allowance {}: lower --kill-grace or --renew-every",
-        FormatDuration(s.kill_grace), FormatDuration(RoundForDisplay(renew)), FormatDuration(s.ttl),
-        FormatDuration(drift)));
+        "--ttl {} minus the drift allowance {}, the renew interval {} and the kill grace {} "
+        "leaves {}, under the {} the command needs to start and a renewal to come back: use "
+        "--ttl {} or more with these flags, or lower --kill-grace or --renew-every",
+        flags.ttl, FormatDuration(drift), FormatDuration(RoundForDisplay(renew)),
+        FormatDuration(s.kill_grace),
+        FormatDuration(RoundForDisplay(
+            std::max(Duration::zero(), ScheduleSlack(s.ttl, s.renew_interval, given_grace)))),
+        FormatDuration(kScheduleSlack), FormatDuration(smallest)));
   }
   return s;
 }
