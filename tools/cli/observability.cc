@@ -86,10 +86,40 @@ std::string WithKeyLabel(const std::string& text, const std::string& key) {
 
 MetricsTextfile::MetricsTextfile(std::string path, std::string key,
                                  std::shared_ptr<Metrics> metrics)
-    : path_(std::move(path)), key_(std::move(key)), metrics_(std::move(metrics)) {}
+    : path_(std::move(path)),
+      key_(std::move(key)),
+      metrics_(std::move(metrics)),
+      writer_([this](const std::stop_token& stop) { WriterLoop(stop); }) {}
 
-void MetricsTextfile::Write() {
-  std::lock_guard lock(mu_);
+MetricsTextfile::~MetricsTextfile() {
+  writer_.request_stop();
+  cv_.notify_all();
+}
+
+void MetricsTextfile::Request() {
+  {
+    std::lock_guard lock(mu_);
+    requested_ = true;
+  }
+  cv_.notify_all();
+}
+
+void MetricsTextfile::WriterLoop(const std::stop_token& stop) {
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, stop, [this] { return requested_; });
+      if (stop.stop_requested()) {
+        return;
+      }
+      requested_ = false;
+    }
+    WriteNow();
+  }
+}
+
+void MetricsTextfile::WriteNow() {
+  std::lock_guard lock(write_mu_);
   const std::string text = WithKeyLabel(metrics_->PrometheusText(), key_);
   const std::string tmp = fmt::format("{}.tmp.{}", path_, ::getpid());
   std::FILE* f = std::fopen(tmp.c_str(), "we");

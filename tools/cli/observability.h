@@ -16,8 +16,10 @@
 
 #pragma once
 
+#include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -59,20 +61,35 @@ std::string WithKeyLabel(const std::string& text, const std::string& key);
 
 // Writes the store's metrics to a node_exporter textfile (--metrics-textfile): the text of
 // WithKeyLabel to PATH.tmp.PID, then rename(2) over PATH, so that the collector never reads a
-// half-written file. Write() is called on every lease state change and at the end of the run;
-// a failed write is one warning line (once), never a reason to stop the job.
-// Thread safety: thread-safe (one mutex).
+// half-written file. A failed write is one warning line (once), never a reason to stop the job.
+// Request() is for the lease callbacks, which run on the heartbeat's threads: it only wakes a
+// writer thread of its own, so that no file I/O ever delays a renewal. WriteNow() writes on the
+// caller's thread (after the grant, and at the end of the run, once every count is final).
+// Thread safety: thread-safe.
 class MetricsTextfile {
  public:
   MetricsTextfile(std::string path, std::string key, std::shared_ptr<Metrics> metrics);
-  void Write();
+  MetricsTextfile(const MetricsTextfile&) = delete;
+  MetricsTextfile& operator=(const MetricsTextfile&) = delete;
+  MetricsTextfile(MetricsTextfile&&) = delete;
+  MetricsTextfile& operator=(MetricsTextfile&&) = delete;
+  ~MetricsTextfile();
+
+  void Request();
+  void WriteNow();
 
  private:
+  void WriterLoop(const std::stop_token& stop);
+
   const std::string path_;
   const std::string key_;
   const std::shared_ptr<Metrics> metrics_;
+  std::mutex write_mu_;  // one write at a time
+  bool warned_ = false;  // guarded by write_mu_
   std::mutex mu_;
-  bool warned_ = false;  // guarded by mu_
+  std::condition_variable_any cv_;
+  bool requested_ = false;  // guarded by mu_
+  std::jthread writer_;     // last: stopped and joined first
 };
 
 // Serves GET /metrics (Prometheus text format 0.0.4) on one listener thread, until destroyed.

@@ -552,7 +552,7 @@ Result<SupervisedSetup> StartSupervision(const RunFlags& flags, const std::strin
 
 void WriteMetricsTextfile(const Supervision& sup) {
   if (sup.textfile != nullptr) {
-    sup.textfile->Write();
+    sup.textfile->WriteNow();
   }
 }
 
@@ -577,14 +577,14 @@ LeaseOptions SupervisedLeaseOptions(const RunSettings& settings, const Supervisi
           [wake_fd, textfile](const Status&) {
             Poke(wake_fd);
             if (textfile != nullptr) {
-              textfile->Write();
+              textfile->Request();  // written by its own thread, never this one
             }
           },
       .on_state_change =
           [wake_fd, textfile](LeaseState, const Status&) {
             Poke(wake_fd);
             if (textfile != nullptr) {
-              textfile->Write();
+              textfile->Request();  // written by its own thread, never this one
             }
           },
       // A new safe_until goes to the keeper's dead man's switch at once.

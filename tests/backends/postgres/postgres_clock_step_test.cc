@@ -30,6 +30,7 @@
 #include "leasehold/store.h"
 
 #include "testing/postgres_server.h"
+#include "testing/prometheus_text.h"
 
 namespace leasehold {
 namespace {
@@ -50,13 +51,6 @@ std::optional<double> ServerEpoch(const testing::PostgresServer& server) {
 
 double WallEpoch() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// The value of `name` for backend="postgres" in the Prometheus text, or -1.
-long long Counter(const std::string& text, const std::string& name) {
-  const std::string prefix = name + "{backend=\"postgres\"} ";
-  const std::size_t at = text.find(prefix);
-  return at == std::string::npos ? -1 : std::atoll(text.c_str() + at + prefix.size());
 }
 
 TEST(PostgresClockStepTest, AForwardStepOfTheServersClockIsDetectedWithinOneRenewInterval) {
@@ -100,7 +94,8 @@ TEST(PostgresClockStepTest, AForwardStepOfTheServersClockIsDetectedWithinOneRene
   int named = 0;     // ... with a lost reason that names the step
   Duration slowest{};
   auto jumps = [&] {
-    return Counter((*store)->metrics()->PrometheusText(), "leasehold_store_clock_jumps_total");
+    return testing::BackendCounter((*store)->metrics()->PrometheusText(),
+                                   "leasehold_store_clock_jumps_total", "postgres");
   };
   for (int i = 0; i < runs; ++i) {
     std::mutex mu;

@@ -32,6 +32,7 @@
 #include "leasehold/metrics.h"
 #include "leasehold/store.h"
 
+#include "testing/prometheus_text.h"
 #include "testing/redis_server.h"
 #include "testing/tcp_proxy.h"
 
@@ -127,13 +128,6 @@ class TimeShiftingFilter : public testing::TcpProxyFilter {
   std::deque<std::string> commands_;
 };
 
-// The value of `name` for backend="redis" in the Prometheus text, or -1.
-long long Counter(const std::string& text, const std::string& name) {
-  const std::string prefix = name + "{backend=\"redis\"} ";
-  const std::size_t at = text.find(prefix);
-  return at == std::string::npos ? -1 : std::atoll(text.c_str() + at + prefix.size());
-}
-
 TEST(RedisRespTest, ValuesEndWhereTheyEnd) {
   EXPECT_EQ(RespEnd("+OK\r\n", 0), 5u);
   EXPECT_EQ(RespEnd("+OK\r", 0), std::nullopt);
@@ -166,7 +160,8 @@ TEST(RedisClockStepTest, AForwardStepInTimesRepliesIsDetectedWithinOneRenewInter
   int held = 0;      // the lease still valid 3 x TTL after the step
   Duration slowest{};
   auto jumps = [&] {
-    return Counter((*store)->metrics()->PrometheusText(), "leasehold_store_clock_jumps_total");
+    return testing::BackendCounter((*store)->metrics()->PrometheusText(),
+                                   "leasehold_store_clock_jumps_total", "redis");
   };
   for (int i = 0; i < runs; ++i) {
     auto lease = (*store)->TryAcquire(fmt::format("step-{}", i), {.ttl = ttl});
