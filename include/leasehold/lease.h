@@ -108,6 +108,14 @@ class Lease {
   // the library.
   [[nodiscard]] std::string token_prefix() const;
 
+  // Returns the descriptor that proves this grant's holder alive to the other processes of the
+  // host, on a store that judges holders by it (sqlite://: when every process that has it open
+  // is gone, the next acquire takes the key at once instead of a TTL later), or -1. It is
+  // close-on-exec. A process that forks a guard which must keep the grant alive after the
+  // process itself dies (`leasehold run`'s keeper, which outlives it until the command's whole
+  // tree is gone) keeps it open in that guard; closing it in this process ends nothing.
+  [[nodiscard]] int holder_liveness_fd() const;
+
   // Returns true while the holder may act as owner: not lost, not released, and the clock has
   // not reached safe_until(). Fires the lost signal if it finds safe_until() passed.
   [[nodiscard]] bool valid() const;

@@ -59,6 +59,11 @@ struct LeaseInfo {
   // (0 for an exclusive grant; 0..limit-1 for a semaphore, a worker index; for shared grants,
   // the smallest free among the shared holders).
   std::uint32_t slot = 0;
+  // True for a grant not yet expired whose holder is gone: on a store that can tell
+  // (sqlite://, where every process that could still act under the grant has exited), which
+  // lists it in Store::Holders only. Nothing counts it as held: the next acquire takes the key
+  // at once, with a higher fencing token.
+  bool holder_gone = false;
 };
 
 }  // namespace leasehold

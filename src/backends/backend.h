@@ -63,6 +63,9 @@ struct Capabilities {
   // TryAcquire honours GrantRequest::mode and GrantRequest::limit ("Shared leases" below);
   // false: the core refuses a shared or semaphore lease with kUnimplemented before calling it.
   bool shared_leases = false;
+  // The store frees a grant as soon as its holder is gone (every process that has the holder's
+  // HolderLivenessFd open has exited), not a TTL later: sqlite://, on one host.
+  bool holder_liveness = false;
   // Without shared_leases: why, and what to use instead, for the core's refusal (a static
   // string; empty: "the <scheme> store has no <kind> leases").
   std::string_view no_shared_leases_why;
@@ -321,9 +324,17 @@ class Backend {
   // Returns the live grant of `key` with the lowest slot, or nullopt if there is none.
   virtual Result<std::optional<LeaseInfo>> Inspect(std::string_view key) = 0;
 
-  // Returns every live grant of `key`, ordered by slot (empty if the key is free). The default
-  // returns Inspect's one grant: right only for a backend without shared_leases.
+  // Returns every live grant of `key`, ordered by slot (empty if the key is free), and, on a
+  // store that can tell, the grants not yet expired whose holder is gone (holder_gone), which
+  // Inspect, List and TryAcquire do not count. The default returns Inspect's one grant: right
+  // only for a backend without shared_leases.
   virtual Result<std::vector<LeaseInfo>> Holders(std::string_view key);
+
+  // A descriptor whose open file description proves this process's grants alive to the other
+  // processes of the host, on a store that judges holders by it (sqlite://); -1 elsewhere. A
+  // process that forks a guard which must keep the grants alive after it dies keeps it open
+  // there (it is close-on-exec).
+  [[nodiscard]] virtual int HolderLivenessFd() const { return -1; }
 
   // Returns the live grants whose keys start with `prefix`, ordered by key, then slot: every
   // holder of a shared or semaphore key.

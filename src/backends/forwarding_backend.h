@@ -72,6 +72,12 @@ class ForwardingBackend : public Backend {
     return inner_->Holders(key);
   }
 
+  [[nodiscard]] int HolderLivenessFd() const override { return inner_->HolderLivenessFd(); }
+
+  [[nodiscard]] std::string DataKeyPrefix(std::string_view key) const override {
+    return inner_->DataKeyPrefix(key);
+  }
+
   Result<bool> ForceRelease(std::string_view key) override { return inner_->ForceRelease(key); }
 
   Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override {

@@ -59,6 +59,10 @@ std::string Lease::token_prefix() const {
   return core_ ? internal::TokenPrefix(core_->owner_token()) : std::string();
 }
 
+int Lease::holder_liveness_fd() const {
+  return store_ ? store_->backend->HolderLivenessFd() : -1;
+}
+
 FencingToken Lease::fencing_token() const { return core_ ? core_->fencing_token() : 0; }
 
 const std::string& Lease::store_key() const { return core_ ? core_->store_key() : kEmpty; }

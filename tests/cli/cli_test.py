@@ -98,7 +98,7 @@ class CliTest(CliHarness, unittest.TestCase):
 
     # --- 2. kill -9 ----------------------------------------------------------------------------
 
-    def test_kill_9_of_run_kills_child_and_waiter_gets_lease_within_ttl(self):
+    def test_kill_9_of_run_kills_child_and_waiter_gets_lease_at_once(self):
         victim = self.start("run", "--ttl", "2s", "job", "--", "sh", "-c",
                             "echo $$ > victim.pid; exec sleep 60")
         child = int(self.wait_for_file("victim.pid"))
@@ -121,10 +121,10 @@ class CliTest(CliHarness, unittest.TestCase):
 
         self.assertEqual(self.wait_exit(waiter, 15), 0, self.stderr_of(waiter))
         takeover = float(self.wait_for_file("waiter.start")) - t_kill
-        figure("kill -9 takeover (waiter's child start - kill)", takeover, 3.0)
-        self.assertLessEqual(takeover, 2.0 + 1.0)
-        # The grant was renewed at most ttl/3 before the kill: it cannot expire much sooner.
-        self.assertGreaterEqual(takeover, 1.0)
+        # The embedded store sees the holder's tree gone (its liveness lock): no TTL to wait
+        # out. tests/cli/takeover_test.py checks that no tick of the old tree comes after.
+        figure("kill -9 takeover (waiter's child start - kill)", takeover, 1.0)
+        self.assertLessEqual(takeover, 1.0)
         self.assertGreater(int(self.wait_for_file("waiter.token")), victim_token)
 
     # --- 3. release --force --------------------------------------------------------------------

@@ -88,6 +88,15 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
   if (!holders.ok()) {
     return ReportFailure(holders.error());
   }
+  // Grants whose holder is gone (sqlite://: its process and tree have exited) hold nothing:
+  // shown apart, after the live ones.
+  std::vector<LeaseInfo> gone;
+  std::erase_if(*holders, [&gone](const LeaseInfo& h) {
+    if (h.holder_gone) {
+      gone.push_back(h);
+    }
+    return h.holder_gone;
+  });
   // The first holder (the lowest slot) is the one shown at the top level: the whole answer for
   // an exclusive lease; every holder of a shared or semaphore key is under "holders".
   const std::optional<LeaseInfo> first =
@@ -109,6 +118,9 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     } else {
       j["key"] = key;
       j["held"] = false;
+    }
+    if (!gone.empty()) {
+      j["gone"] = HoldersJson(gone);
     }
     if (runs.ok()) {
       nlohmann::ordered_json slots = nlohmann::ordered_json::array();
@@ -152,6 +164,12 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     PrintLine(fmt::format("token prefix:  {}", l.token_prefix));
     PrintLine(fmt::format("remaining:     {}", FormatDuration(RoundForDisplay(l.remaining))));
     PrintLine(fmt::format("ttl:           {}", FormatDuration(l.ttl)));
+  }
+  for (const LeaseInfo& g : gone) {
+    PrintLine(fmt::format(
+        "gone:          {} (fencing token {}, slot {}): its process and every process it "
+        "guarded have exited; the next acquire takes it at once",
+        Printable(g.holder), g.fencing_token, g.slot));
   }
   for (std::size_t i = 0; runs.ok() && i < runs->size(); ++i) {
     PrintLine(fmt::format("{}{}", i == 0 ? "slot runs:     " : "               ",

@@ -187,7 +187,8 @@ CLI::App* AddRunCommand(CLI::App& app, Flags& flags) {
   AddCommonOptions(*run, flags);
   AddLeaseFlags(*run, flags.run_lease,
                 {.ttl = "How long the store keeps the lease without renewal: how long a crashed "
-                        "holder blocks KEY. At least what the kill schedule needs (374ms with the "
+                        "holder blocks KEY (on the embedded store only until the holder's last "
+                        "process is gone). At least what the kill schedule needs (374ms with the "
                         "default --renew-every and --kill-grace; a shorter one is refused naming "
                         "the smallest), at most 1h without --long-ttl. Default: 10s",
                  .wait = "Wait up to DURATION (or 'forever') for the key to become free. "

@@ -606,6 +606,7 @@ ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status(int)>&
                          .env = std::move(env),
                          .child_mask = sup.saved_mask,
                          .contain = settings.contain,
+                         .holder_liveness_fd = lease.holder_liveness_fd(),
                          .unsafe_direct_child_only = UnsafeDirectChildOnly()});
   if (!started.ok()) {
     Status released = release(ExitCodeFor(started.error()));

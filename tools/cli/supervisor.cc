@@ -292,6 +292,7 @@ struct KeeperArgs {
   int cgroup_procs_read = -1;
   int cgroup_kill = -1;
   const char* cgroup_dir = nullptr;  // the leaf, removed by the keeper if leasehold is gone
+  int holder_liveness_fd = -1;       // kept open by the keeper until it exits
   ProcEntry* table = nullptr;
   pid_t* tree = nullptr;
 };
@@ -320,10 +321,11 @@ struct KeeperArgs {
 }
 
 // Closes every descriptor but 0-2 and the ones the keeper uses (the store's sockets, files and
-// signalfd of leasehold must not be held open by the keeper after leasehold is gone).
+// signalfd of leasehold must not be held open by the keeper after leasehold is gone), and the
+// holder liveness lock, which it holds for the tree.
 void CloseOthers(const KeeperArgs& a) {
-  int keep[] = {a.ctl_read,           a.report_write,      a.exec_write,
-                a.cgroup_procs_write, a.cgroup_procs_read, a.cgroup_kill};
+  int keep[] = {a.ctl_read,          a.report_write, a.exec_write,        a.cgroup_procs_write,
+                a.cgroup_procs_read, a.cgroup_kill,  a.holder_liveness_fd};
   std::sort(std::begin(keep), std::end(keep));
   unsigned int next = 3;
   for (int fd : keep) {
@@ -343,11 +345,12 @@ class Keeper {
   explicit Keeper(const KeeperArgs& a) : a_(a) {}
 
   [[noreturn]] void Main() {
-    if (a_.mode == Containment::kPidNamespace) {
-      // We are the namespace's init: when we die, the kernel kills every process in it. Die
-      // with leasehold, so kill -9 of leasehold ends the tree without any help.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    } else {
+    // In a PID namespace we are its init: when we die, the kernel kills every process in it,
+    // but only after our descriptors are closed (do_exit closes files before it zaps the
+    // namespace), which would end the holder liveness lock while the tree still runs. So we do
+    // not die with leasehold: its end of the control socket closes, and we kill the tree and
+    // exit once it is gone (HandleControl), as in the other modes.
+    if (a_.mode != Containment::kPidNamespace) {
       ::prctl(PR_SET_CHILD_SUBREAPER, 1);
     }
     ::setsid();
@@ -472,10 +475,8 @@ class Keeper {
       if (a_.direct_only) {
         ::_exit(0);
       }
+      // Then Reap exits once the tree is gone: only then may the liveness lock end.
       KillAll();
-      if (a_.mode == Containment::kPidNamespace) {
-        ::_exit(0);  // the kernel kills whatever is left in the namespace
-      }
     }
   }
 
@@ -738,8 +739,9 @@ std::string Guarantee(Containment mode) {
       return "every process the command starts stays in the group, setsid daemons included; "
              "kill -9 of leasehold makes its keeper kill the whole group";
     case Containment::kPidNamespace:
-      return "every process the command starts stays in the namespace; if leasehold or its "
-             "keeper dies, the kernel kills them all (the command sees namespace PIDs)";
+      return "every process the command starts stays in the namespace; if leasehold dies, its "
+             "keeper kills them all, and if the keeper dies, the kernel does (the command sees "
+             "namespace PIDs)";
     default:
       return "the command's process group and every descendant found under the keeper are "
              "signalled; a process of the tree that outlives the keeper escapes";
@@ -841,6 +843,7 @@ Result<std::unique_ptr<Supervisor>> Supervisor::Start(SupervisorOptions options)
     args.cgroup_procs_read = leaf.procs_read.get();
     args.cgroup_kill = leaf.kill.get();
     args.cgroup_dir = leaf.dir.empty() ? nullptr : leaf.dir.c_str();
+    args.holder_liveness_fd = options.holder_liveness_fd;
     args.table = buffers.table.data();
     args.tree = buffers.tree.data();
     const pid_t keeper = RawFork(mode == Containment::kPidNamespace ? CLONE_NEWPID : 0);

@@ -90,6 +90,10 @@ struct SupervisorOptions {
   sigset_t child_mask{};
   // Default: kAuto.
   Containment contain = Containment::kAuto;
+  // Lease::holder_liveness_fd(), or -1: the keeper keeps it open until the tree is gone, so
+  // that after a kill -9 of leasehold the grant stays alive (sqlite://) exactly as long as a
+  // process of the tree may still act under it, and not a moment longer.
+  int holder_liveness_fd = -1;
   // Test-only negative control (LEASEHOLD_TEST_UNSAFE_DIRECT_CHILD_ONLY=1): the behaviour
   // before trees were supervised. Signals reach the command's own process only, the keeper
   // leaves the rest of the tree running when the command exits or leasehold dies, and no

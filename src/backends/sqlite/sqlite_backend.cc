@@ -49,6 +49,7 @@
 #include <sys/vfs.h>
 
 #include "backends/common/sql_statement.h"
+#include "backends/sqlite/sqlite_holder_anchor.h"
 #include "backends/sqlite/sqlite_host_queue.h"
 #include "core/duration.h"
 
@@ -61,6 +62,9 @@ constexpr const char* kTimensOffsetsPath = "/proc/self/timens_offsets";
 
 // The owner token's first characters that may be shown to others (LeaseInfo::token_prefix).
 constexpr std::size_t kTokenPrefixLength = 8;
+
+// How often a waiter asks whether a live grant's holder is still alive (WaitForKey).
+constexpr Duration kLivenessPollInterval = std::chrono::milliseconds(10);
 
 // How often a switch to WAL that found the file busy is tried again, until busy_timeout.
 constexpr Duration kWalRetryInterval = std::chrono::milliseconds(5);
@@ -84,9 +88,12 @@ constexpr Duration kWalRetryInterval = std::chrono::milliseconds(5);
 //   acquire refuses a token already live: Renew and Release name a grant by key and token);
 //   holder is the holder's free-form identity; ttl_ns is the TTL of the last acquire or renew;
 //   mode is 'exclusive' or 'shared' (a semaphore's grants are 'exclusive' with lease_limit N);
-//   lease_limit is the N its holder asked for (1 for exclusive and shared grants). The
-//   defaults are what a version 1 row was, and what a version 1 binary's INSERT (which names
-//   neither slot, mode nor lease_limit) writes: see kMigrateToV2Sql.
+//   lease_limit is the N its holder asked for (1 for exclusive and shared grants); live_at is
+//   the byte of the -lhq file whose lock proves the holder alive (sqlite_holder_anchor.h), NULL
+//   for a grant judged by its TTL alone: a row whose byte nobody locks is not live either
+//   (lh_alive, a function each connection defines). The defaults are what a version 1 row was, and
+//   what a version 1 binary's INSERT (which names neither slot, mode nor lease_limit) writes: see
+//   kMigrateToV2Sql.
 // writer_intents: at most one row per key, the writer intent of a waiting exclusive Acquire
 //   (backend.h, "Writer preference"): waiter_id (GrantRequest::waiter_id), holder, ttl_ns, and
 //   an expiry on the grants' clock (boot_id, expires_ns). While live it keeps shared requests of
@@ -117,6 +124,13 @@ CREATE TABLE IF NOT EXISTS records (
 constexpr const char* kHasRecordsTableSql =
     "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'records'";
 
+// grants.live_at came later than version 2's first files, additively as records did: a file
+// without it gains it at open (AddLiveAtColumn). A binary that predates it names its columns in
+// every statement, so it writes NULL there (a grant judged by its TTL alone) and reads past it.
+constexpr const char* kHasLiveAtColumnSql =
+    "SELECT count(*) FROM pragma_table_info('grants') WHERE name = 'live_at'";
+constexpr const char* kAddLiveAtColumnSql = "ALTER TABLE grants ADD COLUMN live_at INTEGER";
+
 constexpr const char* kCreateSchemaSql = R"sql(
 CREATE TABLE fencing_counters (
   key  TEXT PRIMARY KEY NOT NULL,
@@ -133,6 +147,7 @@ CREATE TABLE grants (
   expires_ns    INTEGER NOT NULL,
   mode          TEXT NOT NULL DEFAULT 'exclusive',
   lease_limit   INTEGER NOT NULL DEFAULT 1,
+  live_at       INTEGER,
   PRIMARY KEY (key, slot)
 ) WITHOUT ROWID;
 CREATE TABLE writer_intents (
@@ -210,10 +225,21 @@ constexpr const char* kBeginImmediateSql = "BEGIN IMMEDIATE";
 constexpr const char* kCommitSql = "COMMIT";
 constexpr const char* kRollbackSql = "ROLLBACK";
 
-// The live grants of ?1, same boot (?2) and not yet expired at ?3 (ns since boot), ordered by
-// slot: the first is Inspect's; all are Holders', and what TryAcquire admits a request against.
+// The live grants of ?1, same boot (?2), not yet expired at ?3 (ns since boot) and with a
+// holder still alive, ordered by slot: the first is Inspect's; all are what TryAcquire admits
+// a request against.
 constexpr const char* kSelectLiveGrantsSql = R"sql(
 SELECT key, holder, token, fencing_token, ttl_ns, expires_ns, slot, mode, lease_limit
+FROM grants
+WHERE key = ?1 AND boot_id = ?2 AND CAST(expires_ns AS INTEGER) > ?3 AND lh_alive(live_at)
+ORDER BY slot
+)sql";
+
+// As kSelectLiveGrantsSql, with the grants whose holder is gone too (column 9 is 0 for them;
+// column 10 is the liveness byte): Holders', which shows them, and WaitForKey's.
+constexpr const char* kSelectHoldersSql = R"sql(
+SELECT key, holder, token, fencing_token, ttl_ns, expires_ns, slot, mode, lease_limit,
+  lh_alive(live_at), live_at
 FROM grants
 WHERE key = ?1 AND boot_id = ?2 AND CAST(expires_ns AS INTEGER) > ?3
 ORDER BY slot
@@ -234,11 +260,13 @@ RETURNING last
 )sql";
 
 // Writes the new grant in slot ?2, replacing a dead one of the same slot (only called after
-// kSelectLiveGrantsSql found no live grant in that slot, in the same transaction).
+// kSelectLiveGrantsSql found no live grant in that slot, in the same transaction); ?11 is the
+// grant's liveness byte.
 constexpr const char* kPutGrantSql = R"sql(
 INSERT OR REPLACE INTO grants
-  (key, slot, token, holder, fencing_token, boot_id, ttl_ns, expires_ns, mode, lease_limit)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+  (key, slot, token, holder, fencing_token, boot_id, ttl_ns, expires_ns, mode, lease_limit,
+   live_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
 )sql";
 
 // Extends grant (?1, owner token ?2) to ?5 (= now + ttl, computed with saturation) only if it
@@ -266,9 +294,9 @@ DELETE FROM grants WHERE key = ?1 AND token = ?2 RETURNING boot_id, expires_ns
 // ?5 as its TTL for display; sqlite3_changes() says whether it did. The token gains ':kept',
 // which no owner sends: a renewal of the owner's already in flight (queued on the write lock
 // behind this) no longer matches and cannot extend or shorten the kept grant. The kept grant
-// keeps its slot.
+// keeps its slot, and loses its liveness byte: its holder exits, and the grant must last.
 constexpr const char* kKeepGrantSql = R"sql(
-UPDATE grants SET ttl_ns = ?5, expires_ns = ?4, token = token || ':kept'
+UPDATE grants SET ttl_ns = ?5, expires_ns = ?4, token = token || ':kept', live_at = NULL
 WHERE key = ?1 AND token = ?2 AND boot_id = ?6 AND CAST(expires_ns AS INTEGER) > ?3
 )sql";
 
@@ -307,13 +335,14 @@ DELETE FROM grants WHERE key = ?1 AND slot = (
 RETURNING slot
 )sql";
 
-// Live grants (boot ?1, expiry after ?2) whose key starts with a prefix, ordered by key, then
-// slot. The prefix is a byte range [?3, ?4) (?4 NULL: no upper bound) compared with the BINARY
-// collation (memcmp), so '%' and '_' in a prefix are plain characters, unlike with LIKE.
+// Live grants (boot ?1, expiry after ?2, holder alive) whose key starts with a prefix, ordered
+// by key, then slot. The prefix is a byte range [?3, ?4) (?4 NULL: no upper bound) compared with
+// the BINARY collation (memcmp), so '%' and '_' in a prefix are plain characters, unlike with LIKE.
 constexpr const char* kListLiveGrantsSql = R"sql(
 SELECT key, holder, token, fencing_token, ttl_ns, expires_ns, slot, mode, lease_limit
 FROM grants
 WHERE boot_id = ?1 AND CAST(expires_ns AS INTEGER) > ?2 AND key >= ?3 AND (?4 IS NULL OR key < ?4)
+  AND lh_alive(live_at)
 ORDER BY key, slot
 )sql";
 
@@ -347,6 +376,7 @@ enum StatementId : std::size_t {
   kCommit,
   kRollback,
   kSelectLiveGrants,
+  kSelectHolders,
   kSelectOwnLiveGrant,
   kBumpFence,
   kPutGrant,
@@ -368,11 +398,13 @@ enum StatementId : std::size_t {
 };
 
 constexpr std::array<const char*, kStatementCount> kStatementSql = {
-    kBeginImmediateSql,     kCommitSql,           kRollbackSql,       kSelectLiveGrantsSql,
-    kSelectOwnLiveGrantSql, kBumpFenceSql,        kPutGrantSql,       kRenewGrantSql,
-    kSelectAnyGrantSql,     kDeleteOwnGrantSql,   kDeleteAnyGrantSql, kDeleteGrantByPrefixSql,
-    kListLiveGrantsSql,     kKeepGrantSql,        kPutRecordSql,      kSelectRecordSql,
-    kListRecordsSql,        kSelectLiveIntentSql, kPutIntentSql,      kClearIntentSql,
+    kBeginImmediateSql,      kCommitSql,         kRollbackSql,
+    kSelectLiveGrantsSql,    kSelectHoldersSql,  kSelectOwnLiveGrantSql,
+    kBumpFenceSql,           kPutGrantSql,       kRenewGrantSql,
+    kSelectAnyGrantSql,      kDeleteOwnGrantSql, kDeleteAnyGrantSql,
+    kDeleteGrantByPrefixSql, kListLiveGrantsSql, kKeepGrantSql,
+    kPutRecordSql,           kSelectRecordSql,   kListRecordsSql,
+    kSelectLiveIntentSql,    kPutIntentSql,      kClearIntentSql,
     kAbandonIntentSql,
 };
 
@@ -748,9 +780,9 @@ class SqliteConnection {
     LH_RETURN_IF_ERROR(CheckState(state));
     LH_RETURN_IF_ERROR(AddRecordsTable());
     if (state.user_version < kSqliteSchemaVersion) {
-      return MigrateToV2();
+      LH_RETURN_IF_ERROR(MigrateToV2());
     }
-    return Status::Ok();
+    return AddLiveAtColumn();
   }
 
   // Switches to WAL (readers never block the writer; writers queue on the write lock) and
@@ -775,6 +807,22 @@ class SqliteConnection {
     // FULL, not NORMAL: with NORMAL a power loss may undo the last commits, and with them a
     // fencing counter bump, handing out a fencing token twice.
     return Exec("PRAGMA synchronous = FULL", "open");
+  }
+
+  // Defines lh_alive(live_at), which the statements use: false only for a liveness byte that
+  // `anchor` finds nobody locks (SqliteHolderAnchor::Alive); true for NULL. Not deterministic
+  // (asked afresh for every row), and not callable from triggers or views.
+  Status DefineLiveness(const SqliteHolderAnchor* anchor) {
+    auto alive = [](sqlite3_context* context, int, sqlite3_value** args) {
+      const auto* self = static_cast<const SqliteHolderAnchor*>(sqlite3_user_data(context));
+      const bool live = sqlite3_value_type(args[0]) != SQLITE_INTEGER ||
+                        self->Alive(sqlite3_value_int64(args[0]));
+      sqlite3_result_int(context, live ? 1 : 0);
+    };
+    const int rc = sqlite3_create_function_v2(db_, "lh_alive", 1, SQLITE_UTF8 | SQLITE_DIRECTONLY,
+                                              const_cast<SqliteHolderAnchor*>(anchor), alive,
+                                              nullptr, nullptr, nullptr);
+    return rc == SQLITE_OK ? Status::Ok() : Error(rc, "open");
   }
 
   Status PrepareAll() {
@@ -932,6 +980,27 @@ class SqliteConnection {
     Status added = Exec(kCreateRecordsIfMissingSql, "add the records table");
     if (added.ok()) {
       added = Exec(kCommitSql, "add the records table");
+    }
+    if (!added.ok()) {
+      RollbackIfActive();
+    }
+    return added;
+  }
+
+  // Adds grants.live_at to a file made before it, under the write lock and re-checked there.
+  Status AddLiveAtColumn() {
+    LH_ASSIGN_OR_RETURN(std::int64_t present, QueryInt(kHasLiveAtColumnSql, "open"));
+    if (present != 0) {
+      return Status::Ok();
+    }
+    LH_RETURN_IF_ERROR(Exec(kBeginImmediateSql, "add the live_at column"));
+    Result<std::int64_t> locked = QueryInt(kHasLiveAtColumnSql, "add the live_at column");
+    Status added = locked.status();
+    if (added.ok() && *locked == 0) {
+      added = Exec(kAddLiveAtColumnSql, "add the live_at column");
+    }
+    if (added.ok()) {
+      added = Exec(kCommitSql, "add the live_at column");
     }
     if (!added.ok()) {
       RollbackIfActive();
@@ -1099,6 +1168,10 @@ class StatementRun {
 
   [[nodiscard]] std::int64_t Int(int column) const {
     return sqlite3_column_int64(statement_, column);
+  }
+
+  [[nodiscard]] bool IsNull(int column) const {
+    return sqlite3_column_type(statement_, column) == SQLITE_NULL;
   }
 
   [[nodiscard]] std::string Blob(int column) const {
@@ -1688,26 +1761,35 @@ Result<std::shared_ptr<SqliteBackend>> SqliteBackend::Open(SqliteOptions options
   LH_RETURN_IF_ERROR(connection->Open());
   LH_RETURN_IF_ERROR(connection->CheckOrInitialize());
   LH_RETURN_IF_ERROR(connection->Configure());
-  LH_RETURN_IF_ERROR(connection->PrepareAll());
   LH_ASSIGN_OR_RETURN(std::unique_ptr<SqliteHostQueue> queue,
                       SqliteHostQueue::Open(options.path, boot_id));
   connection->set_queue(std::move(queue));
-  return std::shared_ptr<SqliteBackend>(new SqliteBackend(std::move(options.path), scope,
-                                                          std::move(boot_id), boot_offset_ns, clock,
-                                                          std::move(connection)));
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<SqliteHolderAnchor> anchor,
+                      SqliteHolderAnchor::Open(options.path + "-lhq"));
+  LH_RETURN_IF_ERROR(connection->DefineLiveness(anchor.get()));
+  LH_RETURN_IF_ERROR(connection->PrepareAll());
+  return std::shared_ptr<SqliteBackend>(
+      new SqliteBackend(std::move(options.path), scope, std::move(boot_id), boot_offset_ns, clock,
+                        std::move(anchor), std::move(connection)));
 }
 
 SqliteBackend::SqliteBackend(std::string path, StoreScope scope, std::string boot_id,
                              std::int64_t boot_offset_ns, Clock& clock,
+                             std::unique_ptr<SqliteHolderAnchor> anchor,
                              std::unique_ptr<SqliteConnection> connection)
     : path_(std::move(path)),
       scope_(scope),
       boot_id_(std::move(boot_id)),
       boot_offset_ns_(boot_offset_ns),
       clock_(clock),
+      anchor_(std::move(anchor)),
       connection_(std::move(connection)) {}
 
 SqliteBackend::~SqliteBackend() = default;
+
+int SqliteBackend::HolderLivenessFd() const {
+  return anchor_->fd();
+}
 
 std::int64_t SqliteBackend::NowNs() const {
   return clock_.Now().time_since_epoch().count() - boot_offset_ns_;
@@ -1720,6 +1802,7 @@ Capabilities SqliteBackend::capabilities() const {
       .fencing_survives_restart = true,
       .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),
       .shared_leases = true,
+      .holder_liveness = true,
   };
 }
 
@@ -1894,6 +1977,7 @@ Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
     put.Bind(8, SaturatingAdd(now_ns, request.ttl.count()));
     put.Bind(9, ModeText(request.mode));
     put.Bind(10, static_cast<std::int64_t>(request.limit));
+    put.Bind(11, anchor_->offset());
     LH_RETURN_IF_ERROR(put.Finish());
   }
   {
@@ -2195,7 +2279,7 @@ Result<std::optional<LeaseInfo>> SqliteBackend::Inspect(std::string_view key) {
 Result<std::vector<LeaseInfo>> SqliteBackend::Holders(std::string_view key) {
   MutexLock lock(&mu_);
   const std::int64_t now_ns = NowNs();
-  StatementRun live(*connection_, kSelectLiveGrants, "holders");
+  StatementRun live(*connection_, kSelectHolders, "holders");
   live.Bind(1, key);
   live.Bind(2, boot_id_);
   live.Bind(3, now_ns);
@@ -2206,6 +2290,7 @@ Result<std::vector<LeaseInfo>> SqliteBackend::Holders(std::string_view key) {
       return infos;
     }
     infos.push_back(LeaseInfoFromRow(live, now_ns));
+    infos.back().holder_gone = live.Int(9) == 0;
   }
 }
 
@@ -2356,12 +2441,15 @@ Status SqliteBackend::WaitForKey(std::string_view key, std::string_view waiter_i
     const std::uint32_t generation = seen.value_or(queue->Generation(key));
     seen.reset();  // a later round (after a timeout) reads afresh
     std::optional<std::int64_t> first_expiry_ns;
+    // A grant of another process that proves its holder alive: nobody bumps the generation
+    // when that holder dies, so its liveness is asked again every kLivenessPollInterval.
+    bool watch_liveness = false;
     std::int64_t now_ns = 0;
     {
       MutexLock lock(&mu_);
       now_ns = NowNs();
       {
-        StatementRun live(*connection_, kSelectLiveGrants, "wait");
+        StatementRun live(*connection_, kSelectHolders, "wait");
         live.Bind(1, key);
         live.Bind(2, boot_id_);
         live.Bind(3, now_ns);
@@ -2370,7 +2458,12 @@ Status SqliteBackend::WaitForKey(std::string_view key, std::string_view waiter_i
           if (!row) {
             break;
           }
+          if (live.Int(9) == 0) {
+            return Status::Ok();  // a grant whose holder is gone: its slot is free now
+          }
           first_expiry_ns = std::min(first_expiry_ns.value_or(live.Int(5)), live.Int(5));
+          watch_liveness =
+              watch_liveness || (!live.IsNull(10) && live.Int(10) != anchor_->offset());
         }
       }
       if (!first_expiry_ns.has_value() && waiter_id.empty()) {
@@ -2398,7 +2491,14 @@ Status SqliteBackend::WaitForKey(std::string_view key, std::string_view waiter_i
     const Duration until_expiry =
         Duration(*first_expiry_ns - now_ns) + std::chrono::milliseconds(1);
     const bool until_an_expiry = until_expiry <= deadline - now;
-    const Duration timeout = std::min<Duration>(deadline - now, until_expiry);
+    Duration timeout = std::min<Duration>(deadline - now, until_expiry);
+    if (watch_liveness && timeout > kLivenessPollInterval) {
+      timeout = kLivenessPollInterval;
+      if (queue->WaitChange(key, generation, timeout) && !stop.stop_requested()) {
+        return Status::Ok();
+      }
+      continue;  // the grants are read again: a gone holder's no longer counts
+    }
     if ((queue->WaitChange(key, generation, timeout) || until_an_expiry) &&
         !stop.stop_requested()) {
       return Status::Ok();

@@ -67,6 +67,7 @@ namespace leasehold::internal {
 // The SQLite handle and its prepared statements; defined in sqlite_backend.cc, the only file
 // that includes sqlite3.h.
 class SqliteConnection;
+class SqliteHolderAnchor;
 
 // Identifies a leasehold database: PRAGMA application_id, 'LEAS' in ASCII.
 inline constexpr std::int32_t kSqliteApplicationId = 0x4C454153;
@@ -155,8 +156,13 @@ class SqliteBackend final : public Backend {
 
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
 
-  // Every live grant of the key, ordered by slot.
+  // Every live grant of the key, ordered by slot, and those not yet expired whose holder is gone
+  // (LeaseInfo::holder_gone), which no other operation counts as live.
   Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
+
+  // The descriptor of this backend's holder liveness lock (sqlite_holder_anchor.h): every grant
+  // it makes counts as live, TTL permitting, until each process that has it open has closed it.
+  [[nodiscard]] int HolderLivenessFd() const override;
 
   Result<bool> ForceRelease(std::string_view key) override;
 
@@ -214,6 +220,7 @@ class SqliteBackend final : public Backend {
  private:
   SqliteBackend(std::string path, StoreScope scope, std::string boot_id,
                 std::int64_t boot_offset_ns, Clock& clock,
+                std::unique_ptr<SqliteHolderAnchor> anchor,
                 std::unique_ptr<SqliteConnection> connection);
 
   // The store's time, as grants record it: the host's CLOCK_BOOTTIME in nanoseconds (the
@@ -244,6 +251,9 @@ class SqliteBackend final : public Backend {
   // This process's CLOCK_BOOTTIME minus the host's (its time namespace's offset; 0 outside one).
   const std::int64_t boot_offset_ns_;
   Clock& clock_;
+  // The lock that proves this process's grants alive; lh_alive asks it about the others'.
+  // Declared before connection_, whose statements call lh_alive: destroyed after it.
+  const std::unique_ptr<SqliteHolderAnchor> anchor_;
 
   // The change generation a waiter's refused TryAcquire read before its transaction, by
   // waiter_id, until its WaitForTurn takes it (or it is granted, or abandons).
