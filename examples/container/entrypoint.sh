@@ -26,7 +26,8 @@
 #                        host's hostname (--uts=host, --network=host) would look alike.
 #
 # --again: campaign again after the command exits or leadership is lost, so a replica never
-# drops out of the election. Not --quiet: the first lines tell you which containment is in
+# drops out of the election. -v: a container's log is where its lifecycle belongs (elected,
+# containment, the command's start and exit); the first lines tell you which containment is in
 # force (`docker logs`); in a container without CAP_SYS_ADMIN and without a writable cgroup
 # it is "group" (see Dockerfile.snippet).
 set -eu
@@ -47,5 +48,5 @@ if [ "$#" -eq 0 ]; then
   exit 64
 fi
 
-exec leasehold elect --again --id "$ELECTION_ID" --ttl "$ELECTION_TTL" \
+exec leasehold elect --again -v --id "$ELECTION_ID" --ttl "$ELECTION_TTL" \
   --kill-grace "$ELECTION_KILL_GRACE" "$ELECTION_NAME" -- "$@"

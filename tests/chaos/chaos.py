@@ -3118,7 +3118,7 @@ class CliOrchestrator(Orchestrator):
         self.next_id += 1
         hold_ms = self.rng.uniform(self.args.hold_min_ms, self.args.hold_max_ms)
         ttl = self.args.ttl_ms
-        cmd = ([self.args.cli, "run", "--store", self.store.url(), "--ttl", f"{ttl}ms",
+        cmd = ([self.args.cli, "-v", "run", "--store", self.store.url(), "--ttl", f"{ttl}ms",
                 "--wait", f"{4 * ttl}ms", "--holder", wid] + self.args.cli_arg +
                [key, "--", "sh", "-c", CLI_SCRIPT, "sh", sys.executable, WRITER_PY,
                 self.reg_path, wid, str(self.args.write_gap_ms), f"{hold_ms / 1000:.3f}"])

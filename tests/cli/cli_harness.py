@@ -155,21 +155,26 @@ class CliHarness:
     def path(self, name):
         return os.path.join(self.tmp, name)
 
-    def argv(self, args, store):
+    def argv(self, args, store, verbose=True):
+        """leasehold ARGS, with --store after the subcommand name if `store`, and -v (the
+        lifecycle lines the tests read; a run that succeeds prints nothing without it) first if
+        `verbose`."""
         argv = [LEASEHOLD] + list(args)
         if store:
             argv[2:2] = ["--store", self.store]  # after the subcommand name
+        if verbose:
+            argv[1:1] = ["-v"]
         return argv
 
-    def cli(self, *args, env=None, timeout=30, store=True):
-        return subprocess.run(self.argv(args, store), env=env or self.env, cwd=self.tmp,
+    def cli(self, *args, env=None, timeout=30, store=True, verbose=True):
+        return subprocess.run(self.argv(args, store, verbose), env=env or self.env, cwd=self.tmp,
                               capture_output=True, text=True, timeout=timeout)
 
-    def start(self, *args, env=None, store=True, stdout=subprocess.DEVNULL):
+    def start(self, *args, env=None, store=True, stdout=subprocess.DEVNULL, verbose=True):
         """Starts `leasehold ARGS` in its own session (its pid is its process group); stderr
         goes to a file."""
         err = tempfile.NamedTemporaryFile(mode="w+", dir=self.tmp, prefix="stderr-", delete=False)
-        p = subprocess.Popen(self.argv(args, store), env=env or self.env, cwd=self.tmp,
+        p = subprocess.Popen(self.argv(args, store, verbose), env=env or self.env, cwd=self.tmp,
                              stdout=stdout, stderr=err, start_new_session=True)
         p.stderr_file = err
         self.procs.append(p)

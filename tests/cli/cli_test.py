@@ -89,7 +89,7 @@ class CliTest(CliHarness, unittest.TestCase):
         self.start("run", "--ttl", "5s", "job", "--", "sleep", "30")
         self.wait_held("job")
         t0 = time.monotonic()
-        r = self.cli("run", "--quiet", "--wait", "500ms", "job", "--", "true")
+        r = self.cli("run", "--wait", "500ms", "job", "--", "true", verbose=False)
         elapsed = time.monotonic() - t0
         figure("--wait 500ms expiry", elapsed, 3.0)
         self.assert_one_error_line(r, EXIT_HELD)

@@ -18,7 +18,7 @@ import unittest
 
 LEASEHOLD = None
 SOURCE = None
-COMMON = {"--store", "--quiet", "--help"}
+COMMON = {"--store", "--quiet", "--verbose", "--help"}
 
 
 def helptext(*args):

@@ -292,8 +292,9 @@ int ReleaseCommand(const std::string& store_url, const std::string& key,
       }
     }
     if (matches.empty()) {
-      Info(fmt::format("force-release of {} --holder {}: no such holder of {} ({} holder{})", key,
-                       holder, key, holders->size(), holders->size() == 1 ? "" : "s"));
+      Notice("force_release",
+             fmt::format("force-release of {} --holder {}: no such holder of {} ({} holder{})", key,
+                         holder, key, holders->size(), holders->size() == 1 ? "" : "s"));
       return 0;
     }
     if (matches.size() > 1) {
@@ -306,13 +307,14 @@ int ReleaseCommand(const std::string& store_url, const std::string& key,
       return ReportFailure(deleted.error());
     }
     if (*deleted) {
-      Info(fmt::format("force-released {} of {} (was held by {})",
-                       matches.front()->slot == 0 && matches.front()->limit <= 1
-                           ? std::string("the grant")
-                           : fmt::format("slot {}", matches.front()->slot),
-                       key, DescribeHolder(*matches.front())));
+      Notice("force_release", fmt::format("force-released {} of {} (was held by {})",
+                                          matches.front()->slot == 0 && matches.front()->limit <= 1
+                                              ? std::string("the grant")
+                                              : fmt::format("slot {}", matches.front()->slot),
+                                          key, DescribeHolder(*matches.front())));
     } else {
-      Info(fmt::format("force-release of {} --holder {}: it ended meanwhile", key, holder));
+      Notice("force_release",
+             fmt::format("force-release of {} --holder {}: it ended meanwhile", key, holder));
     }
     return 0;
   }
@@ -324,11 +326,12 @@ int ReleaseCommand(const std::string& store_url, const std::string& key,
     return ReportFailure(deleted.error());
   }
   if (!*deleted) {
-    Info(fmt::format("force-release of {}: it was not held", key));
+    Notice("force_release", fmt::format("force-release of {}: it was not held", key));
   } else if (before.ok() && before->has_value()) {
-    Info(fmt::format("force-released {} (was held by {})", key, DescribeHolder(**before)));
+    Notice("force_release",
+           fmt::format("force-released {} (was held by {})", key, DescribeHolder(**before)));
   } else {
-    Info(fmt::format("force-released {}", key));
+    Notice("force_release", fmt::format("force-released {}", key));
   }
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 
 #include <fmt/chrono.h>
@@ -20,7 +21,7 @@ namespace leasehold::cli {
 
 namespace {
 
-std::atomic<bool> quiet{false};
+std::atomic<Verbosity> verbosity{Verbosity::kNormal};
 std::atomic<bool> json{false};
 
 void WriteRaw(std::string_view text) {
@@ -56,8 +57,9 @@ nlohmann::json FieldValue(const LogField& field) {
 void WriteJson(LogLevel level, std::string_view event, std::span<const LogField> fields,
                std::string_view msg) {
   nlohmann::ordered_json j;
-  j["ts"] = fmt::format("{:%Y-%m-%dT%H:%M:%S}Z", std::chrono::floor<std::chrono::milliseconds>(
-                                                     std::chrono::system_clock::now()));
+  const auto now = std::chrono::floor<std::chrono::milliseconds>(std::chrono::system_clock::now());
+  const auto seconds = std::chrono::floor<std::chrono::seconds>(now);
+  j["ts"] = fmt::format("{:%Y-%m-%dT%H:%M:%S}.{:03d}Z", seconds, (now - seconds).count());
   j["level"] = std::string(LogLevelName(level));
   j["event"] = std::string(event);
   for (const LogField& field : fields) {
@@ -89,24 +91,26 @@ void WriteLine(std::string_view line) {
   WriteRaw(text);
 }
 
-void WriteOwnLine(LogLevel level, std::string_view line) {
+void WriteOwnLine(LogLevel level, std::string_view line, std::string_view event = "message") {
   if (json.load()) {
-    WriteJson(level, "message", {}, line);
+    WriteJson(level, event, {}, line);
   } else {
     WriteLine(line);
   }
 }
 
-}  // namespace
-
-void SetQuiet(bool q) {
-  quiet.store(q);
-  if (q) {
-    SetLogLevel(LogLevel::kWarning);
-  }
+bool Shows(Verbosity least) {
+  return verbosity.load() >= least;
 }
 
-bool IsQuiet() { return quiet.load(); }
+}  // namespace
+
+void SetVerbosity(Verbosity v) {
+  verbosity.store(v);
+  if (std::getenv("LEASEHOLD_DEBUG") == nullptr) {  // else the library's debug lines stay
+    SetLogLevel(v == Verbosity::kVerbose ? LogLevel::kInfo : LogLevel::kWarning);
+  }
+}
 
 void SetLogFormat(LogFormat format) {
   json.store(format == LogFormat::kJson);
@@ -120,9 +124,25 @@ void SetLogFormat(LogFormat format) {
 }
 
 void Info(std::string_view line) {
-  if (!quiet.load()) {
+  if (Shows(Verbosity::kVerbose)) {
     WriteOwnLine(LogLevel::kInfo, line);
   }
+}
+
+void Notice(std::string_view event, std::string_view line) {
+  if (Shows(Verbosity::kNormal)) {
+    WriteOwnLine(LogLevel::kInfo, line, event);
+  }
+}
+
+void Warn(std::string_view line) {
+  if (Shows(Verbosity::kNormal)) {
+    WriteOwnLine(LogLevel::kWarning, fmt::format("warning: {}", line));
+  }
+}
+
+void Alarm(std::string_view line) {
+  WriteOwnLine(LogLevel::kWarning, line);
 }
 
 void Error(std::string_view line) {

@@ -95,11 +95,12 @@ CommandExit ElectCommand(const ElectFlags& flags) {
        .on_event = [&](ElectionEvent event, const LeaderInfo& leader, const Status&) {
          // Runs on this thread for kNotElected; the supervisor reports a loss itself.
          if (event == ElectionEvent::kNotElected) {
-           Info(fmt::format("not elected: {} is led by {} (term {}); {}", flags.name,
-                            leader.id.empty() ? std::string("another") : leader.id, leader.term,
-                            wait == Duration::zero() ? std::string("giving up")
-                            : wait == kWaitForever   ? std::string("waiting")
-                                                     : "waiting up to " + FormatDuration(wait)));
+           Notice("not_elected",
+                  fmt::format("not elected: {} is led by {} (term {}); {}", flags.name,
+                              leader.id.empty() ? std::string("another") : leader.id, leader.term,
+                              wait == Duration::zero() ? std::string("giving up")
+                              : wait == kWaitForever   ? std::string("waiting")
+                                                       : "waiting up to " + FormatDuration(wait)));
          }
        }});
   CommandExit exit_code = CommandExit::FromCommand(0);

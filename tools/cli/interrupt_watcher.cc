@@ -70,7 +70,7 @@ void InterruptWatcher::Watch() {
         Error(fmt::format("{} again: giving up at once", SignalName(sig)));
         ::_exit(kExitInterrupted);
       }
-      Info(fmt::format("{}: stopping", SignalName(sig)));
+      Notice("interrupted", fmt::format("{}: stopping", SignalName(sig)));
       cancel_.request_stop();
     }
   }

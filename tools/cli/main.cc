@@ -101,6 +101,7 @@ struct SlotFlags {
 struct Flags {
   std::string store_url;
   bool quiet = false;
+  bool verbose = false;
   bool json = false;
   bool force = false;
   std::string key;
@@ -128,10 +129,15 @@ struct Subcommands {
   CLI::App* check = nullptr;
 };
 
-// --store and --quiet are accepted before and after the subcommand name.
+// --store, --quiet and --verbose are accepted before and after the subcommand name.
 void AddCommonOptions(CLI::App& app, Flags& flags) {
   app.add_option("--store", flags.store_url, kStoreHelp)->type_name("URL");
-  app.add_flag("-q,--quiet", flags.quiet, "Print errors only");
+  app.add_flag("-q,--quiet", flags.quiet,
+               "Print only errors and the lines of a lease at risk or lost: not that another "
+               "host holds the key or ran the slot, nor warnings");
+  app.add_flag("-v,--verbose", flags.verbose,
+               "Also print the lifecycle: acquired, store, containment, command started and "
+               "exited, released. By default a run that succeeds prints nothing");
 }
 
 constexpr const char* kContainHelp =
@@ -476,7 +482,9 @@ int Main(int argc, char** argv) {
   if (std::optional<int> ended = Parse(app, cli_argc, argv); ended.has_value()) {
     return *ended;
   }
-  SetQuiet(flags.quiet);
+  SetVerbosity(flags.quiet     ? Verbosity::kQuiet
+               : flags.verbose ? Verbosity::kVerbose
+                               : Verbosity::kNormal);
   if (command.has_value()) {
     flags.run.command.insert(flags.run.command.end(), command->begin(), command->end());
     flags.elect.run.command.insert(flags.elect.run.command.end(), command->begin(), command->end());

@@ -137,7 +137,7 @@ void MetricsTextfile::WriteNow() {
   }
   if (!ok && !warned_) {
     warned_ = true;
-    Info(fmt::format("warning: cannot write --metrics-textfile {}: {}; the job runs on", path_,
+    Warn(fmt::format("cannot write --metrics-textfile {}: {}; the job runs on", path_,
                      std::strerror(err)));
   }
 }

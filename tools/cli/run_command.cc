@@ -83,16 +83,12 @@ Result<T> TakeOrWait(Attempt attempt, const std::string& key, std::optional<Dura
   return taken;
 }
 
-// Reports a lease not taken and returns the exit code: 75 when held (silent under --quiet if
-// `quiet_when_held`: with --once-per another host running the slot is the expected outcome).
-int ReportNotTaken(Store& store, const std::string& key, const Status& status, bool waited,
-                   bool quiet_when_held) {
+// Reports a lease not taken and returns the exit code: 75 when held by another, a normal
+// outcome on every host but one (a Notice: silent under --quiet, in every mode).
+int ReportNotTaken(Store& store, const std::string& key, const Status& status, bool waited) {
   const StatusCode code = status.code();
   if (code == StatusCode::kHeldByAnother || code == StatusCode::kDeadlineExceeded) {
-    if (quiet_when_held && IsQuiet()) {
-      return kExitHeldByAnother;
-    }
-    Error(HeldMessage(store, key, status, waited));
+    Notice(waited ? "gave_up_waiting" : "held_by_another", HeldMessage(store, key, status, waited));
     return kExitHeldByAnother;
   }
   return ReportFailure(status);
@@ -158,21 +154,22 @@ CommandExit RunCommand(const RunFlags& flags) {
       return kExitInterrupted;  // a claim taken meanwhile is released unrecorded
     }
     if (!claim.ok()) {
-      return ReportNotTaken(store, flags.key, claim.error(), waited, /*quiet_when_held=*/true);
+      return ReportNotTaken(store, flags.key, claim.error(), waited);
     }
     const std::string slot = FormatSlotTime(claim->slot_start());
     const char* clock = claim->named_by_store_clock() ? "the store's clock" : "this host's clock";
     if (!claim->claimed()) {
       const SlotRun& done = *claim->done_by();
-      Info(fmt::format(
-          "{}: slot {} is done{}: {} by {} (fencing token {}, exit {}) at {}; not running "
-          "(slot named by {})",
-          flags.key, slot,
-          done.slot_start > claim->slot_start()
-              ? fmt::format(" (a later slot, {}, has run)", FormatSlotTime(done.slot_start))
-              : "",
-          done.succeeded ? "ran" : "failed, not to be retried", Printable(done.holder),
-          done.fencing_token, done.exit_code, FormatSlotTime(done.ended), clock));
+      Notice("slot_done",
+             fmt::format(
+                 "{}: slot {} is done{}: {} by {} (fencing token {}, exit {}) at {}; not running "
+                 "(slot named by {})",
+                 flags.key, slot,
+                 done.slot_start > claim->slot_start()
+                     ? fmt::format(" (a later slot, {}, has run)", FormatSlotTime(done.slot_start))
+                     : "",
+                 done.succeeded ? "ran" : "failed, not to be retried", Printable(done.holder),
+                 done.fencing_token, done.exit_code, FormatSlotTime(done.ended), clock));
       return kExitSlotDone;
     }
     WriteMetricsTextfile(sup);
@@ -212,7 +209,7 @@ CommandExit RunCommand(const RunFlags& flags) {
     return kExitInterrupted;
   }
   if (!lease.ok()) {
-    return ReportNotTaken(store, flags.key, lease.error(), waited, /*quiet_when_held=*/false);
+    return ReportNotTaken(store, flags.key, lease.error(), waited);
   }
 
   // The acquisition was logged by the library ("acquired key=... fencing_token=... token=..."):

@@ -190,7 +190,7 @@ class LeaseGuard {
     if (const int sig = tree_.deadline_signal();
         (sig == SIGKILL && !kill_sent_) || (sig == SIGTERM && !term_sent_)) {
       // leasehold did not act at that instant (stopped, or starved): the keeper did, alone.
-      Info(
+      Alarm(
           fmt::format("leasehold's keeper applied the kill schedule of {} by itself while "
                       "leasehold did not run: {} to the command's tree{}",
                       lease_.key(), SignalName(sig),
@@ -221,7 +221,7 @@ class LeaseGuard {
     const SteadyTime safe_until = lease_.safe_until();
     if (state != last_state_) {
       if (state == LeaseState::kAtRisk) {
-        Info(
+        Alarm(
             fmt::format("renewals of {} are failing (at risk): SIGTERM to the command's tree {}, "
                         "SIGKILL {} unless a renewal succeeds",
                         lease_.key(),
@@ -229,7 +229,7 @@ class LeaseGuard {
                                       : InOrNow(safe_until - kill_grace_ - now),
                         InOrNow(safe_until - now)));
       } else if (state == LeaseState::kHeld) {
-        Info(fmt::format("renewals of {} succeed again", lease_.key()));
+        Alarm(fmt::format("renewals of {} succeed again", lease_.key()));
       }
       last_state_ = state;
     }
@@ -308,8 +308,8 @@ class LeaseGuard {
   }
 
   void SignalTree(int sig, const std::string& why) {
-    Info(fmt::format("sending {} to the command's tree (keeper pid {}): {}", SignalName(sig),
-                     tree_.keeper_pid(), why));
+    Alarm(fmt::format("sending {} to the command's tree (keeper pid {}): {}", SignalName(sig),
+                      tree_.keeper_pid(), why));
     if (sig == SIGKILL) {
       tree_.KillTree();
     } else {
@@ -537,7 +537,7 @@ Result<SupervisedSetup> StartSupervision(const RunFlags& flags, const std::strin
     return server.error();  // a malformed address: a usage error
   }
   if (!server.ok()) {
-    Info(fmt::format("warning: {}; running without /metrics", Describe(server.error())));
+    Warn(fmt::format("{}; running without /metrics", Describe(server.error())));
   } else if (*server != nullptr) {
     setup.metrics_server = std::move(server).value();
     Info(fmt::format("serving metrics at {}",

@@ -12,7 +12,7 @@ _leasehold() {
   }
 
   local subcommands="run elect leader status list release schema check"
-  local common="--store --quiet -q --help -h"
+  local common="--store --quiet -q --verbose -v --help -h"
   local tree="--ttl --long-ttl --renew-every --wait --kill-grace --contain --wait-children --exit-code --metrics-addr --metrics-textfile --log-format --on-risk"
 
   # After `--` comes the command: complete it as a command line of its own.
