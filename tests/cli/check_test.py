@@ -128,7 +128,7 @@ class CommonCheckTest(CheckHarness, unittest.TestCase):
             self.assertNotIn("\n", item["found"] + item["fix"])
         # The throwaway key is gone.
         r = self.cli("status", "--json", cycle["key"])
-        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.returncode, 1, r.stderr)  # free
         self.assertFalse(json.loads(r.stdout)["held"], r.stdout)
 
         text = self.cli("check")

@@ -216,9 +216,12 @@ class CliHarness:
                       + self.stderr_of(p))
 
     def status_json(self, key=None, env=None, store=True):
+        """`status --json`, whose exit code says held (0) or free (1)."""
         r = self.cli("status", key or self.key, "--json", env=env, store=store)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        return json.loads(r.stdout)
+        self.assertIn(r.returncode, (0, 1), r.stderr)
+        j = json.loads(r.stdout)
+        self.assertEqual(r.returncode, 0 if j["held"] else 1, r.stdout)
+        return j
 
     def assert_one_error_line(self, r, code):
         lines = r.stderr.splitlines()

@@ -351,7 +351,7 @@ class CliTest(CliHarness, unittest.TestCase):
         self.assertEqual(fields["ttl"], "5s")
 
         free = self.cli("status", "nobody")
-        self.assertEqual(free.returncode, 0, free.stderr)
+        self.assertEqual(free.returncode, 1, free.stderr)  # status: 0 held, 1 free
         self.assertIn("free", free.stdout)
         self.assertEqual(self.status_json("nobody"),
                          {"key": "nobody", "held": False, "slot_runs": [], "store": self.store,
@@ -860,7 +860,7 @@ class SchemaCliTest(unittest.TestCase):
         # The store opens on the table the DBA created, without creating anything itself.
         st = subprocess.run([LEASEHOLD, "status", "--store", url + "&create_schema=false", "job"],
                             capture_output=True, text=True, timeout=30)
-        self.assertEqual(st.returncode, 0, st.stderr)
+        self.assertEqual(st.returncode, 1, st.stderr)  # free
         self.assertIn("job: free", st.stdout, st.stderr)
         # A schema applied before records existed: status and list still show the leases, and
         # say why the slot runs are not shown (the store's own warning at open comes first).
@@ -871,7 +871,7 @@ class SchemaCliTest(unittest.TestCase):
             with self.subTest(args=args):
                 st = subprocess.run([LEASEHOLD, *args, "--store", url + "&create_schema=false"],
                                     capture_output=True, text=True, timeout=30)
-                self.assertEqual(st.returncode, 0, st.stderr)
+                self.assertEqual(st.returncode, 1 if args[0] == "status" else 0, st.stderr)
                 self.assertIn("slot runs not shown", st.stderr)
                 self.assertIn("leasehold schema", st.stderr.splitlines()[-1])
                 self.assertIn("job" if args[0] == "status" else "KEY", st.stdout)

@@ -6,11 +6,15 @@
 # no `|| [ $? -eq 75 ]` wrapper) and a systemd-style SuccessExitStatus= set of moved codes, a
 # job that itself exits 75 or 80 is reported as the failure it is, while "another host holds
 # it" and "this slot is done" are successes; leasehold's other outcomes (not found, lost) move
-# too; a bad spec is one line and 64.
+# too; a bad spec is one line and 64. And the escalation of a second SIGINT/SIGTERM (issue 35,
+# point 10): the first goes to the command's process group, the second kills its whole tree.
 #
 #   python3 tests/cli/exitcode_test.py --leasehold build/tools/cli/leasehold [-v]
 
+import os
+import signal
 import subprocess
+import time
 import unittest
 
 import cli_harness
@@ -104,6 +108,26 @@ class ExitCodeTest(CliHarness, unittest.TestCase):
                 self.assert_one_error_line(r, EXIT_USAGE)
                 self.assertIn("OUTCOME=N", r.stderr)
         self.assertEqual(self.runs(), 0)
+
+    def test_a_second_sigterm_kills_the_whole_tree_at_once(self):
+        # The command and its background child ignore SIGTERM (an ignored signal is inherited).
+        p = self.start("run", "--ttl", "5s", "esc", "--", "sh", "-c",
+                       "trap '' TERM; (while :; do sleep 0.05; done) & echo $$ > cmd.pid; "
+                       "while :; do sleep 0.05; done")
+        pid = int(self.wait_for_file("cmd.pid"))
+        os.kill(p.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        self.assertIsNone(p.poll(), "the first SIGTERM went to the command, which ignores it")
+        t0 = time.monotonic()
+        os.kill(p.pid, signal.SIGTERM)
+        rc = self.wait_exit(p, 10)
+        took = time.monotonic() - t0
+        cli_harness.figure("second SIGTERM to the end of leasehold run", took, 2.0)
+        self.assertEqual(rc, 128 + signal.SIGKILL, self.stderr_of(p))
+        self.assertLess(took, 2.0, "not the kill grace: at once")
+        self.assertIn("SIGTERM again: SIGKILL to the command's whole tree", self.stderr_of(p))
+        self.assertTrue(cli_harness.process_gone(pid))
+        self.assertFalse(self.status_json("esc")["held"])
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ class ScopeTest(CliHarness, unittest.TestCase):
         self.assertEqual(stat.S_IMODE(os.stat(self.state_dir()).st_mode), 0o1777)
 
         r = self.cli("status", "job", store=False)
-        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.returncode, 1, r.stderr)  # free: the run ended
         self.assertIn(f"store:         sqlite://{db}?scope=host (shared by this host)", r.stdout)
         j = self.status_json("job", store=False)
         self.assertEqual((j["store"], j["scope"]), (f"sqlite://{db}?scope=host", "this host"))

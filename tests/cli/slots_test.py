@@ -437,7 +437,7 @@ class SlotsTest(CliHarness, unittest.TestCase):
             for field in ("started", "ended"):
                 self.assertRegex(r[field], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$", r)
         text = self.cli("status", self.key)
-        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertEqual(text.returncode, 1, text.stderr)  # free: the runs ended
         self.assertEqual(text.stdout.count("failed (retry allowed)"), seen_failed, text.stdout)
         self.assertEqual(text.stdout.count(" done by "), len(runs) - seen_failed, text.stdout)
         last = max(ok)
@@ -554,7 +554,7 @@ class SlotsTest(CliHarness, unittest.TestCase):
         self.assertIn(slot, loud.stderr)
         self.assertFalse(os.path.exists(self.path("ran2")))
         text = self.cli("status", self.key)
-        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertEqual(text.returncode, 1, text.stderr)  # free: the runs ended
         lines = [ln for ln in text.stdout.splitlines() if ln.startswith("slot runs:")]
         self.assertEqual(len(lines), 1, text.stdout)
         self.assertIn(slot, lines[0])

@@ -131,7 +131,7 @@ class TakeoverTest(CliHarness, unittest.TestCase):
         self.assertEqual(j["gone"][0]["holder"], "old-gone")
         self.assertEqual(j["gone"][0]["fencing_token"], token)
         r = self.cli("status", self.key)
-        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.returncode, 1, r.stderr)  # free
         self.assertIn(f"{self.key}: free", r.stdout)
         self.assertIn(f"gone:          old-gone (fencing token {token}, slot 0)", r.stdout)
         # The next run takes it at once, without --wait.

@@ -132,7 +132,7 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     j["store"] = (*store)->display_url();
     j["scope"] = StoreScopeName((*store)->scope());
     PrintLine(j.dump());
-    return 0;
+    return info->has_value() ? 0 : kExitFree;
   }
   if (!info->has_value()) {
     PrintLine(fmt::format("{}: free", key));
@@ -177,7 +177,7 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
   }
   PrintLine(fmt::format("store:         {} (shared by {})", (*store)->display_url(),
                         StoreScopeName((*store)->scope())));
-  return 0;
+  return info->has_value() ? 0 : kExitFree;
 }
 
 int ListCommand(const std::string& store_url, const std::string& prefix, bool json) {

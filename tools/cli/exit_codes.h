@@ -19,6 +19,9 @@
 
 namespace leasehold::cli {
 
+// status: the key is free (no live grant; a grant whose holder is gone counts as free). 0 is
+// held; an unreachable store is kExitUnavailable, as for every command.
+inline constexpr int kExitFree = 1;
 // Usage or invalid argument: bad flags, bad key, bad duration, unknown URL scheme, a file that
 // is not a leasehold database.
 inline constexpr int kExitUsage = 64;
@@ -111,6 +114,7 @@ inline int ExitCodeOf(const CommandExit& exit, const std::map<int, int>& map) {
 inline constexpr std::string_view kExitCodeHelp =
     "Exit codes:\n"
     "  0..125  run/elect: the command's own exit code on normal completion\n"
+    "  0 / 1   status: the key is held / free\n"
     "  64      usage or invalid argument (bad flag, key, duration, URL scheme, not a leasehold "
     "store)\n"
     "  69      store unavailable\n"

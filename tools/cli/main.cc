@@ -182,14 +182,16 @@ CLI::App* AddRunCommand(CLI::App& app, Flags& flags) {
   CLI::App* run = app.add_subcommand(
       "run",
       "Run COMMAND while holding KEY. The command sees LEASEHOLD_KEY, "
-      "LEASEHOLD_FENCING_TOKEN and LEASEHOLD_STORE_KEY (where the store keeps the grant). If the lease is lost, or renewal cannot be confirmed in time, "
+      "LEASEHOLD_FENCING_TOKEN and LEASEHOLD_STORE_KEY (where the store keeps the grant). If the "
+      "lease is lost, or renewal cannot be confirmed in time, "
       "the command gets SIGTERM at safe_until - kill-grace and SIGKILL at safe_until, so it is "
       "gone before anyone else can take the lease. The whole process tree is guarded: every "
       "process the command starts (background jobs, pipelines, setsid daemons) gets the same "
       "schedule, kill -9 of leasehold takes the tree down with it, and when the command exits "
       "its leftovers are stopped before the lease is released (see --contain, "
       "--wait-children). SIGINT/SIGTERM/SIGHUP sent to leasehold go to the command's process "
-      "group. Usage: leasehold run [OPTIONS] KEY -- COMMAND [ARGS...]");
+      "group; a second one sends SIGKILL to its whole tree. Usage: leasehold run [OPTIONS] KEY -- "
+      "COMMAND [ARGS...]");
   AddCommonOptions(*run, flags);
   AddLeaseFlags(*run, flags.run_lease,
                 {.ttl = "How long the store keeps the lease without renewal: how long a crashed "

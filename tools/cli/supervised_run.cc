@@ -332,11 +332,17 @@ class LeaseGuard {
   // SIGINT/SIGTERM/SIGHUP, from a process or the terminal, go to the command's process group
   // as a shell's job control would: the command is not in leasehold's (foreground) group, so
   // nothing reaches it twice. Once the command itself has exited, they go to the whole tree.
+  // The second one escalates: SIGKILL to the whole tree at once (a command that ignores or is
+  // slow to honour the first would otherwise keep an impatient operator waiting).
   void HandleSignals() {
     signalfd_siginfo info{};
     while (ReadSignal(signal_fd_, info)) {
       const int sig = static_cast<int>(info.ssi_signo);
-      if (IsInterrupt(sig) && tree_.command_exited()) {
+      if (IsInterrupt(sig) && ++interrupts_ >= 2) {
+        Notice("interrupted",
+               fmt::format("{} again: SIGKILL to the command's whole tree", SignalName(sig)));
+        tree_.KillTree();
+      } else if (IsInterrupt(sig) && tree_.command_exited()) {
         // Only leftovers are running (--wait-children, or their grace): the whole tree, or a
         // setsid daemon would keep us waiting after the user asked to stop.
         interrupted_ = true;
@@ -344,7 +350,10 @@ class LeaseGuard {
         tree_.SignalTree(sig);
       } else if (IsInterrupt(sig)) {
         interrupted_ = true;
-        Info(fmt::format("forwarding {} to the command's process group", SignalName(sig)));
+        Notice("interrupted",
+               fmt::format("forwarding {} to the command's process group (a second one sends "
+                           "SIGKILL to its whole tree)",
+                           SignalName(sig)));
         tree_.SignalGroup(sig);
       }
       // SIGCHLD and SIGCONT only wake the loop.
@@ -367,6 +376,8 @@ class LeaseGuard {
   bool kill_sent_ = false;
   bool stopped_for_lease_ = false;
   bool interrupted_ = false;
+  // SIGINT/SIGTERM/SIGHUP received while the tree runs.
+  int interrupts_ = 0;
   bool leftovers_seen_ = false;
   SteadyTime leftover_kill_at_{};
   bool leftover_killed_ = false;
