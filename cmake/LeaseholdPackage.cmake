@@ -1,6 +1,6 @@
 # The Debian package (`cpack -G DEB` in the build directory, or the `package` target):
 # leasehold_<version>_amd64.deb with the command, libleasehold.so.0, the headers, the CMake
-# package, leasehold.pc, the man page and the bash completion. CPack rather than a debian/
+# package, leasehold.pc, the man page and the bash, zsh and fish completions. CPack rather than a debian/
 # folder: the install rules above already say where every file goes, so the package cannot
 # drift from `cmake --install`, and dpkg-shlibdeps (CPACK_DEBIAN_PACKAGE_SHLIBDEPS) writes
 # Depends: from what the binaries really link.
@@ -8,6 +8,10 @@
 install(FILES ${PROJECT_SOURCE_DIR}/docs/leasehold.1 DESTINATION ${CMAKE_INSTALL_MANDIR}/man1)
 install(FILES ${PROJECT_SOURCE_DIR}/tools/cli/completion/leasehold.bash
   DESTINATION ${CMAKE_INSTALL_DATADIR}/bash-completion/completions RENAME leasehold)
+install(FILES ${PROJECT_SOURCE_DIR}/tools/cli/completion/_leasehold
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/zsh/vendor-completions)
+install(FILES ${PROJECT_SOURCE_DIR}/tools/cli/completion/leasehold.fish
+  DESTINATION ${CMAKE_INSTALL_DATADIR}/fish/vendor_completions.d)
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/examples/systemd ${PROJECT_SOURCE_DIR}/examples/cron
   ${PROJECT_SOURCE_DIR}/examples/container DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)

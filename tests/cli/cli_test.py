@@ -376,14 +376,18 @@ class CliTest(CliHarness, unittest.TestCase):
         empty = self.cli("list", "zzz", "--json")
         self.assertEqual(json.loads(empty.stdout), [])
 
-    def test_help_of_every_subcommand_lists_exit_codes(self):
-        for args in (["--help"], ["run", "--help"], ["status", "--help"], ["list", "--help"],
+    def test_help_lists_exit_codes_once_and_every_subcommand_points_to_them(self):
+        r = self.cli("--help", store=False)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for code in ("64", "69", "70", "75", "77", "79", "130"):
+            self.assertIn(f"  {code} ", r.stdout)
+        for args in (["run", "--help"], ["status", "--help"], ["list", "--help"],
                      ["release", "--help"]):
             with self.subTest(args=args):
                 r = self.cli(*args, store=False)
                 self.assertEqual(r.returncode, 0, r.stderr)
-                for code in ("64", "69", "70", "75", "77", "79", "130"):
-                    self.assertIn(f"  {code} ", r.stdout)
+                self.assertIn("Exit codes: see `leasehold --help`", r.stdout)
+                self.assertNotIn("  79 ", r.stdout)
         run_help = self.cli("run", "--help", store=False).stdout
         for flag in ("--ttl", "--wait", "--kill-grace", "--renew-every", "--store", "min(ttl/4, 5s)"):
             self.assertIn(flag, run_help)
@@ -597,7 +601,7 @@ class ElectCliTest(CliHarness, unittest.TestCase):
             with self.subTest(args=args):
                 r = self.cli(*args, store=False)
                 self.assertEqual(r.returncode, 0, r.stderr)
-                self.assertIn("  79 ", r.stdout)
+                self.assertIn("Exit codes: see `leasehold --help`", r.stdout)
         self.assertIn("LEASEHOLD_TERM", self.cli("elect", "--help", store=False).stdout)
         top = self.cli("--help", store=False).stdout
         self.assertIn("elect", top)

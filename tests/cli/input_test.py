@@ -147,6 +147,36 @@ class InputTest(CliHarness, unittest.TestCase):
         p.kill()
         p.wait()
 
+    def test_parse_errors_are_one_line_in_our_words_and_help_is_wrapped(self):
+        cases = [
+            (["runn", "job", "--", "true"], "unknown subcommand 'runn' (did you mean 'run'?)"),
+            ([], "no subcommand: give one of run, elect"),
+            (["run", "--limit", "0", "k", "--", "true"],
+             "run: --limit takes a whole number from 1 to 1024, not '0'"),
+            (["run", "--ttl"], "run: --ttl needs a value (DURATION)"),
+            (["run"], "run: missing KEY"),
+            (["run", "--bogus", "k", "--", "true"], "run: unknown option --bogus"),
+            (["status", "a", "b"], "status: unexpected argument b"),
+            (["run", "--log-format", "xml", "k", "--", "true"],
+             "run: --log-format takes one of text|json, not 'xml'"),
+        ]
+        for args, want in cases:
+            with self.subTest(args=args):
+                r = self.cli(*args, store=False, verbose=False)
+                self.assertEqual(r.returncode, EXIT_USAGE, r.stderr)
+                self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+                self.assertIn(want, r.stderr)
+                for parser_words in ("A subcommand is required", "not expected", "required",
+                                     "not in range", "Value "):
+                    self.assertNotIn(parser_words, r.stderr)
+        for sub in ([], ["run"], ["elect"], ["status"], ["check"]):
+            with self.subTest(help=sub):
+                r = self.cli(*sub, "--help", store=False, verbose=False)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertLessEqual(max(len(line) for line in r.stdout.splitlines()), 100)
+                # The exit-code table once: under the top-level --help only.
+                self.assertEqual("  75      held by another" in r.stdout, sub == [], r.stdout)
+
 
 if __name__ == "__main__":
     cli_harness.main("input_test")

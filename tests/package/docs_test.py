@@ -12,6 +12,7 @@
 #   python3 tests/package/docs_test.py LEASEHOLD SOURCE_DIR
 
 import re
+import shutil
 import subprocess
 import sys
 import unittest
@@ -118,6 +119,73 @@ class CompletionTest(unittest.TestCase):
     def test_offers_the_values_of_contain(self):
         self.assertEqual(self.complete("run", "--contain", ""),
                          {"auto", "cgroup", "pidns", "group"})
+
+
+def zsh_flags(text, name):
+    """The flags of the zsh array `name=( ... )` (its specs' option names)."""
+    block = text.split(f"  {name}=(", 1)[1].split("\n  )", 1)[0]
+    return set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)(?=[\[}',])", block))
+
+
+class ZshFishCompletionTest(unittest.TestCase):
+    """The zsh and fish completions offer what `--help` lists, as the bash one does (read, not
+    run: a completion needs an interactive shell); each passes its shell's syntax check where the
+    shell is installed."""
+
+    def read(self, name):
+        with open(f"{SOURCE}/tools/cli/completion/{name}") as f:
+            return f.read()
+
+    def fish_offers(self):
+        """{subcommand or "": flags} and the subcommands offered before one is given."""
+        offers, subs = {}, set()
+        for line in self.read("leasehold.fish").splitlines():
+            if not line.startswith("complete -c leasehold"):
+                continue
+            cond = re.search(r"-n [\"']([^\"']*)[\"']", line)
+            cond = cond.group(1) if cond else ""
+            flags = {"--" + f for f in re.findall(r" -l (\S+)", line)}
+            flags |= {"-" + f for f in re.findall(r" -s (\S)", line)}
+            if cond.startswith("not __fish_seen_subcommand_from"):
+                where = [""]
+                subs |= set(re.findall(r" -a (\w+)", line))
+            elif cond.startswith("__fish_seen_subcommand_from"):
+                where = cond.split()[1:]
+            else:
+                where = [""] + subcommands()
+            for w in where:
+                offers.setdefault(w, set()).update(flags)
+        return offers, subs
+
+    def test_fish_offers_every_subcommand_and_flag(self):
+        offers, subs = self.fish_offers()
+        self.assertEqual(set(subcommands()) - subs, set())
+        for sub in subcommands():
+            with self.subTest(sub=sub):
+                self.assertEqual(set(flags_of(sub)) - offers.get(sub, set()), set())
+
+    def test_zsh_offers_every_subcommand_and_flag(self):
+        text = self.read("_leasehold")
+        subs = set(re.findall(r"^\s+'(\w+):", text.split("subcommands=(", 1)[1].split("\n      )", 1)[0],
+                              re.M))
+        self.assertEqual(set(subcommands()) - subs, set())
+        common, tree = zsh_flags(text, "common"), zsh_flags(text, "tree")
+        for sub in subcommands():
+            with self.subTest(sub=sub):
+                block = text.split(f"({sub})", 1)[1].split(";;", 1)[0]
+                offered = set(re.findall(r"'\*?(--[a-z][a-z-]*)\[", block))
+                offered |= common if "$common" in block else set()
+                offered |= tree if "$tree" in block else set()
+                self.assertEqual(set(flags_of(sub)) - offered, set())
+
+    def test_each_passes_its_shells_syntax_check(self):
+        for shell, name in (("zsh", "_leasehold"), ("fish", "leasehold.fish")):
+            with self.subTest(shell=shell):
+                if shutil.which(shell) is None:
+                    self.skipTest(f"{shell} is not installed")
+                r = subprocess.run([shell, "-n", f"{SOURCE}/tools/cli/completion/{name}"],
+                                   capture_output=True, text=True, timeout=30)
+                self.assertEqual(r.returncode, 0, r.stderr)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ contents="$(dpkg-deb --contents "$deb" | awk '{print $6}')"
 for want in ./usr/bin/leasehold ./usr/lib/libleasehold.so.0 ./usr/include/leasehold/leasehold.h \
             ./usr/lib/cmake/leasehold/leaseholdConfig.cmake ./usr/lib/pkgconfig/leasehold.pc \
             ./usr/share/man/man1/leasehold.1 ./usr/share/bash-completion/completions/leasehold \
+            ./usr/share/zsh/vendor-completions/_leasehold \
+            ./usr/share/fish/vendor_completions.d/leasehold.fish \
             ./usr/share/doc/leasehold/examples/systemd/leasehold-leader.service; do
   grep -q "^${want}" <<<"$contents" || fail "the package lacks $want"
 done

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <memory>
 #include <new>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 #include "cli_log.h"
 #include "elect_command.h"
 #include "exit_codes.h"
+#include "help_text.h"
 #include "leader_command.h"
 #include "run_command.h"
 #include "store_flag.h"
@@ -174,8 +176,9 @@ void AddLeaseFlags(CLI::App& app, LeaseFlags& flags, const LeaseFlagHelp& help) 
   flags.kill_grace.Add(app, "--kill-grace", help.kill_grace, "DURATION");
 }
 
+// The exit-code table is printed once, under the top-level --help; each subcommand points to it.
 std::string Footer() {
-  return std::string("\n") + std::string(kExitCodeHelp);
+  return "\nExit codes: see `leasehold --help` (the table) or EXIT STATUS in leasehold(1).";
 }
 
 CLI::App* AddRunCommand(CLI::App& app, Flags& flags) {
@@ -211,7 +214,7 @@ CLI::App* AddRunCommand(CLI::App& app, Flags& flags) {
                   "each run gets a slot 0..N-1, given to the command as LEASEHOLD_SLOT (and N "
                   "as LEASEHOLD_LIMIT). Every run of KEY must give the same N. Default: 1")
       ->type_name("N")
-      ->check(CLI::Range(1, 1024));
+      ->check(CLI::Range(1, 1024).description(""));  // the help says the range in words
   run->add_flag("--shared", flags.run.shared,
                 "A shared (read) lease: any number of --shared runs of KEY at once, while no "
                 "exclusive run (no --shared) holds it; a waiting exclusive run keeps new "
@@ -413,7 +416,7 @@ std::optional<int> Parse(CLI::App& app, int cli_argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    Error(fmt::format("{} (see 'leasehold --help')", e.what()));
+    Error(ParseErrorText(e, app, cli_argc, argv));
     return kExitUsage;
   }
   return std::nullopt;
@@ -471,7 +474,8 @@ int Main(int argc, char** argv) {
   app.set_version_flag("--version", fmt::format("leasehold {} (commit {}; stores: {})", Version(),
                                                 Commit(), CompiledStores()));
   app.require_subcommand(1);
-  app.footer(Footer());
+  app.formatter(std::make_shared<WrappingFormatter>());
+  app.footer(std::string("\n") + std::string(kExitCodeHelp));
   Flags flags;
   AddCommonOptions(app, flags);
   Subcommands sub;

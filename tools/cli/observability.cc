@@ -157,13 +157,13 @@ void AddObservabilityOptions(CLI::App& app, ObservabilityFlags& flags) {
   app.add_option("--log-format", flags.log_format,
                  "Event lines on stderr as 'text' (leasehold: event key=value ...) or 'json' "
                  "(one object per line). Default: text")
-      ->check(CLI::IsMember({"text", "json"}))
+      ->check(CLI::IsMember({"text", "json"}).description(""))
       ->type_name("text|json");
   app.add_option("--on-risk", flags.on_risk,
                  "When renewals fail (at risk): 'wait' sends SIGTERM at safe_until - kill-grace; "
                  "'term' sends SIGTERM at once. SIGKILL comes at safe_until either way. "
                  "Default: wait")
-      ->check(CLI::IsMember({"wait", "term"}))
+      ->check(CLI::IsMember({"wait", "term"}).description(""))
       ->type_name("wait|term");
 }
 
