@@ -139,6 +139,8 @@ class CliTest(CliHarness, unittest.TestCase):
         r = self.cli("release", "--force", "job")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn(str(held["fencing_token"]), r.stderr)
+        # The operator is told by when the old tree is gone: ttl/3 + min(ttl/4, 5s) of 3s.
+        self.assertIn("stops its whole tree within 1.75s", r.stderr)
         t0 = time.monotonic()
         code = self.wait_exit(run, 10)
         stop_time = time.monotonic() - t0

@@ -2,6 +2,8 @@
 
 #include "admin_commands.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -67,6 +69,21 @@ std::string DescribeRun(const SlotRun& run) {
   return fmt::format("{} {} by {} (fencing token {}, exit {}, {})", FormatSlotTime(run.slot_start),
                      run.succeeded ? "done" : (run.final ? "failed" : "failed (retry allowed)"),
                      Printable(run.holder), run.fencing_token, run.exit_code, FormatDuration(took));
+}
+
+// By when a force-released holder's command is gone, as far as this side can tell: a `leasehold
+// run` holder learns of it at its next renewal (every ttl/3 by default) and stops its tree then
+// (SIGTERM, then SIGKILL after the kill grace, min(ttl/4, 5s) by default). Until then the old
+// command may still run beside a new holder: the operator is told so.
+std::string GoneWithin(const LeaseInfo& h) {
+  using std::chrono::milliseconds;
+  const milliseconds renew = h.ttl / 3;
+  const milliseconds grace = std::min<milliseconds>(h.ttl / 4, std::chrono::seconds(5));
+  return fmt::format(
+      "; its holder's command may run on until its next renewal: a `leasehold run` with the "
+      "default --renew-every and --kill-grace stops its whole tree within {} (ttl/3 + min(ttl/4, "
+      "5s) of its {} TTL); until then a new holder may run beside it",
+      FormatDuration(RoundForDisplay(renew + grace)), FormatDuration(h.ttl));
 }
 
 void PrintLine(const std::string& text) {
@@ -307,11 +324,12 @@ int ReleaseCommand(const std::string& store_url, const std::string& key,
       return ReportFailure(deleted.error());
     }
     if (*deleted) {
-      Notice("force_release", fmt::format("force-released {} of {} (was held by {})",
-                                          matches.front()->slot == 0 && matches.front()->limit <= 1
-                                              ? std::string("the grant")
-                                              : fmt::format("slot {}", matches.front()->slot),
-                                          key, DescribeHolder(*matches.front())));
+      Notice("force_release",
+             fmt::format("force-released {} of {} (was held by {}){}",
+                         matches.front()->slot == 0 && matches.front()->limit <= 1
+                             ? std::string("the grant")
+                             : fmt::format("slot {}", matches.front()->slot),
+                         key, DescribeHolder(*matches.front()), GoneWithin(*matches.front())));
     } else {
       Notice("force_release",
              fmt::format("force-release of {} --holder {}: it ended meanwhile", key, holder));
@@ -328,8 +346,8 @@ int ReleaseCommand(const std::string& store_url, const std::string& key,
   if (!*deleted) {
     Notice("force_release", fmt::format("force-release of {}: it was not held", key));
   } else if (before.ok() && before->has_value()) {
-    Notice("force_release",
-           fmt::format("force-released {} (was held by {})", key, DescribeHolder(**before)));
+    Notice("force_release", fmt::format("force-released {} (was held by {}){}", key,
+                                        DescribeHolder(**before), GoneWithin(**before)));
   } else {
     Notice("force_release", fmt::format("force-released {}", key));
   }
