@@ -14,6 +14,7 @@
 # The two-user cases run the unprivileged side with setpriv as nobody; they skip when the test
 # is not root or the binary is not reachable by nobody.
 
+import json
 import os
 import shutil
 import stat
@@ -163,6 +164,25 @@ class ScopeTest(CliHarness, unittest.TestCase):
                            capture_output=True, text=True, timeout=30)
         self.assert_one_error_line(r, EXIT_PERMISSION)
         self.assertIn("install -d -m 1777 " + self.path("missing/leasehold"), r.stderr)
+
+    def test_environment_variables_set_the_common_flags_and_a_flag_beats_them(self):
+        env = dict(self.env, LEASEHOLD_TTL="3s", LEASEHOLD_LOG_FORMAT="json")
+        p = self.start("run", "envttl", "--", "sleep", "30", env=env)
+        self.wait_until("held", lambda: self.status_json("envttl")["held"])
+        self.assertEqual(self.status_json("envttl")["ttl_ms"], 3000)
+        r = self.cli("run", "envttl", "--", "true", env=env, verbose=False)
+        self.assertEqual(r.returncode, 75, r.stderr)
+        self.assertEqual(json.loads(r.stderr)["event"], "held_by_another")  # LEASEHOLD_LOG_FORMAT
+        r = self.cli("run", "envttl", "--", "true", env=dict(env, LEASEHOLD_QUIET="1"),
+                     verbose=False)
+        self.assertEqual((r.returncode, r.stderr), (75, ""))
+        p.kill()
+        p.wait()
+        q = self.start("run", "--ttl", "4s", "envttl2", "--", "sleep", "30", env=env)
+        self.wait_until("held", lambda: self.status_json("envttl2")["held"])
+        self.assertEqual(self.status_json("envttl2")["ttl_ms"], 4000, "--ttl beats LEASEHOLD_TTL")
+        q.kill()
+        q.wait()
 
 
 if __name__ == "__main__":

@@ -85,9 +85,13 @@ class ManPageTest(unittest.TestCase):
 
     def test_environment_and_files_are_documented(self):
         sections = man_plain()
-        for var in ("LEASEHOLD_STORE", "LEASEHOLD_KEY", "LEASEHOLD_FENCING_TOKEN",
-                    "LEASEHOLD_STORE_KEY",
-                    "LEASEHOLD_TERM", "LEASEHOLD_CONFIG", "LEASEHOLD_STATE_DIR"):
+        # The variables a flag reads (CLI11's "(Env:NAME)" in --help), and the others.
+        from_help = {v for sub in subcommands() for v in re.findall(r"Env:(\w+)", helptext(sub))}
+        self.assertIn("LEASEHOLD_TTL", from_help)
+        for var in sorted(from_help) + ["LEASEHOLD_STORE", "LEASEHOLD_KEY",
+                                        "LEASEHOLD_FENCING_TOKEN", "LEASEHOLD_STORE_KEY",
+                                        "LEASEHOLD_TERM", "LEASEHOLD_CONFIG",
+                                        "LEASEHOLD_STATE_DIR"]:
             self.assertIn(var, sections["ENVIRONMENT"])
         self.assertIn("/var/lib/leasehold/leases.db", sections["FILES"])
         self.assertIn("/etc/leasehold/leasehold.conf", sections["FILES"])

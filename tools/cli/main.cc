@@ -136,10 +136,12 @@ void AddCommonOptions(CLI::App& app, Flags& flags) {
   app.add_option("--store", flags.store_url, kStoreHelp)->type_name("URL");
   app.add_flag("-q,--quiet", flags.quiet,
                "Print only errors and the lines of a lease at risk or lost: not that another "
-               "host holds the key or ran the slot, nor warnings");
+               "host holds the key or ran the slot, nor warnings")
+      ->envname("LEASEHOLD_QUIET");
   app.add_flag("-v,--verbose", flags.verbose,
                "Also print the lifecycle: acquired, store, containment, command started and "
-               "exited, released. By default a run that succeeds prints nothing");
+               "exited, released. By default a run that succeeds prints nothing")
+      ->envname("LEASEHOLD_VERBOSE");
 }
 
 constexpr const char* kContainHelp =
@@ -158,7 +160,9 @@ void AddTreeOptions(CLI::App& app, RunFlags& run) {
                  "it is. OUTCOME: usage, unavailable, internal, held, permission, lost, done, "
                  "unsafe, cannot-execute, not-found, interrupted. Repeatable")
       ->type_name("OUTCOME=N");
-  app.add_option("--contain", run.contain, kContainHelp)->type_name("auto|cgroup|pidns|group");
+  app.add_option("--contain", run.contain, kContainHelp)
+      ->type_name("auto|cgroup|pidns|group")
+      ->envname("LEASEHOLD_CONTAIN");
   app.add_flag("--wait-children", run.wait_children,
                "When the command exits and processes it started remain, keep holding (and "
                "renewing) the lease until they exit. Default: stop them (SIGTERM, kill-grace, "
@@ -167,7 +171,7 @@ void AddTreeOptions(CLI::App& app, RunFlags& run) {
 
 // --ttl, --renew-every, --wait and --kill-grace, for run and elect.
 void AddLeaseFlags(CLI::App& app, LeaseFlags& flags, const LeaseFlagHelp& help) {
-  app.add_option("--ttl", flags.ttl, help.ttl)->type_name("DURATION");
+  app.add_option("--ttl", flags.ttl, help.ttl)->type_name("DURATION")->envname("LEASEHOLD_TTL");
   app.add_flag("--long-ttl", flags.long_ttl,
                "Allow a --ttl above 1h (a crashed holder blocks the key for the whole TTL)");
   flags.renew_every.Add(app, "--renew-every",

@@ -158,7 +158,8 @@ void AddObservabilityOptions(CLI::App& app, ObservabilityFlags& flags) {
                  "Event lines on stderr as 'text' (leasehold: event key=value ...) or 'json' "
                  "(one object per line). Default: text")
       ->check(CLI::IsMember({"text", "json"}).description(""))
-      ->type_name("text|json");
+      ->type_name("text|json")
+      ->envname("LEASEHOLD_LOG_FORMAT");
   app.add_option("--on-risk", flags.on_risk,
                  "When renewals fail (at risk): 'wait' sends SIGTERM at safe_until - kill-grace; "
                  "'term' sends SIGTERM at once. SIGKILL comes at safe_until either way. "
