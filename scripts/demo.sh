@@ -14,13 +14,14 @@ leasehold="$root/build/tools/cli/leasehold"
 key="demo:nightly-report"
 
 echo "store: ${LEASEHOLD_STORE:-the host-wide embedded default (/var/lib/leasehold/leases.db)}"
-"$leasehold" run --ttl 5s "$key" -- sh -c \
+# -v: leasehold's own lines (acquired, released...); without it a run that succeeds is silent.
+"$leasehold" run -v --ttl 5s "$key" -- sh -c \
   'echo "[first]  running with fencing token $LEASEHOLD_FENCING_TOKEN; working for 3 s"; sleep 3; echo "[first]  done"' &
 first=$!
 sleep 0.5
 "$leasehold" status "$key"
 echo "[second] starting; the key is held, so it waits..."
-"$leasehold" run --ttl 5s --wait 30s "$key" -- sh -c \
+"$leasehold" run -v --ttl 5s --wait 30s "$key" -- sh -c \
   'echo "[second] running with fencing token $LEASEHOLD_FENCING_TOKEN (higher: the first grant is over)"'
 wait "$first"
-"$leasehold" status "$key"
+"$leasehold" status "$key" || echo "(status exits 1: the key is free)"
