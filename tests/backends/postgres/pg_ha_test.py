@@ -575,7 +575,7 @@ def run_iteration(mode, it, root, template, leasehold, fixture_only):
         if not fixture_only:
             # 0. warm-up on the healthy pair: schema and the key's first grant on both servers.
             t0 = time.monotonic()
-            r = subprocess.run([leasehold, "run", "--store", pair.primary.url(mode), KEY, "--",
+            r = subprocess.run([leasehold, "-v", "run", "--store", pair.primary.url(mode), KEY, "--",
                                 "true"], capture_output=True, text=True, timeout=30, env=env,
                                cwd=d)
             if r.returncode != 0:
@@ -590,7 +590,7 @@ def run_iteration(mode, it, root, template, leasehold, fixture_only):
             t0 = time.monotonic()
             with open(os.path.join(d, "run-a.err"), "wb") as err_f:
                 a_proc = subprocess.Popen(
-                    [leasehold, "run", "--store", pair.primary.url(mode), KEY, "--", "sh", "-c",
+                    [leasehold, "-v", "run", "--store", pair.primary.url(mode), KEY, "--", "sh", "-c",
                      f"touch {marker_a}; sleep 20"],
                     stdout=subprocess.DEVNULL, stderr=err_f, stdin=subprocess.DEVNULL, env=env,
                     cwd=a_dir, start_new_session=True)
@@ -615,7 +615,7 @@ def run_iteration(mode, it, root, template, leasehold, fixture_only):
             marker_b = os.path.join(b_dir, "MARKER_B")
             t0 = time.monotonic()
             b_proc = subprocess.Popen(
-                [leasehold, "run", "--store", pair.standby.url(mode), KEY, "--", "sh", "-c",
+                [leasehold, "-v", "run", "--store", pair.standby.url(mode), KEY, "--", "sh", "-c",
                  f"touch {marker_b}; sleep 1"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                 text=True, env=env, cwd=b_dir, start_new_session=True)
@@ -703,7 +703,7 @@ def fence_of(server):
 def grant_once(leasehold, url, cwd, env, tokens_file):
     """One `leasehold run --store URL hot -- sh -c 'echo $LEASEHOLD_FENCING_TOKEN >> FILE'`:
     returns {rc, token (from its stderr `acquired ... fencing_token=N` line, or None), err}."""
-    r = subprocess.run([leasehold, "run", "--store", url, KEY, "--", "sh", "-c",
+    r = subprocess.run([leasehold, "-v", "run", "--store", url, KEY, "--", "sh", "-c",
                         f'echo "$LEASEHOLD_FENCING_TOKEN" >> {tokens_file}'],
                        capture_output=True, text=True, timeout=30, env=env, cwd=cwd,
                        stdin=subprocess.DEVNULL)
@@ -1068,7 +1068,7 @@ def run_split_brain(mode, it, root, template, leasehold, n_writes, gap):
     procs = {}
     try:
         pair.start()
-        r = subprocess.run([leasehold, "run", "--store", pair.primary.url(mode), KEY, "--",
+        r = subprocess.run([leasehold, "-v", "run", "--store", pair.primary.url(mode), KEY, "--",
                             "true"], capture_output=True, text=True, timeout=30, env=env, cwd=d)
         if r.returncode != 0:
             raise FixtureError(f"warm-up run failed (rc {r.returncode}): {r.stderr.strip()}")
@@ -1083,7 +1083,7 @@ def run_split_brain(mode, it, root, template, leasehold, n_writes, gap):
             err = open(os.path.join(d, f"run-{label.lower()}.err"), "wb")
             try:
                 procs[label] = subprocess.Popen(
-                    [leasehold, "run", "--store", server.url(mode), KEY, "--", sys.executable,
+                    [leasehold, "-v", "run", "--store", server.url(mode), KEY, "--", sys.executable,
                      writer, label, str(n_writes), str(gap), reg, journal],
                     stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, env=env,
                     cwd=cwd, start_new_session=True)
