@@ -1844,12 +1844,14 @@ TEST_P(SharedLeaseTest, RacingProcessesNeverExceedTheLimitThroughRandomKills) {
         const auto kill_at = std::chrono::steady_clock::now() +
                              std::chrono::milliseconds(300 + rng() % kill_span_ms);
         std::atomic<bool> killed{false};
+        std::atomic<long long> killed_ns{0};
         std::jthread killer([&](std::stop_token st) {
           while (!st.stop_requested() && std::chrono::steady_clock::now() < kill_at) {
             std::this_thread::sleep_for(5ms);
           }
           if (!st.stop_requested()) {
             killed = true;
+            killed_ns = now_ns();
             kill(child->pid(), SIGKILL);
           }
         });
@@ -1875,9 +1877,12 @@ TEST_P(SharedLeaseTest, RacingProcessesNeverExceedTheLimitThroughRandomKills) {
         killer.join();
         (void)child->Wait();
         if (open.has_value()) {
-          // Killed while holding: its window ends with the process (its pipe is its own, so the
-          // end of its output comes when it dies, not when a sibling does).
-          open->end = now_ns();
+          // Killed while holding: its window ends with the process. The kill is taken as its
+          // end (SIGKILL is delivered within microseconds, and the child prints nothing more),
+          // not the moment this thread notices the death: a store that frees a dead holder's
+          // grant at once (holder_liveness) may grant it again before then, and the window would
+          // overlap the next holder's by this thread's own lag.
+          open->end = killed ? killed_ns.load() : now_ns();
           std::lock_guard<std::mutex> lock(mu);
           windows.push_back(*open);
         }
