@@ -2426,6 +2426,10 @@ Status SqliteBackend::WaitForKey(std::string_view key, std::string_view waiter_i
     queue = &connection_->queue();
   }
   std::stop_callback on_stop(stop, [queue, key] { queue->Notify(key); });
+  // While holders' liveness is polled: the first expiry the last round saw. Passing it is a
+  // change (as the end of a plain wait at that expiry would be), though the next read of the
+  // grants no longer shows the expired one.
+  std::optional<std::int64_t> polled_expiry_ns;
   while (true) {
     if (stop.stop_requested()) {
       return Status::Cancelled("wait cancelled");
@@ -2448,6 +2452,9 @@ Status SqliteBackend::WaitForKey(std::string_view key, std::string_view waiter_i
     {
       MutexLock lock(&mu_);
       now_ns = NowNs();
+      if (polled_expiry_ns.has_value() && now_ns >= *polled_expiry_ns) {
+        return Status::Ok();
+      }
       {
         StatementRun live(*connection_, kSelectHolders, "wait");
         live.Bind(1, key);
@@ -2493,11 +2500,13 @@ Status SqliteBackend::WaitForKey(std::string_view key, std::string_view waiter_i
     const bool until_an_expiry = until_expiry <= deadline - now;
     Duration timeout = std::min<Duration>(deadline - now, until_expiry);
     if (watch_liveness && timeout > kLivenessPollInterval) {
-      timeout = kLivenessPollInterval;
-      if (queue->WaitChange(key, generation, timeout) && !stop.stop_requested()) {
+      if (queue->WaitChange(key, generation, kLivenessPollInterval) && !stop.stop_requested()) {
         return Status::Ok();
       }
-      continue;  // the grants are read again: a gone holder's no longer counts
+      // The grants are read again: a gone holder's no longer counts, and the first expiry, if
+      // it has passed meanwhile, ends the wait.
+      polled_expiry_ns = *first_expiry_ns;
+      continue;
     }
     if ((queue->WaitChange(key, generation, timeout) || until_an_expiry) &&
         !stop.stop_requested()) {
