@@ -80,7 +80,9 @@ struct LeaseOptions {
 
   // Called exactly once when the lease becomes lost, with the reason. Runs on the heartbeat
   // thread, or on the thread that first noticed the loss (e.g. a call to Lease::valid()), never
-  // with a leasehold lock held. Must not block for long and must not destroy the Lease.
+  // with a leasehold lock held. Must not block for long and must not destroy the Lease. It runs
+  // just after the stop of Lease::lost_token() is requested (work bound to the token is told
+  // first), so a thread that sees the token stopped may still find on_lost running.
   // Default: none.
   std::function<void(const Status&)> on_lost;
 

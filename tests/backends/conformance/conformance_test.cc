@@ -207,6 +207,15 @@ TEST_P(ConformanceTest, AForkedChildNeverEndsRenewsOrWritesItsParentsGrant) {
   if (backend_->capabilities().scope == StoreScope::kProcess) {
     GTEST_SKIP() << GetParam().name << " is confined to one process";
   }
+#if defined(__SANITIZE_ADDRESS__)
+  // GCC 12's AddressSanitizer takes no lock of its allocator around fork(): a child forked
+  // while a parent thread (the heartbeat, a TLS read) was inside malloc waits on that lock
+  // forever once it frees or allocates (gdb on a stuck child of this case over rediss://:
+  // exit -> OPENSSL_cleanup -> free -> SizeClassAllocator64::GetFromAllocator, in 2 of 30
+  // runs). glibc's malloc does take its locks around fork(); the case runs in the plain and
+  // ThreadSanitizer builds.
+  GTEST_SKIP() << "fork() of a threaded process can deadlock inside GCC 12's ASan allocator";
+#endif
   Child holder({LEASE_HOLDER_PATH, url_, "forked", "fork", "1500"});
   const std::string acquired = holder.ReadLine();
   ASSERT_TRUE(acquired.starts_with("acquired ")) << acquired;
@@ -437,12 +446,14 @@ TEST_P(ConformanceTest, ForceReleaseFreesTheKeyAndTheHolderFindsOut) {
   auto again = b->ForceRelease("job");
   ASSERT_TRUE(again.ok());
   EXPECT_FALSE(*again) << "the key was already free";
+  // on_lost runs just after the token's stop is requested (options.h): both are awaited.
   auto start = std::chrono::steady_clock::now();
-  while (!held->lost_token().stop_requested() &&
+  while ((!held->lost_token().stop_requested() || lost == 0) &&
          std::chrono::steady_clock::now() - start < 2s) {
     std::this_thread::sleep_for(10ms);
   }
   EXPECT_TRUE(held->lost_token().stop_requested()) << "lost at the next renewal, before the ttl";
+  std::this_thread::sleep_for(50ms);  // a second call, were there one, would come now
   EXPECT_EQ(lost, 1);
   EXPECT_EQ(held->lost_reason().code(), StatusCode::kLost);
   EXPECT_EQ(held->Release().code(), StatusCode::kLost);
