@@ -83,6 +83,9 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
   # under a tenth of a CPU) likewise: under ASan the holder needs several times the CPU, and on a
   # busy machine it lost the lease that plain builds keep; its parsers run here through
   # core_test (CgroupCpuTest).
+  # The server rows of the break-glass test (label `breakglass`: a server each, 20
+  # force-releases) likewise: their stores' side runs here through the conformance suite's
+  # AForceReleaseWakesItsHolderWaitingOnTheKey, the command's side through cli_breakglass_sqlite.
   # So is the PostgreSQL failover scenario (label `postgres-ha`: a primary, a standby,
   # nftables and `leasehold run`); the indeterminate-outcome code it drives runs here through
   # postgres_sync_standby_test.
@@ -91,7 +94,7 @@ if [ "${LEASEHOLD_SKIP_SANITIZERS:-0}" != 1 ]; then
   seed_costs build-asan
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     run_ctest build-asan -j "$jobs" --timeout 900 \
-    -LE "install|chaos|partition|model|package|slots|contention|check|shared|sentinel|cluster|postgres-ha" \
+    -LE "install|chaos|partition|model|package|slots|contention|check|shared|breakglass|sentinel|cluster|postgres-ha" \
     -E "SharedLeaseTest.RacingProcesses|/postgres_table_pgbouncer|^cli_test$|^cli_tree_test$|^cli_cgroup_quota$"
 
   step "build with ThreadSanitizer"

@@ -118,6 +118,11 @@ class Leadership {
   // Returns the leadership lease itself (key "election:<name>").
   [[nodiscard]] const Lease& lease() const { return lease_; }
 
+  // As Lease::Confirm(): proves with one owner-checked round trip that this candidate still
+  // leads, before an action outside the store that cannot be undone. Not during a Resign() or a
+  // move of the same Leadership.
+  Status Confirm() { return lease_.Confirm(); }
+
   // Gives up leadership at once: deletes the leadership lease, which wakes the waiting
   // candidates. Returns OK, also on a second call; kLost if leadership had already been lost
   // (nothing of the next leader's is touched); kUnavailable if the store did not answer, in

@@ -162,6 +162,13 @@ class Store {
   // Acquire), false if waiting means polling.
   [[nodiscard]] bool notifies_changes() const;
 
+  // Returns true if WaitForChange also wakes the holder of a key (a handle waiting on a key it
+  // holds) when its grant is ended behind it (`leasehold release --force`, ForceRelease), so
+  // that it can Confirm and stop at once instead of at its next renewal; `leasehold run` and
+  // `elect` do. False without notification and on PostgreSQL advisory mode, where such a wait
+  // returns kUnimplemented.
+  [[nodiscard]] bool notifies_holder() const;
+
   // Returns true if Lease::Write of this store takes ops of `kind` (leasehold/fenced_write.h).
   [[nodiscard]] bool SupportsFencedOp(FencedOp::Kind kind) const;
 

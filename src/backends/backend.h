@@ -53,6 +53,12 @@ struct Capabilities {
   StoreScope scope = StoreScope::kFleet;
   // WaitForChange uses a store notification rather than returning kUnimplemented.
   bool native_wait = false;
+  // WaitForChange also wakes a handle that waits on a key it holds itself when the grant is
+  // ended behind it (ForceRelease, ForceReleaseGrant), so that the holder learns before its next
+  // renewal (Store::notifies_holder). Where false, WaitForChange on a key this handle holds
+  // returns kUnimplemented. PostgreSQL advisory mode: false (a grant is its holder's session,
+  // which only the renewals watch).
+  bool notifies_holder = false;
   // The fencing counter survives a restart of the store.
   bool fencing_survives_restart = true;
   // Waiters are queued in the store and granted the key first come, first served: a TryAcquire

@@ -338,6 +338,10 @@ StoreScope Store::scope() const {
 
 bool Store::notifies_changes() const { return core_->backend->capabilities().native_wait; }
 
+bool Store::notifies_holder() const {
+  return core_->backend->capabilities().notifies_holder;
+}
+
 Status Store::WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token cancel) {
   LH_RETURN_IF_ERROR(Usable());
   LH_RETURN_IF_ERROR(ValidateKey(key));

@@ -95,6 +95,49 @@ def free_port():
 # --- the fixture -------------------------------------------------------------------------------
 
 
+class StoreServer:
+    """A throwaway server of store NAME for a test module that runs on one store (--store NAME):
+    the store classes of tests/chaos/chaos.py, started on free loopback ports in a temporary
+    directory and reached directly (no fault proxy in between). url is None for sqlite, whose
+    file each test makes in its own temp dir."""
+
+    def __init__(self, name, prog):
+        self.name = name
+        self.url = None
+        self._store = None
+        self._run_dir = None
+        if name == "sqlite":
+            return
+        chaos = chaos_module()
+        self._run_dir = tempfile.mkdtemp(prefix=f"leasehold-{prog}-server-")
+        store = chaos.STORES[name]()
+        t = time.monotonic()
+        try:
+            store.start(self._run_dir)
+        except SystemExit as e:  # chaos's starters exit with a message
+            raise AssertionError(f"{name} server did not start: {e}") from None
+        self.url = store.url().replace(f":{store.proxy.port}", f":{store.port}")
+        store.proxy.close()
+        self._store = store
+        figure(f"{name} server start", time.monotonic() - t, 60.0)
+        print(f"  {prog}: store {self.url}", file=sys.stderr, flush=True)
+
+    def stop(self):
+        if self._store is not None:
+            self._store.stop()
+            self._store = None
+        if self._run_dir is not None:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            self._run_dir = None
+
+
+def chaos_module():
+    """tests/chaos/chaos.py, whose store classes start the servers."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chaos"))
+    import chaos
+    return chaos
+
+
 class CliHarness:
     """setUp/tearDown and the helpers of a test class of the command (a mixin: the classes add
     unittest.TestCase). Parameters: TMP_PREFIX, store_url(), kill_leftovers(), diagnostics();

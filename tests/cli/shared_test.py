@@ -16,8 +16,8 @@
 #   kill, as `status --json` shows the grant (and not before half the TTL: the permit is still
 #   counted while its grant lives).
 # - status and list show every holder with mode and slot; `release --force KEY --holder ID`
-#   frees that one (its run finds out at the next renewal and stops its command), the others
-#   keep theirs.
+#   frees that one (its run finds out, at once where the store tells it, and stops its
+#   command), the others keep theirs.
 # - --shared: two shared runs overlap; an exclusive run waits for both; a wrong --limit against
 #   a held semaphore is one line and exit 64.
 #
@@ -28,23 +28,16 @@
 import json
 import os
 import random
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
 import cli_harness
-from cli_harness import CliHarness, figure
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chaos"))
-import chaos  # noqa: E402  (the store starters)
+from cli_harness import CliHarness, StoreServer, figure
 
 STORE = "sqlite"
-SERVER = None
-SERVER_URL = None
+SERVER = None  # a StoreServer
 EXIT_HELD = 75
 EXIT_USAGE = 64
 # The stores that refuse shared and semaphore leases, by design (README, "Shared leases"):
@@ -60,8 +53,8 @@ class SharedTest(CliHarness, unittest.TestCase):
     TMP_PREFIX = "leasehold-shared-"
 
     def store_url(self):
-        if SERVER_URL:
-            return SERVER_URL
+        if SERVER.url:
+            return SERVER.url
         return "sqlite://" + os.path.join(self.tmp, "leases.db") + "?busy_timeout=10s"
 
     def setUp(self):
@@ -256,35 +249,19 @@ class SharedTest(CliHarness, unittest.TestCase):
 
 
 def setUpModule():
-    global SERVER, SERVER_URL
-    if STORE == "sqlite":
-        return
-    run_dir = tempfile.mkdtemp(prefix="leasehold-shared-server-")
-    store = chaos.STORES[STORE]()
-    t = time.monotonic()
-    try:
-        store.start(run_dir)
-    except SystemExit as e:  # chaos's starters exit with a message
-        raise AssertionError(f"{STORE} server did not start: {e}") from None
-    # Straight to the server: no fault proxy in between.
-    SERVER_URL = store.url().replace(f":{store.proxy.port}", f":{store.port}")
-    store.proxy.close()
-    store.run_dir_ = run_dir
-    SERVER = store
-    figure(f"{STORE} server start", time.monotonic() - t, 60.0)
-    print(f"  shared_test: store {SERVER_URL}", file=sys.stderr, flush=True)
+    global SERVER
+    SERVER = StoreServer(STORE, "shared_test")
 
 
 def tearDownModule():
     if SERVER is not None:
         SERVER.stop()
-        shutil.rmtree(SERVER.run_dir_, ignore_errors=True)
 
 
 def main():
     global STORE
     parser = cli_harness.arg_parser()
-    parser.add_argument("--store", default="sqlite", choices=sorted(chaos.STORES),
+    parser.add_argument("--store", default="sqlite", choices=sorted(cli_harness.chaos_module().STORES),
                         help="the store to test on (servers are started here, throwaway)")
     args, rest = parser.parse_known_args()
     cli_harness.use_leasehold(args.leasehold, "shared_test")

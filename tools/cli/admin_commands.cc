@@ -71,19 +71,31 @@ std::string DescribeRun(const SlotRun& run) {
                      Printable(run.holder), run.fencing_token, run.exit_code, FormatDuration(took));
 }
 
-// By when a force-released holder's command is gone, as far as this side can tell: a `leasehold
-// run` holder learns of it at its next renewal (every ttl/3 by default) and stops its tree then
-// (SIGTERM, then SIGKILL after the kill grace, min(ttl/4, 5s) by default). Until then the old
+// By when a force-released holder's command is gone, as far as this side can tell. A `leasehold
+// run` holder confirms its grant whenever the store notifies a change of the key (GrantWatch),
+// so on a store that notifies it stops its tree at once (SIGTERM, then SIGKILL after the kill
+// grace, min(ttl/4, 5s) by default; Store::notifies_holder). Otherwise it learns at its next
+// renewal (every ttl/3 by default). Until then the old
 // command may still run beside a new holder: the operator is told so.
-std::string GoneWithin(const LeaseInfo& h) {
+std::string GoneWithin(const LeaseInfo& h, bool notifies) {
   using std::chrono::milliseconds;
   const milliseconds renew = h.ttl / 3;
   const milliseconds grace = std::min<milliseconds>(h.ttl / 4, std::chrono::seconds(5));
-  return fmt::format(
-      "; its holder's command may run on until its next renewal: a `leasehold run` with the "
-      "default --renew-every and --kill-grace stops its whole tree within {} (ttl/3 + min(ttl/4, "
-      "5s) of its {} TTL); until then a new holder may run beside it",
+  const std::string bound = fmt::format(
+      "within {} (ttl/3 + min(ttl/4, 5s) of its {} TTL, with the default --renew-every and "
+      "--kill-grace)",
       FormatDuration(RoundForDisplay(renew + grace)), FormatDuration(h.ttl));
+  if (notifies) {
+    return fmt::format(
+        "; the store tells its holder at once, and a `leasehold run` then stops its whole tree; "
+        "one that misses it stops at its next renewal, {}; until then a new holder may run "
+        "beside it",
+        bound);
+  }
+  return fmt::format(
+      "; its holder's command may run on until its next renewal: a `leasehold run` stops its "
+      "whole tree {}; until then a new holder may run beside it",
+      bound);
 }
 
 void PrintLine(const std::string& text) {
@@ -329,7 +341,8 @@ int ReleaseCommand(const std::string& store_url, const std::string& key,
                          matches.front()->slot == 0 && matches.front()->limit <= 1
                              ? std::string("the grant")
                              : fmt::format("slot {}", matches.front()->slot),
-                         key, DescribeHolder(*matches.front()), GoneWithin(*matches.front())));
+                         key, DescribeHolder(*matches.front()),
+                         GoneWithin(*matches.front(), (*store)->notifies_holder())));
     } else {
       Notice("force_release",
              fmt::format("force-release of {} --holder {}: it ended meanwhile", key, holder));
@@ -346,8 +359,9 @@ int ReleaseCommand(const std::string& store_url, const std::string& key,
   if (!*deleted) {
     Notice("force_release", fmt::format("force-release of {}: it was not held", key));
   } else if (before.ok() && before->has_value()) {
-    Notice("force_release", fmt::format("force-released {} (was held by {}){}", key,
-                                        DescribeHolder(**before), GoneWithin(**before)));
+    Notice("force_release",
+           fmt::format("force-released {} (was held by {}){}", key, DescribeHolder(**before),
+                       GoneWithin(**before, (*store)->notifies_holder())));
   } else {
     Notice("force_release", fmt::format("force-released {}", key));
   }

@@ -141,9 +141,13 @@ CommandExit ElectCommand(const ElectFlags& flags) {
         {"LEASEHOLD_ELECTION=" + flags.name, fmt::format("LEASEHOLD_TERM={}", leadership->term()),
          "LEASEHOLD_LEADER_ID=" + id});
     const SteadyTime term_start = Clock::Real().Now();
-    ChildOutcome outcome = RunUnderLease(
-        lease, [&leadership](int) { return leadership->Resign(); }, run.command, std::move(env),
-        TreeSettingsFor(*settings, run), sup, "leadership of " + flags.name);
+    ChildOutcome outcome =
+        RunUnderLease({.store = store,
+                       .lease = lease,
+                       .release = [&leadership](int) { return leadership->Resign(); },
+                       .confirm = [&leadership] { return leadership->Confirm(); },
+                       .what = "leadership of " + flags.name},
+                      run.command, std::move(env), TreeSettingsFor(*settings, run), sup);
     exit_code = outcome.from_command ? CommandExit::FromCommand(outcome.exit_code)
                                      : CommandExit(outcome.exit_code);
     if (!flags.again || outcome.interrupted) {

@@ -343,8 +343,9 @@ void AddAdminCommands(CLI::App& app, Flags& flags, Subcommands& sub) {
   CLI::App* release = app.add_subcommand(
       "release",
       "Operator break-glass: delete KEY's grant (every holder's, or with --holder one "
-      "holder's) whoever holds it (requires --force). The holder "
-      "finds out at its next renewal and stops its command (its `run` exits 79).");
+      "holder's) whoever holds it (requires --force). The holder's `run` stops its command "
+      "(exit 79) at once where the store tells it (all but PostgreSQL advisory mode and "
+      "PgBouncer), else at its next renewal.");
   AddCommonOptions(*release, flags);
   release->add_flag("--force", flags.force, "Required: confirms the break-glass release");
   release->add_option("--holder", flags.release_holder,

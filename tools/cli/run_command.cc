@@ -180,16 +180,19 @@ CommandExit RunCommand(const RunFlags& flags) {
         LeaseChildEnvironment(lease, lease.fencing_token(), {"LEASEHOLD_SLOT=" + slot});
     const bool retry_failed = settings->retry_failed;
     const Duration hold = settings->hold_at_least;
-    const ChildOutcome outcome = RunUnderLease(
-        lease,
-        [&claim, retry_failed, hold](int code) {
-          return claim->Finish({.succeeded = code == 0,
-                                .exit_code = code,
-                                .retry_failed = retry_failed,
-                                .hold_at_least = hold});
-        },
-        flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup,
-        "lease " + flags.key);
+    const ChildOutcome outcome =
+        RunUnderLease({.store = store,
+                       .lease = lease,
+                       .release =
+                           [&claim, retry_failed, hold](int code) {
+                             return claim->Finish({.succeeded = code == 0,
+                                                   .exit_code = code,
+                                                   .retry_failed = retry_failed,
+                                                   .hold_at_least = hold});
+                           },
+                       .confirm = [&lease] { return lease.Confirm(); },
+                       .what = "lease " + flags.key},
+                      flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup);
     return outcome.from_command ? CommandExit::FromCommand(outcome.exit_code)
                                 : CommandExit(outcome.exit_code);
   }
@@ -233,8 +236,12 @@ CommandExit RunCommand(const RunFlags& flags) {
       LeaseChildEnvironment(*lease, lease->fencing_token(), std::move(extra));
   const Duration hold = settings->hold_at_least;
   const ChildOutcome outcome = RunUnderLease(
-      *lease, [&lease, hold](int) { return lease->Release({.hold_at_least = hold}); },
-      flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup, "lease " + flags.key);
+      {.store = store,
+       .lease = *lease,
+       .release = [&lease, hold](int) { return lease->Release({.hold_at_least = hold}); },
+       .confirm = [&lease] { return lease->Confirm(); },
+       .what = "lease " + flags.key},
+      flags.command, std::move(env), TreeSettingsFor(*settings, flags), sup);
   return outcome.from_command ? CommandExit::FromCommand(outcome.exit_code)
                               : CommandExit(outcome.exit_code);
 }

@@ -39,6 +39,7 @@
 #include "cli_log.h"
 #include "duration_flag.h"
 #include "exit_codes.h"
+#include "grant_watch.h"
 #include "interrupt_watcher.h"
 #include "observability.h"
 #include "store_flag.h"
@@ -603,15 +604,12 @@ LeaseOptions SupervisedLeaseOptions(const RunSettings& settings, const Supervisi
   };
 }
 
-// Runs `command` with `env` as a supervised process tree while `lease` is held, until every
-// process of the tree is gone, then calls `release` (Lease::Release, SlotClaim::Finish or
-// Leadership::Resign) with the exit code the run ends with (the command's, 79, 126, 127...).
-// `what` names the lease in messages ("lease job", "leadership of svc"). Returns the command's
-// code, 79 if the lease was lost, 126/127 if the command could not run.
-ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status(int)>& release,
-                           const std::vector<std::string>& command, std::vector<std::string> env,
-                           const TreeSettings& settings, Supervision& sup,
-                           const std::string& what) {
+ChildOutcome RunUnderLease(const HeldLease& held, const std::vector<std::string>& command,
+                           std::vector<std::string> env, const TreeSettings& settings,
+                           Supervision& sup) {
+  const Lease& lease = held.lease;
+  const std::function<Status(int)>& release = held.release;
+  const std::string& what = held.what;
   Result<std::unique_ptr<Supervisor>> started =
       Supervisor::Start({.argv = command,
                          .env = std::move(env),
@@ -647,7 +645,10 @@ ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status(int)>&
                    {.signal_fd = sup.signal_fd.get(),
                     .event_fd = sup.event_fd.get(),
                     .timer_fd = sup.timer_fd.get()});
-  guard.Run();
+  {
+    GrantWatch watch(held.store, lease, held.confirm);
+    guard.Run();
+  }  // the watch is joined before the lease is released (Lease::Confirm's rule)
 
   const int child_code = tree.ShellExitCode();
   if (guard.lost() || guard.stopped_for_lease() || lease.state() == LeaseState::kLost) {

@@ -132,13 +132,26 @@ struct ChildOutcome {
   bool interrupted = false;
 };
 
-// Runs `command` with `env` as a supervised process tree while `lease` is held, until every
-// process of the tree is gone, then calls `release` (Lease::Release, SlotClaim::Finish or
-// Leadership::Resign) with the exit code the run ends with (the command's, 79, 126, 127...).
-// `what` names the lease in messages ("lease job", "leadership of svc"). Returns the command's
-// code, 79 if the lease was lost, 126/127 if the command could not run.
-ChildOutcome RunUnderLease(const Lease& lease, const std::function<Status(int)>& release,
-                           const std::vector<std::string>& command, std::vector<std::string> env,
-                           const TreeSettings& settings, Supervision& sup, const std::string& what);
+// The lease a supervised run holds, and how to prove and end it.
+struct HeldLease {
+  Store& store;
+  const Lease& lease;
+  // Lease::Release, SlotClaim::Finish or Leadership::Resign, with the exit code the run ends
+  // with (the command's, 79, 126, 127...).
+  std::function<Status(int)> release;
+  // Lease::Confirm or Leadership::Confirm of the same grant (GrantWatch).
+  std::function<Status()> confirm;
+  // Names the lease in messages ("lease job", "leadership of svc").
+  std::string what;
+};
+
+// Runs `command` with `env` as a supervised process tree while `held.lease` is held, until every
+// process of the tree is gone, then calls `held.release`. While the tree runs, a GrantWatch
+// (grant_watch.h) confirms the grant whenever the store reports the key changed, so that a
+// force-release stops the tree at once where the store notifies. Returns the command's code,
+// 79 if the lease was lost, 126/127 if the command could not run.
+ChildOutcome RunUnderLease(const HeldLease& held, const std::vector<std::string>& command,
+                           std::vector<std::string> env, const TreeSettings& settings,
+                           Supervision& sup);
 
 }  // namespace leasehold::cli

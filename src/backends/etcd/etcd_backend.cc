@@ -433,6 +433,7 @@ EtcdBackend::~EtcdBackend() = default;
 Capabilities EtcdBackend::capabilities() const {
   return Capabilities{
       .native_wait = true,
+      .notifies_holder = true,
       .fencing_survives_restart = true,
       .fair_queue = options_.fair,
       .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete),

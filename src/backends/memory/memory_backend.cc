@@ -445,6 +445,7 @@ class MemoryBackend final : public Backend {
   Capabilities capabilities() const override {
     return {.scope = StoreScope::kProcess,
             .native_wait = true,
+            .notifies_holder = true,
             .fencing_survives_restart = false,
             .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete),
             .shared_leases = true};

@@ -1078,6 +1078,15 @@ Status PostgresAdvisoryBackend::WaitForChange(std::string_view key, SteadyTime d
   std::string waiter;
   {
     MutexLock lock(&mu_);
+    if (held_.find(key) != held_.end()) {
+      // The wait below queues a session on the lock: behind this handle's own session it would
+      // take the lock the moment that session ends, ahead of every other waiter. The holder's
+      // grant ends only with its session, which its renewals watch.
+      return Status::Unimplemented(fmt::format(
+          "this handle holds {}: its grant ends only with its own session, which its renewals "
+          "watch",
+          key));
+    }
     waiter = fmt::format("change-{}", ++next_private_waiter_);
   }
   Status s = WaitForTurn(key, waiter, deadline, std::move(stop));

@@ -320,6 +320,7 @@ PostgresTableBackend::~PostgresTableBackend() {
 
 Capabilities PostgresTableBackend::capabilities() const {
   return Capabilities{.native_wait = !pooled_,
+                      .notifies_holder = !pooled_,
                       .fencing_survives_restart = true,
                       .fair_queue = false,
                       .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),

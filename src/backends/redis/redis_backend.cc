@@ -942,6 +942,7 @@ Result<std::shared_ptr<RedisBackend>> RedisBackend::Open(RedisOptions options, C
 
 Capabilities RedisBackend::capabilities() const {
   return Capabilities{.native_wait = true,
+                      .notifies_holder = true,
                       .fencing_survives_restart = !persistence_off_,
                       .fair_queue = options_.fair,
                       .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) |

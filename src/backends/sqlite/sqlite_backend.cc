@@ -1799,6 +1799,7 @@ Capabilities SqliteBackend::capabilities() const {
   return Capabilities{
       .scope = scope_,
       .native_wait = true,
+      .notifies_holder = true,
       .fencing_survives_restart = true,
       .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),
       .shared_leases = true,

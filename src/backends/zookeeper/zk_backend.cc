@@ -273,6 +273,7 @@ ZkBackend::~ZkBackend() {
 Capabilities ZkBackend::capabilities() const {
   return Capabilities{
       .native_wait = true,
+      .notifies_holder = true,
       .fencing_survives_restart = true,
       .fair_queue = true,
       .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete),

@@ -459,6 +459,45 @@ TEST_P(ConformanceTest, ForceReleaseFreesTheKeyAndTheHolderFindsOut) {
   EXPECT_EQ(held->Release().code(), StatusCode::kLost);
 }
 
+// A holder waiting on its own key (`leasehold run`'s GrantWatch) is woken by a force-release of
+// its grant where the store notifies holders: long before its next renewal (10 s here) or its
+// TTL. Elsewhere such a wait says so (kUnimplemented) rather than wait for a grant's end it
+// cannot see, or queue behind its own grant.
+TEST_P(ConformanceTest, AForceReleaseWakesItsHolderWaitingOnTheKey) {
+  auto a = OpenHandle();
+  auto b = OpenHandle();
+  auto held = a->TryAcquire("job", {.ttl = 30s, .renew_interval = 10s});
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  if (!a->notifies_holder()) {
+    EXPECT_EQ(a->WaitForChange("job", a->clock().Now() + 200ms).code(), StatusCode::kUnimplemented);
+    EXPECT_TRUE(held->Confirm().ok()) << "the wait took nothing of the holder's";
+    ASSERT_TRUE(held->Release().ok());
+    return;
+  }
+  std::atomic<bool> forced{false};
+  Status woke;
+  std::chrono::steady_clock::time_point woken_at;
+  std::thread holder([&] {
+    // Spurious wake-ups are allowed: wait again until the force-release has been sent.
+    do {
+      woke = a->WaitForChange("job", a->clock().Now() + 20s);
+    } while (woke.ok() && !forced);
+    woken_at = std::chrono::steady_clock::now();
+  });
+  std::this_thread::sleep_for(300ms);  // the wait is set up (either order is correct)
+  const auto forced_at = std::chrono::steady_clock::now();
+  forced = true;
+  auto released = b->ForceRelease("job");
+  holder.join();
+  ASSERT_TRUE(released.ok() && *released) << released.status().ToString();
+  EXPECT_TRUE(woke.ok()) << woke.ToString();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(woken_at - forced_at);
+  EXPECT_LT(took, 3s) << "woken by the notification, not the renewal due in 10 s";
+  std::printf("[ figure ] %s holder woken %lld ms after a force-release of its grant\n",
+              GetParam().name.c_str(), static_cast<long long>(took.count()));
+  EXPECT_EQ(held->Confirm().code(), StatusCode::kLost);
+}
+
 // Lease::Confirm: one owner-checked round trip. A held lease is confirmed and its safe_until moves
 // on; a grant ended behind its holder's back (force-released here and taken by another handle,
 // as a holder whose VM was paused past its TTL finds it) is reported lost by the call itself,
