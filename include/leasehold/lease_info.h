@@ -64,6 +64,15 @@ struct LeaseInfo {
   // lists it in Store::Holders only. Nothing counts it as held: the next acquire takes the key
   // at once, with a higher fencing token.
   bool holder_gone = false;
+  // True for a grant kept after its holder released it (ReleaseOptions::hold_at_least,
+  // `leasehold run --hold-at-least`, SlotClaim::Finish): it keeps the key until it expires
+  // (`remaining`), and no process acts under it any more.
+  bool kept = false;
+  // True when this is not a grant but a writer waiting for the key (an exclusive Acquire that
+  // keeps new shared holders out: writer preference), as a refused shared request's
+  // Status::holder() names it: `holder` is that writer, fencing_token 0 where it has none yet,
+  // `remaining` how long its intent lasts unless it asks again.
+  bool waiting_writer = false;
 };
 
 }  // namespace leasehold

@@ -77,6 +77,13 @@ std::string DescribeKind(LeaseMode mode, std::uint32_t limit) {
 
 }  // namespace
 
+void TakeKeptMark(LeaseInfo& info) {
+  if (info.token_prefix.ends_with(kKeptTokenSuffix)) {
+    info.token_prefix.resize(info.token_prefix.size() - kKeptTokenSuffix.size());
+    info.kept = true;
+  }
+}
+
 Status LimitMismatch(std::string_view key, LeaseMode held_mode, std::uint32_t held_limit,
                      std::string_view holder, LeaseMode asked_mode, std::uint32_t asked_limit) {
   return Status::InvalidArgument(fmt::format(

@@ -110,6 +110,16 @@ constexpr unsigned FencedOpBit(FencedOp::Kind kind) { return 1U << static_cast<u
 // before, whatever its kind: one of several grants of the key. Inspect returns the live grant
 // of the lowest slot; Holders every live grant of the key; List every live grant of every key.
 
+// A grant kept after its holder (Finish with keep > 0) carries its holder's owner token plus this
+// suffix, which no owner sends, so no renewal or release in flight can touch it (sqlite,
+// memory, Redis, PostgreSQL, etcd; ZooKeeper keeps it in a node of its own). A holder listing
+// written in SQL or Lua returns such a grant's token prefix with the suffix appended, and
+// TakeKeptMark moves it to LeaseInfo::kept.
+inline constexpr std::string_view kKeptTokenSuffix = ":kept";
+
+// If `info.token_prefix` ends with kKeptTokenSuffix: removes it and sets `info.kept`.
+void TakeKeptMark(LeaseInfo& info);
+
 // The message of a TryAcquire refused because the key's live grants disagree with the request:
 // kInvalidArgument "lease <key> is held as <held kind/limit> by <holder>; this acquire asked for
 // <asked>: every holder of a key must ask for the same kind and limit". `holder` may be empty.

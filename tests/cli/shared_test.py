@@ -18,8 +18,9 @@
 # - status and list show every holder with mode and slot; `release --force KEY --holder ID`
 #   frees that one (its run finds out, at once where the store tells it, and stops its
 #   command), the others keep theirs.
-# - --shared: two shared runs overlap; an exclusive run waits for both; a wrong --limit against
-#   a held semaphore is one line and exit 64.
+# - --shared: two shared runs overlap; an exclusive run waits for both, and a shared run that
+#   comes meanwhile is refused "kept for" that waiting writer; a wrong --limit against a held
+#   semaphore is one line and exit 64.
 #
 # The stores: sqlite (a file in the test's temp dir) and, through the store classes of
 # tests/chaos/chaos.py, a throwaway server on free loopback ports, reached directly.
@@ -213,13 +214,24 @@ class SharedTest(CliHarness, unittest.TestCase):
 
     def test_shared_runs_overlap_and_an_exclusive_run_waits_for_them(self):
         readers = [self.start("run", "--shared", "--ttl", "3s", self.key, "--", "sh", "-c",
-                              JOB.format(hold="1.5")) for _ in range(2)]
+                              JOB.format(hold="2.5")) for _ in range(2)]
         self.wait_for(lambda: len(self.holders()) == 2, 30, "two shared holders")
         self.assertEqual({h["mode"] for h in self.holders()}, {"shared"})
         t = time.monotonic()
-        writer = self.cli("run", "--ttl", "3s", "--wait", "30s", self.key, "--", "sh", "-c",
-                          'echo "writer $(date +%s.%N)" >> runs.log', timeout=60)
-        self.assertEqual(writer.returncode, 0, writer.stderr)
+        writer = self.start("run", "--ttl", "3s", "--wait", "30s", "--holder", "the-writer",
+                            self.key, "--", "sh", "-c", 'echo "writer $(date +%s.%N)" >> runs.log')
+
+        # A reader that comes while the writer waits is kept out, and told it is for that writer
+        # (not "held by" it): once the writer's intent (or queued node) is in the store.
+        def refused_for_the_writer():
+            r = self.cli("run", "--shared", "--holder", "late", self.key, "--", "true",
+                         verbose=False)
+            return r if r.returncode == EXIT_HELD and "a writer waiting" in r.stderr else None
+        late = self.wait_until("a late reader refused for the waiting writer",
+                               refused_for_the_writer, timeout=10)
+        self.assertIn("kept for the-writer, a writer waiting for it", late.stderr)
+        self.assertNotIn("fencing token 0", late.stderr)
+        self.assertEqual(self.wait_exit(writer, 60), 0, self.stderr_of(writer))
         for p in readers:
             self.assertEqual(p.wait(timeout=30), 0, self.stderr_of(p))
         runs = self.read_runs()

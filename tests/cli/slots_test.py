@@ -487,8 +487,15 @@ class SlotsTest(CliHarness, unittest.TestCase):
         self.assertEqual(second.returncode, EXIT_HELD,
                          f"2 s after taking it with --hold-at-least 5s: {second.stderr}")
         self.assertIn("first", second.stderr)
+        self.assertIn("released, kept for", second.stderr)
         s = self.status_json()
         self.assertTrue(s["held"], s)
+        # Shown kept: the holder released it, nothing runs under it (issue 35, point 9).
+        self.assertTrue(s["kept"], s)
+        self.assertIn("kept_until", s)
+        r = self.cli("status", self.key)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("state:         kept until ", r.stdout)
         # Poll until it is free: never before 5 s after the first run started.
         freed = None
         for _ in range(400):

@@ -25,6 +25,11 @@ namespace leasehold::cli {
 
 namespace {
 
+// When a kept grant (LeaseInfo::kept) ends, by this host's wall clock: "2026-12-07T05:01:02.345Z".
+std::string KeptUntil(const LeaseInfo& info) {
+  return FormatSlotTime(std::chrono::system_clock::now() + info.remaining);
+}
+
 nlohmann::ordered_json ToJson(const LeaseInfo& info) {
   nlohmann::ordered_json j;
   j["key"] = info.key;
@@ -33,6 +38,10 @@ nlohmann::ordered_json ToJson(const LeaseInfo& info) {
   j["fencing_token"] = info.fencing_token;
   j["remaining_ms"] = info.remaining.count();
   j["ttl_ms"] = info.ttl.count();
+  j["kept"] = info.kept;
+  if (info.kept) {
+    j["kept_until"] = KeptUntil(info);
+  }
   j["mode"] = LeaseKindName(info.mode, info.limit);
   j["limit"] = info.limit;
   j["slot"] = info.slot;
@@ -179,15 +188,19 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     PrintLine(fmt::format("{:>4}  {:<9}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", "SLOT", "MODE",
                           "HOLDER", holder_width, "FENCING_TOKEN", "REMAINING", "TTL", "TOKEN"));
     for (const LeaseInfo& h : *holders) {
-      PrintLine(fmt::format("{:>4}  {:<9}  {:<{}}  {:>13}  {:>9}  {:>6}  {}", h.slot,
+      PrintLine(fmt::format("{:>4}  {:<9}  {:<{}}  {:>13}  {:>9}  {:>6}  {}{}", h.slot,
                             LeaseKindName(h.mode, h.limit), Printable(h.holder), holder_width,
                             h.fencing_token, FormatDuration(RoundForDisplay(h.remaining)),
-                            FormatDuration(h.ttl), h.token_prefix));
+                            FormatDuration(h.ttl), h.token_prefix,
+                            h.kept ? "  kept until " + KeptUntil(h) + ": released" : ""));
     }
   } else {
     const LeaseInfo& l = **info;
     PrintLine(fmt::format("key:           {}", Printable(l.key)));
-    PrintLine("state:         held");
+    PrintLine(l.kept ? fmt::format("state:         kept until {}: its holder released it "
+                                   "(hold at least), nothing runs under it",
+                                   KeptUntil(l))
+                     : std::string("state:         held"));
     PrintLine(fmt::format("holder:        {}", Printable(l.holder)));
     PrintLine(fmt::format("fencing token: {}", l.fencing_token));
     PrintLine(fmt::format("token prefix:  {}", l.token_prefix));
@@ -273,7 +286,8 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
                     key_width, Printable(l.holder), holder_width, l.fencing_token,
                     FormatDuration(RoundForDisplay(l.remaining)), FormatDuration(l.ttl),
                     l.token_prefix, LeaseKindName(l.mode, l.limit),
-                    l.limit > 1 ? fmt::format("{}/{}", l.slot, l.limit) : std::to_string(l.slot)));
+                    (l.limit > 1 ? fmt::format("{}/{}", l.slot, l.limit) : std::to_string(l.slot)) +
+                        (l.kept ? "  kept" : "")));
   }
   // Then the last recorded schedule-slot run of every key that has one (run --once-per).
   std::size_t slot_key_width = 3;

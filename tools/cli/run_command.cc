@@ -55,6 +55,11 @@ std::string HeldMessage(Store& store, const std::string& key, const Status& stat
                        all.ok() ? std::to_string(held) : std::string("all"), holder->limit,
                        holder->slot, DescribeHolder(*holder));
   }
+  if (holder.has_value() && holder->waiting_writer) {
+    return fmt::format("{}: kept for {}",
+                       waited ? what : fmt::format("{} cannot be shared now", key),
+                       DescribeHolder(*holder));
+  }
   if (holder.has_value()) {
     return fmt::format("{}: held by {}", what, DescribeHolder(*holder));
   }
@@ -72,7 +77,8 @@ Result<T> TakeOrWait(Attempt attempt, const std::string& key, std::optional<Dura
   if (!taken.ok() && taken.error().code() == StatusCode::kHeldByAnother && wait.has_value() &&
       *wait > Duration::zero() && watcher.signal() == 0) {
     const LeaseInfo* holder = taken.error().holder();
-    Info(fmt::format("{} is held by {}; waiting {}", key,
+    Info(fmt::format("{} is {} {}; waiting {}", key,
+                     holder != nullptr && holder->waiting_writer ? "kept for" : "held by",
                      holder != nullptr ? DescribeHolder(*holder) : std::string("another"),
                      *wait == kWaitForever ? std::string("for as long as it takes")
                                            : "up to " + FormatDuration(*wait)));

@@ -68,13 +68,21 @@ std::string Printable(std::string_view text) {
 }
 
 std::string DescribeHolder(const LeaseInfo& info) {
+  if (info.waiting_writer) {
+    return fmt::format(
+        "{}, a writer waiting for it (writer preference: shared holders come after it; its "
+        "intent lasts {} unless it asks again)",
+        info.holder.empty() ? std::string("an unnamed holder") : Printable(info.holder),
+        FormatDuration(RoundForDisplay(info.remaining)));
+  }
   const bool plain = info.mode == LeaseMode::kExclusive && info.limit <= 1;
   return fmt::format(
-      "{} ({}fencing token {}, expires in {})",
+      "{} ({}fencing token {}, {} {})",
       info.holder.empty() ? std::string("an unnamed holder") : Printable(info.holder),
       plain ? std::string()
             : fmt::format("{} slot {}, ", LeaseKindName(info.mode, info.limit), info.slot),
-      info.fencing_token, FormatDuration(RoundForDisplay(info.remaining)));
+      info.fencing_token, info.kept ? "released, kept for" : "expires in",
+      FormatDuration(RoundForDisplay(info.remaining)));
 }
 
 }  // namespace leasehold::cli

@@ -39,7 +39,9 @@ int ReportFailure(const Status& status);
 // access to the store may have written) cannot forge a line of output.
 std::string Printable(std::string_view text);
 
-// Returns the text of a holder for people: "host:42 (fencing token 7, expires in 1.5s)".
+// Returns the text of a holder for people: "host:42 (fencing token 7, expires in 1.5s)"; a kept
+// grant (LeaseInfo::kept): "host:42 (fencing token 7, released, kept for 3.2s)"; a waiting
+// writer (LeaseInfo::waiting_writer): "host:42, a writer waiting for it (...)".
 std::string DescribeHolder(const LeaseInfo& info);
 
 }  // namespace leasehold::cli

@@ -548,6 +548,7 @@ LeaseInfo InfoOf(std::string_view key, const mvccpb::KeyValue& kv, const KeyKind
   if (std::optional<GrantValue> value = DecodeValue(kv.value())) {
     info.holder = value->holder;
     info.token_prefix = TokenPrefixOf(value->token);
+    info.kept = value->token.ends_with(kKeptTokenSuffix);
     info.ttl = StoreMillis(value->ttl_ms);
   }
   info.remaining = info.ttl;
@@ -840,6 +841,7 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
       writer.holder = v ? v->holder : "";
       writer.ttl = v ? StoreMillis(v->ttl_ms) : std::chrono::milliseconds(0);
       writer.remaining = writer.ttl;
+      writer.waiting_writer = true;
       return Status::HeldByAnother(
           fmt::format("{} is kept for a waiting writer, {} (writer preference)", request.key,
                       writer.holder.empty() ? "another owner" : writer.holder),
@@ -1130,8 +1132,9 @@ Status EtcdBackend::Finish(const FinishRequest& request) {
 
   // One Txn, guarded by the grant's create revision (the owner check, as in Release). Keeping
   // re-Puts the key under the keep lease: a Put on an existing key keeps its create revision,
-  // so the holder and the fencing token stay, and nothing renews the new lease. The key then
-  // leaves the shared lease, which stays for the handle's other grants.
+  // so the holder and the fencing token stay, and nothing renews the new lease; the value's
+  // token gains kKeptTokenSuffix (Holders shows the grant kept). The key then leaves the shared
+  // lease, which stays for the handle's other grants.
   const std::string& etcd_key = held->etcd_key;
   const std::string record_key = RecordKey(options_.prefix, request.key);
   pb::TxnRequest txn;
@@ -1139,8 +1142,8 @@ Status EtcdBackend::Finish(const FinishRequest& request) {
   if (keep_lease) {
     pb::PutRequest* put = txn.add_success()->mutable_request_put();
     put->set_key(etcd_key);
-    put->set_value(
-        EncodeValue({request.owner_token, keep_lease->ttl_seconds * 1000, held->holder}));
+    put->set_value(EncodeValue({request.owner_token + std::string(kKeptTokenSuffix),
+                                keep_lease->ttl_seconds * 1000, held->holder}));
     put->set_lease(keep_lease->id);
   } else {
     txn.add_success()->mutable_request_delete_range()->set_key(etcd_key);

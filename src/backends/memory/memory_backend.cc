@@ -60,7 +60,8 @@ class MemoryTable {
         LeaseInfo writer{.key = request.key,
                          .holder = state.intent->holder,
                          .remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             state.intent->expires - now)};
+                             state.intent->expires - now),
+                         .waiting_writer = true};
         return Status::HeldByAnother(writer, "an exclusive holder is waiting for the key");
       }
     } else if (!state.grants.empty()) {
@@ -137,7 +138,7 @@ class MemoryTable {
     }
     if (request.keep > Duration::zero()) {
       // No owner sends this token: a renewal already in flight cannot touch the kept grant.
-      e->token += ":kept";
+      e->token += kKeptTokenSuffix;
       e->expires = now + request.keep;
       e->ttl = request.keep;
     } else {
@@ -381,7 +382,8 @@ class MemoryTable {
         .ttl = std::chrono::duration_cast<std::chrono::milliseconds>(e.ttl),
         .mode = e.mode,
         .limit = e.limit,
-        .slot = e.slot};
+        .slot = e.slot,
+        .kept = e.token.ends_with(kKeptTokenSuffix)};
   }
 
   void AppendLiveLocked(const std::string& key, const KeyState& state, SteadyTime now,

@@ -93,6 +93,7 @@ LeaseInfo PgLeaseInfo(const PgResult& r, int row) {
   info.key = std::string(r.Get(row, 0));
   info.holder = std::string(r.Get(row, 1));
   info.token_prefix = std::string(r.Get(row, 2));
+  TakeKeptMark(info);
   info.fencing_token = static_cast<FencingToken>(r.GetInt(row, 3));
   info.ttl = StoreMillis(r.GetInt(row, 4));
   info.remaining = StoreMillis(r.GetInt(row, 5));
@@ -127,6 +128,7 @@ LeaseInfo PgRefusedBy(std::string_view key, const PgResult& r) {
   info.fencing_token = static_cast<FencingToken>(r.GetInt(0, 1));
   info.holder = std::string(r.Get(0, 2));
   info.token_prefix = std::string(r.Get(0, 3));
+  TakeKeptMark(info);
   info.ttl = StoreMillis(r.GetInt(0, 4));
   info.remaining = StoreMillis(r.GetInt(0, 5));
   return info;

@@ -13,8 +13,10 @@
 // expiry, which no grant's end touches.
 //
 // A grant kept after its holder (Backend::Finish with keep > 0) is, in both modes, the key's row
-// with token, holder and fence left as they were, expires_at = the end of the keep on the
-// server's clock, and pid = lock_id = NULL. Table mode needs nothing more: that is an ordinary
+// with holder and fence left as they were, the token with ':kept' after it (no owner sends
+// that: backend.h's kKeptTokenSuffix; the listings show it after the token's first 8
+// characters, for TakeKeptMark), expires_at = the end of the keep on the server's clock, and
+// pid = lock_id = NULL. Table mode needs nothing more: that is an ordinary
 // live row. Advisory mode cannot keep the lock itself (a session lock dies with its session,
 // and the holder's session may end at once), so its finish statement writes that row and then
 // unlocks, and every advisory grant statement refuses while such a row is live (LH_PG_KEPT):
@@ -200,7 +202,8 @@ WITH granted AS (
   RETURNING l.fence)
 SELECT true, fence, NULL, NULL, NULL, NULL FROM granted
 UNION ALL
-SELECT false, l.fence, l.holder, left(l.token, 8), l.ttl_ms,
+SELECT false, l.fence, l.holder,
+       concat(left(l.token, 8), substring(l.token from ':kept$')), l.ttl_ms,
        greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
 FROM {schema}.leases l
 WHERE l.key = $1 AND l.token IS NOT NULL AND NOT EXISTS (SELECT 1 FROM granted))sql";
@@ -245,13 +248,13 @@ SELECT pg_notify({channel}, key) FROM released)sql";
 // Inspect and list, table mode: live grants only. $1 key (inspect) or prefix (list; starts_with
 // takes it literally, so '%' and '_' in keys need no escaping). Ordered bytewise (COLLATE "C").
 inline constexpr std::string_view kTableInspect = R"sql(
-SELECT key, holder, left(token, 8), fence, ttl_ms,
+SELECT key, holder, concat(left(token, 8), substring(token from ':kept$')), fence, ttl_ms,
        greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
 FROM {schema}.leases
 WHERE key = $1 AND token IS NOT NULL AND expires_at > clock_timestamp())sql";
 
 inline constexpr std::string_view kTableList = R"sql(
-SELECT key, holder, left(token, 8), fence, ttl_ms,
+SELECT key, holder, concat(left(token, 8), substring(token from ':kept$')), fence, ttl_ms,
        greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
 FROM {schema}.leases
 WHERE starts_with(key, $1) AND token IS NOT NULL AND expires_at > clock_timestamp()
@@ -361,12 +364,14 @@ i AS (SELECT * FROM {schema}.shares
       WHERE key = {key} AND slot = -1 AND token IS DISTINCT FROM {waiter}),
 f AS (
   SELECT * FROM (
-    SELECT holder, left(token, 8) AS prefix, fence, ttl_ms, expires_at, 'x' AS mode, 1 AS lim,
+    SELECT holder, concat(left(token, 8), substring(token from ':kept$')) AS prefix, fence,
+           ttl_ms, expires_at, 'x' AS mode, 1 AS lim,
            0 AS slot
     FROM k WHERE token IS NOT NULL AND token <> )sql" LH_PG_SHARED_MARKER R"sql(
       AND expires_at > clock_timestamp()
     UNION ALL
-    SELECT holder, left(token, 8), fence, ttl_ms, expires_at,
+    SELECT holder, concat(left(token, 8), substring(token from ':kept$')), fence, ttl_ms,
+           expires_at,
            CASE WHEN lim = 1 THEN 's' ELSE 'x' END, lim, slot
     FROM g) a
   ORDER BY slot LIMIT 1),
@@ -504,14 +509,16 @@ WHERE EXISTS (SELECT 1 FROM x) OR EXISTS (SELECT 1 FROM s))sql";
 // tables: (key, holder, token prefix, fence, ttl_ms, remaining_ms, mode, lim, slot), for
 // kTableHolders and kTableListShared. {where} is the condition on `key`.
 #define LH_PG_TABLE_GRANTS(where)                                                          \
-  "SELECT key, holder, left(token, 8) AS prefix, fence, ttl_ms, "                          \
+  "SELECT key, holder, concat(left(token, 8), substring(token from ':kept$')) AS prefix, " \
+  "fence, ttl_ms, "                                                                        \
   "greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint, " \
   "'x' AS mode, 1 AS lim, 0 AS slot FROM {schema}.leases "                                 \
   "WHERE " where " AND token IS NOT NULL AND token <> " LH_PG_SHARED_MARKER                \
   " "                                                                                      \
   "AND expires_at > clock_timestamp() "                                                    \
   "UNION ALL "                                                                             \
-  "SELECT key, holder, left(token, 8), fence, ttl_ms, "                                    \
+  "SELECT key, holder, concat(left(token, 8), substring(token from ':kept$')), fence, "    \
+  "ttl_ms, "                                                                               \
   "greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint, " \
   "CASE WHEN lim = 1 THEN 's' ELSE 'x' END, lim, slot FROM {schema}.shares "               \
   "WHERE " where " AND slot >= 0 AND expires_at > clock_timestamp()"
@@ -650,7 +657,8 @@ granted AS (
     WHERE NOT )sql" LH_PG_KEPT("l") R"sql(
   RETURNING l.fence),
 holder AS (
-  SELECT l.fence, l.holder, left(l.token, 8) AS token_prefix, l.ttl_ms,
+  SELECT l.fence, l.holder,
+         concat(left(l.token, 8), substring(l.token from ':kept$')) AS token_prefix, l.ttl_ms,
          greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
            AS remaining_ms
   FROM {schema}.leases l, lock k
@@ -692,7 +700,8 @@ granted AS (
   RETURNING l.fence, set_config('idle_session_timeout', $6, false))
 SELECT true, fence, NULL, NULL, NULL::bigint, NULL::bigint FROM granted
 UNION ALL
-SELECT false, l.fence, l.holder, left(l.token, 8), l.ttl_ms,
+SELECT false, l.fence, l.holder,
+       concat(left(l.token, 8), substring(l.token from ':kept$')), l.ttl_ms,
        greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
 FROM {schema}.leases l
 WHERE l.key = $1 AND NOT EXISTS (SELECT 1 FROM granted) AND )sql" LH_PG_KEPT("l");
@@ -787,14 +796,16 @@ WHERE kept AND NOT EXISTS (SELECT 1 FROM target))sql";
 // and whose holder renewed within its ttl, and live kept grants (no session: pid NULL). $1 key
 // or prefix.
 inline constexpr std::string_view kAdvisoryInspect = R"sql(
-SELECT l.key, l.holder, left(l.token, 8), l.fence, l.ttl_ms,
+SELECT l.key, l.holder, concat(left(l.token, 8), substring(l.token from ':kept$')), l.fence,
+       l.ttl_ms,
        greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
 FROM {schema}.leases l
 WHERE l.key = $1 AND l.token IS NOT NULL AND l.expires_at > clock_timestamp()
   AND (l.pid IS NULL OR )sql" LH_PG_LOCK_HELD("l.pid", "l.lock_id") ")";
 
 inline constexpr std::string_view kAdvisoryList = R"sql(
-SELECT l.key, l.holder, left(l.token, 8), l.fence, l.ttl_ms,
+SELECT l.key, l.holder, concat(left(l.token, 8), substring(l.token from ':kept$')), l.fence,
+       l.ttl_ms,
        greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint
 FROM {schema}.leases l
 WHERE starts_with(l.key, $1) AND l.token IS NOT NULL AND l.expires_at > clock_timestamp()

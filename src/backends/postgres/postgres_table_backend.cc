@@ -412,12 +412,16 @@ Result<Grant> PostgresTableBackend::AcquireShared(const GrantRequest& request) {
   holder.key = request.key;
   holder.holder = std::string(r.Get(0, 3));
   holder.token_prefix = std::string(r.Get(0, 4));
+  TakeKeptMark(holder);
   holder.fencing_token = static_cast<FencingToken>(r.GetInt(0, 5));
   holder.ttl = StoreMillis(r.GetInt(0, 6));
   holder.remaining = StoreMillis(r.GetInt(0, 7));
   holder.mode = r.Get(0, 8) == "s" ? LeaseMode::kShared : LeaseMode::kExclusive;
   holder.limit = static_cast<std::uint32_t>(std::max(1LL, r.GetInt(0, 9)));
   holder.slot = static_cast<std::uint32_t>(std::max(0LL, r.GetInt(0, 10)));
+  // A shared request refused by a waiting writer's intent: the writer, with no token (a grant
+  // always has one) and fence 0 (kTableAcquireShared).
+  holder.waiting_writer = outcome == "held" && !r.IsNull(0, 3) && holder.token_prefix.empty();
   if (outcome == "mismatch") {
     return LimitMismatch(request.key, holder.mode, holder.limit, holder.holder, request.mode,
                          request.limit);

@@ -1063,6 +1063,7 @@ Result<Grant> RedisBackend::TryAcquire(const GrantRequest& request) {
   if (granted == 4) {
     // {4, the waiting writer as a grant}: a writer intent keeps this shared request out.
     LH_ASSIGN_OR_RETURN(LeaseInfo writer, ParseLeaseInfo(request.key, reply, 1));
+    writer.waiting_writer = true;
     return Status::HeldByAnother(
         fmt::format("{} waits for a writer: {} asked for it exclusively first (writer preference)",
                     request.key, writer.holder),

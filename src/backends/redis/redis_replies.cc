@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/backend.h"
 #include "backends/common/time.h"
 
 namespace leasehold::internal {
@@ -89,6 +90,7 @@ Result<LeaseInfo> ParseLeaseInfo(std::string key, const redisReply* reply, std::
   info.key = std::move(key);
   info.holder = std::string(ReplyText(reply->element[first]));
   info.token_prefix = std::string(ReplyText(reply->element[first + 1]));
+  TakeKeptMark(info);
   LH_ASSIGN_OR_RETURN(long long fence, ParseInteger(reply->element[first + 2]));
   LH_ASSIGN_OR_RETURN(long long pttl, ParseInteger(reply->element[first + 3]));
   Result<long long> ttl = ParseInteger(reply->element[first + 4]);

@@ -121,7 +121,8 @@ local function lh_state(key, now, purge)
   return st
 end
 local function lh_info(st, g)
-  return {g.h, string.sub(g.tok, 1, 8), g.f, g.left, g.t, st.kind, st.limit, g.s}
+  local kept = string.sub(g.tok, -5) == ':kept' and ':kept' or ''
+  return {g.h, string.sub(g.tok, 1, 8) .. kept, g.f, g.left, g.t, st.kind, st.limit, g.s}
 end
 local function lh_none()
   return {false, false, false, -2, false, false, false, false}
@@ -218,8 +219,9 @@ end
 //             hash's expiry set to the latest live e (a release may have removed the latest).
 //             The expiry never comes before a live grant's e, so a grant never ends early.
 //   lh_info   What Inspect, Holders and a refusal show of a grant: holder, the first 8
-//             characters of its owner token (the full token never leaves the server), fencing
-//             token, time left, TTL, kind, limit, slot.
+//             characters of its owner token (the full token never leaves the server; a kept
+//             grant's with ':kept' after them, backend.h's kKeptTokenSuffix), fencing token,
+//             time left, TTL, kind, limit, slot.
 //   lh_admits The admission rules of backend.h, "Shared leases": 'ok', 'full' (held by
 //             another), or 'mismatch' (a semaphore and a read/write request, or two limits).
 //             A live grant that already holds the request's owner token (an earlier attempt of

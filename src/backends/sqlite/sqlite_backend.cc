@@ -1300,7 +1300,9 @@ LeaseInfo LeaseInfoFromRow(const StatementRun& row, std::int64_t now_ns) {
   LeaseInfo info;
   info.key = row.Text(0);
   info.holder = row.Text(1);
-  info.token_prefix = row.Text(2).substr(0, kTokenPrefixLength);
+  const std::string token = row.Text(2);
+  info.token_prefix = token.substr(0, kTokenPrefixLength);
+  info.kept = token.ends_with(kKeptTokenSuffix);
   info.fencing_token = static_cast<FencingToken>(row.Int(3));
   info.ttl = duration_cast<milliseconds>(Duration(row.Int(4)));
   info.remaining = duration_cast<milliseconds>(Duration(row.Int(5) - now_ns));
@@ -1889,6 +1891,7 @@ Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
     Intent intent{.waiter_id = select.Text(0)};
     intent.info.key = request.key;
     intent.info.holder = select.Text(1);
+    intent.info.waiting_writer = true;
     intent.info.ttl =
         std::chrono::duration_cast<std::chrono::milliseconds>(Duration(select.Int(2)));
     intent.info.remaining =

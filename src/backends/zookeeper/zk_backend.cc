@@ -895,6 +895,7 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
           if (requests.Get(dir + "/" + listing.queued[j], &writer_data, &writer_stat) == ZOK) {
             writer = zk_layout::ParseNode(request.key, listing.queued[j], writer_data,
                                           static_cast<FencingToken>(writer_stat.czxid));
+            writer->waiting_writer = true;
           }
           break;
         }

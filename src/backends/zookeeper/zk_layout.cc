@@ -272,6 +272,7 @@ std::optional<LeaseInfo> ParseKeptData(std::string_view key, std::string_view da
   info.fencing_token = static_cast<FencingToken>(fencing);
   info.token_prefix = std::string(data.substr(0, nl));
   info.holder = std::string(data.substr(nl + 1));
+  info.kept = true;
   return info;
 }
 

@@ -968,8 +968,21 @@ TEST_P(ConformanceTest, ARecordExpiresAfterItsTtl) {
 TEST_P(ConformanceTest, FinishCanKeepTheGrantWithoutItsHolder) {
   auto grant = Grant("job", Token('a'), 10s);
   ASSERT_TRUE(grant.ok());
+  auto live = backend_->Holders("job");
+  ASSERT_TRUE(live.ok() && live->size() == 1) << live.status().ToString();
+  EXPECT_FALSE(live->front().kept);
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(backend_->Finish({.key = "job", .owner_token = Token('a'), .keep = 1500ms}).ok());
+  // Shown kept (status: "kept until ..."), with the grant's holder, token prefix and token.
+  auto kept = backend_->Holders("job");
+  ASSERT_TRUE(kept.ok() && kept->size() == 1) << kept.status().ToString();
+  EXPECT_TRUE(kept->front().kept);
+  EXPECT_EQ(kept->front().fencing_token, grant->fencing_token);
+  EXPECT_EQ(kept->front().holder, live->front().holder);
+  EXPECT_EQ(kept->front().token_prefix, live->front().token_prefix);
+  auto inspected = backend_->Inspect("job");
+  ASSERT_TRUE(inspected.ok() && inspected->has_value()) << inspected.status().ToString();
+  EXPECT_TRUE((*inspected)->kept);
   // The heartbeat does not wait for a renewal in flight: one that lands after the finish must
   // neither extend the kept grant nor shorten it.
   EXPECT_EQ(backend_->Renew({"job", Token('a'), 10s}).code(), StatusCode::kLost);
@@ -1495,6 +1508,55 @@ TEST_P(SharedLeaseTest, ReadersCoexistAndAnExclusiveHolderExcludesThem) {
   EXPECT_EQ(late_reader.status().holder()->holder, "writer");
   ASSERT_TRUE(writer->Release().ok());
   EXPECT_TRUE(a->TryAcquire("rw", {.ttl = 10s, .mode = LeaseMode::kShared}).ok());
+}
+
+// A shared request refused because a writer waits for the key (writer preference) names that
+// writer as waiting (LeaseInfo::waiting_writer), never as a holder of the key. On a fair store
+// the queue decides instead, and the refusal may name the holder or just the queue (Redis and
+// etcd with fair=true); ZooKeeper names the writer queued ahead.
+TEST_P(SharedLeaseTest, AReaderKeptOutByAWaitingWriterIsToldItIsAWaitingWriter) {
+  auto a = OpenHandle();
+  auto b = OpenHandle();
+  auto c = OpenHandle();
+  std::atomic<bool> writer_done{false};
+  std::jthread writer_thread;  // joined after the reader below is released (declared first)
+  auto reader = a->TryAcquire("rw", {.ttl = 10s, .mode = LeaseMode::kShared, .holder = "reader"});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  writer_thread = std::jthread([&] {
+    auto w = b->Acquire("rw", {.ttl = 10s, .wait = 10s, .holder = "writer"});
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    writer_done = true;
+  });
+  // Until the writer waits in the store, a late reader may still share the key with the first.
+  std::optional<LeaseInfo> named;
+  bool queue_named = false;  // refused for the queue, the writer unnamed
+  const auto until = std::chrono::steady_clock::now() + 3s;
+  while (!named && std::chrono::steady_clock::now() < until) {
+    auto late = c->TryAcquire("rw", {.ttl = 10s, .mode = LeaseMode::kShared, .holder = "late"});
+    if (late.ok()) {
+      ASSERT_TRUE(late->Release().ok());
+    } else {
+      ASSERT_EQ(late.status().code(), StatusCode::kHeldByAnother) << late.status().ToString();
+      const LeaseInfo* holder = late.status().holder();
+      if (holder != nullptr && holder->holder == "writer") {
+        named = *holder;
+      } else {
+        // Refused for the queue (etcd with fair=true: "free but waiters are queued", no holder).
+        EXPECT_TRUE(holder == nullptr || !holder->waiting_writer)
+            << "only the writer is a waiting writer";
+        queue_named = true;
+      }
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  if (named.has_value()) {
+    EXPECT_TRUE(named->waiting_writer);
+  } else {
+    ASSERT_TRUE(backend_->capabilities().fair_queue && queue_named)
+        << "no late reader was refused for the waiting writer";
+  }
+  EXPECT_FALSE(writer_done.load()) << "the writer still waits";
+  ASSERT_TRUE(reader->Release().ok());
 }
 
 // Writer preference: readers that overlap one another without a gap would hold the key for
