@@ -20,38 +20,17 @@
 
 import os
 import random
-import sys
 import time
 import unittest
 
 import cli_harness
-from cli_harness import CliHarness, StoreServer, figure
+from cli_harness import TICK_S, TICKER, CliHarness, StoreServer, figure, p99, read_ticks
 
 STORE = "sqlite"
 SERVER = None  # a StoreServer
 EXIT_LOST = 79
-TICK_S = 0.02
-# The old tree: a background ticker and a foreground one, both appending "<ns>\n" to ticks.
-TICKER = ("import os, sys, time\n"
-          "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)\n"
-          "os.fork()\n"
-          "while True:\n"
-          "    os.write(fd, b'%d\\n' % time.time_ns())\n"
-          f"    time.sleep({TICK_S})\n")
 # The stores whose holders are not told (PostgreSQL advisory mode).
 NOT_TOLD = {"postgres"}
-
-
-def read_ticks(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [int(line) for line in f.read().split("\n")[:-1] if line]
-
-
-def p99(values):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
 class BreakGlassTest(CliHarness, unittest.TestCase):
@@ -131,17 +110,10 @@ def tearDownModule():
         SERVER.stop()
 
 
-def main():
+def use_store(name):
     global STORE
-    parser = cli_harness.arg_parser()
-    parser.add_argument("--store", default="sqlite",
-                        choices=sorted(cli_harness.chaos_module().STORES),
-                        help="the store to test on (servers are started here, throwaway)")
-    args, rest = parser.parse_known_args()
-    cli_harness.use_leasehold(args.leasehold, "breakglass_test")
-    STORE = args.store
-    unittest.main(argv=[sys.argv[0]] + rest)
+    STORE = name
 
 
 if __name__ == "__main__":
-    main()
+    cli_harness.store_main("breakglass_test", use_store)

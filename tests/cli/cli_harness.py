@@ -95,6 +95,44 @@ def free_port():
 # --- the fixture -------------------------------------------------------------------------------
 
 
+# A process tree that ticks: a background ticker and a foreground one (os.fork), both appending
+# "<CLOCK_REALTIME ns>\n" every TICK_S to the file named by their argument. Run as
+# `python3 -c TICKER PATH` under `leasehold run`.
+TICK_S = 0.02
+TICKER = ("import os, sys, time\n"
+          "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)\n"
+          "os.fork()\n"
+          "while True:\n"
+          "    os.write(fd, b'%d\\n' % time.time_ns())\n"
+          f"    time.sleep({TICK_S})\n")
+
+
+def read_ticks(path):
+    """The ticks TICKER wrote to path (none if it does not exist yet)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [int(line) for line in f.read().split("\n")[:-1] if line]
+
+
+def p99(values):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def store_main(prog, start):
+    """The main of a test script that runs on one store: --leasehold PATH, --store NAME (the
+    store classes of tests/chaos/chaos.py, or sqlite); calls start(NAME) before the tests."""
+    import unittest
+    parser = arg_parser()
+    parser.add_argument("--store", default="sqlite", choices=sorted(chaos_module().STORES),
+                        help="the store to test on (servers are started here, throwaway)")
+    args, rest = parser.parse_known_args()
+    use_leasehold(args.leasehold, prog)
+    start(args.store)
+    unittest.main(argv=[sys.argv[0]] + rest)
+
+
 class StoreServer:
     """A throwaway server of store NAME for a test module that runs on one store (--store NAME):
     the store classes of tests/chaos/chaos.py, started on free loopback ports in a temporary

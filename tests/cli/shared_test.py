@@ -30,7 +30,6 @@ import json
 import os
 import random
 import signal
-import sys
 import time
 import unittest
 
@@ -270,16 +269,10 @@ def tearDownModule():
         SERVER.stop()
 
 
-def main():
+def use_store(name):
     global STORE
-    parser = cli_harness.arg_parser()
-    parser.add_argument("--store", default="sqlite", choices=sorted(cli_harness.chaos_module().STORES),
-                        help="the store to test on (servers are started here, throwaway)")
-    args, rest = parser.parse_known_args()
-    cli_harness.use_leasehold(args.leasehold, "shared_test")
-    STORE = args.store
-    unittest.main(argv=[sys.argv[0]] + rest)
+    STORE = name
 
 
 if __name__ == "__main__":
-    main()
+    cli_harness.store_main("shared_test", use_store)

@@ -14,39 +14,17 @@
 # CLOCK_REALTIME tick every 20 ms, a waiter started before the kill, and kill -9 of the holder's
 # leasehold; the waiter's command writes its own start time first thing.
 
-import json
 import os
 import signal
-import subprocess
 import time
 import unittest
 
 import cli_harness
-from cli_harness import CliHarness, figure
+from cli_harness import TICK_S, TICKER, CliHarness, figure, p99, read_ticks
 
 TTL = "10s"
-TICK_S = 0.02
-# The old tree: a background ticker and a foreground one, both appending "<ns>\n" to ticks.
-TICKER = ("import os, sys, time\n"
-          "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)\n"
-          "os.fork()\n"
-          "while True:\n"
-          "    os.write(fd, b'%d\\n' % time.time_ns())\n"
-          f"    time.sleep({TICK_S})\n")
 # The waiter: its start time and its fencing token, then it holds the key a little.
 WAITER = 'date +%s%N > "$1.started"; echo "$LEASEHOLD_FENCING_TOKEN" > "$1.token"; sleep 0.2'
-
-
-def read_ticks(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [int(line) for line in f.read().split("\n")[:-1] if line]
-
-
-def p99(values):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
 # What each command calls its key and its holder's id: `elect NAME` holds election:NAME.
