@@ -105,6 +105,9 @@ struct KeySlotRuns {
   std::vector<SlotRun> runs;
 };
 
+// The longest SlotFinish::keep_history: a year and a day.
+inline constexpr Duration kMaxKeepHistory = std::chrono::hours(24 * 366);
+
 // How a claimed slot's run ended (SlotClaim::Finish).
 struct SlotFinish {
   bool succeeded = false;
@@ -116,6 +119,12 @@ struct SlotFinish {
   // taken. REQUIRES: 0 <= hold_at_least <= kMaxHoldAtLeast (else kInvalidArgument, and the
   // lease is released without recording the run).
   Duration hold_at_least{};
+  // How long the store keeps the key's run history (this run and up to kMaxSlotHistory - 1
+  // before it: Store::SlotRuns, `leasehold status`) after this run. Zero, or anything shorter:
+  // two periods and the slot tolerance, the least every host firing within the slot needs.
+  // REQUIRES: 0 <= keep_history <= kMaxKeepHistory (else kInvalidArgument, and the lease is
+  // released without recording the run).
+  Duration keep_history{};
 };
 
 // The outcome of Store::ClaimSlot: either the slot is claimed (the lease is held and the job

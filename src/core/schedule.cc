@@ -241,6 +241,14 @@ Status SlotClaim::Finish(const SlotFinish& result) {
   if (!claimed() || !lease_.core_) {
     return Status::Ok();
   }
+  if (result.keep_history < Duration::zero() || result.keep_history > kMaxKeepHistory) {
+    Status released = lease_.Release();
+    return Status::InvalidArgument(fmt::format(
+        "keep_history must be between 0 and {}, got {} (the lease was released, the run not "
+        "recorded: {})",
+        internal::FormatDuration(kMaxKeepHistory), internal::FormatDuration(result.keep_history),
+        released.ToString()));
+  }
   if (result.hold_at_least < Duration::zero() || result.hold_at_least > kMaxHoldAtLeast) {
     // As Lease::Release(ReleaseOptions): released all the same, the run not recorded.
     Status released = lease_.Release();
@@ -267,9 +275,10 @@ Status SlotClaim::Finish(const SlotFinish& result) {
     runs.push_back(std::move(old));
   }
   history_.clear();
-  // Kept for two periods and the tolerance after this run: longer than any host that fires
-  // within the slot (or up to a period late) needs to find it.
-  const Duration record_ttl = 2 * grid_.period + SlotTolerance(grid_);
+  // Kept for two periods and the tolerance after this run at least: longer than any host that
+  // fires within the slot (or up to a period late) needs to find it; longer if asked.
+  const Duration record_ttl =
+      std::max<Duration>(2 * grid_.period + SlotTolerance(grid_), result.keep_history);
   const SteadyTime keep_until = lease_.core_->granted_at() + result.hold_at_least;
   return lease_.Finish(result.hold_at_least > Duration::zero() ? keep_until : SteadyTime::min(),
                        FormatSlotRecord(runs), record_ttl);

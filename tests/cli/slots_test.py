@@ -24,7 +24,8 @@
 # A double run is always a failure, whatever the lateness. The negative control (sqlite only)
 # puts every host on a store of its own for 3 slots: the checker must report 5 runs per slot.
 #
-# Also: --hold-at-least 5s with a 1 s job (refused 75 at 2 s, free from 5 s, taken at 6 s), the
+# Also: --keep-history 1h keeps a 2 s grid's run in status past two periods; --hold-at-least 5s
+# with a 1 s job (refused 75 at 2 s, free from 5 s, taken at 6 s), the
 # bad --once-per arguments (one stderr line, exit 64), and a done slot (80, silent with --quiet;
 # status and status --json show the run).
 #
@@ -526,6 +527,8 @@ class SlotsTest(CliHarness, unittest.TestCase):
             (["--once-per", "400d"], "400d"),
             (["--once-per", "1h", "--slot-tolerance", "30m"], "tolerance"),
             (["--once-per", "1d", "--slot-zone", "Mars/Olympus"], "Mars/Olympus"),
+            (["--once-per", "1h", "--keep-history", "400d"], "400d"),
+            (["--keep-history", "1h"], "--once-per"),
         ]
         for args, word in cases:
             with self.subTest(args=args):
@@ -533,6 +536,20 @@ class SlotsTest(CliHarness, unittest.TestCase):
                 self.assert_one_error_line(r, EXIT_USAGE)
                 self.assertIn(word, r.stderr)
                 self.assertFalse(os.path.exists(self.path("ran")), "the command ran")
+
+    # --- --keep-history ------------------------------------------------------------------------
+
+    def test_keep_history_keeps_the_runs_past_two_periods(self):
+        # 2 s slots: by default the record lives two periods and the tolerance (4.5 s) after the
+        # run (etcd: rounded up to whole seconds). With --keep-history 1h it is still there at 7 s.
+        r = self.cli("run", "--once-per", "2s", "--keep-history", "1h", "--holder", "kept",
+                     self.key, "--", "true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        t = time.monotonic()
+        self.assertEqual(len(self.status_json()["slot_runs"]), 1)
+        time.sleep(max(0.0, t + 7 - time.monotonic()))
+        runs = self.status_json()["slot_runs"]
+        self.assertEqual([(x["holder"], x["outcome"]) for x in runs], [("kept", "done")], runs)
 
     # --- a done slot ---------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@
 #include "leasehold/schedule.h"
 
 #include <chrono>
+#include <string_view>
 
 #include <gtest/gtest.h>
 
@@ -189,6 +190,44 @@ TEST(SlotClaimTest, ARunWhoseLeaseWasLostLocallyIsNotRecordedEvenIfTheStoreStill
   ASSERT_TRUE(runs.ok());
   EXPECT_TRUE(runs->empty()) << "a run past its safe_until is not the slot's clean run";
   EXPECT_TRUE((*store)->TryAcquire("job", {.ttl = 5s}).ok()) << "deleted, not kept";
+}
+
+TEST(SlotClaimTest, KeepHistoryKeepsTheRunsPastTwoPeriodsAndIsCheckedAtTheDoor) {
+  testing::FakeClock clock;
+  auto store = Store::Open("memory://", {.clock = &clock});
+  ASSERT_TRUE(store.ok());
+  for (const char* key : {"kept", "default"}) {
+    auto claim = (*store)->ClaimSlot(key, {.period = 1h}, {.ttl = 5s, .wait = 0s});
+    ASSERT_TRUE(claim.ok() && claim->claimed()) << claim.status().ToString();
+    ASSERT_TRUE(claim
+                    ->Finish({.succeeded = true,
+                              .keep_history = std::string_view(key) == "kept" ? 5h : 1min})
+                    .ok());
+  }
+  // Two periods and the tolerance have passed: a shorter keep_history than that changes
+  // nothing, a longer one keeps the record.
+  clock.Advance(3h);
+  auto kept = (*store)->SlotRuns("kept");
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->size(), 1u);
+  auto gone = (*store)->SlotRuns("default");
+  ASSERT_TRUE(gone.ok());
+  EXPECT_TRUE(gone->empty());
+  clock.Advance(2h + 1s);
+  kept = (*store)->SlotRuns("kept");
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(kept->empty()) << "kept for 5 h, not longer";
+
+  for (Duration bad : {Duration(-1s), kMaxKeepHistory + 1s}) {
+    auto claim = (*store)->ClaimSlot("bad", {.period = 1h}, {.ttl = 5s, .wait = 0s});
+    ASSERT_TRUE(claim.ok() && claim->claimed()) << claim.status().ToString();
+    EXPECT_EQ(claim->Finish({.succeeded = true, .keep_history = bad}).code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_FALSE(claim->lease().valid()) << "released all the same";
+    auto runs = (*store)->SlotRuns("bad");
+    ASSERT_TRUE(runs.ok());
+    EXPECT_TRUE(runs->empty()) << "the run is not recorded";
+  }
 }
 
 TEST(HoldAtLeastTest, AHoldOutOfRangeIsRefusedAndTheLeaseStillReleased) {

@@ -85,18 +85,20 @@ struct LeaseFlagHelp {
   const char* kill_grace;
 };
 
-// --once-per and the flags that shape it, and --hold-at-least (run only).
+// --once-per and the flags that shape it, --keep-history, and --hold-at-least (run only).
 struct SlotFlags {
   OptionalFlag once_per;
   OptionalFlag slot_offset;
   OptionalFlag slot_tolerance;
   OptionalFlag hold_at_least;
+  OptionalFlag keep_history;
 
   void CopyTo(RunFlags& run) const {
     once_per.CopyTo(run.once_per);
     slot_offset.CopyTo(run.slot_offset);
     slot_tolerance.CopyTo(run.slot_tolerance);
     hold_at_least.CopyTo(run.hold_at_least);
+    keep_history.CopyTo(run.keep_history);
   }
 };
 
@@ -254,6 +256,12 @@ CLI::App* AddRunCommand(CLI::App& app, Flags& flags) {
                   "yes: a failed run (non-zero exit) leaves its --once-per slot open for "
                   "another host or a retry; no: a failure closes the slot too. Default: yes")
       ->type_name("yes|no");
+  flags.run_slot.keep_history.Add(
+      *run, "--keep-history",
+      "Keep the key's --once-per run history (its last 8 runs, shown by status and list) in "
+      "the store for DURATION after each run, up to 366d. Default and minimum: two periods and "
+      "the slot tolerance, what the hosts of a slot need",
+      "DURATION");
   flags.run_slot.hold_at_least.Add(
       *run, "--hold-at-least",
       "Keep the lease in the store until at least DURATION after it was taken, "

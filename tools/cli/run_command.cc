@@ -186,15 +186,17 @@ CommandExit RunCommand(const RunFlags& flags) {
         LeaseChildEnvironment(lease, lease.fencing_token(), {"LEASEHOLD_SLOT=" + slot});
     const bool retry_failed = settings->retry_failed;
     const Duration hold = settings->hold_at_least;
+    const Duration keep_history = settings->keep_history;
     const ChildOutcome outcome =
         RunUnderLease({.store = store,
                        .lease = lease,
                        .release =
-                           [&claim, retry_failed, hold](int code) {
+                           [&claim, retry_failed, hold, keep_history](int code) {
                              return claim->Finish({.succeeded = code == 0,
                                                    .exit_code = code,
                                                    .retry_failed = retry_failed,
-                                                   .hold_at_least = hold});
+                                                   .hold_at_least = hold,
+                                                   .keep_history = keep_history});
                            },
                        .confirm = [&lease] { return lease.Confirm(); },
                        .what = "lease " + flags.key},

@@ -87,6 +87,9 @@ struct RunFlags {
   // --hold-at-least: the grant stays in the store this long after it was taken, without the
   // process (ReleaseOptions::hold_at_least).
   std::optional<std::string> hold_at_least;
+  // --keep-history: how long the store keeps the key's --once-per run history after a run
+  // (SlotFinish::keep_history).
+  std::optional<std::string> keep_history;
   // --exit-code OUTCOME=N, as given (ParseExitCodeMap); applied by the caller (ExitCodeOf).
   std::vector<std::string> exit_codes;
 };

@@ -113,11 +113,13 @@ Result<Duration> ParseNonNegativeDurationFlag(std::string_view flag, std::string
 // Reads --once-per and the --slot-* flags into a checked grid.
 Result<std::optional<SlotGrid>> ParseSlotFlags(const RunFlags& flags) {
   const bool shaped = flags.slot_offset.has_value() || !flags.slot_zone.empty() ||
-                      flags.slot_tolerance.has_value() || flags.retry_failed != "yes";
+                      flags.slot_tolerance.has_value() || flags.retry_failed != "yes" ||
+                      flags.keep_history.has_value();
   if (!flags.once_per.has_value()) {
     if (shaped) {
       return Status::InvalidArgument(
-          "--slot-offset, --slot-zone, --slot-tolerance and --retry-failed need --once-per");
+          "--slot-offset, --slot-zone, --slot-tolerance, --retry-failed and --keep-history need "
+          "--once-per");
     }
     return std::optional<SlotGrid>();
   }
@@ -422,6 +424,14 @@ Result<RunSettings> ParseSettings(const RunFlags& flags) {
       return Status::InvalidArgument(fmt::format("--hold-at-least {}: at most {}",
                                                  *flags.hold_at_least,
                                                  FormatDuration(kMaxHoldAtLeast)));
+    }
+  }
+  if (flags.keep_history.has_value()) {
+    LH_ASSIGN_OR_RETURN(s.keep_history,
+                        ParsePositiveDurationFlag("--keep-history", *flags.keep_history));
+    if (s.keep_history > kMaxKeepHistory) {
+      return Status::InvalidArgument(fmt::format(
+          "--keep-history {}: at most {}", *flags.keep_history, FormatDuration(kMaxKeepHistory)));
     }
   }
   std::optional<Duration> given_grace;

@@ -46,6 +46,8 @@ struct RunSettings {
   bool retry_failed = true;
   // --hold-at-least; zero: release at once.
   Duration hold_at_least{};
+  // --keep-history; zero: the least the slot needs (two periods and the tolerance).
+  Duration keep_history{};
 };
 
 // Reads and cross-checks the duration flags, naming the flag in every error.

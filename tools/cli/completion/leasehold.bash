@@ -38,13 +38,13 @@ _leasehold() {
     --slot-zone) COMPREPLY=($(cd /usr/share/zoneinfo 2>/dev/null && compgen -f -- "$cur")); return ;;
     --metrics-textfile) COMPREPLY=($(compgen -f -- "$cur")); return ;;
     --store) COMPREPLY=($(compgen -W "sqlite:// redis:// redis+unix:// postgres:// etcd:// etcds:// zk://" -- "$cur")); compopt -o nospace 2>/dev/null; return ;;
-    --ttl|--renew-every|--kill-grace|--key|--holder|--id|--metrics-addr|--slot-offset|--slot-tolerance|--hold-at-least|--probes|--limit) return ;;
+    --ttl|--renew-every|--kill-grace|--key|--holder|--id|--metrics-addr|--slot-offset|--slot-tolerance|--hold-at-least|--keep-history|--probes|--limit) return ;;
   esac
 
   local flags
   case "$sub" in
     "") flags="$common --version"; COMPREPLY=($(compgen -W "$subcommands $flags" -- "$cur")); return ;;
-    run) flags="$common $tree --key --holder --limit --shared --once-per --slot-offset --slot-zone --slot-tolerance --retry-failed --hold-at-least" ;;
+    run) flags="$common $tree --key --holder --limit --shared --once-per --slot-offset --slot-zone --slot-tolerance --retry-failed --keep-history --hold-at-least" ;;
     elect) flags="$common $tree --id --again" ;;
     leader) flags="$common --watch --json" ;;
     status) flags="$common --key --json" ;;

@@ -48,6 +48,7 @@ complete -c leasehold -n '__fish_seen_subcommand_from run' -l slot-zone -x -d 'I
 complete -c leasehold -n '__fish_seen_subcommand_from run' -l slot-tolerance -x -d 'Early start counted into the next slot'
 complete -c leasehold -n '__fish_seen_subcommand_from run' -l retry-failed -x -a 'yes no' -d 'A failed run leaves its slot open'
 complete -c leasehold -n '__fish_seen_subcommand_from run' -l hold-at-least -x -d 'Keep the lease at least this long'
+complete -c leasehold -n '__fish_seen_subcommand_from run' -l keep-history -x -d 'Keep the --once-per run history this long'
 
 # elect, leader, status, list, release, check.
 complete -c leasehold -n '__fish_seen_subcommand_from elect' -l id -x -d 'This candidate id'
