@@ -47,7 +47,7 @@ struct LeaseInfo {
   // The grant's fencing token.
   FencingToken fencing_token = 0;
   // Time left before the store lets the grant expire without renewal, judged on the store's
-  // clock when it answered.
+  // clock when it answered; at most that long where remaining_is_upper_bound.
   std::chrono::milliseconds remaining{0};
   // The TTL the grant was made or last renewed with.
   std::chrono::milliseconds ttl{0};
@@ -73,6 +73,10 @@ struct LeaseInfo {
   // Status::holder() names it: `holder` is that writer, fencing_token 0 where it has none yet,
   // `remaining` how long its intent lasts unless it asks again.
   bool waiting_writer = false;
+  // True where the store does not tell the time left exactly: `remaining` is an upper bound.
+  // ZooKeeper's is the TTL (a grant lives as long as its holder's session, whose heartbeats
+  // only the server sees); etcd's is its whole seconds left plus one, up to the TTL rounded up.
+  bool remaining_is_upper_bound = false;
 };
 
 }  // namespace leasehold

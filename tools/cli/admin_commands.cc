@@ -30,6 +30,13 @@ std::string KeptUntil(const LeaseInfo& info) {
   return FormatSlotTime(std::chrono::system_clock::now() + info.remaining);
 }
 
+// A grant's remaining time for a table column: "<=10s" where it is only an upper bound
+// (LeaseInfo::remaining_is_upper_bound).
+std::string RemainingColumn(const LeaseInfo& info) {
+  return (info.remaining_is_upper_bound ? "<=" : "") +
+         FormatDuration(RoundForDisplay(info.remaining));
+}
+
 nlohmann::ordered_json ToJson(const LeaseInfo& info) {
   nlohmann::ordered_json j;
   j["key"] = info.key;
@@ -37,6 +44,9 @@ nlohmann::ordered_json ToJson(const LeaseInfo& info) {
   j["token_prefix"] = info.token_prefix;
   j["fencing_token"] = info.fencing_token;
   j["remaining_ms"] = info.remaining.count();
+  if (info.remaining_is_upper_bound) {
+    j["remaining_is_upper_bound"] = true;
+  }
   j["ttl_ms"] = info.ttl.count();
   j["kept"] = info.kept;
   if (info.kept) {
@@ -190,8 +200,8 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     for (const LeaseInfo& h : *holders) {
       PrintLine(fmt::format("{:>4}  {:<9}  {:<{}}  {:>13}  {:>9}  {:>6}  {}{}", h.slot,
                             LeaseKindName(h.mode, h.limit), Printable(h.holder), holder_width,
-                            h.fencing_token, FormatDuration(RoundForDisplay(h.remaining)),
-                            FormatDuration(h.ttl), h.token_prefix,
+                            h.fencing_token, RemainingColumn(h), FormatDuration(h.ttl),
+                            h.token_prefix,
                             h.kept ? "  kept until " + KeptUntil(h) + ": released" : ""));
     }
   } else {
@@ -204,7 +214,8 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     PrintLine(fmt::format("holder:        {}", Printable(l.holder)));
     PrintLine(fmt::format("fencing token: {}", l.fencing_token));
     PrintLine(fmt::format("token prefix:  {}", l.token_prefix));
-    PrintLine(fmt::format("remaining:     {}", FormatDuration(RoundForDisplay(l.remaining))));
+    PrintLine(fmt::format("remaining:     {}{}", l.remaining_is_upper_bound ? "at most " : "",
+                          FormatDuration(RoundForDisplay(l.remaining))));
     PrintLine(fmt::format("ttl:           {}", FormatDuration(l.ttl)));
   }
   for (const LeaseInfo& g : gone) {
@@ -281,13 +292,12 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
                         key_width, "HOLDER", holder_width, "FENCING_TOKEN", "REMAINING", "TTL",
                         "TOKEN", "MODE", "SLOT"));
   for (const LeaseInfo& l : *leases) {
-    PrintLine(
-        fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {:<8}  {:<9}  {}", Printable(l.key),
-                    key_width, Printable(l.holder), holder_width, l.fencing_token,
-                    FormatDuration(RoundForDisplay(l.remaining)), FormatDuration(l.ttl),
-                    l.token_prefix, LeaseKindName(l.mode, l.limit),
-                    (l.limit > 1 ? fmt::format("{}/{}", l.slot, l.limit) : std::to_string(l.slot)) +
-                        (l.kept ? "  kept" : "")));
+    PrintLine(fmt::format(
+        "{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {:<8}  {:<9}  {}", Printable(l.key), key_width,
+        Printable(l.holder), holder_width, l.fencing_token, RemainingColumn(l),
+        FormatDuration(l.ttl), l.token_prefix, LeaseKindName(l.mode, l.limit),
+        (l.limit > 1 ? fmt::format("{}/{}", l.slot, l.limit) : std::to_string(l.slot)) +
+            (l.kept ? "  kept" : "")));
   }
   // Then the last recorded schedule-slot run of every key that has one (run --once-per).
   std::size_t slot_key_width = 3;

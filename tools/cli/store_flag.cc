@@ -81,7 +81,10 @@ std::string DescribeHolder(const LeaseInfo& info) {
       info.holder.empty() ? std::string("an unnamed holder") : Printable(info.holder),
       plain ? std::string()
             : fmt::format("{} slot {}, ", LeaseKindName(info.mode, info.limit), info.slot),
-      info.fencing_token, info.kept ? "released, kept for" : "expires in",
+      info.fencing_token,
+      info.kept                       ? "released, kept for"
+      : info.remaining_is_upper_bound ? "expires in at most"
+                                      : "expires in",
       FormatDuration(RoundForDisplay(info.remaining)));
 }
 

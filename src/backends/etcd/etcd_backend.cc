@@ -1395,7 +1395,14 @@ Result<std::optional<LeaseInfo>> ToInfo(EtcdClient& client, std::string_view key
   if (it->second < 0) {
     return std::optional<LeaseInfo>();
   }
-  info.remaining = std::chrono::seconds(it->second);
+  // etcd counts a lease's time left in whole seconds, cut down: up to a second more is left.
+  // The bound is capped at the TTL the lease was granted with (whole seconds, rounded up).
+  Duration left = std::chrono::seconds(it->second + 1);
+  if (info.ttl > Duration::zero()) {
+    left = std::min<Duration>(left, std::chrono::ceil<std::chrono::seconds>(info.ttl));
+  }
+  info.remaining = std::chrono::duration_cast<std::chrono::milliseconds>(left);
+  info.remaining_is_upper_bound = true;
   return std::optional<LeaseInfo>(std::move(info));
 }
 

@@ -222,7 +222,9 @@ LeaseInfo ParseNodeData(std::string_view key, std::string_view data, FencingToke
     // Any client with access may have written the node: a TTL out of range is as unknown as
     // an unreadable one.
     info.ttl = milliseconds(ms >= 0 && ms <= kMaxTtlMs ? ms : 0);
+    // The session's last heartbeat is the server's alone: the TTL is all that can be said.
     info.remaining = info.ttl;
+    info.remaining_is_upper_bound = true;
     info.token_prefix = std::string(data.substr(first + 1, second - first - 1));
     info.holder = std::string(data.substr(second + 1));
   }

@@ -433,6 +433,24 @@ TEST_P(ConformanceTest, InspectAndListShowLiveGrantsOnly) {
   EXPECT_EQ((*literal)[0].key, "app_%");
 }
 
+// `remaining` is the time the grant has left (what `leasehold status` prints), or marked an
+// upper bound where the store does not tell it exactly (ZooKeeper: the TTL; etcd: whole seconds
+// plus one); never the TTL passed off as time left. A raw grant nobody renews, 1.2 s into its 2 s.
+TEST_P(ConformanceTest, HoldersShowTheTimeLeftOrMarkItAnUpperBound) {
+  auto grant = Grant("job", Token('a'), 2s);
+  ASSERT_TRUE(grant.ok()) << grant.status().ToString();
+  std::this_thread::sleep_for(1200ms);
+  auto holders = backend_->Holders("job");
+  ASSERT_TRUE(holders.ok() && holders->size() == 1) << holders.status().ToString();
+  const LeaseInfo& h = holders->front();
+  if (h.remaining_is_upper_bound) {
+    EXPECT_LE(h.remaining, h.ttl);
+  } else {
+    EXPECT_LE(h.remaining, 1000ms) << "1.2 s of a 2 s grant have passed";
+    EXPECT_GT(h.remaining, 0ms);
+  }
+}
+
 TEST_P(ConformanceTest, ForceReleaseFreesTheKeyAndTheHolderFindsOut) {
   auto a = OpenHandle();
   auto b = OpenHandle();
