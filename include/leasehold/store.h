@@ -154,8 +154,9 @@ class Store {
   // expired; a store never reports "acquired"), `deadline` passes or `cancel` is requested.
   // Spurious wake-ups are allowed: read the key again (Inspect) after every return. `deadline`
   // is on clock(). Returns OK when woken, kDeadlineExceeded, kCancelled; kUnimplemented if the
-  // store has no change notification (notifies_changes() is false): poll Inspect instead;
-  // kInvalidArgument for a bad key; kUnavailable.
+  // store has no change notification (notifies_changes() is false): poll Inspect instead, or
+  // for a key this handle holds where notifies_holder() is false; kInvalidArgument for a bad
+  // key; kUnavailable.
   Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token cancel = {});
 
   // Returns true if the store notifies changes of a key (WaitForChange, and the waits of

@@ -92,10 +92,10 @@ std::string DescribeRun(const SlotRun& run) {
 
 // By when a force-released holder's command is gone, as far as this side can tell. A `leasehold
 // run` holder confirms its grant whenever the store notifies a change of the key (GrantWatch),
-// so on a store that notifies it stops its tree at once (SIGTERM, then SIGKILL after the kill
-// grace, min(ttl/4, 5s) by default; Store::notifies_holder). Otherwise it learns at its next
-// renewal (every ttl/3 by default). Until then the old
-// command may still run beside a new holder: the operator is told so.
+// so on a store that notifies holders (Store::notifies_holder) it stops its tree at once
+// (SIGTERM, then SIGKILL after the kill grace, min(ttl/4, 5s) by default). Otherwise it learns
+// at its next renewal (every ttl/3 by default). Until then the old command may still run beside
+// a new holder: the operator is told so.
 std::string GoneWithin(const LeaseInfo& h, bool notifies) {
   using std::chrono::milliseconds;
   const milliseconds renew = h.ttl / 3;
