@@ -3,8 +3,8 @@
 // Redis floor: PING on a connection of its own, opened the way the store opens its connections
 // (backends/redis/redis_connection.h: TCP or a Unix socket, TLS for rediss://, the master learnt
 // from the sentinels for redis+sentinel://, the first seed that answers for redis+cluster://,
-// usually a master, one hop like each of the store's commands), so that the floor of each topology pays what
-// the store's own round trips pay and no more.
+// usually a master, one hop like each of the store's commands), so that the floor of each topology
+// pays what the store's own round trips pay and no more.
 
 #include <memory>
 #include <vector>
@@ -36,7 +36,7 @@ class RedisFloor final : public FloorProbe {
 
  private:
   std::shared_ptr<const internal::RedisTlsContext> tls_;  // outlives the connection
-  std::unique_ptr<internal::RedisConnectionPool> pool_;  // Sentinel, Cluster: found the node
+  std::unique_ptr<internal::RedisConnectionPool> pool_;   // Sentinel, Cluster: found the node
   std::unique_ptr<internal::RedisConnection> connection_;
   std::string address_;
 };

@@ -503,13 +503,13 @@ class Runner {
       uncontended["ratio_to_2_floors"] = native_pair_.median_us / (2 * floor_.median_us);
     }
     const std::string key = fmt::format("bench:native:handoff:{}", NowNs());
-    LH_ASSIGN_OR_RETURN(json handoff, RunHandoff([&](int w, long long start_ns, long long until_ns,
-                                                     const std::string& out) {
-                          return std::vector<std::string>{
-                              SelfPath(), "--worker=native-handoff", s_.native_kind, s_.url, key,
-                              std::to_string(w), std::to_string(start_ns),
-                              std::to_string(until_ns), out};
-                        }));
+    LH_ASSIGN_OR_RETURN(
+        json handoff,
+        RunHandoff([&](int w, long long start_ns, long long until_ns, const std::string& out) {
+          return std::vector<std::string>{
+              SelfPath(),        "--worker=native-handoff", s_.native_kind,           s_.url, key,
+              std::to_string(w), std::to_string(start_ns),  std::to_string(until_ns), out};
+        }));
     native_handoff_median_us_ = handoff["handoff"]["median_us"].get<double>();
     native_grants_per_second_ = handoff["grants_per_second"].get<double>();
     return json{{"kind", s_.native_kind}, {"uncontended", uncontended}, {"handoff", handoff}};
@@ -540,10 +540,14 @@ class Runner {
     const std::string key = fmt::format("bench:handoff:{}", NowNs());
     LH_ASSIGN_OR_RETURN(json out, RunHandoff([&](int w, long long start_ns, long long until_ns,
                                                  const std::string& events) {
-                          return std::vector<std::string>{
-                              SelfPath(),       "--worker=handoff",        s_.url,
-                              key,              std::to_string(w),         std::to_string(start_ns),
-                              std::to_string(until_ns), events};
+                          return std::vector<std::string>{SelfPath(),
+                                                          "--worker=handoff",
+                                                          s_.url,
+                                                          key,
+                                                          std::to_string(w),
+                                                          std::to_string(start_ns),
+                                                          std::to_string(until_ns),
+                                                          events};
                         }));
     if (native_handoff_median_us_ > 0) {
       out["handoff_ratio_to_native"] =
@@ -602,8 +606,9 @@ class Runner {
   // The handoff measurement: config_.handoff_processes processes, started by argv_for(worker,
   // start, until, events file), each writing "started acquired released" per grant, on a key
   // of `limit` permits (1: exclusive), for `run_for` after a lead of `lead`.
-  using WorkerArgv = std::function<std::vector<std::string>(int, long long, long long,
-                                                            const std::string&)>;
+  using WorkerArgv =
+      std::function<std::vector<std::string>(int, long long, long long, const std::string&)>;
+
   Result<json> RunHandoff(const WorkerArgv& argv_for) {
     return RunHandoff(argv_for, 1, config_.handoff_time, 1500ms);
   }
@@ -962,7 +967,8 @@ constexpr Floors kFloors[] = {
 
 // The native lock (bench/native.h) a fixture's figures are compared with; empty: none.
 std::string NativeKindOf(const std::string& fixture) {
-  for (const char* kind : {"sqlite", "redis", "postgres_advisory", "postgres_table", "etcd", "zk"}) {
+  for (const char* kind :
+       {"sqlite", "redis", "postgres_advisory", "postgres_table", "etcd", "zk"}) {
     if (fixture == kind || fixture == std::string(kind) + "_fair") {
       return kind;
     }
@@ -995,14 +1001,21 @@ Started StartStores(const std::vector<std::string>& only) {
     }));
     const std::string url = fixture.new_store_url(dir);
     (void)Store::Open(url);  // creates what the store needs (the sqlite file the floor opens)
-    Subject subject{fixture.name, url, fixture.fair, {}, {}, fixture.server_requests,
+    Subject subject{fixture.name,
+                    url,
+                    fixture.fair,
+                    {},
+                    {},
+                    fixture.server_requests,
                     fixture.server_requests_what};
     subject.native_kind = NativeKindOf(fixture.name);
     for (const Floors& floors : kFloors) {
       if (fixture.name == floors.name) {
         subject.open_floor = [url, open = floors.open_floor] { return open(url); };
         if (floors.open_durable_floor != nullptr) {
-          subject.open_durable_floor = [url, open = floors.open_durable_floor] { return open(url); };
+          subject.open_durable_floor = [url, open = floors.open_durable_floor] {
+            return open(url);
+          };
         }
       }
     }
@@ -1031,8 +1044,8 @@ void PrintTable(const json& results) {
   };
   std::printf("\n%-18s %9s %9s | %9s %6s %-9s %6s | %9s %6s %-9s\n", "store", "floor", "floor",
               "acq+rel", "/2fl", "<=1.25", "/nat", "conflict", "/fl", "<=1.25");
-  std::printf("%-18s %9s %9s | %9s %6s %-9s %6s | %9s %6s %-9s\n", "", "p50 us", "p99 us",
-              "p50 us", "", "", "", "p50 us", "", "");
+  std::printf("%-18s %9s %9s | %9s %6s %-9s %6s | %9s %6s %-9s\n", "", "p50 us", "p99 us", "p50 us",
+              "", "", "", "p50 us", "", "");
   for (const json& r : results) {
     if (!r.contains("floor") || !r.contains("uncontended") || !r.contains("conflict")) {
       continue;
@@ -1065,17 +1078,16 @@ void PrintTable(const json& results) {
       continue;
     }
     const json& n = r["native"];
-    std::printf("%-18s %-17s %9.1f %9s %9.1f %9.0f %9.1f %7.2f\n",
-                r["store"].get<std::string>().c_str(), n["kind"].get<std::string>().c_str(),
-                n["uncontended"]["pair"]["median_us"].get<double>(),
-                native_ratio(n["uncontended"], "ratio_to_2_floors").c_str(),
-                n["handoff"]["handoff"]["median_us"].get<double>(),
-                n["handoff"]["grants_per_second"].get<double>(),
-                n["handoff"]["handoff"]["p99_us"].get<double>(),
-                n["handoff"]["fairness"].get<double>());
+    std::printf(
+        "%-18s %-17s %9.1f %9s %9.1f %9.0f %9.1f %7.2f\n", r["store"].get<std::string>().c_str(),
+        n["kind"].get<std::string>().c_str(), n["uncontended"]["pair"]["median_us"].get<double>(),
+        native_ratio(n["uncontended"], "ratio_to_2_floors").c_str(),
+        n["handoff"]["handoff"]["median_us"].get<double>(),
+        n["handoff"]["grants_per_second"].get<double>(),
+        n["handoff"]["handoff"]["p99_us"].get<double>(), n["handoff"]["fairness"].get<double>());
   }
-  std::printf("\n%-18s %8s %6s %9s %9s %7s %-9s %6s %7s %-9s %8s\n", "handoff", "grants/s",
-              "/nat", "p50 us", "p99 us", "/floor", "<=3", "/nat", "fair", ">=0.8*", "maxwait");
+  std::printf("\n%-18s %8s %6s %9s %9s %7s %-9s %6s %7s %-9s %8s\n", "handoff", "grants/s", "/nat",
+              "p50 us", "p99 us", "/floor", "<=3", "/nat", "fair", ">=0.8*", "maxwait");
   for (const json& r : results) {
     if (!r.contains("handoff")) {
       continue;

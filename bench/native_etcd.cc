@@ -161,8 +161,7 @@ class EtcdNative final : public NativeLock {
 
 }  // namespace
 
-Result<std::unique_ptr<NativeLock>> OpenEtcdNative(const std::string& url,
-                                                   const std::string& key) {
+Result<std::unique_ptr<NativeLock>> OpenEtcdNative(const std::string& url, const std::string& key) {
   LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
   LH_ASSIGN_OR_RETURN(internal::EtcdOptions options, internal::EtcdOptions::FromUrl(parsed));
   if (options.tls || options.user) {

@@ -226,17 +226,17 @@ Result<std::unique_ptr<NativeLock>> OpenPostgresTableNative(const std::string& u
   if (!Exec(conn, create).ok()) {
     LH_RETURN_IF_ERROR(Exec(conn, create));
   }
-  LH_RETURN_IF_ERROR(Prepare(
-      conn, "row", fmt::format("INSERT INTO {} (name) VALUES ($1) ON CONFLICT DO NOTHING", kTable),
-      1));
+  LH_RETURN_IF_ERROR(
+      Prepare(conn, "row",
+              fmt::format("INSERT INTO {} (name) VALUES ($1) ON CONFLICT DO NOTHING", kTable), 1));
   LH_RETURN_IF_ERROR(Run(conn, "row", {key}, nullptr, nullptr));
-  LH_RETURN_IF_ERROR(Prepare(
-      conn, "take",
-      fmt::format("UPDATE {} SET owner = $2, expires = clock_timestamp() + interval '{} "
-                  "milliseconds' WHERE name = $1 AND (owner IS NULL OR expires < "
-                  "clock_timestamp()) RETURNING name",
-                  kTable, kNativeTtl.count()),
-      2));
+  LH_RETURN_IF_ERROR(
+      Prepare(conn, "take",
+              fmt::format("UPDATE {} SET owner = $2, expires = clock_timestamp() + interval '{} "
+                          "milliseconds' WHERE name = $1 AND (owner IS NULL OR expires < "
+                          "clock_timestamp()) RETURNING name",
+                          kTable, kNativeTtl.count()),
+              2));
   LH_RETURN_IF_ERROR(Prepare(conn, "give",
                              fmt::format("WITH r AS (UPDATE {} SET owner = NULL WHERE name = $1 "
                                          "AND owner = $2 RETURNING name) SELECT pg_notify('{}', "

@@ -55,9 +55,9 @@ class RedisNative final : public NativeLock {
 
   Result<bool> TryAcquire() override {
     token_ = NativeOwnerToken();
-    auto* reply = static_cast<redisReply*>(redisCommand(
-        c_, "SET %b %b NX PX %lld", key_.data(), key_.size(), token_.data(), token_.size(),
-        static_cast<long long>(kNativeTtl.count())));
+    auto* reply = static_cast<redisReply*>(
+        redisCommand(c_, "SET %b %b NX PX %lld", key_.data(), key_.size(), token_.data(),
+                     token_.size(), static_cast<long long>(kNativeTtl.count())));
     if (reply == nullptr) {
       return Status::Unavailable("redis SET NX failed");
     }

@@ -42,8 +42,7 @@ void SessionWatcher(zhandle_t* /*zh*/, int type, int state, const char* /*path*/
   events->cv.notify_all();
 }
 
-void NodeWatcher(zhandle_t* /*zh*/, int /*type*/, int /*state*/, const char* /*path*/,
-                 void* ctx) {
+void NodeWatcher(zhandle_t* /*zh*/, int /*type*/, int /*state*/, const char* /*path*/, void* ctx) {
   auto* events = static_cast<Events*>(ctx);
   std::lock_guard<std::mutex> lock(events->mu);
   ++events->node_events;
@@ -84,7 +83,9 @@ class ZkNative final : public NativeLock {
         std::lock_guard<std::mutex> lock(events_->mu);
         seen = events_->node_events;
       }
+
       struct Stat stat {};
+
       int rc = zoo_wexists(zh_, path_.c_str(), NodeWatcher, events_.get(), &stat);
       if (rc == ZNONODE) {
         continue;  // deleted meanwhile: try again (the watch set stays, and is harmless)
@@ -121,9 +122,8 @@ Result<std::unique_ptr<NativeLock>> OpenZkNative(const std::string& url, const s
   LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
   LH_ASSIGN_OR_RETURN(internal::ZkOptions options, internal::ZkOptions::FromUrl(parsed));
   auto events = std::make_unique<Events>();
-  zhandle_t* zh =
-      zookeeper_init2(options.hosts.c_str(), SessionWatcher, 10'000, nullptr, events.get(), 0,
-                      Quiet);
+  zhandle_t* zh = zookeeper_init2(options.hosts.c_str(), SessionWatcher, 10'000, nullptr,
+                                  events.get(), 0, Quiet);
   if (zh == nullptr) {
     return Status::Unavailable(fmt::format("zookeeper_init2 failed: {}", std::strerror(errno)));
   }

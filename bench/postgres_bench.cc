@@ -159,16 +159,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   const double ping_us = SelectOneMicros((*server)->port());
-  std::printf("postgres bench: %llds per run, hold %lld ms, pause %lld ms; SELECT 1 round trip "
-              "median %.1f us\n",
-              static_cast<long long>(length.count()), static_cast<long long>(kHold.count()),
-              static_cast<long long>(kPauseAfterRelease.count()), ping_us);
-  std::printf("%-18s %8s %12s %14s %14s %14s %7s\n", "mode", "clients", "grants/s",
-              "handoff p50us", "handoff p99us", "p50/SELECT 1", "errors");
+  std::printf(
+      "postgres bench: %llds per run, hold %lld ms, pause %lld ms; SELECT 1 round trip "
+      "median %.1f us\n",
+      static_cast<long long>(length.count()), static_cast<long long>(kHold.count()),
+      static_cast<long long>(kPauseAfterRelease.count()), ping_us);
+  std::printf("%-18s %8s %12s %14s %14s %14s %7s\n", "mode", "clients", "grants/s", "handoff p50us",
+              "handoff p99us", "p50/SELECT 1", "errors");
+
   struct ModeUrl {
     const char* name;
     std::string url;
   };
+
   const std::vector<ModeUrl> modes = {
       {"advisory", (*server)->Url() + "?mode=advisory&schema=bench_advisory"},
       {"table", (*server)->Url() + "?mode=table&schema=bench_table"},
@@ -177,8 +180,8 @@ int main(int argc, char** argv) {
   for (const ModeUrl& mode : modes) {
     for (int clients : {1, 8, 32}) {
       Figures f = Run(mode.url, clients, length);
-      std::printf("%-18s %8d %12.0f %14.0f %14.0f %14.1f %7d\n", mode.name, clients,
-                  f.per_second, f.p50_us, f.p99_us, f.p50_us / ping_us, f.errors);
+      std::printf("%-18s %8d %12.0f %14.0f %14.0f %14.1f %7d\n", mode.name, clients, f.per_second,
+                  f.p50_us, f.p99_us, f.p50_us / ping_us, f.errors);
       std::fflush(stdout);
     }
   }

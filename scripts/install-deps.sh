@@ -17,13 +17,14 @@ build_packages=(
 )
 # The stores the tests start (redis-server, PostgreSQL, PgBouncer, etcd, ZooKeeper and its
 # JRE), the test frameworks, clang for the thread-safety build and libFuzzer for the fuzz targets
-# built in it (tests/fuzz/, scripts/fuzz.sh), promtool for the metrics test,
+# built in it (tests/fuzz/, scripts/fuzz.sh), clang-format for the format check
+# (scripts/check-format.sh), promtool for the metrics test,
 # and what the package test uses (dpkg-shlibdeps from dpkg-dev, groff and man-db for the man
 # page; zsh and fish for the syntax check of their completions), iproute2 and nftables for the partition tests' network namespaces, and spin for the
 # model check (tests/model/; its verifier is compiled with gcc), and Patroni for the PostgreSQL
 # failover chaos runs (tests/chaos: --store postgres-ha).
 test_packages=(
-  clang-14 libfuzzer-14-dev python3 libgtest-dev libgmock-dev libbenchmark-dev
+  clang-14 clang-format-14 libfuzzer-14-dev python3 libgtest-dev libgmock-dev libbenchmark-dev
   redis-server redis-tools postgresql pgbouncer prometheus
   etcd-server etcd-client zookeeper default-jre-headless iproute2 nftables
   openssl curl dpkg-dev groff-base man-db zsh fish faketime spin gcc

@@ -92,13 +92,16 @@ const char* FencedOpKindName(FencedOp::Kind kind);
 class FencedWrite {
  public:
   FencedWrite& Put(std::string key, std::string value) {
-    ops_.push_back({.kind = FencedOp::Kind::kPut, .key = std::move(key), .value = std::move(value)});
+    ops_.push_back(
+        {.kind = FencedOp::Kind::kPut, .key = std::move(key), .value = std::move(value)});
     return *this;
   }
+
   FencedWrite& Delete(std::string key) {
     ops_.push_back({.kind = FencedOp::Kind::kDelete, .key = std::move(key)});
     return *this;
   }
+
   FencedWrite& HashSet(std::string key, std::string field, std::string value) {
     ops_.push_back({.kind = FencedOp::Kind::kHashSet,
                     .key = std::move(key),
@@ -106,6 +109,7 @@ class FencedWrite {
                     .value = std::move(value)});
     return *this;
   }
+
   FencedWrite& Sql(std::string statement, std::vector<std::string> params = {}) {
     ops_.push_back(
         {.kind = FencedOp::Kind::kSql, .key = std::move(statement), .params = std::move(params)});
@@ -120,8 +124,8 @@ class FencedWrite {
 
 // What a committed FencedWrite did: one count per op, in order. kSql: the rows the statement
 // changed as the database reports them (0 for a statement that changes none, such as CREATE
-// TABLE; on PostgreSQL, a SELECT whose WITH clause modifies rows reports the rows it selected); kDelete: the keys
-// deleted (0 or 1); kPut and kHashSet: 1.
+// TABLE; on PostgreSQL, a SELECT whose WITH clause modifies rows reports the rows it selected);
+// kDelete: the keys deleted (0 or 1); kPut and kHashSet: 1.
 struct FencedWriteResult {
   std::vector<std::int64_t> affected;
 };

@@ -143,6 +143,7 @@ class SlotClaim {
 
   // The start of the slot, and whether the store's clock named it (else the local clock).
   [[nodiscard]] SystemTime slot_start() const { return slot_start_; }
+
   [[nodiscard]] bool named_by_store_clock() const { return store_clock_; }
 
   // The run that makes the slot done (when !claimed()): this slot's, or a later slot's.

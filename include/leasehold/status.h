@@ -263,12 +263,12 @@ class [[nodiscard]] Result {
 
 // Evaluates `expr` (a Status); returns it from the enclosing function unless it is OK.
 // Expands to several statements: do not use it as the body of an unbraced if.
-#define LH_RETURN_IF_ERROR(expr)                  \
-  do {                                            \
-    ::leasehold::Status lh_status_tmp_ = (expr);  \
-    if (!lh_status_tmp_.ok()) {                   \
-      return lh_status_tmp_;                      \
-    }                                             \
+#define LH_RETURN_IF_ERROR(expr)                 \
+  do {                                           \
+    ::leasehold::Status lh_status_tmp_ = (expr); \
+    if (!lh_status_tmp_.ok()) {                  \
+      return lh_status_tmp_;                     \
+    }                                            \
   } while (false)
 
 #define LH_INTERNAL_CONCAT_(a, b) a##b

@@ -32,10 +32,9 @@ Status CheckFinishRequest(const FinishRequest& request) {
                                                  request.record->size()));
     }
     if (request.record_ttl <= Duration::zero() || request.record_ttl > kMaxFinishDuration) {
-      return Status::InvalidArgument(
-          fmt::format("lease {}: a record's TTL must be positive and at most {}, got {}",
-                      request.key, FormatDuration(kMaxFinishDuration),
-                      FormatDuration(request.record_ttl)));
+      return Status::InvalidArgument(fmt::format(
+          "lease {}: a record's TTL must be positive and at most {}, got {}", request.key,
+          FormatDuration(kMaxFinishDuration), FormatDuration(request.record_ttl)));
     }
   }
   return Status::Ok();
@@ -108,7 +107,9 @@ Result<bool> Backend::ForceReleaseGrant(std::string_view /*key*/,
       fmt::format("the {} store cannot force-release one grant of a key", scheme()));
 }
 
-std::string Backend::DataKeyPrefix(std::string_view /*key*/) const { return {}; }
+std::string Backend::DataKeyPrefix(std::string_view /*key*/) const {
+  return {};
+}
 
 Result<std::vector<std::int64_t>> Backend::FencedWrite(const FencedWriteRequest& /*request*/) {
   return Status::Unimplemented(
@@ -123,7 +124,9 @@ Status Backend::Ping() {
   return Status::Unimplemented("this store has no round-trip probe");
 }
 
-Result<Diagnosis> Backend::Diagnose() { return Diagnosis{.probe = "round trip"}; }
+Result<Diagnosis> Backend::Diagnose() {
+  return Diagnosis{.probe = "round trip"};
+}
 
 void Backend::AbandonWait(std::string_view /*key*/, std::string_view /*waiter_id*/) {}
 

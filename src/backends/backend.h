@@ -78,7 +78,9 @@ struct Capabilities {
 };
 
 // The Capabilities::fenced_ops bit of `kind`.
-constexpr unsigned FencedOpBit(FencedOp::Kind kind) { return 1U << static_cast<unsigned>(kind); }
+constexpr unsigned FencedOpBit(FencedOp::Kind kind) {
+  return 1U << static_cast<unsigned>(kind);
+}
 
 // Shared leases. A key's live grants are all of one family: read/write (exclusive and shared
 // grants, limit 1) or one semaphore (limit N > 1, every grant asking the same N). TryAcquire

@@ -133,11 +133,11 @@ Result<std::string> StoreSchemaSql(const Url& url) {
       with_schema.push_back(row.schemes[0]);
     }
   }
-  return Status::Unimplemented(
-      fmt::format("`leasehold schema` prints SQL for {}:// stores (built in: {}); a {}:// store "
-                  "creates what it needs by itself",
-                  with_schema.empty() ? "postgres" : fmt::format("{}", fmt::join(with_schema, ":// and ")),
-                  fmt::join(CompiledSchemes(), ", "), url.scheme));
+  return Status::Unimplemented(fmt::format(
+      "`leasehold schema` prints SQL for {}:// stores (built in: {}); a {}:// store "
+      "creates what it needs by itself",
+      with_schema.empty() ? "postgres" : fmt::format("{}", fmt::join(with_schema, ":// and ")),
+      fmt::join(CompiledSchemes(), ", "), url.scheme));
 }
 
 bool AcceptsAnyClock(std::string_view scheme) {

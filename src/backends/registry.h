@@ -14,10 +14,11 @@
 #include <string_view>
 #include <vector>
 
-#include "backends/backend.h"
-#include "core/url.h"
 #include "leasehold/clock.h"
 #include "leasehold/status.h"
+
+#include "backends/backend.h"
+#include "core/url.h"
 
 namespace leasehold::internal {
 

@@ -49,14 +49,17 @@ constexpr Duration kClockWarn = std::chrono::milliseconds(500);
 std::string Ms(Duration d) {
   using std::chrono::milliseconds;
   double ms = static_cast<double>(d.count()) / 1e6;
-  if (d < milliseconds(1) && d > -milliseconds(1)) return fmt::format("{:.3f}ms", ms);
-  if (d < milliseconds(1000) && d > -milliseconds(1000)) return fmt::format("{:.1f}ms", ms);
+  if (d < milliseconds(1) && d > -milliseconds(1))
+    return fmt::format("{:.3f}ms", ms);
+  if (d < milliseconds(1000) && d > -milliseconds(1000))
+    return fmt::format("{:.1f}ms", ms);
   return FormatDuration(RoundForDisplay(d));
 }
 
 LatencySummary Summarize(std::vector<Duration> samples) {
   LatencySummary s;
-  if (samples.empty()) return s;
+  if (samples.empty())
+    return s;
   std::sort(samples.begin(), samples.end());
   auto at = [&](double q) {
     // Nearest rank: the smallest sample with at least q of them at or below it.
@@ -72,7 +75,8 @@ LatencySummary Summarize(std::vector<Duration> samples) {
 
 // Rounds `d` up to a multiple of `step` (unchanged if step is zero).
 Duration RoundUp(Duration d, Duration step) {
-  if (step <= Duration::zero()) return d;
+  if (step <= Duration::zero())
+    return d;
   auto n = (d.count() + step.count() - 1) / step.count();
   return Duration(n * step.count());
 }
@@ -81,8 +85,10 @@ Duration RoundUp(Duration d, Duration step) {
 // 10 s, whole seconds above.
 Duration RoundTtl(Duration d) {
   using std::chrono::milliseconds;
-  if (d < std::chrono::seconds(1)) return RoundUp(d, milliseconds(10));
-  if (d < std::chrono::seconds(10)) return RoundUp(d, milliseconds(100));
+  if (d < std::chrono::seconds(1))
+    return RoundUp(d, milliseconds(10));
+  if (d < std::chrono::seconds(10))
+    return RoundUp(d, milliseconds(100));
   return RoundUp(d, std::chrono::seconds(1));
 }
 
@@ -112,8 +118,9 @@ class Checker {
     CheckVerdict verdict = VerdictOf(status);
     std::string fix;
     if (status.code() == StatusCode::kLost) {
-      fix = "the grant expired within the cycle: the TTL is too short for this store's round "
-            "trips (see the ttl line)";
+      fix =
+          "the grant expired within the cycle: the TTL is too short for this store's round "
+          "trips (see the ttl line)";
     } else if (verdict == CheckVerdict::kPermissionDenied) {
       area = "permissions";
       fix = permissions_fix.empty() ? "grant the credentials every operation leasehold needs "
@@ -147,8 +154,10 @@ class Checker {
     for (int i = 0; i < probes; ++i) {
       Duration d{};
       Status s = Timed(d, [&] { return backend_.Ping(); });
-      if (s.code() == StatusCode::kUnimplemented) break;  // a store without a probe
-      if (!s.ok()) return Fail("round-trip", diagnosis.probe, s, diagnosis.permissions_fix);
+      if (s.code() == StatusCode::kUnimplemented)
+        break;  // a store without a probe
+      if (!s.ok())
+        return Fail("round-trip", diagnosis.probe, s, diagnosis.permissions_fix);
       samples.push_back(d);
     }
     report_.round_trip = Summarize(std::move(samples));
@@ -164,7 +173,8 @@ class Checker {
   bool Cycle(Duration ttl, int renewals, const std::string& key,
              const std::string& permissions_fix) {
     auto token = internal::NewOwnerToken();
-    if (!token.ok()) return Fail("cycle", "making an owner token", token.status(), {});
+    if (!token.ok())
+      return Fail("cycle", "making an owner token", token.status(), {});
     report_.cycle_key = key;
     report_.ttl_requested = ttl;
     SteadyTime start = clock_.Now();
@@ -172,15 +182,16 @@ class Checker {
     internal::GrantRequest grant_request{
         .key = key, .owner_token = *token, .holder = "leasehold-check", .ttl = ttl};
     auto grant = Timed(report_.acquire, [&] { return backend_.TryAcquire(grant_request); });
-    if (!grant.ok()) return Fail("cycle", "acquire", grant.status(), permissions_fix);
+    if (!grant.ok())
+      return Fail("cycle", "acquire", grant.status(), permissions_fix);
     report_.fencing_token = grant->fencing_token;
     report_.ttl_granted = grant->ttl;
 
     // From here on the grant is ours: every exit releases it, but one after a step the store
     // did not answer (that would cost another timeout): the throwaway key expires at its TTL.
     bool ok = CycleHeld(key, *token, grant->ttl, renewals, permissions_fix);
-    const bool answered = ok || report_.items.empty() ||
-                          report_.items.back().verdict != CheckVerdict::kUnreachable;
+    const bool answered =
+        ok || report_.items.empty() || report_.items.back().verdict != CheckVerdict::kUnreachable;
     if (answered) {
       Status released = Timed(report_.release, [&] { return backend_.Release(key, *token); });
       if (ok && !released.ok()) {
@@ -202,8 +213,8 @@ class Checker {
       Add({.area = "cycle",
            .found = fmt::format(
                "acquire {}, renew p50 {} (x{}), release {} on {} (fencing token {}); total {}",
-               Ms(report_.acquire), Ms(report_.renew.p50), report_.renew.count,
-               Ms(report_.release), key, report_.fencing_token, Ms(report_.cycle_total))});
+               Ms(report_.acquire), Ms(report_.renew.p50), report_.renew.count, Ms(report_.release),
+               key, report_.fencing_token, Ms(report_.cycle_total))});
     }
     return ok;
   }
@@ -242,26 +253,29 @@ class Checker {
   }
 
  private:
-  bool CycleHeld(const std::string& key, const std::string& token, Duration granted,
-                 int renewals, const std::string& permissions_fix) {
+  bool CycleHeld(const std::string& key, const std::string& token, Duration granted, int renewals,
+                 const std::string& permissions_fix) {
     std::vector<Duration> samples;
     internal::RenewRequest renew{.key = key, .owner_token = token, .ttl = granted};
     for (int i = 0; i < renewals; ++i) {
       Duration d{};
       Status s = Timed(d, [&] { return backend_.Renew(renew); });
-      if (!s.ok()) return Fail("cycle", "renew", s, permissions_fix);
+      if (!s.ok())
+        return Fail("cycle", "renew", s, permissions_fix);
       samples.push_back(d);
     }
     report_.renew = Summarize(std::move(samples));
 
     auto info = backend_.Inspect(key);
-    if (!info.ok()) return Fail("cycle", "inspect", info.status(), permissions_fix);
+    if (!info.ok())
+      return Fail("cycle", "inspect", info.status(), permissions_fix);
     if (!info->has_value() || (*info)->fencing_token != report_.fencing_token) {
       return Fail("cycle", "inspect",
                   Status::Internal("the store does not show the grant the check just took"), {});
     }
     auto list = backend_.List(key);
-    if (!list.ok()) return Fail("cycle", "list", list.status(), permissions_fix);
+    if (!list.ok())
+      return Fail("cycle", "list", list.status(), permissions_fix);
     auto record = backend_.ReadRecord(key);
     if (!record.ok() && record.status().code() != StatusCode::kUnimplemented) {
       return Fail("cycle", "read the schedule record", record.status(), permissions_fix);
@@ -300,12 +314,11 @@ void Advise(const CheckOptions& options, Duration shortest, CheckReport& report)
   if (report.cycle_done && report.ttl_granted != report.ttl_requested) {
     const bool less = report.ttl_granted < report.ttl_requested;
     // What decides the granted TTL, for the fix line: the two stores that change it.
-    const std::string_view why = report.backend == "zk"
-                                     ? "the ZooKeeper server's minSessionTimeout and "
-                                       "maxSessionTimeout (2 and 20 ticks by default)"
-                                 : report.backend == "etcd"
-                                     ? "etcd, which grants whole seconds, at least 2 s"
-                                     : "the store";
+    const std::string_view why =
+        report.backend == "zk"     ? "the ZooKeeper server's minSessionTimeout and "
+                                     "maxSessionTimeout (2 and 20 ticks by default)"
+        : report.backend == "etcd" ? "etcd, which grants whole seconds, at least 2 s"
+                                   : "the store";
     report.items.push_back(
         {.area = "session",
          .verdict = less ? CheckVerdict::kUnsafe : CheckVerdict::kWarn,
@@ -323,7 +336,8 @@ void Advise(const CheckOptions& options, Duration shortest, CheckReport& report)
     report.items.push_back(
         {.area = "ttl",
          .found = fmt::format("recommended --ttl {} --renew-every {} ({}; at least {})",
-                              FormatDuration(recommended), FormatDuration(report.recommended_renew_every), basis,
+                              FormatDuration(recommended),
+                              FormatDuration(report.recommended_renew_every), basis,
                               FormatDuration(kMinRecommendedTtl))});
     return;
   }
@@ -351,8 +365,8 @@ void Advise(const CheckOptions& options, Duration shortest, CheckReport& report)
   } else if (report.ttl_safe) {
     report.items.push_back(
         {.area = "ttl",
-         .found = fmt::format("--ttl {} is safe ({}); recommended --ttl {} --renew-every {}",
-                              asked, basis, FormatDuration(recommended),
+         .found = fmt::format("--ttl {} is safe ({}); recommended --ttl {} --renew-every {}", asked,
+                              basis, FormatDuration(recommended),
                               FormatDuration(report.recommended_renew_every))});
   } else {
     report.items.push_back(
@@ -456,7 +470,8 @@ Result<CheckReport> Store::Check(const CheckOptions& options) {
   }
   Duration ttl = options.ttl.value_or(LeaseOptions{}.ttl);
   if (ttl <= Duration::zero()) {
-    return Status::InvalidArgument(fmt::format("ttl must be positive, got {}", FormatDuration(ttl)));
+    return Status::InvalidArgument(
+        fmt::format("ttl must be positive, got {}", FormatDuration(ttl)));
   }
   std::string key = options.key.empty() ? ThrowawayKey() : options.key;
   LH_RETURN_IF_ERROR(ValidateKey(key));
@@ -488,15 +503,18 @@ Result<CheckReport> Store::Check(const CheckOptions& options) {
     reachable = std::none_of(report.items.begin(), report.items.end(), [](const CheckItem& i) {
       return i.verdict == CheckVerdict::kUnreachable;
     });
-    if (reachable) checker.ReadClock();
+    if (reachable)
+      checker.ReadClock();
   }
-  for (auto& item : found.items) report.items.push_back(std::move(item));
+  for (auto& item : found.items)
+    report.items.push_back(std::move(item));
   if (reachable && report.round_trip.count + report.renew.count > 0) {
     Advise(options, found.shortest_ttl, report);
   }
   JudgeCpu(options, report);
 
-  for (const auto& item : report.items) report.verdict = std::max(report.verdict, item.verdict);
+  for (const auto& item : report.items)
+    report.verdict = std::max(report.verdict, item.verdict);
   return report;
 }
 

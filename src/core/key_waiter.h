@@ -26,9 +26,10 @@
 #include <stop_token>
 #include <utility>
 
-#include "core/backoff.h"
 #include "leasehold/clock.h"
 #include "leasehold/status.h"
+
+#include "core/backoff.h"
 
 namespace leasehold::internal {
 
@@ -40,9 +41,10 @@ class KeyWaiter {
 
   // `native`: the store notifies changes (Capabilities::native_wait). REQUIRES: 0 < poll_base
   // <= poll_cap. `clock` must outlive the KeyWaiter.
-  KeyWaiter(Clock& clock, StoreWait store_wait, bool native, Duration poll_base,
-            Duration poll_cap)
-      : clock_(clock), store_wait_(std::move(store_wait)), native_(native),
+  KeyWaiter(Clock& clock, StoreWait store_wait, bool native, Duration poll_base, Duration poll_cap)
+      : clock_(clock),
+        store_wait_(std::move(store_wait)),
+        native_(native),
         poll_(poll_base, poll_cap) {}
 
   // Returns true while the store's notification is used (false once it said kUnimplemented).

@@ -26,7 +26,9 @@ Lease& Lease::operator=(Lease&& other) noexcept {
   return *this;
 }
 
-Lease::~Lease() { ReleaseOnDestroy(); }
+Lease::~Lease() {
+  ReleaseOnDestroy();
+}
 
 bool Lease::Forked() const {
   return store_ != nullptr && store_->forked();
@@ -53,7 +55,9 @@ void Lease::ReleaseOnDestroy() noexcept {
   }
 }
 
-const std::string& Lease::key() const { return core_ ? core_->key() : kEmpty; }
+const std::string& Lease::key() const {
+  return core_ ? core_->key() : kEmpty;
+}
 
 std::string Lease::token_prefix() const {
   return core_ ? internal::TokenPrefix(core_->owner_token()) : std::string();
@@ -63,19 +67,29 @@ int Lease::holder_liveness_fd() const {
   return store_ ? store_->backend->HolderLivenessFd() : -1;
 }
 
-FencingToken Lease::fencing_token() const { return core_ ? core_->fencing_token() : 0; }
+FencingToken Lease::fencing_token() const {
+  return core_ ? core_->fencing_token() : 0;
+}
 
-const std::string& Lease::store_key() const { return core_ ? core_->store_key() : kEmpty; }
+const std::string& Lease::store_key() const {
+  return core_ ? core_->store_key() : kEmpty;
+}
 
 std::string Lease::DataKey(std::string_view name) const {
   return core_ ? core_->data_key_prefix() + std::string(name) : std::string(name);
 }
 
-std::uint32_t Lease::slot() const { return core_ ? core_->slot() : 0; }
+std::uint32_t Lease::slot() const {
+  return core_ ? core_->slot() : 0;
+}
 
-LeaseMode Lease::mode() const { return core_ ? core_->mode() : LeaseMode::kExclusive; }
+LeaseMode Lease::mode() const {
+  return core_ ? core_->mode() : LeaseMode::kExclusive;
+}
 
-std::uint32_t Lease::limit() const { return core_ ? core_->limit() : 1; }
+std::uint32_t Lease::limit() const {
+  return core_ ? core_->limit() : 1;
+}
 
 const char* FencedOpKindName(FencedOp::Kind kind) {
   switch (kind) {
@@ -108,21 +122,20 @@ Result<FencedWriteResult> Lease::Write(const FencedWrite& write) const {
     return Status::InvalidArgument("a fenced write needs at least one op");
   }
   if (ops.size() > kMaxFencedOps) {
-    return Status::InvalidArgument(fmt::format("a fenced write has at most {} ops, got {}",
-                                               kMaxFencedOps, ops.size()));
+    return Status::InvalidArgument(
+        fmt::format("a fenced write has at most {} ops, got {}", kMaxFencedOps, ops.size()));
   }
   const unsigned supported = store->backend->capabilities().fenced_ops;
   std::size_t bytes = 0;
   for (const FencedOp& op : ops) {
     if ((supported & internal::FencedOpBit(op.kind)) == 0) {
-      return Status::Unimplemented(fmt::format("the {} store has no fenced {} op",
-                                               store->backend->scheme(),
-                                               FencedOpKindName(op.kind)));
+      return Status::Unimplemented(fmt::format(
+          "the {} store has no fenced {} op", store->backend->scheme(), FencedOpKindName(op.kind)));
     }
     if (op.key.empty()) {
-      return Status::InvalidArgument(fmt::format(
-          "a fenced {} op needs a {}", FencedOpKindName(op.kind),
-          op.kind == FencedOp::Kind::kSql ? "statement" : "key"));
+      return Status::InvalidArgument(
+          fmt::format("a fenced {} op needs a {}", FencedOpKindName(op.kind),
+                      op.kind == FencedOp::Kind::kSql ? "statement" : "key"));
     }
     bytes += op.key.size() + op.field.size() + op.value.size();
     for (const std::string& p : op.params) {
@@ -140,9 +153,9 @@ Result<FencedWriteResult> Lease::Write(const FencedWrite& write) const {
                                    .store_key = core_->store_key(),
                                    .ops = ops});
   if (affected.ok() && affected->size() != ops.size()) {
-    affected = Status::Internal(fmt::format(
-        "the {} store answered a fenced write of {} ops with {} counts",
-        store->backend->scheme(), ops.size(), affected->size()));
+    affected = Status::Internal(
+        fmt::format("the {} store answered a fenced write of {} ops with {} counts",
+                    store->backend->scheme(), ops.size(), affected->size()));
   }
   if (store->lease_metrics != nullptr) {
     const internal::FencedWriteOutcome outcome =
@@ -200,9 +213,13 @@ Status Lease::lost_reason() const {
   return core_ ? core_->lost_reason() : Status();
 }
 
-Duration Lease::ttl() const { return core_ ? core_->ttl() : Duration(); }
+Duration Lease::ttl() const {
+  return core_ ? core_->ttl() : Duration();
+}
 
-Duration Lease::renew_interval() const { return core_ ? core_->renew_interval() : Duration(); }
+Duration Lease::renew_interval() const {
+  return core_ ? core_->renew_interval() : Duration();
+}
 
 Status Lease::Confirm() {
   if (!core_) {
@@ -238,7 +255,9 @@ Status Lease::Confirm() {
   return Status();
 }
 
-Status Lease::Release() { return Finish(SteadyTime::min(), std::nullopt, Duration::zero()); }
+Status Lease::Release() {
+  return Finish(SteadyTime::min(), std::nullopt, Duration::zero());
+}
 
 Status Lease::Release(const ReleaseOptions& options) {
   if (options.hold_at_least < Duration::zero()) {
@@ -293,10 +312,10 @@ Status Lease::Finish(SteadyTime keep_until, std::optional<std::string> record,
                                           .record = std::move(record),
                                           .record_ttl = record_ttl});
   const Duration latency = store->clock.Now() - t_send;
-  const internal::ReleaseOutcome outcome =
-      !local.ok() || remote.code() == StatusCode::kLost ? internal::ReleaseOutcome::kLost
-      : remote.ok()                                     ? internal::ReleaseOutcome::kOk
-                                                        : internal::ReleaseOutcome::kError;
+  const internal::ReleaseOutcome outcome = !local.ok() || remote.code() == StatusCode::kLost
+                                               ? internal::ReleaseOutcome::kLost
+                                           : remote.ok() ? internal::ReleaseOutcome::kOk
+                                                         : internal::ReleaseOutcome::kError;
   if (store->lease_metrics != nullptr) {
     store->lease_metrics->RecordRelease(internal::KindOf(core_->mode(), core_->limit()), outcome);
   }
@@ -306,23 +325,23 @@ Status Lease::Finish(SteadyTime keep_until, std::optional<std::string> record,
     const std::string latency_s = internal::LogSeconds(latency);
     const std::string keep_s = internal::LogSeconds(keep);
     const std::string result = remote.ToString();
-    internal::LogEvent(internal::LogLevel::kInfo, "released",
-                       {{"key", core_->key()},
-                        {"fencing_token", fencing, true},
-                        {"token", prefix},
-                        {"backend", store->backend->scheme()},
-                        {"latency_seconds", latency_s, true},
-                        {"kept_seconds", keep_s, true},
-                        {"outcome", internal::kReleaseOutcomeNames[static_cast<std::size_t>(
-                                        outcome)]},
-                        {"store_reply", result}});
+    internal::LogEvent(
+        internal::LogLevel::kInfo, "released",
+        {{"key", core_->key()},
+         {"fencing_token", fencing, true},
+         {"token", prefix},
+         {"backend", store->backend->scheme()},
+         {"latency_seconds", latency_s, true},
+         {"kept_seconds", keep_s, true},
+         {"outcome", internal::kReleaseOutcomeNames[static_cast<std::size_t>(outcome)]},
+         {"store_reply", result}});
   }
   if (!local.ok()) {
     return local;
   }
   if (remote.code() == StatusCode::kLost) {
-    return Status::Lost(fmt::format("lease {} was lost or stolen before release: {}",
-                                    core_->key(), remote.message()));
+    return Status::Lost(fmt::format("lease {} was lost or stolen before release: {}", core_->key(),
+                                    remote.message()));
   }
   return remote;
 }

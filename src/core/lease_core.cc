@@ -101,8 +101,8 @@ void LeaseCore::OnRenewResult(SteadyTime t_send, const Status& result) {
       // later than safe_until, where the watchdog declares the lease lost anyway.
       ++failures_;
       Duration base = std::max<Duration>(params_.renew_interval / 8, std::chrono::milliseconds(1));
-      Duration delay = std::min<Duration>(base * (1 << std::min(failures_ - 1, 2)),
-                                          params_.renew_interval / 2);
+      Duration delay =
+          std::min<Duration>(base * (1 << std::min(failures_ - 1, 2)), params_.renew_interval / 2);
       retry_at_ = std::min(now + delay, safe_until_);
       t = SetStateLocked(LeaseState::kAtRisk,
                          result.WithContext(fmt::format("renewing lease {}", params_.key)));
@@ -131,9 +131,9 @@ bool LeaseCore::CheckExpiry() {
     } else {
       t = SetStateLocked(
           LeaseState::kLost,
-          Status::Lost(fmt::format("lease {} expired: no renewal confirmed before safe_until",
-                                   params_.key),
-                       LostCause::kExpired));
+          Status::Lost(
+              fmt::format("lease {} expired: no renewal confirmed before safe_until", params_.key),
+              LostCause::kExpired));
     }
   }
   Announce(t);
@@ -199,9 +199,8 @@ Status LeaseCore::BeginRelease() {
     }
     released_ = true;
     if (state_ == LeaseState::kLost) {
-      return Status::Lost(
-          fmt::format("lease {} was lost or stolen before release: {}", params_.key,
-                      lost_reason_.message()));
+      return Status::Lost(fmt::format("lease {} was lost or stolen before release: {}", params_.key,
+                                      lost_reason_.message()));
     }
     if (clock_.Now() >= safe_until_) {
       state_ = LeaseState::kLost;
@@ -261,7 +260,10 @@ void LeaseCore::Announce(const Transition& t) {
       const std::string since = LogSeconds(t.since_confirmed);
       const std::string left = LogSeconds(t.safe_remaining);
       LogEvent(LogLevel::kInfo, "renewed_late",
-               {key_field, fencing_field, token_field, backend_field,
+               {key_field,
+                fencing_field,
+                token_field,
+                backend_field,
                 {"latency_seconds", latency, true},
                 {"since_confirmed_seconds", since, true},
                 {"safe_remaining_seconds", left, true}});
@@ -269,16 +271,25 @@ void LeaseCore::Announce(const Transition& t) {
     return;
   }
   if (t.lost) {
-    const std::string_view cause = LostCauseName(t.reason.lost_cause().value_or(
-        LostCause::kStoreSaidNo));
+    const std::string_view cause =
+        LostCauseName(t.reason.lost_cause().value_or(LostCause::kStoreSaidNo));
     if (LogEnabled(LogLevel::kWarning)) {
       if (t.latency.has_value()) {
         LogEvent(LogLevel::kWarning, "lost",
-                 {key_field, fencing_field, token_field, backend_field, {"cause", cause},
-                  {"latency_seconds", latency, true}, {"reason", t.reason.message()}});
+                 {key_field,
+                  fencing_field,
+                  token_field,
+                  backend_field,
+                  {"cause", cause},
+                  {"latency_seconds", latency, true},
+                  {"reason", t.reason.message()}});
       } else {
         LogEvent(LogLevel::kWarning, "lost",
-                 {key_field, fencing_field, token_field, backend_field, {"cause", cause},
+                 {key_field,
+                  fencing_field,
+                  token_field,
+                  backend_field,
+                  {"cause", cause},
                   {"reason", t.reason.message()}});
       }
     }
@@ -291,17 +302,21 @@ void LeaseCore::Announce(const Transition& t) {
       const std::string reason = t.reason.ToString();
       if (t.latency.has_value()) {
         LogEvent(LogLevel::kWarning, "at_risk",
-                 {key_field, fencing_field, token_field, backend_field,
-                  {"latency_seconds", latency, true}, {"reason", reason}});
+                 {key_field,
+                  fencing_field,
+                  token_field,
+                  backend_field,
+                  {"latency_seconds", latency, true},
+                  {"reason", reason}});
       } else {
         LogEvent(LogLevel::kWarning, "at_risk",
                  {key_field, fencing_field, token_field, backend_field, {"reason", reason}});
       }
     }
   } else {
-    LogEvent(LogLevel::kInfo, "recovered",
-             {key_field, fencing_field, token_field, backend_field,
-              {"latency_seconds", latency, true}});
+    LogEvent(
+        LogLevel::kInfo, "recovered",
+        {key_field, fencing_field, token_field, backend_field, {"latency_seconds", latency, true}});
   }
   if (params_.on_state_change) {
     params_.on_state_change(t.state, t.reason);

@@ -26,6 +26,7 @@
 #include "leasehold/lease_info.h"
 #include "leasehold/options.h"
 #include "leasehold/status.h"
+
 #include "metrics/registry.h"
 #include "util/mutex.h"
 
@@ -34,11 +35,11 @@ namespace leasehold::internal {
 struct LeaseParams {
   std::string key;
   std::string owner_token;
-  std::string holder;         // LeaseOptions::holder, or the default "<hostname>:<pid>"
+  std::string holder;  // LeaseOptions::holder, or the default "<hostname>:<pid>"
   FencingToken fencing_token = 0;
-  std::string store_key;      // Grant::store_key, or the key where the store returned none
+  std::string store_key;        // Grant::store_key, or the key where the store returned none
   std::string data_key_prefix;  // Backend::DataKeyPrefix(key), for Lease::DataKey
-  std::uint32_t slot = 0;     // Grant::slot
+  std::uint32_t slot = 0;       // Grant::slot
   LeaseMode mode = LeaseMode::kExclusive;
   std::uint32_t limit = 1;
   Duration ttl{};             // as granted by the store
@@ -72,10 +73,15 @@ class LeaseCore {
   const std::string& holder() const { return params_.holder; }
 
   FencingToken fencing_token() const { return params_.fencing_token; }
+
   const std::string& store_key() const { return params_.store_key; }
+
   const std::string& data_key_prefix() const { return params_.data_key_prefix; }
+
   std::uint32_t slot() const { return params_.slot; }
+
   LeaseMode mode() const { return params_.mode; }
+
   std::uint32_t limit() const { return params_.limit; }
 
   Duration ttl() const { return params_.ttl; }

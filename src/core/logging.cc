@@ -153,6 +153,8 @@ void SetLogSink(LogSink sink) {
   state.sink = std::move(sink);
 }
 
-void SetLogLevel(LogLevel level) { internal::SetLogLevel(level); }
+void SetLogLevel(LogLevel level) {
+  internal::SetLogLevel(level);
+}
 
 }  // namespace leasehold

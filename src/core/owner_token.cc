@@ -1,12 +1,11 @@
 #include "core/owner_token.h"
 
-#include <sys/random.h>
-
 #include <array>
 #include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
+#include <sys/random.h>
 
 namespace leasehold::internal {
 
@@ -32,6 +31,8 @@ Result<std::string> NewOwnerToken() {
   return token;
 }
 
-std::string TokenPrefix(std::string_view token) { return std::string(token.substr(0, 8)); }
+std::string TokenPrefix(std::string_view token) {
+  return std::string(token.substr(0, 8));
+}
 
 }  // namespace leasehold::internal

@@ -14,9 +14,10 @@
 #include <absl/time/time.h>
 #endif
 
+#include "leasehold/store.h"
+
 #include "core/duration.h"
 #include "core/store_core.h"
-#include "leasehold/store.h"
 
 namespace leasehold {
 
@@ -43,16 +44,17 @@ std::int64_t UnixMillis(SystemTime t) {
   return duration_cast<milliseconds>(t.time_since_epoch()).count();
 }
 
-SystemTime FromUnixMillis(std::int64_t ms) { return SystemTime(milliseconds(ms)); }
+SystemTime FromUnixMillis(std::int64_t ms) {
+  return SystemTime(milliseconds(ms));
+}
 
 std::string FormatUtc(SystemTime t) {
   const std::int64_t ms = UnixMillis(t);
   const std::time_t secs = static_cast<std::time_t>(FloorDiv(ms, 1000));
   std::tm tm{};
   gmtime_r(&secs, &tm);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900,
-                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     ms - FloorDiv(ms, 1000) * 1000);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms - FloorDiv(ms, 1000) * 1000);
 }
 
 // Finds why `slot_start` may not run, given the key's recorded runs: a final run of the same
@@ -82,8 +84,8 @@ Status ValidateSlotGrid(const SlotGrid& grid) {
         FormatDuration(grid.period)));
   }
   if (grid.period % milliseconds(1) != Duration::zero()) {
-    return Status::InvalidArgument(fmt::format(
-        "a slot period must be whole milliseconds, got {}", FormatDuration(grid.period)));
+    return Status::InvalidArgument(fmt::format("a slot period must be whole milliseconds, got {}",
+                                               FormatDuration(grid.period)));
   }
   if (grid.offset < Duration::zero() || grid.offset >= grid.period) {
     return Status::InvalidArgument(
@@ -330,8 +332,8 @@ Result<SlotClaim> Store::ClaimSlot(std::string_view key, const SlotGrid& grid,
     return claim;
   }
   LH_ASSIGN_OR_RETURN(Lease lease, options.wait == Duration::zero()
-                                        ? TryAcquire(key, options)
-                                        : Acquire(key, options, std::move(cancel)));
+                                       ? TryAcquire(key, options)
+                                       : Acquire(key, options, std::move(cancel)));
   // After a wait, the slot named before it may have ended meanwhile: name it again, so that a
   // host that waited out a long run claims the slot it now stands in, never a past one.
   if (options.wait != Duration::zero()) {
@@ -362,6 +364,8 @@ Result<SlotClaim> Store::ClaimSlot(std::string_view key, const SlotGrid& grid,
   return claim;
 }
 
-std::string FormatSlotTime(SystemTime t) { return FormatUtc(t); }
+std::string FormatSlotTime(SystemTime t) {
+  return FormatUtc(t);
+}
 
 }  // namespace leasehold

@@ -6,8 +6,9 @@
 
 #include <fmt/format.h>
 
-#include "core/duration.h"
 #include "leasehold/options.h"
+
+#include "core/duration.h"
 
 namespace leasehold {
 

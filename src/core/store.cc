@@ -69,9 +69,9 @@ Status CheckTimes(Duration ttl, const std::optional<Duration>& renew,
         fmt::format("renew interval must be positive, got {}", FormatDuration(interval)));
   }
   if (interval >= ttl - drift) {
-    return Status::InvalidArgument(fmt::format(
-        "renew interval {} must be shorter than ttl {} minus the drift allowance {}",
-        FormatDuration(interval), FormatDuration(ttl), FormatDuration(drift)));
+    return Status::InvalidArgument(
+        fmt::format("renew interval {} must be shorter than ttl {} minus the drift allowance {}",
+                    FormatDuration(interval), FormatDuration(ttl), FormatDuration(drift)));
   }
   return Status();
 }
@@ -89,15 +89,12 @@ Result<ResolvedOptions> Resolve(std::string_view key, const LeaseOptions& option
   }
   if (options.mode == LeaseMode::kShared && options.limit != 1) {
     return Status::InvalidArgument(fmt::format(
-        "a shared lease has no limit (any number of shared holders): got limit {}",
-        options.limit));
+        "a shared lease has no limit (any number of shared holders): got limit {}", options.limit));
   }
-  return ResolvedOptions{options.ttl,
-                         options.renew_interval,
-                         options.drift,
-                         options.holder.empty() ? LeaseOptions::DefaultHolder() : options.holder,
-                         options.mode,
-                         options.limit};
+  return ResolvedOptions{
+      options.ttl,   options.renew_interval,
+      options.drift, options.holder.empty() ? LeaseOptions::DefaultHolder() : options.holder,
+      options.mode,  options.limit};
 }
 
 // Returns true if `s` is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
@@ -252,8 +249,7 @@ std::shared_ptr<StoreCore> MakeStoreCore(std::shared_ptr<Backend> backend, Clock
     // The gauges are read from the heartbeat at scrape time, through a weak reference that
     // shares the StoreCore's lifetime: a closed store drops out of the scrape by itself.
     RegistryForInternalUse(*core->metrics)
-        .AddGaugeSource(*core->lease_metrics,
-                        std::shared_ptr<GaugeSource>(core, &core->heartbeat));
+        .AddGaugeSource(*core->lease_metrics, std::shared_ptr<GaugeSource>(core, &core->heartbeat));
   }
   return core;
 }
@@ -279,7 +275,9 @@ Result<std::string> Store::DefaultUrl() {
   return internal::DefaultStoreUrl();
 }
 
-std::vector<std::string> Store::CompiledSchemes() { return internal::CompiledSchemes(); }
+std::vector<std::string> Store::CompiledSchemes() {
+  return internal::CompiledSchemes();
+}
 
 Result<std::string> Store::SchemaSql(std::string_view url) {
   LH_ASSIGN_OR_RETURN(internal::Url parsed, internal::ParseUrl(url));
@@ -307,18 +305,26 @@ Store::Store(std::shared_ptr<internal::StoreCore> core) : core_(std::move(core))
 
 Store::~Store() = default;
 
-std::string_view Store::backend_name() const { return core_->backend->scheme(); }
+std::string_view Store::backend_name() const {
+  return core_->backend->scheme();
+}
 
-const std::string& Store::display_url() const { return core_->display_url; }
+const std::string& Store::display_url() const {
+  return core_->display_url;
+}
 
 std::string Store::RedactUrl(std::string_view url) {
   auto parsed = internal::ParseUrl(url);
   return parsed.ok() ? parsed->Redacted() : std::string("(a URL that does not parse)");
 }
 
-const std::shared_ptr<Metrics>& Store::metrics() const { return core_->metrics; }
+const std::shared_ptr<Metrics>& Store::metrics() const {
+  return core_->metrics;
+}
 
-Clock& Store::clock() const { return core_->clock; }
+Clock& Store::clock() const {
+  return core_->clock;
+}
 
 bool Store::SupportsFencedOp(FencedOp::Kind kind) const {
   return (core_->backend->capabilities().fenced_ops & internal::FencedOpBit(kind)) != 0;
@@ -336,7 +342,9 @@ StoreScope Store::scope() const {
   return core_->backend->capabilities().scope;
 }
 
-bool Store::notifies_changes() const { return core_->backend->capabilities().native_wait; }
+bool Store::notifies_changes() const {
+  return core_->backend->capabilities().native_wait;
+}
 
 bool Store::notifies_holder() const {
   return core_->backend->capabilities().notifies_holder;
@@ -360,8 +368,7 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
   const std::string& token = owner_token;
   internal::Backend& backend = *core_->backend;
   const bool plain = resolved.mode == LeaseMode::kExclusive && resolved.limit == 1;
-  if (const internal::Capabilities caps = backend.capabilities();
-      !plain && !caps.shared_leases) {
+  if (const internal::Capabilities caps = backend.capabilities(); !plain && !caps.shared_leases) {
     return Status::Unimplemented(
         caps.no_shared_leases_why.empty()
             ? fmt::format("the {} store has no {} leases", backend.scheme(),
@@ -429,9 +436,8 @@ Result<Lease> Store::TryAcquireAs(std::string_view key, const LeaseOptions& opti
     if (metrics != nullptr) {
       metrics->RecordAcquire(kind, internal::AcquireOutcome::kError, latency);
     }
-    return Status::Unavailable(
-        fmt::format("the store granted {} only after its ttl {} had passed", key,
-                    FormatDuration(ttl)));
+    return Status::Unavailable(fmt::format("the store granted {} only after its ttl {} had passed",
+                                           key, FormatDuration(ttl)));
   }
   core_->heartbeat.Add(core);
   if (metrics != nullptr) {
@@ -477,17 +483,20 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
   // refresh; ZooKeeper: the session's last answered request; Redis fair: the queue refresh a
   // release handed the key on), never from that attempt's t_send alone.
   LH_ASSIGN_OR_RETURN(const std::string owner_token, internal::NewOwnerToken());
+
   struct LeaveQueueUnlessAcquired {
     internal::Backend& backend;
     std::string_view key;
     const std::string& waiter_id;
     bool acquired = false;
+
     ~LeaveQueueUnlessAcquired() {
       if (!acquired) {
         backend.AbandonWait(key, waiter_id);
       }
     }
   } leave{*core_->backend, key, waiter_id};
+
   // Waits in this call's place in the store's queue (Backend::WaitForTurn).
   internal::KeyWaiter waiter(
       clock,
@@ -497,6 +506,7 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
       core_->backend->capabilities().native_wait, kPollBase, kPollCap);
   Backoff on_error(kErrorBackoffBase, kErrorBackoffCap);
   internal::LeaseMetrics* const metrics = core_->lease_metrics;
+
   // Records the call's wait once, whichever way it ends.
   struct RecordWait {
     internal::LeaseMetrics* metrics;
@@ -504,12 +514,14 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
     Clock& clock;
     SteadyTime start;
     internal::WaitOutcome outcome = internal::WaitOutcome::kError;
+
     ~RecordWait() {
       if (metrics != nullptr) {
         metrics->RecordWait(kind, outcome, clock.Now() - start);
       }
     }
   } record_wait{metrics, internal::KindOf(options.mode, options.limit), clock, start};
+
   // When the store last told us the key changed (a release or an expiry); cleared by an attempt
   // that loses the race. A grant right after such a notification is a handoff.
   // (A plain time and a flag rather than std::optional: g++ 12 -O2 warns, wrongly, that the
@@ -520,8 +532,8 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
   // which lives one ttl: re-check at least every ttl/3 so that it never lapses while we wait.
   const Duration recheck_every =
       options.mode == LeaseMode::kExclusive && options.limit == 1
-          ? std::min<Duration>(kNotificationSafetyNet, std::max<Duration>(options.ttl / 3,
-                                                                          kPollCap))
+          ? std::min<Duration>(kNotificationSafetyNet,
+                               std::max<Duration>(options.ttl / 3, kPollCap))
           : kNotificationSafetyNet;
   bool waited = false;
   Status last;
@@ -561,16 +573,16 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
       }
       // The holder's grant ends by itself at its remaining TTL: never sleep past that.
       const LeaseInfo* holder = last.holder();
-      waiter.SleepPoll(holder != nullptr ? std::optional<Duration>(holder->remaining)
-                                         : std::nullopt,
-                       now, deadline, cancel);
+      waiter.SleepPoll(
+          holder != nullptr ? std::optional<Duration>(holder->remaining) : std::nullopt, now,
+          deadline, cancel);
     } else if (last.code() == StatusCode::kUnavailable) {
       if (now >= deadline) {
         break;
       }
-      internal::Log(internal::LogLevel::kInfo,
-                    fmt::format("waiting for {}: store unavailable, retrying: {}", key,
-                                last.ToString()));
+      internal::Log(
+          internal::LogLevel::kInfo,
+          fmt::format("waiting for {}: store unavailable, retrying: {}", key, last.ToString()));
       clock.SleepUntil(std::min(now + on_error.Next(), deadline), cancel);
     } else {
       return last;

@@ -7,26 +7,31 @@
 
 namespace leasehold {
 
-const char* Version() { return LEASEHOLD_VERSION_STRING; }
+const char* Version() {
+  return LEASEHOLD_VERSION_STRING;
+}
 
-const char* Commit() { return LEASEHOLD_GIT_COMMIT; }
+const char* Commit() {
+  return LEASEHOLD_GIT_COMMIT;
+}
 
 const char* CompiledStores() {
-  static constexpr char kStores[] = ""
+  static constexpr char kStores[] =
+      ""
 #if LEASEHOLD_WITH_SQLITE
-         " sqlite"
+      " sqlite"
 #endif
 #if LEASEHOLD_WITH_REDIS
-         " redis"
+      " redis"
 #endif
 #if LEASEHOLD_WITH_POSTGRES
-         " postgres"
+      " postgres"
 #endif
 #if LEASEHOLD_WITH_ETCD
-         " etcd"
+      " etcd"
 #endif
 #if LEASEHOLD_WITH_ZOOKEEPER
-         " zk"
+      " zk"
 #endif
       ;
   return kStores[0] == ' ' ? kStores + 1 : kStores;  // without the leading space

@@ -194,8 +194,7 @@ Status Election::Observe(const std::function<void(const std::optional<LeaderInfo
       // to one poll interval, never a busy loop.
     }
     // Free (the store cannot tell us when someone takes it), or a store without notification.
-    waiter.SleepPoll(info->has_value() ? std::optional<Duration>((*info)->remaining)
-                                       : std::nullopt,
+    waiter.SleepPoll(info->has_value() ? std::optional<Duration>((*info)->remaining) : std::nullopt,
                      now, SteadyTime::max(), stop);
   }
   return Status();

@@ -278,9 +278,10 @@ void Heartbeat::JudgeHeadroom(Duration latency, Duration min_ttl) {
               {"ttl_seconds", ttl_text, true},
               {"renewals", samples_text, true},
               {"recommended_ttl", advice_text},
-              {"reason", "the heartbeat's p99 round trip exceeds a tenth of the TTL: a few slow "
-                         "renewals in a row would lose the lease (leasehold check measures the "
-                         "store)"}});
+              {"reason",
+               "the heartbeat's p99 round trip exceeds a tenth of the TTL: a few slow "
+               "renewals in a row would lose the lease (leasehold check measures the "
+               "store)"}});
   }
 }
 

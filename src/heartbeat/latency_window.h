@@ -36,7 +36,8 @@ class LatencyWindow {
 
   // The p99 by nearest rank over the samples held, or nullopt below kMinSamples.
   [[nodiscard]] std::optional<Duration> P99() const {
-    if (count_ < kMinSamples) return std::nullopt;
+    if (count_ < kMinSamples)
+      return std::nullopt;
     std::array<Duration, kSize> sorted{};
     std::copy_n(samples_.begin(), count_, sorted.begin());
     // ceil(0.99 * n), 1-based.

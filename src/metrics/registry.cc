@@ -128,6 +128,7 @@ constexpr bool FamiliesInEnumOrder() {
   }
   return true;
 }
+
 static_assert(FamiliesInEnumOrder(), "kFamilies must list the families in FamilyId order");
 static_assert(std::size(kLeaseKindNames) == kLeaseKindCount);
 static_assert(KindOf(LeaseMode::kExclusive, 1) == LeaseKind::kExclusive &&
@@ -192,8 +193,7 @@ void Histogram::SnapshotInto(MetricPoint& point) const {
   std::uint64_t cumulative = 0;
   for (std::size_t i = 0; i < bounds_ns_.size(); ++i) {
     cumulative += counts_[i].load(std::memory_order_relaxed);
-    point.buckets.push_back(
-        {static_cast<double>(bounds_ns_[i]) / kNanosPerSecond, cumulative});
+    point.buckets.push_back({static_cast<double>(bounds_ns_[i]) / kNanosPerSecond, cumulative});
   }
   cumulative += counts_[bounds_ns_.size()].load(std::memory_order_relaxed);
   point.buckets.push_back({std::numeric_limits<double>::infinity(), cumulative});
@@ -374,10 +374,16 @@ Metrics::Metrics() : registry_(std::make_unique<internal::MetricsRegistry>()) {}
 
 Metrics::~Metrics() = default;
 
-MetricsSnapshot Metrics::Snapshot() const { return registry_->Snapshot(); }
+MetricsSnapshot Metrics::Snapshot() const {
+  return registry_->Snapshot();
+}
 
-std::string Metrics::PrometheusText() const { return FormatPrometheusText(Snapshot()); }
+std::string Metrics::PrometheusText() const {
+  return FormatPrometheusText(Snapshot());
+}
 
-internal::MetricsRegistry& RegistryForInternalUse(Metrics& metrics) { return *metrics.registry_; }
+internal::MetricsRegistry& RegistryForInternalUse(Metrics& metrics) {
+  return *metrics.registry_;
+}
 
 }  // namespace leasehold

@@ -33,14 +33,14 @@ namespace leasehold::internal {
 // Histogram bucket upper bounds ("le", inclusive) in nanoseconds.
 // Store round trips: 100 us (memory://, a local SQLite file) to 10 s (a store timing out).
 inline constexpr std::int64_t kLatencyBoundsNs[] = {
-    100'000,     250'000,     500'000,       1'000'000,     2'500'000,     5'000'000,
-    10'000'000,  25'000'000,  50'000'000,    100'000'000,   250'000'000,   500'000'000,
+    100'000,       250'000,       500'000,       1'000'000,     2'500'000,   5'000'000,
+    10'000'000,    25'000'000,    50'000'000,    100'000'000,   250'000'000, 500'000'000,
     1'000'000'000, 2'500'000'000, 5'000'000'000, 10'000'000'000};
 // Waiting for a key: 1 ms to 10 min.
 inline constexpr std::int64_t kWaitBoundsNs[] = {
-    1'000'000,       10'000'000,      50'000'000,      100'000'000,     250'000'000,
-    500'000'000,     1'000'000'000,   2'500'000'000,   5'000'000'000,   10'000'000'000,
-    30'000'000'000,  60'000'000'000,  120'000'000'000, 300'000'000'000, 600'000'000'000};
+    1'000'000,      10'000'000,     50'000'000,      100'000'000,     250'000'000,
+    500'000'000,    1'000'000'000,  2'500'000'000,   5'000'000'000,   10'000'000'000,
+    30'000'000'000, 60'000'000'000, 120'000'000'000, 300'000'000'000, 600'000'000'000};
 
 class Counter {
  public:
@@ -75,8 +75,7 @@ class Histogram {
 // Label values. Each enum indexes an array of counters or histograms; the names are the label
 // values in the exposition.
 enum class AcquireOutcome : std::uint8_t { kAcquired, kHeldByAnother, kError };
-inline constexpr std::string_view kAcquireOutcomeNames[] = {"acquired", "held_by_another",
-                                                            "error"};
+inline constexpr std::string_view kAcquireOutcomeNames[] = {"acquired", "held_by_another", "error"};
 enum class WaitOutcome : std::uint8_t { kAcquired, kDeadlineExceeded, kCancelled, kError };
 inline constexpr std::string_view kWaitOutcomeNames[] = {"acquired", "deadline_exceeded",
                                                          "cancelled", "error"};
@@ -93,6 +92,7 @@ constexpr RenewFailure RenewFailureOf(StatusCode code) {
          : code == StatusCode::kLost      ? RenewFailure::kLost
                                           : RenewFailure::kError;
 }
+
 inline constexpr LostCause kLostCauses[] = {LostCause::kExpired, LostCause::kStoreSaidNo,
                                             LostCause::kStolen, LostCause::kSessionLost};
 

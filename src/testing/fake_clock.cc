@@ -26,7 +26,9 @@ bool FakeClock::SleepUntil(SteadyTime deadline, std::stop_token stop) {
   return reached;
 }
 
-void FakeClock::Advance(Duration d) { Set(Now() + d); }
+void FakeClock::Advance(Duration d) {
+  Set(Now() + d);
+}
 
 void FakeClock::Set(SteadyTime t) {
   std::unique_lock<std::mutex> lock(mu_);

@@ -61,8 +61,7 @@ class CondVar {
   // Waits until pred() holds, `stop` is requested, or the std::chrono::steady_clock time
   // `deadline` passes. Returns pred().
   template <typename TimePoint, typename Pred>
-  bool WaitUntil(TimePoint deadline, std::stop_token stop, Pred pred)
-      LH_NO_THREAD_SAFETY_ANALYSIS {
+  bool WaitUntil(TimePoint deadline, std::stop_token stop, Pred pred) LH_NO_THREAD_SAFETY_ANALYSIS {
     std::unique_lock<std::mutex> lock(mu_->native(), std::adopt_lock);
     bool result = cv_.wait_until(lock, std::move(stop), deadline, std::move(pred));
     lock.release();

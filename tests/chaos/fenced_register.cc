@@ -38,8 +38,7 @@ constexpr int kBusyTimeoutMs = 60'000;
 
 }  // namespace
 
-Result<std::unique_ptr<FencedRegister>> FencedRegister::Open(const std::string& path,
-                                                             bool fenced) {
+Result<std::unique_ptr<FencedRegister>> FencedRegister::Open(const std::string& path, bool fenced) {
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
       SQLITE_OK) {
@@ -58,7 +57,9 @@ Result<std::unique_ptr<FencedRegister>> FencedRegister::Open(const std::string& 
   return std::unique_ptr<FencedRegister>(new FencedRegister(db, fenced));
 }
 
-FencedRegister::~FencedRegister() { sqlite3_close(db_); }
+FencedRegister::~FencedRegister() {
+  sqlite3_close(db_);
+}
 
 WriteResult FencedRegister::Write(const std::string& key, FencingToken token,
                                   const std::string& writer) {

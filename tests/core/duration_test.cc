@@ -19,7 +19,8 @@ TEST(DurationTest, ParsesWhatPeopleWrite) {
 }
 
 TEST(DurationTest, RejectsAmbiguousOrNegativeInput) {
-  for (const char* bad : {"", "10", "-1s", "s", "5 s", "5x", "1.s5", "99999999999999999999h", ".s"}) {
+  for (const char* bad :
+       {"", "10", "-1s", "s", "5 s", "5x", "1.s5", "99999999999999999999h", ".s"}) {
     auto r = ParseDuration(bad);
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << "'" << bad << "'";
   }
@@ -36,8 +37,8 @@ TEST(DurationTest, FormatsExactlySoThatWhatIsPrintedReadsBack) {
   EXPECT_EQ(FormatDuration(1s + 1ns), "1.000000001s");
   EXPECT_EQ(FormatDuration(61500ms), "1m1.5s");
   EXPECT_EQ(FormatDuration(Duration(10s) / 3), "3.333333333s");
-  for (Duration d : std::initializer_list<Duration>{1s + 1ns, 61500ms, Duration(10s) / 3, Duration(1234567),
-                                                   Duration::max()}) {
+  for (Duration d : std::initializer_list<Duration>{1s + 1ns, 61500ms, Duration(10s) / 3,
+                                                    Duration(1234567), Duration::max()}) {
     auto back = ParseDuration(FormatDuration(d));
     ASSERT_TRUE(back.ok()) << FormatDuration(d);
     EXPECT_EQ(*back, d) << FormatDuration(d);

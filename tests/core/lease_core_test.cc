@@ -1,6 +1,6 @@
-// The safety rule (safe_until = t_send + ttl - drift, docs/impl.md "safe_until") at its edges, on a FakeClock and memory://:
-// every test moves time by hand, so each renew round and each expiry happens exactly when the
-// test says, with no sleeps.
+// The safety rule (safe_until = t_send + ttl - drift, docs/impl.md "safe_until") at its edges, on a
+// FakeClock and memory://: every test moves time by hand, so each renew round and each expiry
+// happens exactly when the test says, with no sleeps.
 
 #include <atomic>
 #include <mutex>
@@ -8,13 +8,13 @@
 #include <vector>
 
 #include <fmt/format.h>
-
 #include <gtest/gtest.h>
+
+#include "leasehold/store.h"
+#include "leasehold/testing/fake_clock.h"
 
 #include "backends/memory/memory_backend.h"
 #include "core/url.h"
-#include "leasehold/store.h"
-#include "leasehold/testing/fake_clock.h"
 #include "testing/fault_injection_backend.h"
 
 namespace leasehold {

@@ -138,15 +138,15 @@ TEST(SlotRecordTest, RoundTripsNewestFirstAndCapsTheHistory) {
 }
 
 TEST(SlotRecordTest, TextItDoesNotUnderstandIsAnErrorNotACrash) {
-  for (std::string_view bad : {"", "leasehold-slots 2\n", "leasehold-slots 1", "x\n",
-                               "leasehold-slots 1\n1 d 0 1 2 3 h",  // no end of line
-                               "leasehold-slots 1\n1 x 0 1 2 3 h\n", "leasehold-slots 1\n1 d 0\n",
-                               "leasehold-slots 1\n1 d 0 -1 2 3 h\n",
-                               "leasehold-slots 1\n1 d 99999999999 1 2 3 h\n",
-                               "leasehold-slots 1\n1 d 0 1 2 3a h\n",
-                               "leasehold-slots 1\n99999999999999999999 d 0 1 2 3 h\n",
-                               "leasehold-slots 1\n9000000000000000 d 0 1 2 3 h\n",
-                               "leasehold-slots 1\n1 d 0 1 -9000000000000000 3 h\n"}) {
+  for (std::string_view bad :
+       {"", "leasehold-slots 2\n", "leasehold-slots 1", "x\n",
+        "leasehold-slots 1\n1 d 0 1 2 3 h",  // no end of line
+        "leasehold-slots 1\n1 x 0 1 2 3 h\n", "leasehold-slots 1\n1 d 0\n",
+        "leasehold-slots 1\n1 d 0 -1 2 3 h\n", "leasehold-slots 1\n1 d 99999999999 1 2 3 h\n",
+        "leasehold-slots 1\n1 d 0 1 2 3a h\n",
+        "leasehold-slots 1\n99999999999999999999 d 0 1 2 3 h\n",
+        "leasehold-slots 1\n9000000000000000 d 0 1 2 3 h\n",
+        "leasehold-slots 1\n1 d 0 1 -9000000000000000 3 h\n"}) {
     EXPECT_EQ(ParseSlotRecord(bad).status().code(), StatusCode::kInternal) << bad;
   }
   auto empty = ParseSlotRecord("leasehold-slots 1\n");
@@ -180,8 +180,8 @@ TEST(SlotClaimTest, ARunWhoseLeaseWasLostLocallyIsNotRecordedEvenIfTheStoreStill
   testing::FakeClock clock;
   auto store = Store::Open("memory://", {.clock = &clock});
   ASSERT_TRUE(store.ok());
-  auto claim = (*store)->ClaimSlot(
-      "job", {.period = 1h}, {.ttl = 10s, .renew_interval = 8s, .drift = 1s, .wait = 0s});
+  auto claim = (*store)->ClaimSlot("job", {.period = 1h},
+                                   {.ttl = 10s, .renew_interval = 8s, .drift = 1s, .wait = 0s});
   ASSERT_TRUE(claim.ok() && claim->claimed()) << claim.status().ToString();
   clock.Advance(9500ms);
   EXPECT_FALSE(claim->lease().valid());

@@ -99,17 +99,20 @@ TEST(StoreSharedTest, AStoreWithoutSharedLeasesRefusesThemBeforeAsking) {
   class Exclusive final : public internal::ForwardingBackend {
    public:
     using ForwardingBackend::ForwardingBackend;
+
     internal::Capabilities capabilities() const override {
       internal::Capabilities c = ForwardingBackend::capabilities();
       c.shared_leases = false;
       return c;
     }
+
     Result<internal::Grant> TryAcquire(const internal::GrantRequest& request) override {
       EXPECT_EQ(request.limit, 1U);
       EXPECT_EQ(request.mode, LeaseMode::kExclusive);
       return ForwardingBackend::TryAcquire(request);
     }
   };
+
   auto url = internal::ParseUrl("memory://");
   ASSERT_TRUE(url.ok());
   auto inner = internal::OpenMemoryBackend(*url, Clock::Real());

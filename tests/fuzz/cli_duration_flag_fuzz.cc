@@ -9,10 +9,11 @@
 #include <string>
 #include <string_view>
 
-#include "duration_flag.h"
-#include "fuzz_check.h"
 #include "leasehold/duration.h"
 #include "leasehold/options.h"
+
+#include "duration_flag.h"
+#include "fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using leasehold::Duration;

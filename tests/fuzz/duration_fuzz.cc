@@ -14,6 +14,7 @@
 #include <string>
 
 #include "leasehold/duration.h"
+
 #include "fuzz_check.h"
 
 namespace {

@@ -15,13 +15,13 @@
 #include <string>
 #include <string_view>
 
-#define FUZZ_CHECK(condition, what)                                                    \
-  do {                                                                                 \
-    if (!(condition)) {                                                                \
-      std::fprintf(stderr, "%s:%d: invariant broken: %s\n  %s\n", __FILE__, __LINE__,  \
-                   #condition, std::string(what).c_str());                             \
-      std::abort();                                                                    \
-    }                                                                                  \
+#define FUZZ_CHECK(condition, what)                                                               \
+  do {                                                                                            \
+    if (!(condition)) {                                                                           \
+      std::fprintf(stderr, "%s:%d: invariant broken: %s\n  %s\n", __FILE__, __LINE__, #condition, \
+                   std::string(what).c_str());                                                    \
+      std::abort();                                                                               \
+    }                                                                                             \
   } while (false)
 
 namespace leasehold::fuzz {

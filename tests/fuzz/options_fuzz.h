@@ -13,9 +13,10 @@
 #include <string>
 #include <string_view>
 
+#include "leasehold/status.h"
+
 #include "core/url.h"
 #include "fuzz_check.h"
-#include "leasehold/status.h"
 
 namespace leasehold::fuzz {
 

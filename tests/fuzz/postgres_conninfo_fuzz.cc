@@ -1,10 +1,10 @@
 // File: tests/fuzz/postgres_conninfo_fuzz.cc
 //
 // ParsePostgresConninfo (backends/postgres/postgres_conninfo.h): libpq's key=value form.
-// Invariants: the text is taken as a conninfo only when it starts like one (never a URL); a conninfo that
-// parses is a postgres:// URL whose keywords are non-empty words of [A-Za-z0-9_]; an error
-// does not depend on the password value; the URL's Redacted() and PostgresOptions::display do not
-// depend on the password; a conninfo rendered back from the URL (every value quoted) parses to
+// Invariants: the text is taken as a conninfo only when it starts like one (never a URL); a
+// conninfo that parses is a postgres:// URL whose keywords are non-empty words of [A-Za-z0-9_]; an
+// error does not depend on the password value; the URL's Redacted() and PostgresOptions::display do
+// not depend on the password; a conninfo rendered back from the URL (every value quoted) parses to
 // the same pairs.
 
 #include <cctype>

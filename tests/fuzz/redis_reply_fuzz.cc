@@ -61,8 +61,7 @@ void CheckGrant(const redisReply* reply, std::size_t first) {
   constexpr auto kMax = std::chrono::duration_cast<std::chrono::milliseconds>(Duration::max());
   FUZZ_CHECK(info->remaining >= Duration::zero() && info->remaining <= kMax,
              std::to_string(info->remaining.count()));
-  FUZZ_CHECK(info->ttl >= Duration::zero() && info->ttl <= kMax,
-             std::to_string(info->ttl.count()));
+  FUZZ_CHECK(info->ttl >= Duration::zero() && info->ttl <= kMax, std::to_string(info->ttl.count()));
   (void)leasehold::FormatDuration(info->ttl);
   (void)leasehold::FormatDuration(info->remaining);
 }

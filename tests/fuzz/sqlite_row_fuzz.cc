@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include "leasehold/store.h"
+
 #include "fuzz_check.h"
 
 namespace {
@@ -42,7 +43,8 @@ Fixture& Get() {
     // Under $TMPDIR: a finding aborts without atexit handlers, and scripts/fuzz.sh points
     // TMPDIR into its scratch directory, which it removes.
     const char* tmp = std::getenv("TMPDIR");
-    std::string templ = std::string(tmp != nullptr ? tmp : "/tmp") + "/leasehold-fuzz-sqlite.XXXXXX";
+    std::string templ =
+        std::string(tmp != nullptr ? tmp : "/tmp") + "/leasehold-fuzz-sqlite.XXXXXX";
     FUZZ_CHECK(::mkdtemp(templ.data()) != nullptr, "mkdtemp");
     f->dir = templ;
     const std::string file = (f->dir / "leases.db").string();
@@ -82,8 +84,8 @@ void Bind(sqlite3_stmt* statement, int index, std::string_view& input, bool* liv
     std::memcpy(&value, column.data(), std::min(column.size(), sizeof(value)));
     if (kind == 'l' && live_offset != nullptr) {
       // An expiry after now by `value` (mod 1 h), so that the row is live and gets read.
-      value = BootNs() + 1'000'000'000 + static_cast<std::int64_t>(
-                                             static_cast<std::uint64_t>(value) % 3'600'000'000'000);
+      value = BootNs() + 1'000'000'000 +
+              static_cast<std::int64_t>(static_cast<std::uint64_t>(value) % 3'600'000'000'000);
       *live_offset = true;
     }
     sqlite3_bind_int64(statement, index, value);

@@ -75,11 +75,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!password.empty() && password.find_first_of("% \t\n\v\f\r'\\=") == std::string_view::npos) {
       std::string other(text);
       const std::size_t at = static_cast<std::size_t>(password.data() - text.data());
-      other.replace(at, password.size(),
-                    std::string(password.size(), password.find_first_not_of('Q') ==
-                                                         std::string_view::npos
-                                                     ? 'R'
-                                                     : 'Q'));
+      other.replace(
+          at, password.size(),
+          std::string(password.size(),
+                      password.find_first_not_of('Q') == std::string_view::npos ? 'R' : 'Q'));
       leasehold::Result<Url> again = ParseUrl(other);
       FUZZ_CHECK(!again.ok() && again.status().message() == url.status().message(),
                  url.status().message());

@@ -84,9 +84,8 @@ void CheckNumbers(const Url& url, const std::string& name, const std::string& va
 
 void CheckHosts(const Url& url) {
   for (bool allow_empty : {false, true}) {
-    leasehold::Result<std::vector<HostPort>> hosts =
-        ParseHostPorts(url.scheme, url.authority, 2379, allow_empty ? "" : "127.0.0.1",
-                       allow_empty);
+    leasehold::Result<std::vector<HostPort>> hosts = ParseHostPorts(
+        url.scheme, url.authority, 2379, allow_empty ? "" : "127.0.0.1", allow_empty);
     if (!hosts.ok()) {
       CheckRefusal(hosts.status());
       continue;

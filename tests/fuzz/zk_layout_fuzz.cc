@@ -35,7 +35,8 @@ void CheckNodeData(std::string_view data) {
   FUZZ_CHECK(info.fencing_token == 42 && info.key == "k", "fields not ours");
   FUZZ_CHECK(info.ttl >= Duration::zero(), std::to_string(info.ttl.count()));
   if (info.token_prefix.size() <= 8 && info.token_prefix.find('\n') == std::string::npos) {
-    const LeaseInfo again = ParseNodeData("k", NodeData(info.ttl, info.token_prefix, info.holder), 42);
+    const LeaseInfo again =
+        ParseNodeData("k", NodeData(info.ttl, info.token_prefix, info.holder), 42);
     FUZZ_CHECK(again.ttl == info.ttl && again.token_prefix == info.token_prefix &&
                    again.holder == info.holder,
                "node data does not read back");

@@ -44,14 +44,13 @@ TEST(HeartbeatTest, ForgetsReleasedAndLostLeases) {
   auto make = [&](const std::string& key) {
     auto grant = (*backend)->TryAcquire({key, std::string(32, 'a'), "h", 3s});
     EXPECT_TRUE(grant.ok());
-    return std::make_shared<LeaseCore>(
-        clock, LeaseParams{.key = key,
-                           .owner_token = std::string(32, 'a'),
-                           .fencing_token = grant->fencing_token,
-                           .ttl = 3s,
-                           .renew_interval = 1s,
-                           .drift = 32ms,
-                           .t_send = clock.Now()});
+    return std::make_shared<LeaseCore>(clock, LeaseParams{.key = key,
+                                                          .owner_token = std::string(32, 'a'),
+                                                          .fencing_token = grant->fencing_token,
+                                                          .ttl = 3s,
+                                                          .renew_interval = 1s,
+                                                          .drift = 32ms,
+                                                          .t_send = clock.Now()});
   };
   auto a = make("a");
   auto b = make("b");
@@ -78,14 +77,13 @@ TEST(HeartbeatTest, WakesItsThreadsOnlyForALeaseDueBeforeTheirPlan) {
   auto make = [&](const std::string& key, Duration renew_interval) {
     auto grant = (*backend)->TryAcquire({key, std::string(32, 'a'), "h", 3s});
     EXPECT_TRUE(grant.ok());
-    return std::make_shared<LeaseCore>(
-        clock, LeaseParams{.key = key,
-                           .owner_token = std::string(32, 'a'),
-                           .fencing_token = grant->fencing_token,
-                           .ttl = 3s,
-                           .renew_interval = renew_interval,
-                           .drift = 32ms,
-                           .t_send = clock.Now()});
+    return std::make_shared<LeaseCore>(clock, LeaseParams{.key = key,
+                                                          .owner_token = std::string(32, 'a'),
+                                                          .fencing_token = grant->fencing_token,
+                                                          .ttl = 3s,
+                                                          .renew_interval = renew_interval,
+                                                          .drift = 32ms,
+                                                          .t_send = clock.Now()});
   };
   auto a = make("a", 1s);
   heartbeat.Add(a);
@@ -152,14 +150,14 @@ HeadroomRun RunRounds(Duration latency, int rounds) {
     Heartbeat heartbeat(backend, clock);
     auto grant = backend->TryAcquire({"k", std::string(32, 'a'), "h", 3s});
     EXPECT_TRUE(grant.ok());
-    auto lease = std::make_shared<LeaseCore>(
-        clock, LeaseParams{.key = "k",
-                           .owner_token = std::string(32, 'a'),
-                           .fencing_token = grant->fencing_token,
-                           .ttl = 3s,
-                           .renew_interval = 1s,
-                           .drift = 32ms,
-                           .t_send = clock.Now()});
+    auto lease =
+        std::make_shared<LeaseCore>(clock, LeaseParams{.key = "k",
+                                                       .owner_token = std::string(32, 'a'),
+                                                       .fencing_token = grant->fencing_token,
+                                                       .ttl = 3s,
+                                                       .renew_interval = 1s,
+                                                       .drift = 32ms,
+                                                       .t_send = clock.Now()});
     heartbeat.Add(lease);
     for (int i = 0; i < rounds; ++i) {
       EXPECT_TRUE(clock.WaitForSleepers(2));

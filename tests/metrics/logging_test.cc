@@ -1,12 +1,13 @@
 // The public log hook (leasehold/logging.h): one structured record per lease event.
 
+#include "leasehold/logging.h"
+
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "leasehold/logging.h"
 #include "leasehold/store.h"
 #include "leasehold/testing/fake_clock.h"
 

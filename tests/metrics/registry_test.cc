@@ -20,11 +20,11 @@ constexpr std::int64_t kBounds[] = {1'000'000, 10'000'000, 100'000'000};  // 1, 
 TEST(HistogramTest, BucketsAreCumulativeInclusiveAndEndWithInf) {
   Histogram h(kBounds);
   h.Observe(0ns);
-  h.Observe(1ms);      // le is inclusive: the 1 ms bucket
-  h.Observe(1001us);   // the 10 ms bucket
+  h.Observe(1ms);     // le is inclusive: the 1 ms bucket
+  h.Observe(1001us);  // the 10 ms bucket
   h.Observe(100ms);
-  h.Observe(3s);       // only +Inf
-  h.Observe(-5ms);     // counts as zero
+  h.Observe(3s);    // only +Inf
+  h.Observe(-5ms);  // counts as zero
   MetricPoint p;
   h.SnapshotInto(p);
   ASSERT_EQ(p.buckets.size(), 4U);
@@ -142,9 +142,8 @@ TEST(MetricsRegistryTest, EveryFamilyIsListedEvenWithoutSeries) {
        {"leasehold_lease_acquired_total", "leasehold_lease_lost_total",
         "leasehold_lease_released_total", "leasehold_acquire_conflicts_total",
         "leasehold_renew_failures_total", "leasehold_fenced_writes_total",
-        "leasehold_acquire_latency_seconds",
-        "leasehold_heartbeat_latency_seconds", "leasehold_wait_seconds",
-        "leasehold_handoff_seconds", "leasehold_leases_held",
+        "leasehold_acquire_latency_seconds", "leasehold_heartbeat_latency_seconds",
+        "leasehold_wait_seconds", "leasehold_handoff_seconds", "leasehold_leases_held",
         "leasehold_lease_safe_remaining_seconds", "leasehold_ttl_headroom_ratio",
         "leasehold_ttl_headroom_warnings_total", "leasehold_store_failovers_total"}) {
     const MetricFamily* f = snap.Find(name);
@@ -157,9 +156,9 @@ TEST(MetricsRegistryTest, EveryFamilyIsListedEvenWithoutSeries) {
 TEST(MetricsRegistryTest, BuildInfoNamesVersionCommitAndStores) {
   MetricsRegistry registry;
   MetricsSnapshot snap = registry.Snapshot();
-  const MetricPoint* info = snap.Find(
-      "leasehold_build_info",
-      {{"version", Version()}, {"commit", Commit()}, {"stores", CompiledStores()}});
+  const MetricPoint* info =
+      snap.Find("leasehold_build_info",
+                {{"version", Version()}, {"commit", Commit()}, {"stores", CompiledStores()}});
   ASSERT_NE(info, nullptr);
   EXPECT_EQ(info->value, 1);
   EXPECT_STRNE(Commit(), "");

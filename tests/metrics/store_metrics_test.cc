@@ -8,11 +8,12 @@
 
 #include <gtest/gtest.h>
 
-#include "backends/memory/memory_backend.h"
-#include "core/url.h"
 #include "leasehold/metrics.h"
 #include "leasehold/store.h"
 #include "leasehold/testing/fake_clock.h"
+
+#include "backends/memory/memory_backend.h"
+#include "core/url.h"
 #include "testing/fault_injection_backend.h"
 
 namespace leasehold {
@@ -98,15 +99,13 @@ TEST_F(StoreMetricsTest, SafeRemainingIsTheSmallestMarginAtScrapeTime) {
   ASSERT_TRUE(b.ok());
   Settle();
   // a was taken 100 ms before b: its margin is the smaller one.
-  const double expected =
-      std::chrono::duration<double>(a->safe_until() - clock_.Now()).count();
+  const double expected = std::chrono::duration<double>(a->safe_until() - clock_.Now()).count();
   EXPECT_DOUBLE_EQ(Value("leasehold_lease_safe_remaining_seconds", {}), expected);
   EXPECT_EQ(Value("leasehold_leases_held", {}), 2);
   ASSERT_TRUE(a->Release().ok());
   ASSERT_TRUE(b->Release().ok());
   MetricsSnapshot snap = store_->metrics()->Snapshot();
-  EXPECT_EQ(snap.Find("leasehold_lease_safe_remaining_seconds", {{"backend", "memory"}}),
-            nullptr)
+  EXPECT_EQ(snap.Find("leasehold_lease_safe_remaining_seconds", {{"backend", "memory"}}), nullptr)
       << "no margin series while nothing is held";
 }
 
@@ -176,8 +175,7 @@ TEST_F(StoreMetricsTest, ASharedRegistryAddsHandlesUpAndDisabledHandlesRecordNot
   auto shared = std::make_shared<Metrics>();
   auto one = Store::OpenWithBackendForTesting(inner_, {.clock = &clock_, .metrics = shared});
   auto two = Store::OpenWithBackendForTesting(inner_, {.clock = &clock_, .metrics = shared});
-  auto off = Store::OpenWithBackendForTesting(inner_,
-                                              {.clock = &clock_, .record_metrics = false});
+  auto off = Store::OpenWithBackendForTesting(inner_, {.clock = &clock_, .record_metrics = false});
   EXPECT_EQ(one->metrics(), shared);
   auto a = one->TryAcquire("a", {.ttl = kTtl});
   auto b = two->TryAcquire("b", {.ttl = kTtl});

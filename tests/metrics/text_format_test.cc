@@ -45,10 +45,8 @@ TEST(PrometheusTextTest, HistogramHasCumulativeBucketsInfSumAndCount) {
   p.buckets = {{0.001, 2}, {0.5, 5}, {std::numeric_limits<double>::infinity(), 6}};
   p.sum = 1.75;
   p.count = 6;
-  snap.families.push_back({.name = "lat_seconds",
-                           .help = "Latency.",
-                           .type = MetricType::kHistogram,
-                           .points = {p}});
+  snap.families.push_back(
+      {.name = "lat_seconds", .help = "Latency.", .type = MetricType::kHistogram, .points = {p}});
   EXPECT_EQ(FormatPrometheusText(snap),
             "# HELP lat_seconds Latency.\n"
             "# TYPE lat_seconds histogram\n"
@@ -74,11 +72,12 @@ TEST(PrometheusTextTest, HistogramWithoutInfBucketGetsOne) {
 
 TEST(PrometheusTextTest, FindMatchesALabelSubset) {
   MetricsSnapshot snap;
-  snap.families.push_back({.name = "c",
-                           .help = "C.",
-                           .type = MetricType::kCounter,
-                           .points = {{.labels = {{"backend", "a"}, {"reason", "x"}}, .value = 1},
-                                      {.labels = {{"backend", "a"}, {"reason", "y"}}, .value = 2}}});
+  snap.families.push_back(
+      {.name = "c",
+       .help = "C.",
+       .type = MetricType::kCounter,
+       .points = {{.labels = {{"backend", "a"}, {"reason", "x"}}, .value = 1},
+                  {.labels = {{"backend", "a"}, {"reason", "y"}}, .value = 2}}});
   const MetricPoint* y = snap.Find("c", {{"reason", "y"}});
   ASSERT_NE(y, nullptr);
   EXPECT_EQ(y->value, 2);

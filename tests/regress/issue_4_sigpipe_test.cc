@@ -5,15 +5,15 @@
 // resetting proxy is tests/chaos/repro/redis_sigpipe.py, run by CTest as
 // regress_issue_4_redis_sigpipe).
 
-#include "util/sigpipe_guard.h"
-
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include "util/sigpipe_guard.h"
 
 namespace leasehold::internal {
 namespace {

@@ -65,8 +65,7 @@ class FaultInjectionBackend final : public internal::ForwardingBackend {
         if (fail_left_ > 0) {
           --fail_left_;
         }
-        return std::vector<Status>(requests.size(),
-                                   Status(fail_code_, "injected renewal failure"));
+        return std::vector<Status>(requests.size(), Status(fail_code_, "injected renewal failure"));
       }
     }
     std::vector<Status> results = inner().RenewMany(requests);

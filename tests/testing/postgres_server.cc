@@ -10,9 +10,6 @@
 #include <pwd.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -21,6 +18,9 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "testing/server_process.h"
 
@@ -40,8 +40,9 @@ Result<RunAs> Identity() {
   }
   passwd* pw = getpwnam("postgres");
   if (pw == nullptr) {
-    return Status::Unavailable("running as root but there is no `postgres` OS user (install the "
-                               "postgresql package)");
+    return Status::Unavailable(
+        "running as root but there is no `postgres` OS user (install the "
+        "postgresql package)");
   }
   who.drop = true;
   who.uid = pw->pw_uid;
@@ -70,8 +71,8 @@ Status MakeDir(const std::string& dir, const RunAs& who) {
 }
 
 // Runs args as `who`, waits for it, and says what failed with the tail of `log`.
-Status RunAsAndWait(const std::vector<std::string>& args, const std::string& log,
-                    const RunAs& who, std::string_view what) {
+Status RunAsAndWait(const std::vector<std::string>& args, const std::string& log, const RunAs& who,
+                    std::string_view what) {
   LH_ASSIGN_OR_RETURN(pid_t pid, SpawnServer(args, log, who));
   int status = 0;
   waitpid(pid, &status, 0);
@@ -84,9 +85,9 @@ Status RunAsAndWait(const std::vector<std::string>& args, const std::string& log
 // initdb costs about 0.9 s of CPU and every server starts from the same cluster, so one is made
 // per machine and user (a directory in /tmp named by the user and initdb's arguments; the
 // binaries are kPgBin's, PostgreSQL 15, so the name does not carry them: its `ready` file
-// records them for whoever looks) and each server copies it (about 0.15 s). The first process makes it under an
-// exclusive flock, in a directory of its own that is renamed into place when complete; the
-// others wait on the lock, then find it. A template left half-made by a crash has no `ready`
+// records them for whoever looks) and each server copies it (about 0.15 s). The first process makes
+// it under an exclusive flock, in a directory of its own that is renamed into place when complete;
+// the others wait on the lock, then find it. A template left half-made by a crash has no `ready`
 // file and is made again.
 Result<std::string> DataTemplate(const RunAs& who) {
   const uid_t owner = who.drop ? who.uid : geteuid();
@@ -97,10 +98,13 @@ Result<std::string> DataTemplate(const RunAs& who) {
   if (lock < 0) {
     return Status::Unavailable(fmt::format("cannot open {}.lock", base));
   }
+
   struct Unlock {
     int fd;
+
     ~Unlock() { close(fd); }  // closing the descriptor releases the flock
   } unlock{lock};
+
   if (flock(lock, LOCK_EX) != 0) {
     return Status::Unavailable(fmt::format("cannot lock {}.lock", base));
   }
@@ -129,7 +133,9 @@ Result<std::string> DataTemplate(const RunAs& who) {
 
 }  // namespace
 
-int PickFreePostgresPort() { return PickFreeLoopbackPort({5432, 6432}); }
+int PickFreePostgresPort() {
+  return PickFreeLoopbackPort({5432, 6432});
+}
 
 Result<std::string> RunPsqlForTesting(int port, const std::string& sql) {
   return RunPsql(port, sql);
@@ -211,8 +217,8 @@ Result<std::unique_ptr<PgBouncer>> PgBouncer::Start(const PostgresServer& server
         << fmt::format("listen_port = {}\n", port) << "unix_socket_dir =\n"
         << "auth_type = trust\n"
         << fmt::format("auth_file = {}/users.txt\n", bouncer->dir_)
-        << fmt::format("pool_mode = {}\n", mode == PoolMode::kTransaction ? "transaction"
-                                                                          : "session")
+        << fmt::format("pool_mode = {}\n",
+                       mode == PoolMode::kTransaction ? "transaction" : "session")
         << "max_client_conn = 500\n"
         << "default_pool_size = 40\n"
         << "ignore_startup_parameters = extra_float_digits\n"
@@ -224,8 +230,9 @@ Result<std::unique_ptr<PgBouncer>> PgBouncer::Start(const PostgresServer& server
     }
   }
   const std::string log = bouncer->dir_ + "/pgbouncer.out";
-  LH_ASSIGN_OR_RETURN(bouncer->pid_,
-                      SpawnServer({"/usr/sbin/pgbouncer", bouncer->dir_ + "/pgbouncer.ini"}, log, who));
+  LH_ASSIGN_OR_RETURN(
+      bouncer->pid_,
+      SpawnServer({"/usr/sbin/pgbouncer", bouncer->dir_ + "/pgbouncer.ini"}, log, who));
   Status ready = AwaitPsql(port, std::chrono::seconds(15), bouncer->pid_, log, "pgbouncer");
   if (!ready.ok()) {
     return Status::Unavailable(

@@ -200,9 +200,13 @@ Status RedisServer::Launch() {
   return ready;
 }
 
-void RedisServer::Kill9() { StopPid(pid_, SIGKILL); }
+void RedisServer::Kill9() {
+  StopPid(pid_, SIGKILL);
+}
 
-void RedisServer::Stop() { StopPid(pid_, SIGTERM); }
+void RedisServer::Stop() {
+  StopPid(pid_, SIGTERM);
+}
 
 Status RedisServer::Restart() {
   Kill9();

@@ -24,6 +24,7 @@
 #include <sys/types.h>
 
 #include "leasehold/status.h"
+
 #include "testing/server_process.h"
 
 namespace leasehold::testing {

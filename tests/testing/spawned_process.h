@@ -11,11 +11,12 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
 
 extern char** environ;
 

@@ -52,6 +52,7 @@ template <typename T>
 class Lazy {
  public:
   using Starter = std::function<Result<std::unique_ptr<T>>()>;
+
   explicit Lazy(Starter starter) : starter_(std::move(starter)) {}
 
   // Returns the server, or null if it would not start (status() says why).
@@ -67,6 +68,7 @@ class Lazy {
     });
     return server_.get();
   }
+
   Status status() {
     Get();
     return status_;
@@ -171,19 +173,18 @@ Result<std::optional<std::string>> ReadRedisData(const RedisServer& server,
 std::vector<StoreFixture> MakeFixtures() {
   std::vector<StoreFixture> fixtures;
   auto no_server = [] { return Status(); };
-  fixtures.push_back({.name = "memory",
-                      .in_bench = false,
-                      .start = no_server,
-                      .new_store_url =
-                          [](const std::string&) {
-                            return fmt::format("memory://fixture-{}", Fresh());
-                          },
-                      .read_data = [](const std::string& url, const std::string& data_key)
-                          -> Result<std::optional<std::string>> {
-                        const std::string_view scheme = "memory://";
-                        return internal::ReadMemoryDataForTesting(
-                            std::string_view(url).substr(scheme.size()), data_key);
-                      }});
+  fixtures.push_back(
+      {.name = "memory",
+       .in_bench = false,
+       .start = no_server,
+       .new_store_url =
+           [](const std::string&) { return fmt::format("memory://fixture-{}", Fresh()); },
+       .read_data = [](const std::string& url,
+                       const std::string& data_key) -> Result<std::optional<std::string>> {
+         const std::string_view scheme = "memory://";
+         return internal::ReadMemoryDataForTesting(std::string_view(url).substr(scheme.size()),
+                                                   data_key);
+       }});
 #if LEASEHOLD_WITH_SQLITE
   fixtures.push_back(
       {.name = "sqlite",
@@ -338,7 +339,8 @@ std::vector<StoreFixture> MakeFixtures() {
     auto cluster = [] {
       return &Server<Cluster>([]() -> Result<std::unique_ptr<Cluster>> {
         auto holder = std::make_unique<Cluster>();
-        LH_ASSIGN_OR_RETURN(holder->setup, RedisClusterSetup::Start({.replicas_per_master = 0, .aof = Options().redis_aof}));
+        LH_ASSIGN_OR_RETURN(holder->setup, RedisClusterSetup::Start({.replicas_per_master = 0,
+                                                                     .aof = Options().redis_aof}));
         return holder;
       });
     };
@@ -370,8 +372,8 @@ std::vector<StoreFixture> MakeFixtures() {
            return total;
          },
          .server_requests_what = "the masters' total_reads_processed, summed",
-         .read_data = [cluster](const std::string&, const std::string& data_key)
-             -> Result<std::optional<std::string>> {
+         .read_data = [cluster](const std::string&,
+                                const std::string& data_key) -> Result<std::optional<std::string>> {
            Cluster* holder = cluster()->Get();
            if (holder == nullptr) {
              return cluster()->status();
@@ -392,11 +394,13 @@ std::vector<StoreFixture> MakeFixtures() {
       std::unique_ptr<PostgresServer> server;
       std::unique_ptr<PgBouncer> bouncer;
     };
+
     auto pg = [] {
       return &Server<Postgres>([]() -> Result<std::unique_ptr<Postgres>> {
         auto both = std::make_unique<Postgres>();
-        LH_ASSIGN_OR_RETURN(both->server, PostgresServer::Start(
-                                              {.max_connections = Options().postgres_max_connections}));
+        LH_ASSIGN_OR_RETURN(
+            both->server,
+            PostgresServer::Start({.max_connections = Options().postgres_max_connections}));
         // The fenced-write cases' data table, once, in the default schema (public) that every
         // store's connection finds on its search_path: the suite's CREATE TABLE IF NOT EXISTS
         // would race between parallel tests on one server.
@@ -429,13 +433,16 @@ std::vector<StoreFixture> MakeFixtures() {
       auto nl = n->rfind('\n');
       return std::strtod(n->c_str() + (nl == std::string::npos ? 0 : nl + 1), nullptr);
     };
+
     struct Mode {
       const char* name;
       const char* mode;
       bool through_bouncer;
     };
-    for (Mode m : {Mode{"postgres_advisory", "advisory", false}, Mode{"postgres_table", "table", false},
-                   Mode{"postgres_table_pgbouncer", "table", true}}) {
+
+    for (Mode m :
+         {Mode{"postgres_advisory", "advisory", false}, Mode{"postgres_table", "table", false},
+          Mode{"postgres_table_pgbouncer", "table", true}}) {
       fixtures.push_back(
           {.name = m.name,
            .fair = std::string_view(m.mode) == "advisory",  // the server's lock queue
@@ -553,29 +560,27 @@ std::vector<StoreFixture> MakeFixtures() {
       return &Server<ZkEnsemble>(
           [] { return ZkEnsemble::Start({.tick_time = 100ms, .max_session = 120s}); });
     };
-    fixtures.push_back(
-        {.name = "zk",
-         .fair = true,  // sequential nodes: waiters are granted in order
-         .start = [zk] { return zk()->status(); },
-         .new_store_url =
-             [zk](const std::string&) {
-               ZkEnsemble* ensemble = zk()->Get();
-               std::string chroot = fmt::format("/fixture-{}", Fresh());
-               return ensemble ? ensemble->Url(chroot) : "zk://127.0.0.1:1" + chroot;
-             },
-         .server_requests =
-             [zk]() -> std::optional<double> {
-           ZkEnsemble* ensemble = zk()->Get();
-           // The server's own count of packets received ("srvr": "Received: N").
-           std::string srvr = ensemble ? ensemble->FourLetter(0, "srvr") : "";
-           auto at = srvr.find("Received: ");
-           if (at == std::string::npos) {
-             return std::nullopt;
-           }
-           return std::strtod(srvr.c_str() + at + 10, nullptr);
-         },
-         .server_requests_what = "ZooKeeper packets received (srvr Received)",
-         .read_data = ReadZkNodeData});
+    fixtures.push_back({.name = "zk",
+                        .fair = true,  // sequential nodes: waiters are granted in order
+                        .start = [zk] { return zk()->status(); },
+                        .new_store_url =
+                            [zk](const std::string&) {
+                              ZkEnsemble* ensemble = zk()->Get();
+                              std::string chroot = fmt::format("/fixture-{}", Fresh());
+                              return ensemble ? ensemble->Url(chroot) : "zk://127.0.0.1:1" + chroot;
+                            },
+                        .server_requests = [zk]() -> std::optional<double> {
+                          ZkEnsemble* ensemble = zk()->Get();
+                          // The server's own count of packets received ("srvr": "Received: N").
+                          std::string srvr = ensemble ? ensemble->FourLetter(0, "srvr") : "";
+                          auto at = srvr.find("Received: ");
+                          if (at == std::string::npos) {
+                            return std::nullopt;
+                          }
+                          return std::strtod(srvr.c_str() + at + 10, nullptr);
+                        },
+                        .server_requests_what = "ZooKeeper packets received (srvr Received)",
+                        .read_data = ReadZkNodeData});
   }
 #endif
   return fixtures;

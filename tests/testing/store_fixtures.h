@@ -8,8 +8,8 @@
 // Example:
 //
 //   for (const testing::StoreFixture& fixture : testing::AllStoreFixtures()) {
-//     std::string url = fixture.new_store_url(scratch_dir);   // e.g. redis://127.0.0.1:PORT/0?prefix=...
-//     auto store = Store::Open(url);
+//     std::string url = fixture.new_store_url(scratch_dir);   // e.g.
+//     redis://127.0.0.1:PORT/0?prefix=... auto store = Store::Open(url);
 //   }
 //
 // Thread safety: AllStoreFixtures() and every function of a fixture are thread-safe.
@@ -35,6 +35,7 @@ struct StoreFixtureOptions {
   // PostgreSQL's max_connections.
   int postgres_max_connections = 300;
 };
+
 void SetStoreFixtureOptions(const StoreFixtureOptions& options);
 
 struct StoreFixture {
@@ -78,6 +79,8 @@ inline constexpr const char* kFencedDataTable = "leasehold_conformance_data";
 const std::vector<StoreFixture>& AllStoreFixtures();
 
 // Names the fixture in gtest output (a TEST_P parameter) instead of dumping its bytes.
-inline void PrintTo(const StoreFixture& fixture, std::ostream* os) { *os << fixture.name; }
+inline void PrintTo(const StoreFixture& fixture, std::ostream* os) {
+  *os << fixture.name;
+}
 
 }  // namespace leasehold::testing

@@ -187,10 +187,10 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
   } else if (const LeaseInfo& f = **info; f.mode != LeaseMode::kExclusive || f.limit > 1) {
     // A shared or semaphore key: one line per holder.
     PrintLine(fmt::format("key:           {}", Printable(f.key)));
-    PrintLine(fmt::format(
-        "state:         held by {} ({})", holders->size(),
-        f.limit > 1 ? fmt::format("semaphore, {} of {} slots", holders->size(), f.limit)
-                    : std::string("shared")));
+    PrintLine(fmt::format("state:         held by {} ({})", holders->size(),
+                          f.limit > 1
+                              ? fmt::format("semaphore, {} of {} slots", holders->size(), f.limit)
+                              : std::string("shared")));
     std::size_t holder_width = 6;
     for (const LeaseInfo& h : *holders) {
       holder_width = std::max(holder_width, Printable(h.holder).size());
@@ -288,9 +288,9 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
     holder_width = std::max(holder_width, Printable(l.holder).size());
   }
   // MODE and SLOT: every holder of a shared or semaphore key has a line of its own.
-  PrintLine(fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {:<8}  {:<9}  {}", "KEY",
-                        key_width, "HOLDER", holder_width, "FENCING_TOKEN", "REMAINING", "TTL",
-                        "TOKEN", "MODE", "SLOT"));
+  PrintLine(fmt::format("{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {:<8}  {:<9}  {}", "KEY", key_width,
+                        "HOLDER", holder_width, "FENCING_TOKEN", "REMAINING", "TTL", "TOKEN",
+                        "MODE", "SLOT"));
   for (const LeaseInfo& l : *leases) {
     PrintLine(fmt::format(
         "{:<{}}  {:<{}}  {:>13}  {:>9}  {:>6}  {:<8}  {:<9}  {}", Printable(l.key), key_width,
@@ -393,7 +393,8 @@ int ReleaseCommand(const std::string& store_url, const std::string& key,
 }
 
 int SchemaCommand(const std::string& store_url) {
-  Result<std::string> url = store_url.empty() ? Store::DefaultUrl() : Result<std::string>(store_url);
+  Result<std::string> url =
+      store_url.empty() ? Store::DefaultUrl() : Result<std::string>(store_url);
   if (!url.ok()) {
     return ReportFailure(url.error());
   }

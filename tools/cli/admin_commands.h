@@ -23,8 +23,7 @@ int ListCommand(const std::string& store_url, const std::string& prefix, bool js
 
 // REQUIRES: force; without it the caller reports a usage error instead (only the holder
 // releases a lease; --force is the operator break-glass).
-int ReleaseCommand(const std::string& store_url, const std::string& key,
-                   const std::string& holder);
+int ReleaseCommand(const std::string& store_url, const std::string& key, const std::string& holder);
 
 // `schema`: prints the SQL that creates the store's table (postgres:// only), for a DBA to
 // apply when leasehold's role may not create tables. Does not connect.

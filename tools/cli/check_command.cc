@@ -20,10 +20,14 @@ namespace leasehold::cli {
 
 namespace {
 
-double Millis(Duration d) { return static_cast<double>(d.count()) / 1e6; }
+double Millis(Duration d) {
+  return static_cast<double>(d.count()) / 1e6;
+}
 
 nlohmann::ordered_json ToJson(const LatencySummary& s) {
-  return {{"count", s.count}, {"p50_ms", Millis(s.p50)}, {"p99_ms", Millis(s.p99)},
+  return {{"count", s.count},
+          {"p50_ms", Millis(s.p50)},
+          {"p99_ms", Millis(s.p99)},
           {"max_ms", Millis(s.max)}};
 }
 
@@ -84,11 +88,13 @@ void PrintText(const CheckReport& r) {
   }
   bool any = false;
   for (const auto& item : r.items) {
-    if (item.verdict == CheckVerdict::kPass || item.fix.empty()) continue;
-    if (!any) Print("");
+    if (item.verdict == CheckVerdict::kPass || item.fix.empty())
+      continue;
+    if (!any)
+      Print("");
     any = true;
-    Print(fmt::format("{} {}: {}", item.verdict == CheckVerdict::kWarn ? "note" : "FIX ",
-                      item.area, item.fix));
+    Print(fmt::format("{} {}: {}", item.verdict == CheckVerdict::kWarn ? "note" : "FIX ", item.area,
+                      item.fix));
   }
   Print(fmt::format("verdict      {}", CheckVerdictName(r.verdict)));
 }
@@ -116,8 +122,9 @@ CheckReport OpenFailure(const std::string& url, const Status& status) {
   CheckItem item{.area = "connect", .found = Describe(status)};
   if (status.code() == StatusCode::kPermissionDenied) {
     item.verdict = CheckVerdict::kPermissionDenied;
-    item.fix = "check the credentials in the URL and what they may do (sqlite://: that the "
-               "file and its directory are writable by this user)";
+    item.fix =
+        "check the credentials in the URL and what they may do (sqlite://: that the "
+        "file and its directory are writable by this user)";
   } else {
     item.verdict = CheckVerdict::kUnreachable;
     item.fix = "check the address, the network and that the store is running";
@@ -133,12 +140,13 @@ int CheckCommand(const CheckFlags& flags) {
   CheckOptions options{.probes = flags.probes};
   if (!flags.ttl.empty()) {
     auto ttl = ParsePositiveDurationFlag("--ttl", flags.ttl);
-    if (!ttl.ok()) return ReportFailure(ttl.error());
+    if (!ttl.ok())
+      return ReportFailure(ttl.error());
     options.ttl = *ttl;
   }
   if (flags.probes < 1 || flags.probes > 10000) {
-    return ReportFailure(Status::InvalidArgument(
-        fmt::format("--probes must be 1..10000, got {}", flags.probes)));
+    return ReportFailure(
+        Status::InvalidArgument(fmt::format("--probes must be 1..10000, got {}", flags.probes)));
   }
   CheckReport report;
   auto store = OpenStoreFromFlag(flags.store_url);
@@ -164,7 +172,8 @@ int CheckCommand(const CheckFlags& flags) {
     report = OpenFailure(flags.store_url, store.error());
   } else {
     auto checked = (*store)->Check(options);
-    if (!checked.ok()) return ReportFailure(checked.error());
+    if (!checked.ok())
+      return ReportFailure(checked.error());
     report = std::move(*checked);
     if (risk_accepted_to_check) {
       report.store = Store::RedactUrl(flags.store_url);

@@ -6,7 +6,8 @@
 //   {"store": "redis://...", "backend": "redis", "verdict": "unsafe",
 //    "round_trip": {"probe": "PING", "count": 50, "p50_ms": 0.21, "p99_ms": 0.4, "max_ms": 0.5},
 //    "cycle": {"done": true, "key": "...", "acquire_ms": ..., "renew": {...}, "release_ms": ...,
-//              "total_ms": ..., "fencing_token": 7, "ttl_requested_ms": ..., "ttl_granted_ms": ...},
+//              "total_ms": ..., "fencing_token": 7, "ttl_requested_ms": ..., "ttl_granted_ms":
+//              ...},
 //    "clock": {"offset_ms": 0.8, "uncertainty_ms": 0.1} | null,
 //    "ttl": {"granularity_ms": 0, "min_ms": ..., "recommended_ms": ..., "renew_every_ms": ...,
 //            "judged": true, "safe": true},

@@ -16,9 +16,9 @@ namespace leasehold::cli {
 // `leasehold elect NAME [--id ID] [--again] -- COMMAND...`: campaigns in election NAME
 // (leasehold/election.h) and runs COMMAND while leader, supervised exactly as `run` supervises
 // it. The child sees LEASEHOLD_ELECTION, LEASEHOLD_TERM, LEASEHOLD_LEADER_ID, and LEASEHOLD_KEY /
-// LEASEHOLD_FENCING_TOKEN (the term again) / LEASEHOLD_STORE_KEY as under `run`. Waits for leadership for as long as
-// it takes unless --wait says otherwise. With --again it campaigns again after the command ends
-// or leadership is lost, until SIGINT/SIGTERM/SIGHUP.
+// LEASEHOLD_FENCING_TOKEN (the term again) / LEASEHOLD_STORE_KEY as under `run`. Waits for
+// leadership for as long as it takes unless --wait says otherwise. With --again it campaigns again
+// after the command ends or leadership is lost, until SIGINT/SIGTERM/SIGHUP.
 struct ElectFlags {
   std::string name;
   bool again = false;

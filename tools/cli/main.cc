@@ -289,7 +289,8 @@ CLI::App* AddElectCommand(CLI::App& app, Flags& flags) {
       "leadership for as long as it "
       "takes unless --wait says otherwise. The command sees LEASEHOLD_ELECTION, LEASEHOLD_TERM "
       "(the leader's term: strictly increasing, use it as a fencing token), LEASEHOLD_LEADER_ID, "
-      "and LEASEHOLD_KEY/LEASEHOLD_FENCING_TOKEN/LEASEHOLD_STORE_KEY as under `run`. With --again, campaigns again "
+      "and LEASEHOLD_KEY/LEASEHOLD_FENCING_TOKEN/LEASEHOLD_STORE_KEY as under `run`. With --again, "
+      "campaigns again "
       "after the command ends or leadership is lost, until SIGINT/SIGTERM/SIGHUP. The lease key "
       "is election:NAME. Usage: leasehold elect [OPTIONS] NAME -- COMMAND [ARGS...]");
   AddCommonOptions(*elect, flags);
@@ -356,10 +357,11 @@ void AddAdminCommands(CLI::App& app, Flags& flags, Subcommands& sub) {
       "PgBouncer), else at its next renewal.");
   AddCommonOptions(*release, flags);
   release->add_flag("--force", flags.force, "Required: confirms the break-glass release");
-  release->add_option("--holder", flags.release_holder,
-                      "Release only the grant of this holder of a shared or semaphore KEY: its "
-                      "holder identity or its token prefix, as `leasehold status KEY` shows "
-                      "them. Default: every grant of KEY")
+  release
+      ->add_option("--holder", flags.release_holder,
+                   "Release only the grant of this holder of a shared or semaphore KEY: its "
+                   "holder identity or its token prefix, as `leasehold status KEY` shows "
+                   "them. Default: every grant of KEY")
       ->type_name("ID");
   release
       ->add_option("KEY,--key", flags.key, "The lease's name (--key KEY: one that starts with '-')")
@@ -383,12 +385,14 @@ void AddAdminCommands(CLI::App& app, Flags& flags, Subcommands& sub) {
       "store's own steps). Exit 0 when nothing is unsafe; 69 unreachable, 77 permission denied, "
       "81 unsafe; one line per failure says what to change");
   AddCommonOptions(*check, flags);
-  check->add_option("--ttl", flags.check.ttl,
-                    "Judge this TTL: what the store grants for it, and whether it is at least 10x "
-                    "the measured p99. Default: judge none, recommend one")
+  check
+      ->add_option("--ttl", flags.check.ttl,
+                   "Judge this TTL: what the store grants for it, and whether it is at least 10x "
+                   "the measured p99. Default: judge none, recommend one")
       ->type_name("DURATION");
-  check->add_option("--probes", flags.check.probes,
-                    "How many round trips to time (1..10000). Default: 50")
+  check
+      ->add_option("--probes", flags.check.probes,
+                   "How many round trips to time (1..10000). Default: 50")
       ->type_name("N");
   check->add_flag("--json", flags.check.json, "Print one JSON object");
   check->footer(Footer());

@@ -36,8 +36,7 @@ Result<std::pair<std::string, int>> ParseAddr(const std::string& addr) {
   const std::string port_text = addr.substr(colon + 1);
   int port = -1;
   auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 0 ||
-      port > 65535) {
+  if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 0 || port > 65535) {
     return Status::InvalidArgument(
         fmt::format("--metrics-addr '{}': port must be a number from 0 to 65535", addr));
   }
@@ -168,7 +167,9 @@ void AddObservabilityOptions(CLI::App& app, ObservabilityFlags& flags) {
       ->type_name("wait|term");
 }
 
-bool TermOnRisk(const ObservabilityFlags& flags) { return flags.on_risk == "term"; }
+bool TermOnRisk(const ObservabilityFlags& flags) {
+  return flags.on_risk == "term";
+}
 
 struct MetricsServer::Impl {
   httplib::Server server;

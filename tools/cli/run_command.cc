@@ -120,9 +120,9 @@ CommandExit RunCommand(const RunFlags& flags) {
   }
   const bool shares = flags.shared || flags.limit > 1;
   if (shares && settings->slot.has_value()) {
-    return ReportFailure(Status::InvalidArgument(fmt::format(
-        "--once-per runs each slot once, on one host: it takes no {}",
-        flags.shared ? "--shared" : "--limit")));
+    return ReportFailure(Status::InvalidArgument(
+        fmt::format("--once-per runs each slot once, on one host: it takes no {}",
+                    flags.shared ? "--shared" : "--limit")));
   }
   // Resolve before you lock: a command that cannot run takes no lease and closes no slot.
   if (std::optional<int> refused = RefuseUnrunnableCommand(flags.command)) {

@@ -135,8 +135,7 @@ Result<std::optional<SlotGrid>> ParseSlotFlags(const RunFlags& flags) {
   }
   grid.zone = flags.slot_zone;
   if (Status valid = ValidateSlotGrid(grid); !valid.ok()) {
-    return Status(valid.code(), fmt::format("--once-per {}: {}", *flags.once_per,
-                                            valid.message()));
+    return Status(valid.code(), fmt::format("--once-per {}: {}", *flags.once_per, valid.message()));
   }
   return std::optional<SlotGrid>(std::move(grid));
 }
@@ -421,9 +420,8 @@ Result<RunSettings> ParseSettings(const RunFlags& flags) {
     LH_ASSIGN_OR_RETURN(s.hold_at_least,
                         ParsePositiveDurationFlag("--hold-at-least", *flags.hold_at_least));
     if (s.hold_at_least > kMaxHoldAtLeast) {
-      return Status::InvalidArgument(fmt::format("--hold-at-least {}: at most {}",
-                                                 *flags.hold_at_least,
-                                                 FormatDuration(kMaxHoldAtLeast)));
+      return Status::InvalidArgument(fmt::format(
+          "--hold-at-least {}: at most {}", *flags.hold_at_least, FormatDuration(kMaxHoldAtLeast)));
     }
   }
   if (flags.keep_history.has_value()) {

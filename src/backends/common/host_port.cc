@@ -10,7 +10,9 @@ std::string HostPort::HostForUrl() const {
   return host.find(':') != std::string::npos ? fmt::format("[{}]", host) : host;
 }
 
-std::string HostPort::ToString() const { return fmt::format("{}:{}", HostForUrl(), port); }
+std::string HostPort::ToString() const {
+  return fmt::format("{}:{}", HostForUrl(), port);
+}
 
 Result<HostPort> ParseHostPort(std::string_view scheme, std::string_view entry, int default_port,
                                bool allow_empty_host) {

@@ -25,15 +25,17 @@ Duration Jitter(Duration up_to) {
 }
 
 std::chrono::steady_clock::time_point ToSteady(SteadyTime t, Clock& clock) {
-  Duration left = std::clamp<Duration>(t - clock.Now(), Duration::zero(),
-                                       std::chrono::hours(24 * 366));
+  Duration left =
+      std::clamp<Duration>(t - clock.Now(), Duration::zero(), std::chrono::hours(24 * 366));
   return std::chrono::steady_clock::now() + left;
 }
 
 ReconnectBackoff::ReconnectBackoff(Clock& clock, Duration base, Duration cap)
     : clock_(clock), backoff_(base, cap) {}
 
-bool ReconnectBackoff::Ready() const { return clock_.Now() >= retry_at_; }
+bool ReconnectBackoff::Ready() const {
+  return clock_.Now() >= retry_at_;
+}
 
 Duration ReconnectBackoff::Failed() {
   Duration wait = backoff_.Next();

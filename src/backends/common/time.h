@@ -14,8 +14,9 @@
 
 #include <chrono>
 
-#include "core/backoff.h"
 #include "leasehold/clock.h"
+
+#include "core/backoff.h"
 
 namespace leasehold::internal {
 
@@ -53,8 +54,10 @@ class ReconnectBackoff {
 
   // True if no failure is pending or its wait has passed.
   [[nodiscard]] bool Ready() const;
+
   // The time of the next attempt (in the past when Ready()).
   [[nodiscard]] SteadyTime retry_at() const { return retry_at_; }
+
   // Records a failure and returns the wait before the next attempt.
   Duration Failed();
   // Records a success: the next failure waits from `base` again.

@@ -52,11 +52,11 @@ Status RefuseUnknownParams(const Url& url, std::span<const std::string_view> kno
   if (unknown.empty()) {
     return Status();
   }
-  return Status::InvalidArgument(fmt::format(
-      "unknown {}:// URL parameter{} {} (known: {}{}{})", url.scheme,
-      unknown.size() == 1 ? "" : "s", fmt::join(unknown, ", "),
-      known.empty() ? "none" : fmt::format("{}", fmt::join(known, ", ")), hint.empty() ? "" : "; ",
-      hint));
+  return Status::InvalidArgument(
+      fmt::format("unknown {}:// URL parameter{} {} (known: {}{}{})", url.scheme,
+                  unknown.size() == 1 ? "" : "s", fmt::join(unknown, ", "),
+                  known.empty() ? "none" : fmt::format("{}", fmt::join(known, ", ")),
+                  hint.empty() ? "" : "; ", hint));
 }
 
 namespace {
@@ -121,8 +121,7 @@ Status ReadBoolParam(const Url& url, std::string_view name, bool* out) {
   return Status();
 }
 
-Status ReadStringParam(const Url& url, std::string_view name, std::string* out,
-                       bool allow_empty) {
+Status ReadStringParam(const Url& url, std::string_view name, std::string* out, bool allow_empty) {
   const std::string* value = Find(url, name);
   if (value == nullptr) {
     return Status();

@@ -22,9 +22,10 @@
 #include <string>
 #include <string_view>
 
-#include "core/url.h"
 #include "leasehold/clock.h"
 #include "leasehold/status.h"
+
+#include "core/url.h"
 
 namespace leasehold::internal {
 

@@ -194,7 +194,7 @@ struct HeldGrant {
   std::string etcd_key;  // the grant's own key (the base, or a slot's key)
   int64_t lease_id = 0;  // the shared lease the key is on
   int64_t create_revision = 0;
-  std::string holder;  // the grant's value is re-Put with it when Finish keeps the grant
+  std::string holder;       // the grant's value is re-Put with it when Finish keeps the grant
   int64_t ttl_seconds = 0;  // the shared lease's TTL
   // The send time of the last keep-alive (or grant) of its lease after which the key was found
   // ours: etcd keeps the grant at least until confirmed + ttl_seconds, and the core's
@@ -617,9 +617,9 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
     } else {
       impl.shared.Detach(attached->id);
       if (!ttl[0]) {
-        return Status::Unavailable(fmt::format(
-            "no etcd member of {} answered the keep-alive of the shared lease for {}",
-            options_.Address(), request.key));
+        return Status::Unavailable(
+            fmt::format("no etcd member of {} answered the keep-alive of the shared lease for {}",
+                        options_.Address(), request.key));
       }
       attached.reset();  // gone in etcd (forgotten by Renewed): grant a new one
     }
@@ -879,12 +879,14 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
   // grant on it at once.
   Impl& impl = *impl_;
   std::vector<Status> results(requests.size());
+
   struct Item {
     std::size_t index;  // in `requests`
     int64_t lease_id;
     int64_t create_revision;
     std::string etcd_key;  // the grant's own key
   };
+
   std::vector<Item> items;
   items.reserve(requests.size());
   std::vector<int64_t> ids;  // one keep-alive per lease
@@ -978,9 +980,9 @@ std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> request
       const Item& item = *to_check[k];
       const RenewRequest& req = requests[item.index];
       if (!s.ok()) {
-        results[item.index] = Status::Unavailable(
-            fmt::format("etcd did not answer the renewal check of {}", req.key),
-            std::string(s.message()));
+        results[item.index] =
+            Status::Unavailable(fmt::format("etcd did not answer the renewal check of {}", req.key),
+                                std::string(s.message()));
         continue;
       }
       bool ours = resp.succeeded();

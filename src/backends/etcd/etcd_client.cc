@@ -88,11 +88,11 @@ Status EtcdClient::Connect() {
   // (TCP connect plus the TLS and HTTP/2 handshakes) before it cancels it ("handshaker
   // shutdown") and fails the calls waiting on it. 100 ms failed a TLS connect on a busy machine;
   // an attempt gets as long as a command.
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-              static_cast<int>(std::max<std::int64_t>(
-                  100, std::chrono::duration_cast<std::chrono::milliseconds>(
-                           options_.command_timeout)
-                           .count())));
+  args.SetInt(
+      GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+      static_cast<int>(std::max<std::int64_t>(
+          100, std::chrono::duration_cast<std::chrono::milliseconds>(options_.command_timeout)
+                   .count())));
   // Own connections per backend: counters and failures of one handle are its own.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   std::shared_ptr<grpc::ChannelCredentials> creds;

@@ -51,7 +51,8 @@ struct SharedLease {
 class EtcdSharedLeases {
  public:
   // REQUIRES: `client` outlives this object.
-  EtcdSharedLeases(EtcdClient& client, bool keep_spare) : client_(client), keep_spare_(keep_spare) {}
+  EtcdSharedLeases(EtcdClient& client, bool keep_spare)
+      : client_(client), keep_spare_(keep_spare) {}
 
   EtcdSharedLeases(const EtcdSharedLeases&) = delete;
   EtcdSharedLeases& operator=(const EtcdSharedLeases&) = delete;

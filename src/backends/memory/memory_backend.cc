@@ -33,8 +33,7 @@ class MemoryTable {
     for (const Entry& e : state.grants) {
       const bool e_semaphore = e.limit > 1;
       if (e_semaphore != semaphore || (semaphore && e.limit != request.limit)) {
-        return LimitMismatch(request.key, e.mode, e.limit, e.holder, request.mode,
-                             request.limit);
+        return LimitMismatch(request.key, e.mode, e.limit, e.holder, request.mode, request.limit);
       }
     }
     for (const Entry& e : state.grants) {
@@ -85,13 +84,12 @@ class MemoryTable {
       ++slot;
     }
     FencingToken fencing = ++fences_[request.key];
-    Entry entry{request.owner_token, request.holder, fencing, now + request.ttl, request.ttl,
-                request.mode, request.limit, slot};
-    state.grants.insert(std::upper_bound(state.grants.begin(), state.grants.end(), entry,
-                                         [](const Entry& a, const Entry& b) {
-                                           return a.slot < b.slot;
-                                         }),
-                        entry);
+    Entry entry{request.owner_token, request.holder, fencing,       now + request.ttl,
+                request.ttl,         request.mode,   request.limit, slot};
+    state.grants.insert(
+        std::upper_bound(state.grants.begin(), state.grants.end(), entry,
+                         [](const Entry& a, const Entry& b) { return a.slot < b.slot; }),
+        entry);
     return Grant{.fencing_token = fencing, .ttl = request.ttl, .slot = slot};
   }
 
@@ -164,10 +162,9 @@ class MemoryTable {
         }
       }
       return FencedOut(request.key, request.fencing_token,
-                       other != nullptr
-                           ? fmt::format("is now held by {} under fencing token {}",
-                                         other->holder, other->fencing)
-                           : std::string("is no longer held: expired or released"));
+                       other != nullptr ? fmt::format("is now held by {} under fencing token {}",
+                                                      other->holder, other->fencing)
+                                        : std::string("is no longer held: expired or released"));
     }
     std::vector<std::int64_t> affected;
     for (const FencedOp& op : request.ops) {
@@ -231,8 +228,7 @@ class MemoryTable {
     return out;
   }
 
-  Result<bool> ForceRelease(std::string_view key, std::string_view token_prefix)
-      LH_EXCLUDES(mu_) {
+  Result<bool> ForceRelease(std::string_view key, std::string_view token_prefix) LH_EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     auto it = keys_.find(key);
     if (it == keys_.end()) {
@@ -371,8 +367,7 @@ class MemoryTable {
     grants.erase(grants.begin() + (e - grants.data()));
   }
 
-  LeaseInfo InfoLocked(const std::string& key, const Entry& e, SteadyTime now)
-      LH_REQUIRES(mu_) {
+  LeaseInfo InfoLocked(const std::string& key, const Entry& e, SteadyTime now) LH_REQUIRES(mu_) {
     return LeaseInfo{
         .key = key,
         .holder = e.holder,
@@ -395,8 +390,7 @@ class MemoryTable {
     }
   }
 
-  Status LostLocked(std::string_view key, std::string_view token, SteadyTime now)
-      LH_REQUIRES(mu_) {
+  Status LostLocked(std::string_view key, std::string_view token, SteadyTime now) LH_REQUIRES(mu_) {
     const Entry* mine = FindLocked(key, token);
     if (mine != nullptr) {
       return Status::Lost(fmt::format("lease {} was lost or stolen: it expired", key));
@@ -506,9 +500,7 @@ class MemoryBackend final : public Backend {
     return table_->List(prefix);
   }
 
-  Result<bool> ForceRelease(std::string_view key) override {
-    return table_->ForceRelease(key, {});
-  }
+  Result<bool> ForceRelease(std::string_view key) override { return table_->ForceRelease(key, {}); }
 
   Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override {
     return table_->ForceRelease(key, token_prefix);
@@ -531,6 +523,7 @@ struct TableRegistry {
   std::mutex mu;
   std::map<std::string, std::weak_ptr<MemoryTable>> tables;
 };
+
 TableRegistry& Tables() {
   static auto* registry = new TableRegistry();
   return *registry;

@@ -15,9 +15,10 @@
 #include <string>
 #include <string_view>
 
+#include "leasehold/clock.h"
+
 #include "backends/backend.h"
 #include "core/url.h"
-#include "leasehold/clock.h"
 
 namespace leasehold::internal {
 

@@ -87,9 +87,10 @@ std::string SessionEndReason(const Status& status, std::string_view conn_reason)
         "it within the ttl ({})",
         text);
   }
-  return fmt::format("the connection holding this lease's session failed ({}); advisory locks "
-                     "die with their session",
-                     text);
+  return fmt::format(
+      "the connection holding this lease's session failed ({}); advisory locks "
+      "die with their session",
+      text);
 }
 
 std::string Fill(std::string_view text, std::string_view name, long long value) {
@@ -171,8 +172,7 @@ struct Limits {
 
 Limits LimitsFor(Duration t) {
   long long ms = CeilMillis(t);
-  return Limits{std::to_string(ms), std::to_string((ms + 999) / 1000),
-                std::to_string(ms + 1000)};
+  return Limits{std::to_string(ms), std::to_string((ms + 999) / 1000), std::to_string(ms + 1000)};
 }
 
 }  // namespace
@@ -242,7 +242,8 @@ Result<std::shared_ptr<PostgresAdvisoryBackend::Session>> PostgresAdvisoryBacken
   return session;
 }
 
-Result<std::shared_ptr<PostgresAdvisoryBackend::Session>> PostgresAdvisoryBackend::PrimarySession() {
+Result<std::shared_ptr<PostgresAdvisoryBackend::Session>>
+PostgresAdvisoryBackend::PrimarySession() {
   {
     MutexLock lock(&mu_);
     if (primary_ != nullptr && !primary_->lost) {
@@ -326,9 +327,9 @@ Result<Grant> PostgresAdvisoryBackend::TryAcquire(const GrantRequest& request) {
 
 Result<Grant> PostgresAdvisoryBackend::AcquireOnce(const GrantRequest& request) {
   if (request.mode != LeaseMode::kExclusive || request.limit != 1) {
-    return Status::Unimplemented(fmt::format(
-        "{} {} lease: {}", request.key, LeaseKindName(request.mode, request.limit),
-        kNoSharedLeases));
+    return Status::Unimplemented(fmt::format("{} {} lease: {}", request.key,
+                                             LeaseKindName(request.mode, request.limit),
+                                             kNoSharedLeases));
   }
   if (!request.waiter_id.empty()) {
     std::shared_ptr<Waiting> wait;
@@ -576,8 +577,8 @@ std::vector<Status> PostgresAdvisoryBackend::RenewMany(std::span<const RenewRequ
     }
     if (!r.ok()) {
       for (std::size_t i : indexes) {
-        results[i] = session->lost ? LostStatus(requests[i].key, requests[i].owner_token)
-                                   : r.status();
+        results[i] =
+            session->lost ? LostStatus(requests[i].key, requests[i].owner_token) : r.status();
       }
       continue;
     }
@@ -749,8 +750,7 @@ Status PostgresAdvisoryBackend::Finish(const FinishRequest& request) {
       return PgRecordsStatus(r.status(), options_);
     }
     return Status::Lost(fmt::format(
-        "{}: this session no longer held the grant (lost); nothing kept or written",
-        request.key));
+        "{}: this session no longer held the grant (lost); nothing kept or written", request.key));
   }
   Recycle(session);
   return Status();
@@ -865,11 +865,11 @@ Result<bool> PostgresAdvisoryBackend::ForceRelease(std::string_view key) {
         }
       }
       if (r.status().code() == StatusCode::kPermissionDenied) {
-        return Status::PermissionDenied(fmt::format(
-            "{}: in mode=advisory, force-release ends the holder's session "
-            "(pg_terminate_backend), which needs the holder's role or membership in "
-            "pg_signal_backend",
-            r.status().message()));
+        return Status::PermissionDenied(
+            fmt::format("{}: in mode=advisory, force-release ends the holder's session "
+                        "(pg_terminate_backend), which needs the holder's role or membership in "
+                        "pg_signal_backend",
+                        r.status().message()));
       }
       return r.status();
     }

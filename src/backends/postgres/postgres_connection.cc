@@ -93,9 +93,9 @@ bool IsSyncRepCancel(std::string_view sqlstate, std::string_view message, std::s
 }
 
 bool IsAuthFailure(std::string_view message) {
-  for (std::string_view s : {"password authentication failed", "no password supplied",
-                             "pg_hba.conf", "authentication failed", "role \"",
-                             "permission denied"}) {
+  for (std::string_view s :
+       {"password authentication failed", "no password supplied", "pg_hba.conf",
+        "authentication failed", "role \"", "permission denied"}) {
     if (message.find(s) != std::string_view::npos) {
       return true;
     }
@@ -107,9 +107,13 @@ bool IsAuthFailure(std::string_view message) {
 
 PgResult::PgResult(pg_result* result) : result_(result) {}
 
-void PgResult::Deleter::operator()(pg_result* r) const { PQclear(r); }
+void PgResult::Deleter::operator()(pg_result* r) const {
+  PQclear(r);
+}
 
-int PgResult::rows() const { return result_ ? PQntuples(result_.get()) : 0; }
+int PgResult::rows() const {
+  return result_ ? PQntuples(result_.get()) : 0;
+}
 
 bool PgResult::IsNull(int row, int col) const {
   return !result_ || row >= rows() || col >= PQnfields(result_.get()) ||
@@ -131,7 +135,9 @@ long long PgResult::GetInt(int row, int col) const {
   return value;
 }
 
-bool PgResult::GetBool(int row, int col) const { return Get(row, col) == "t"; }
+bool PgResult::GetBool(int row, int col) const {
+  return Get(row, col) == "t";
+}
 
 std::string_view PgResult::command_tag() const {
   return result_ ? std::string_view(PQcmdStatus(result_.get())) : std::string_view();
@@ -350,8 +356,8 @@ Status PgConnection::Send(std::string_view what, const std::string& sql, const P
 Status PgConnection::SendStatement(std::string_view what, const std::string& sql,
                                    const PgParams& params, bool once) {
   if (broken_) {
-    return Status::Unavailable(fmt::format("connection to postgres at {} is closed: {}", display_,
-                                           broken_reason_));
+    return Status::Unavailable(
+        fmt::format("connection to postgres at {} is closed: {}", display_, broken_reason_));
   }
   if (busy_) {
     return Status::Internal(fmt::format("{}: connection busy with another statement", what));
@@ -440,9 +446,9 @@ Result<std::optional<PgResult>> PgConnection::Await(std::string_view what, Stead
       return std::optional<PgResult>();
     }
     auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
-    pollfd fds[2] = {{PQsocket(conn_), static_cast<short>(POLLIN | (flushed == 1 ? POLLOUT : 0)),
-                      0},
-                     {wake_fd_, POLLIN, 0}};
+    pollfd fds[2] = {
+        {PQsocket(conn_), static_cast<short>(POLLIN | (flushed == 1 ? POLLOUT : 0)), 0},
+        {wake_fd_, POLLIN, 0}};
     int n = poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000)));
     if (n < 0 && errno != EINTR) {
       return MarkBroken(what, "poll failed");
@@ -461,8 +467,8 @@ Result<std::vector<std::string>> PgConnection::ReadNotifications(std::string_vie
                                                                  SteadyTime deadline,
                                                                  std::stop_token stop) {
   if (broken_) {
-    return Status::Unavailable(fmt::format("connection to postgres at {} is closed: {}", display_,
-                                           broken_reason_));
+    return Status::Unavailable(
+        fmt::format("connection to postgres at {} is closed: {}", display_, broken_reason_));
   }
   const int wake_fd = wake_fd_;
   std::stop_callback wake(stop, [wake_fd] {
@@ -510,8 +516,8 @@ Result<PgResult> PgConnection::Exec(std::string_view what, const std::string& sq
   if (prepare_ && !params.empty() && !prepared_.contains(sql) && !broken_ && !busy_) {
     std::string name = fmt::format("leasehold_{}", prepared_.size() + 1);
     SigpipeGuard no_sigpipe;
-    if (PQsendPrepare(conn_, name.c_str(), sql.c_str(), static_cast<int>(params.size()),
-                      nullptr) != 1) {
+    if (PQsendPrepare(conn_, name.c_str(), sql.c_str(), static_cast<int>(params.size()), nullptr) !=
+        1) {
       return MarkBroken(what, PQerrorMessage(conn_));
     }
     Started();

@@ -13,8 +13,8 @@ namespace {
 bool LooksLikeConninfo(std::string_view text) {
   std::size_t i = text.find_first_not_of(" \t\n");
   std::size_t start = i;
-  while (i < text.size() && (std::islower(static_cast<unsigned char>(text[i])) != 0 ||
-                             text[i] == '_')) {
+  while (i < text.size() &&
+         (std::islower(static_cast<unsigned char>(text[i])) != 0 || text[i] == '_')) {
     ++i;
   }
   if (start == std::string_view::npos || i == start) {
@@ -40,8 +40,8 @@ Result<Url> ParseConninfo(std::string_view text) {
       break;
     }
     std::size_t start = i;
-    while (i < text.size() && (std::isalnum(static_cast<unsigned char>(text[i])) != 0 ||
-                               text[i] == '_')) {
+    while (i < text.size() &&
+           (std::isalnum(static_cast<unsigned char>(text[i])) != 0 || text[i] == '_')) {
       ++i;
     }
     std::string name(text.substr(start, i - start));

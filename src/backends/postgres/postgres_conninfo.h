@@ -12,8 +12,9 @@
 #include <optional>
 #include <string_view>
 
-#include "core/url.h"
 #include "leasehold/status.h"
+
+#include "core/url.h"
 
 namespace leasehold::internal {
 

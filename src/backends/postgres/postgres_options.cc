@@ -115,9 +115,8 @@ Result<PostgresOptions> PostgresOptions::FromUrl(const Url& url) {
   }
   if (url.password && url.query.contains("password")) {
     // libpq would take one and ScrubPassword would know only the other.
-    return Status::InvalidArgument(
-        fmt::format("{}:// URL gives the password twice (user:password@ and ?password=)",
-                    url.scheme));
+    return Status::InvalidArgument(fmt::format(
+        "{}:// URL gives the password twice (user:password@ and ?password=)", url.scheme));
   }
   PostgresOptions options;
   options.display = url.Redacted();

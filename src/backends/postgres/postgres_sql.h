@@ -602,17 +602,19 @@ SELECT pg_notify({channel}, key) FROM gone)sql";
 
 // The advisory locks this session holds, as pg_locks shows them (granted, bigint form, this
 // database).
-#define LH_PG_HELD_BY_ME                                                                   \
+#define LH_PG_HELD_BY_ME \
   "SELECT " LH_PG_LOCK_ID_OF("k") " AS lock_id FROM pg_locks k "                           \
   "WHERE k.locktype = 'advisory' AND k.objsubid = 1 AND k.granted "                        \
   "AND k.pid = pg_backend_pid() "                                                          \
   "AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 
 // Whether the session `pid_expr` holds the advisory lock `id_expr`.
-#define LH_PG_LOCK_HELD(pid_expr, id_expr)                                                 \
-  "EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory' AND k.objsubid = 1 "     \
-  "AND k.granted AND k.pid = " pid_expr " AND " LH_PG_LOCK_ID_OF("k") " = " id_expr " "     \
-  "AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+#define LH_PG_LOCK_HELD(pid_expr, id_expr)                                             \
+  "EXISTS (SELECT 1 FROM pg_locks k WHERE k.locktype = 'advisory' AND k.objsubid = 1 " \
+  "AND k.granted AND k.pid = " pid_expr " AND " LH_PG_LOCK_ID_OF(                      \
+      "k") " = " id_expr                                                               \
+           " "                                                                         \
+           "AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
 
 // Try-acquire, advisory mode. $1 key, $2 owner token, $3 holder, $4 ttl in ms, $5 lock id,
 // $6 idle_session_timeout, $7 tcp_keepalives_idle, $8 tcp_user_timeout (the session limits of

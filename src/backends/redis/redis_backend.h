@@ -49,10 +49,10 @@
 // keys must share the lease's slot (DataKeyPrefix).
 //
 // Thread safety: thread-safe. Connections are not, so commands borrow a connection from
-// a small pool per node (RedisOptions::pool_size, redis_connection.h) and waiters share one subscriber
-// connection (redis_subscriber.h), read by one std::jthread owned by the backend and joined in
-// its destructor. A broken connection is dropped and a new one is opened on the next call,
-// with capped exponential backoff between failed connects.
+// a small pool per node (RedisOptions::pool_size, redis_connection.h) and waiters share one
+// subscriber connection (redis_subscriber.h), read by one std::jthread owned by the backend and
+// joined in its destructor. A broken connection is dropped and a new one is opened on the next
+// call, with capped exponential backoff between failed connects.
 
 #pragma once
 
@@ -92,8 +92,7 @@ class RedisSubscriber;
 // connect_timeout; kPermissionDenied for wrong credentials or an ACL that forbids a command the
 // backend needs (the message names it). Messages never contain the password. `clock` must
 // outlive the backend.
-Result<std::shared_ptr<Backend>> OpenRedisBackend(const Url& url,
-                                                 Clock& clock = Clock::Real());
+Result<std::shared_ptr<Backend>> OpenRedisBackend(const Url& url, Clock& clock = Clock::Real());
 
 class RedisBackend final : public Backend {
  public:

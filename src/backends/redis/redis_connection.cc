@@ -682,9 +682,9 @@ Result<RedisConnectionPool::Borrowed> RedisConnectionPool::Borrow() {
       if (!cv_.WaitUntil(ToSteady(give_up, clock_), std::stop_token(), [&]() LH_REQUIRES(mu_) {
             return !idle_.empty() || open_ < options_.pool_size;
           })) {
-        return Status::Unavailable(fmt::format(
-            "all {} connections to redis at {} stayed busy for {}", options_.pool_size,
-            options_.Address(), FormatDuration(options_.command_timeout)));
+        return Status::Unavailable(
+            fmt::format("all {} connections to redis at {} stayed busy for {}", options_.pool_size,
+                        options_.Address(), FormatDuration(options_.command_timeout)));
       }
     }
   }
@@ -726,8 +726,8 @@ Result<std::unique_ptr<RedisConnection>> RedisConnectionPool::ConnectToMaster() 
       if (connection.ok() || connection.status().code() != StatusCode::kUnavailable) {
         return connection;
       }
-      unreachable += fmt::format("{}{}", unreachable.empty() ? "" : "; ",
-                                 connection.status().message());
+      unreachable +=
+          fmt::format("{}{}", unreachable.empty() ? "" : "; ", connection.status().message());
     }
     return Status::Unavailable(
         fmt::format("no node of redis {} answers: {}", options_.Address(), unreachable));

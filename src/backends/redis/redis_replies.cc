@@ -18,7 +18,6 @@
 
 namespace leasehold::internal {
 
-
 namespace {
 
 // Returns the Redis command called on `line` (1-based) of `body`, upper-cased, or "".

@@ -68,8 +68,7 @@ RedisSubscriber::Watch RedisSubscriber::Register(const std::string& channel,
   return watch;
 }
 
-bool RedisSubscriber::AwaitSubscribed(const Watch& watch, SteadyTime until,
-                                      std::stop_token stop) {
+bool RedisSubscriber::AwaitSubscribed(const Watch& watch, SteadyTime until, std::stop_token stop) {
   MutexLock lock(&mu_);
   return cv_.WaitUntil(ToSteady(until, clock_), std::move(stop), [&]() LH_REQUIRES(mu_) {
     auto it = channels_.find(watch.channel);

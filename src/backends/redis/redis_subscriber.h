@@ -72,8 +72,7 @@ class RedisSubscriber {
   Watch Register(const std::string& channel, std::string_view waiter_id = {}) LH_EXCLUDES(mu_);
 
   // Blocks until the channel's SUBSCRIBE is confirmed (true), or `until` or `stop` (false).
-  bool AwaitSubscribed(const Watch& watch, SteadyTime until, std::stop_token stop)
-      LH_EXCLUDES(mu_);
+  bool AwaitSubscribed(const Watch& watch, SteadyTime until, std::stop_token stop) LH_EXCLUDES(mu_);
 
   // Blocks until a message (or a reconnect) on the channel since Register, `until` or `stop`.
   // Returns true if woken by an event.

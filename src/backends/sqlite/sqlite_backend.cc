@@ -1369,14 +1369,16 @@ struct FencedAuthorizer {
       case SQLITE_CREATE_TEMP_TRIGGER:
         // leasehold's own statements name its tables without a schema, and SQLite looks in
         // "temp" first: a temp "grants" would hide the real one from this connection.
-        why = "TEMP tables, views and triggers are not allowed in a fenced write (they could "
-              "shadow leasehold's own tables on the connection it shares)";
+        why =
+            "TEMP tables, views and triggers are not allowed in a fenced write (they could "
+            "shadow leasehold's own tables on the connection it shares)";
         break;
       case SQLITE_CREATE_TRIGGER:
         // A trigger's body is authorized only when a statement fires it: one fired later by
         // leasehold's own statements or another connection would run outside these checks.
-        why = "CREATE TRIGGER is not allowed in a fenced write (its body would run later, "
-              "outside the fenced write's checks)";
+        why =
+            "CREATE TRIGGER is not allowed in a fenced write (its body would run later, "
+            "outside the fenced write's checks)";
         break;
       case SQLITE_ALTER_TABLE:  // a: the database, b: the table
       case SQLITE_CREATE_INDEX:
@@ -1758,8 +1760,7 @@ Result<std::shared_ptr<SqliteBackend>> SqliteBackend::Open(SqliteOptions options
                       CreateOrCheckDatabaseFile(options.path, options.host_scope));
   // Whoever may write the file shares its leases: others too when group or others may.
   const StoreScope scope = (mode & 0022) != 0 ? StoreScope::kHost : StoreScope::kUser;
-  auto connection =
-      std::make_unique<SqliteConnection>(options.path, options.busy_timeout, clock);
+  auto connection = std::make_unique<SqliteConnection>(options.path, options.busy_timeout, clock);
   LH_RETURN_IF_ERROR(connection->Open());
   LH_RETURN_IF_ERROR(connection->CheckOrInitialize());
   LH_RETURN_IF_ERROR(connection->Configure());

@@ -81,8 +81,7 @@ inline constexpr std::int32_t kSqliteSchemaVersion = 2;
 // corrupt); kPermissionDenied if the file or its directory cannot be created, read or written;
 // kUnimplemented for a database made by a newer leasehold; kUnavailable if it stays locked
 // longer than busy_timeout.
-Result<std::shared_ptr<Backend>> OpenSqliteBackend(const Url& url,
-                                                 Clock& clock = Clock::Real());
+Result<std::shared_ptr<Backend>> OpenSqliteBackend(const Url& url, Clock& clock = Clock::Real());
 
 // The host-wide database path, which every local user shares (opened with scope=host):
 // $LEASEHOLD_STATE_DIR/leases.db, else /var/lib/leasehold/leases.db. Returns kInvalidArgument

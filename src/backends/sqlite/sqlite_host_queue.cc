@@ -74,6 +74,7 @@ timespec AbsoluteIn(clockid_t clock, Duration timeout) {
 // 0 if unreadable.
 std::uint32_t PidNamespace() {
   struct stat ns {};
+
   if (::stat("/proc/self/ns/pid", &ns) != 0) {
     return 0;
   }

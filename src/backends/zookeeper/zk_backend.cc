@@ -149,8 +149,8 @@ bool HasIdPrefix(std::string_view name, std::string_view prefix) {
   if (!name.starts_with(prefix)) {
     return false;
   }
-  return prefix.ends_with('-') ||
-         (name.size() > prefix.size() && (name[prefix.size()] == '.' || name[prefix.size()] == '-'));
+  return prefix.ends_with('-') || (name.size() > prefix.size() &&
+                                   (name[prefix.size()] == '.' || name[prefix.size()] == '-'));
 }
 
 bool IsExclusive(const NodeKind& kind) {
@@ -599,8 +599,8 @@ Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
         const SteadyTime heard = session->last_heard();
         const Duration negotiated = session->negotiated();
         if (q.session == session && !session->Expired() && q.token == request.owner_token &&
-            q.watch != nullptr && q.watch->state.load(std::memory_order_acquire) ==
-                                      ZkNodeWatch::kLive &&
+            q.watch != nullptr &&
+            q.watch->state.load(std::memory_order_acquire) == ZkNodeWatch::kLive &&
             q.watch_epoch == q.handed_epoch && session->epoch() == q.handed_epoch &&
             heard != SteadyTime::min() && now >= heard &&
             negotiated - (now - heard) >= negotiated - negotiated / 10) {
@@ -1227,13 +1227,13 @@ std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests)
           grants_.erase(it);
         }
       }
-      results[p.index] = Status::Lost(
-          fmt::format("the ZooKeeper node of {} is {}", request.key,
-                      session_gone ? "gone with its expired session"
-                      : stolen || seen == ZkNodeWatch::kChanged
-                          ? "not ours any more"
-                          : "gone (force-released, or its session expired)"),
-          cause);
+      results[p.index] =
+          Status::Lost(fmt::format("the ZooKeeper node of {} is {}", request.key,
+                                   session_gone ? "gone with its expired session"
+                                   : stolen || seen == ZkNodeWatch::kChanged
+                                       ? "not ours any more"
+                                       : "gone (force-released, or its session expired)"),
+                       cause);
       continue;
     }
     // Not confirmed (a timeout, a connection lost or moved to another server): not renewed, at
@@ -1832,7 +1832,8 @@ void ZkBackend::AbandonWait(std::string_view key, std::string_view waiter_id) {
   // By prefix, through the waiter's own session: this also finds a node whose create reply was
   // lost. The waiter is done, so its prefix is never used again. The prefix stops before the
   // kind's tag ("w<id>.s-", zk_layout::KindTag): HasIdPrefix matches it up to a '.' or '-'.
-  Doomed doomed{.session = queued.session, .dir = KeyDir(key), .prefix = "w" + std::string(waiter_id)};
+  Doomed doomed{
+      .session = queued.session, .dir = KeyDir(key), .prefix = "w" + std::string(waiter_id)};
   if (!queued.path.empty()) {
     ZkRequests requests(*queued.session, options_.command_timeout);
     int rc = requests.Delete(queued.path, -1);
@@ -2016,8 +2017,8 @@ Status ZkBackend::Wait(const std::shared_ptr<ZkSession>& session, const std::str
   {
     ZkWaker& w = *waker;
     MutexLock lock(&w.mu);
-    fired = w.cv.WaitUntil(ToSteady(until, clock_), stop,
-                           [&]() LH_REQUIRES(w.mu) { return w.fired; });
+    fired =
+        w.cv.WaitUntil(ToSteady(until, clock_), stop, [&]() LH_REQUIRES(w.mu) { return w.fired; });
     deleted = fired && w.type == ZOO_DELETED_EVENT;
   }
   if (fired) {
@@ -2270,8 +2271,7 @@ Result<Diagnosis> ZkBackend::Diagnose() {
     hi = milliseconds(*conf_max);
     lo_exact = true;
   } else {
-    for (auto [asked, out] :
-         {std::pair{kShortestAsk, &lo}, std::pair{Duration(hours(24)), &hi}}) {
+    for (auto [asked, out] : {std::pair{kShortestAsk, &lo}, std::pair{Duration(hours(24)), &hi}}) {
       const int tries = asked == kShortestAsk ? kShortTries : 1;
       for (int i = 0; i < tries && !out->has_value(); ++i) {
         auto session = ZkSession::Open(options_, asked, clock_);

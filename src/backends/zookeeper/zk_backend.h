@@ -68,13 +68,13 @@
 // session's connection epoch (ZkSession::epoch) is the one it was registered on: after a
 // reconnect the next round re-arms it with a watching get, whose reply (ephemeralOwner is our
 // session, czxid our fencing token) is that round's evidence for it; a round during which the
-// epoch moves confirms only the grants it re-armed. docs/impl.md gives the argument in full. The C client pings by itself, so without renewals a node would live
-// on: each grant therefore also has a local deadline (t_send of its last confirmed renewal + ttl,
-// read after the core's t_send, so never before the holder's safe_until), and a reaper thread
-// deletes the nodes of grants that pass it: a holder that stopped renewing, or was cut off longer
-// than its TTL and then reconnected to a session that survived, never blocks the key. Session
-// expiry makes every lease on that session lost (kLost, LostCause::kSessionLost); the next acquire
-// opens a new session by itself.
+// epoch moves confirms only the grants it re-armed. docs/impl.md gives the argument in full. The C
+// client pings by itself, so without renewals a node would live on: each grant therefore also has a
+// local deadline (t_send of its last confirmed renewal + ttl, read after the core's t_send, so
+// never before the holder's safe_until), and a reaper thread deletes the nodes of grants that pass
+// it: a holder that stopped renewing, or was cut off longer than its TTL and then reconnected to a
+// session that survived, never blocks the key. Session expiry makes every lease on that session
+// lost (kLost, LostCause::kSessionLost); the next acquire opens a new session by itself.
 //
 // Fenced writes (FencedWrite, Lease::Write): one multi whose first op checks that this grant's
 // node still exists (Grant::store_key is its path in the chroot, named as data paths are), then
@@ -279,11 +279,13 @@ class ZkBackend final : public Backend {
   // if needed), and the loopback port of the server that session is connected to (-1 if none).
   Result<Duration> NegotiatedTimeoutForTesting(Duration ttl);
   int ConnectedPortForTesting(Duration ttl);
+
   // For tests: how many requests RenewMany has sent in all (a round is a sync and one read per
   // session, plus a watching get per grant whose watch needs re-arming after a reconnect).
   [[nodiscard]] std::uint64_t RenewRequestsSentForTesting() const {
     return renew_requests_sent_.load(std::memory_order_relaxed);
   }
+
   // For tests: how many grants TryAcquire made from a handoff (the predecessor's delete event)
   // without a round trip.
   [[nodiscard]] std::uint64_t HandedGrantsForTesting() const {

@@ -264,8 +264,7 @@ std::optional<LeaseInfo> ParseKeptData(std::string_view key, std::string_view da
   // Not ours either: a keep out of range, or a negative fencing token (tokens are czxids, > 0;
   // cast to unsigned, "-3" would read as a token near 2^64).
   if (!TakeNumber(data, &keep_ms) || !TakeNumber(data, &fencing) || keep_ms < 0 ||
-      keep_ms > kMaxTtlMs || fencing < 0 ||
-      (nl = data.find('\n')) == std::string_view::npos) {
+      keep_ms > kMaxTtlMs || fencing < 0 || (nl = data.find('\n')) == std::string_view::npos) {
     return std::nullopt;
   }
   LeaseInfo info;

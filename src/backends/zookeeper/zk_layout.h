@@ -115,11 +115,13 @@ std::optional<LeaseInfo> ParseKeptData(std::string_view key, std::string_view da
 
 // The record's node data, live until its mtime plus the TTL.
 std::string RecordData(Duration ttl, std::string_view record);
+
 // A record node's data as RecordData wrote it: the TTL, and the record (a view into `data`).
 struct RecordNode {
   Duration ttl{};
   std::string_view record;
 };
+
 // Reads a record node's data; nullopt if it is not in our layout.
 std::optional<RecordNode> ParseRecordData(std::string_view data);
 

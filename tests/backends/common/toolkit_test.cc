@@ -103,15 +103,16 @@ TEST(HostPortTest, OneRuleForHostsPortsAndIpv6) {
   auto empty_port = ParseHostPorts("x", "h:", 2379);
   ASSERT_TRUE(empty_port.ok()) << "an empty port is the default";
   EXPECT_EQ((*empty_port)[0].ToString(), "h:2379");
-  auto empty_host = ParseHostPorts("x", ":6380,[::1]", 6379, "127.0.0.1", /*allow_empty_host=*/true);
+  auto empty_host =
+      ParseHostPorts("x", ":6380,[::1]", 6379, "127.0.0.1", /*allow_empty_host=*/true);
   ASSERT_TRUE(empty_host.ok()) << empty_host.status().ToString();
   EXPECT_EQ((*empty_host)[0].ToString(), "127.0.0.1:6380");
   auto libpq_default = ParseHostPorts("x", ":5433", 5432, {}, /*allow_empty_host=*/true);
   ASSERT_TRUE(libpq_default.ok());
   EXPECT_EQ((*libpq_default)[0].host, "") << "left to the client library's default";
 
-  for (std::string_view bad : {"[::1", "[::1]x", "::1:2379", ":2379", "h:0", "h:65536",
-                               "h:12ab", "a,,b"}) {
+  for (std::string_view bad :
+       {"[::1", "[::1]x", "::1:2379", ":2379", "h:0", "h:65536", "h:12ab", "a,,b"}) {
     auto parsed = ParseHostPorts("x", bad, 2379);
     EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument) << bad;
     EXPECT_TRUE(parsed.status().message().starts_with("x:// URL")) << parsed.status().message();

@@ -9,7 +9,6 @@
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,13 +25,15 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
-#include "backends/registry.h"
-#include "core/url.h"
 #include "leasehold/election.h"
 #include "leasehold/fenced_write.h"
 #include "leasehold/store.h"
 #include "leasehold/testing/fake_clock.h"
+
+#include "backends/registry.h"
+#include "core/url.h"
 #include "testing/spawned_process.h"
 #include "testing/store_fixtures.h"
 
@@ -175,8 +176,7 @@ TEST_P(ConformanceTest, AFakeClockDrivesOnlyAStoreWithoutTimeOfItsOwn) {
   ASSERT_TRUE(store.ok()) << store.status().ToString();
   auto held = (*store)->TryAcquire("job", {.ttl = 10s});
   ASSERT_TRUE(held.ok()) << held.status().ToString();
-  EXPECT_EQ((*store)->TryAcquire("job", {.ttl = 10s}).status().code(),
-            StatusCode::kHeldByAnother);
+  EXPECT_EQ((*store)->TryAcquire("job", {.ttl = 10s}).status().code(), StatusCode::kHeldByAnother);
   clock.Advance(11s);  // no renewal can land in time: the heartbeat sleeps on the same clock
   EXPECT_FALSE(held->valid());
   auto next = (*store)->TryAcquire("job", {.ttl = 10s});
@@ -243,9 +243,10 @@ TEST_P(ConformanceTest, WrongTokenRenewAndReleaseAreRefused) {
 TEST_P(ConformanceTest, RenewManyAnswersEachRequestInOrder) {
   ASSERT_TRUE(Grant("a", Token('a')).ok());
   ASSERT_TRUE(Grant("b", Token('b')).ok());
-  std::vector<RenewRequest> requests = {
-      {"a", Token('a'), 10s}, {"b", Token('x'), 10s}, {"missing", Token('m'), 10s},
-      {"b", Token('b'), 10s}};
+  std::vector<RenewRequest> requests = {{"a", Token('a'), 10s},
+                                        {"b", Token('x'), 10s},
+                                        {"missing", Token('m'), 10s},
+                                        {"b", Token('b'), 10s}};
   std::vector<Status> results = backend_->RenewMany(requests);
   ASSERT_EQ(results.size(), 4u);
   EXPECT_TRUE(results[0].ok());
@@ -294,8 +295,7 @@ TEST_P(ConformanceTest, TakeoverAfterTtlWhenTheHolderStopsRenewing) {
   ASSERT_TRUE(taken.ok()) << taken.status().ToString();
   EXPECT_GT(taken->fencing_token(), grant->fencing_token);
   EXPECT_EQ(backend_->Renew({"job", Token('a'), 300ms}).code(), StatusCode::kLost);
-  std::printf("[ figure ] %s takeover after a 300ms ttl: waited %.0f ms\n",
-              GetParam().name.c_str(),
+  std::printf("[ figure ] %s takeover after a 300ms ttl: waited %.0f ms\n", GetParam().name.c_str(),
               std::chrono::duration<double, std::milli>(waited).count());
 }
 
@@ -318,9 +318,9 @@ TEST_P(ConformanceTest, TakeoverAfterTheHoldingProcessIsKilled) {
   auto handle = OpenHandle();
   auto taken = handle->Acquire("job", {.ttl = 5s, .wait = 5s});
   ASSERT_TRUE(taken.ok()) << taken.status().ToString();
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                        killed_at)
-                  .count();
+  double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - killed_at)
+          .count();
   std::printf(
       "[ figure ] %s takeover after kill -9 of a 500ms-ttl holder (granted %.0f ms): "
       "%.0f ms\n",
@@ -570,8 +570,7 @@ TEST_P(ConformanceTest, ForceReleaseOfOneKeyLeavesTheHoldersOtherLeasesHeld) {
   auto forced = b->ForceRelease("two");
   ASSERT_TRUE(forced.ok() && *forced) << forced.status().ToString();
   auto start = std::chrono::steady_clock::now();
-  while (!held[1].lost_token().stop_requested() &&
-         std::chrono::steady_clock::now() - start < 2s) {
+  while (!held[1].lost_token().stop_requested() && std::chrono::steady_clock::now() - start < 2s) {
     std::this_thread::sleep_for(10ms);
   }
   EXPECT_TRUE(held[1].lost_token().stop_requested()) << "lost at the next renewal";
@@ -705,8 +704,7 @@ TEST_P(ConformanceTest, ElectionHasOneLeaderAtATime) {
   std::vector<std::jthread> candidates;
   for (int i = 0; i < kCandidates; ++i) {
     candidates.emplace_back([&, i] {
-      Election election(*handles[i], "svc", fmt::format("candidate-{}", i),
-                        {.lease = {.ttl = 5s}});
+      Election election(*handles[i], "svc", fmt::format("candidate-{}", i), {.lease = {.ttl = 5s}});
       results[i] = election.CampaignLoop(
           [&](Leadership& leadership) {
             EXPECT_TRUE(leadership.valid());
@@ -774,7 +772,8 @@ TEST_P(ConformanceTest, ElectionObserveSeesEveryChangeInOrder) {
     const FencingToken term = leadership->term();
     ASSERT_TRUE(events.WaitFor([&](const auto& seen) {
       return seen.back().has_value() && seen.back()->term == term;
-    })) << "observer missed leader-" << i;
+    })) << "observer missed leader-"
+        << i;
     ASSERT_TRUE(leadership->Resign().ok());
     ASSERT_TRUE(events.WaitFor([](const auto& seen) { return !seen.back().has_value(); }))
         << "observer missed the vacancy after leader-" << i << " resigned";
@@ -844,18 +843,18 @@ TEST_P(ConformanceTest, ElectionReportsLostLeadership) {
   std::condition_variable cv;
   std::vector<ElectionEvent> events;
   FencingToken lost_term = 0;
-  Election election(*handle, "svc", "a",
-                    {.lease = {.ttl = 1s},
-                     .on_event = [&](ElectionEvent event, const LeaderInfo& leader,
-                                     const Status& reason) {
-                       std::lock_guard<std::mutex> lock(mu);
-                       events.push_back(event);
-                       if (event == ElectionEvent::kLostLeadership) {
-                         lost_term = leader.term;
-                         EXPECT_FALSE(reason.ok());
-                       }
-                       cv.notify_all();
-                     }});
+  Election election(
+      *handle, "svc", "a",
+      {.lease = {.ttl = 1s},
+       .on_event = [&](ElectionEvent event, const LeaderInfo& leader, const Status& reason) {
+         std::lock_guard<std::mutex> lock(mu);
+         events.push_back(event);
+         if (event == ElectionEvent::kLostLeadership) {
+           lost_term = leader.term;
+           EXPECT_FALSE(reason.ok());
+         }
+         cv.notify_all();
+       }});
   auto leadership = election.Campaign(0s);
   ASSERT_TRUE(leadership.ok()) << leadership.status().ToString();
   ASSERT_TRUE(handle->ForceRelease(Election::KeyFor("svc")).ok());
@@ -929,9 +928,9 @@ TEST_P(ConformanceTest, FinishWritesTheRecordOnlyForTheOwnerAndInTheSameStep) {
   ASSERT_TRUE(record.ok() && record->has_value());
   EXPECT_EQ(**record, value);
   ASSERT_TRUE(Grant("job", Token('e')).ok());
-  ASSERT_TRUE(backend_->Finish(
-                  {.key = "job", .owner_token = Token('e'), .record = "v2", .record_ttl = 30s})
-                  .ok());
+  ASSERT_TRUE(
+      backend_->Finish({.key = "job", .owner_token = Token('e'), .record = "v2", .record_ttl = 30s})
+          .ok());
   record = backend_->ReadRecord("job");
   ASSERT_TRUE(record.ok() && record->has_value());
   EXPECT_EQ(**record, "v2");
@@ -974,9 +973,9 @@ TEST_P(ConformanceTest, ListRecordsByPrefixInKeyOrder) {
 
 TEST_P(ConformanceTest, ARecordExpiresAfterItsTtl) {
   ASSERT_TRUE(Grant("job", Token('a')).ok());
-  ASSERT_TRUE(backend_->Finish(
-                  {.key = "job", .owner_token = Token('a'), .record = "r", .record_ttl = 1s})
-                  .ok());
+  ASSERT_TRUE(
+      backend_->Finish({.key = "job", .owner_token = Token('a'), .record = "r", .record_ttl = 1s})
+          .ok());
   auto record = backend_->ReadRecord("job");
   ASSERT_TRUE(record.ok() && record->has_value()) << "readable at once";
   // A store may round the TTL up to its granularity (etcd: whole seconds, at least 2 s).
@@ -1019,8 +1018,7 @@ TEST_P(ConformanceTest, FinishCanKeepTheGrantWithoutItsHolder) {
   EXPECT_LT(waited, 5s) << "the kept grant must expire by its keep, not the old ttl";
   EXPECT_GT(taken->fencing_token(), grant->fencing_token);
   std::printf("[ figure ] %s grant kept 1500ms after its holder: taken after %.0f ms\n",
-              GetParam().name.c_str(),
-              std::chrono::duration<double, std::milli>(waited).count());
+              GetParam().name.c_str(), std::chrono::duration<double, std::milli>(waited).count());
 }
 
 TEST_P(ConformanceTest, HoldAtLeastKeepsOthersOutAfterTheHolderHasExited) {
@@ -1043,8 +1041,7 @@ TEST_P(ConformanceTest, HoldAtLeastKeepsOthersOutAfterTheHolderHasExited) {
   ASSERT_TRUE(taken.ok()) << taken.status().ToString();
   EXPECT_GE(waited, 2s);
   std::printf("[ figure ] %s hold_at_least 2s after the holder exited: taken after %.0f ms\n",
-              GetParam().name.c_str(),
-              std::chrono::duration<double, std::milli>(waited).count());
+              GetParam().name.c_str(), std::chrono::duration<double, std::milli>(waited).count());
 }
 
 TEST_P(ConformanceTest, FinishRejectsBadInputAndKeepsTheGrant) {
@@ -1052,12 +1049,12 @@ TEST_P(ConformanceTest, FinishRejectsBadInputAndKeepsTheGrant) {
   ASSERT_TRUE(grant.ok());
   EXPECT_EQ(backend_->Finish({.key = "job", .owner_token = Token('a'), .keep = -1s}).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(backend_
-                ->Finish({.key = "job",
-                          .owner_token = Token('a'),
-                          .keep = internal::kMaxFinishDuration + 1s})
-                .code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      backend_
+          ->Finish(
+              {.key = "job", .owner_token = Token('a'), .keep = internal::kMaxFinishDuration + 1s})
+          .code(),
+      StatusCode::kInvalidArgument);
   EXPECT_EQ(backend_
                 ->Finish({.key = "job",
                           .owner_token = Token('a'),
@@ -1080,12 +1077,10 @@ TEST_P(ConformanceTest, FinishRejectsBadInputAndKeepsTheGrant) {
   // The largest record is accepted, byte for byte.
   std::string largest(internal::kMaxRecordBytes, 'x');
   largest[7] = '\n';
-  ASSERT_TRUE(backend_
-                  ->Finish({.key = "job",
-                            .owner_token = Token('a'),
-                            .record = largest,
-                            .record_ttl = 10s})
-                  .ok());
+  ASSERT_TRUE(
+      backend_
+          ->Finish({.key = "job", .owner_token = Token('a'), .record = largest, .record_ttl = 10s})
+          .ok());
   auto record = backend_->ReadRecord("job");
   ASSERT_TRUE(record.ok() && record->has_value());
   EXPECT_EQ(**record, largest);
@@ -1100,8 +1095,8 @@ TEST_P(ConformanceTest, WallClockAgreesWithThisHost) {
   // a store that reports whole seconds or a leader's time a little stale).
   EXPECT_GE(now->time, before - 1s);
   EXPECT_LE(now->time, after + 1s);
-  std::printf("[ figure ] %s wall clock: %s, %.1f ms from this host's\n",
-              GetParam().name.c_str(), now->from_store ? "the store's" : "this host's",
+  std::printf("[ figure ] %s wall clock: %s, %.1f ms from this host's\n", GetParam().name.c_str(),
+              now->from_store ? "the store's" : "this host's",
               std::chrono::duration<double, std::milli>(now->time - before).count());
 }
 
@@ -1256,8 +1251,8 @@ class FencedData {
     if (store.SupportsFencedOp(FencedOp::Kind::kDelete)) {
       return FencedWrite().Delete(key);
     }
-    return FencedWrite().Sql(
-        fmt::format("DELETE FROM {} WHERE k = $1", testing::kFencedDataTable), {key});
+    return FencedWrite().Sql(fmt::format("DELETE FROM {} WHERE k = $1", testing::kFencedDataTable),
+                             {key});
   }
 
   std::optional<std::string> Read(const std::string& key) const {
@@ -1356,11 +1351,12 @@ TEST_P(ConformanceTest, AFencedWriteOfAnExpiredGrantIsRefusedEvenWithNoNewHolder
   ASSERT_TRUE(grant.ok()) << grant.status().ToString();
   AwaitExpiry("job", *grant, 300ms);
   const FencedWrite put = data.Put(*handle, data.Key("late"), "late");
-  auto late = backend_->FencedWrite({.key = "job",
-                                     .owner_token = Token('e'),
-                                     .fencing_token = grant->fencing_token,
-                                     .store_key = grant->store_key.empty() ? "job" : grant->store_key,
-                                     .ops = put.ops()});
+  auto late =
+      backend_->FencedWrite({.key = "job",
+                             .owner_token = Token('e'),
+                             .fencing_token = grant->fencing_token,
+                             .store_key = grant->store_key.empty() ? "job" : grant->store_key,
+                             .ops = put.ops()});
   EXPECT_EQ(late.status().code(), StatusCode::kLost) << late.status().ToString();
   EXPECT_EQ(data.Read(data.Key("late")), std::nullopt);
 }
@@ -1383,9 +1379,10 @@ TEST_P(ConformanceTest, BadFencedWritesAreRefusedAndLeaveTheLeaseHeld) {
                                                            : StatusCode::kUnimplemented);
   // The op kind the store does not have.
   const bool sql = handle->SupportsFencedOp(FencedOp::Kind::kSql);
-  auto wrong_kind = lease->Write(sql ? FencedWrite().Put(data.Key("x"), "v")
-                                     : FencedWrite().Sql("SELECT 1"));
-  EXPECT_EQ(wrong_kind.status().code(), StatusCode::kUnimplemented) << wrong_kind.status().ToString();
+  auto wrong_kind =
+      lease->Write(sql ? FencedWrite().Put(data.Key("x"), "v") : FencedWrite().Sql("SELECT 1"));
+  EXPECT_EQ(wrong_kind.status().code(), StatusCode::kUnimplemented)
+      << wrong_kind.status().ToString();
   if (sql) {
     // A statement the database refuses rolls back the whole write, statements before it too.
     FencedWrite broken = data.Put(*handle, data.Key("first"), "v");
@@ -1403,7 +1400,8 @@ TEST_P(ConformanceTest, BadFencedWritesAreRefusedAndLeaveTheLeaseHeld) {
   EXPECT_TRUE(lease->Write(data.Put(*handle, data.Key("after"), "ok")).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(AllBackends, ConformanceTest, ::testing::ValuesIn(testing::AllStoreFixtures()),
+INSTANTIATE_TEST_SUITE_P(AllBackends, ConformanceTest,
+                         ::testing::ValuesIn(testing::AllStoreFixtures()),
                          [](const auto& info) { return info.param.name; });
 
 // Shared leases (LeaseOptions::limit and ::mode; backends/backend.h, "Shared leases"): every
@@ -1479,8 +1477,7 @@ TEST_P(SharedLeaseTest, HoldersThatDisagreeOnTheLimitOrKindAreRefusedNamingBoth)
   EXPECT_EQ(shared.status().code(), StatusCode::kInvalidArgument) << shared.status().ToString();
   // Waiting does not turn a refusal into a wait.
   auto waiting = b->Acquire("pool", {.ttl = 10s, .wait = 5s, .limit = 2});
-  EXPECT_EQ(waiting.status().code(), StatusCode::kInvalidArgument)
-      << waiting.status().ToString();
+  EXPECT_EQ(waiting.status().code(), StatusCode::kInvalidArgument) << waiting.status().ToString();
   // And the other way round: a semaphore on an exclusive or shared key.
   auto plain = a->TryAcquire("plain", {.ttl = 10s});
   ASSERT_TRUE(plain.ok()) << plain.status().ToString();
@@ -1625,8 +1622,9 @@ TEST_P(SharedLeaseTest, AWaitingWriterIsNotStarvedByAStreamOfReaders) {
   ASSERT_TRUE(writer->Release().ok());
   stop = true;
   readers.clear();
-  std::printf("[ figure ] %s: a writer waited %.0f ms behind a stream of %d readers (300 ms each)\n",
-              GetParam().name.c_str(), waited_ms, kReaders);
+  std::printf(
+      "[ figure ] %s: a writer waited %.0f ms behind a stream of %d readers (300 ms each)\n",
+      GetParam().name.c_str(), waited_ms, kReaders);
   EXPECT_GT(reads.load(), kReaders) << "the readers did run";
   EXPECT_LT(waited_ms, 5000) << "the writer waited far longer than one reader's hold";
 }
@@ -1722,9 +1720,8 @@ TEST_P(SharedLeaseTest, HoldersInspectAndListShowEveryHolderWithItsSlotAndKind) 
   }
   std::vector<std::string> sorted_r = {fmt::format("rw/r0/{}", r0->slot()),
                                        fmt::format("rw/r1/{}", r1->slot())};
-  std::sort(sorted_r.begin(), sorted_r.end(), [&](const std::string& l, const std::string& r) {
-    return l.back() < r.back();
-  });
+  std::sort(sorted_r.begin(), sorted_r.end(),
+            [&](const std::string& l, const std::string& r) { return l.back() < r.back(); });
   std::vector<std::string> expected = {"pool/w0/0", "pool/w1/1", sorted_r[0], sorted_r[1],
                                        "solo/x/0"};
   EXPECT_EQ(seen, expected) << "List: every grant, by key, then slot";
@@ -1749,8 +1746,7 @@ TEST_P(SharedLeaseTest, ForceReleaseGrantFreesOneHolderAndForceReleaseFreesThemA
   ASSERT_EQ(holders->size(), 2U);
   EXPECT_EQ((*holders)[0].holder, "w0");
   EXPECT_EQ((*holders)[1].holder, "w2");
-  EXPECT_EQ(admin->ForceReleaseGrant("pool", "XYZ").status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(admin->ForceReleaseGrant("pool", "XYZ").status().code(), StatusCode::kInvalidArgument);
   auto all = admin->ForceRelease("pool");
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_TRUE(*all);
@@ -1827,8 +1823,9 @@ TEST_P(SharedLeaseTest, ACrashedHoldersPermitReturnsWhenItsHolderIsKnownGoneElse
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - killed_at)
           .count();
-  std::printf("[ figure ] %s: a kill -9'd holder's permit (granted %.0f ms) came back after %.0f ms\n",
-              GetParam().name.c_str(), granted_ms, ms);
+  std::printf(
+      "[ figure ] %s: a kill -9'd holder's permit (granted %.0f ms) came back after %.0f ms\n",
+      GetParam().name.c_str(), granted_ms, ms);
   EXPECT_GE(ms, granted_ms * 0.9);
   EXPECT_LT(ms, granted_ms + 1000) << "within the granted ttl + 1 s";
   EXPECT_GT(taken->fencing_token(), fence);
@@ -1927,12 +1924,14 @@ TEST_P(SharedLeaseTest, RacingProcessesNeverExceedTheLimitThroughRandomKills) {
   constexpr int kProcesses = 6;
   const char* env = std::getenv("LEASEHOLD_CONFORMANCE_RACE_SECONDS");
   const int seconds = env != nullptr ? std::max(1, std::atoi(env)) : 4;
+
   struct Window {
     long long start = 0;
     long long end = 0;
     unsigned long long fence = 0;
     unsigned slot = 0;
   };
+
   std::mutex mu;
   std::vector<Window> windows;
   auto now_ns = [] {
@@ -1965,9 +1964,9 @@ TEST_P(SharedLeaseTest, RacingProcessesNeverExceedTheLimitThroughRandomKills) {
                                               hard_until - std::chrono::steady_clock::now())
                                               .count()) +
                          1;
-        auto child = std::make_unique<Child>(std::vector<std::string>{
-            LEASE_HOLDER_PATH, url_, "race", "race", "1000", std::to_string(left),
-            fmt::format("limit={}", kLimit)});
+        auto child = std::make_unique<Child>(
+            std::vector<std::string>{LEASE_HOLDER_PATH, url_, "race", "race", "1000",
+                                     std::to_string(left), fmt::format("limit={}", kLimit)});
         // Killed after 0.3..1.5 s, mid-hold or not; on a fair store after 0.3..4.3 s: a killed
         // waiter keeps its place in the queue until its entry expires (etcd: 2 s for a TTL of
         // 1 s), so waiters that all die sooner than that starve each other behind dead entries

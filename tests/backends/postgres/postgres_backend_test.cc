@@ -64,8 +64,8 @@ class PostgresBackendTest : public ::testing::Test {
   // A fresh schema per call, so tests never see each other's rows.
   static std::string Url(std::string_view mode, bool through_bouncer = false) {
     static int n = 0;
-    return fmt::format("{}?mode={}&schema=t_{}_{}", through_bouncer ? bouncer_->Url() : server_->Url(),
-                       mode, getpid(), ++n);
+    return fmt::format("{}?mode={}&schema=t_{}_{}",
+                       through_bouncer ? bouncer_->Url() : server_->Url(), mode, getpid(), ++n);
   }
 
   static std::unique_ptr<Store> Open(const std::string& url) {
@@ -74,9 +74,7 @@ class PostgresBackendTest : public ::testing::Test {
     return store.ok() ? std::move(store).value() : nullptr;
   }
 
-  static std::string Schema(const std::string& url) {
-    return url.substr(url.find("schema=") + 7);
-  }
+  static std::string Schema(const std::string& url) { return url.substr(url.find("schema=") + 7); }
 
   static testing::PostgresServer* server_;
   static testing::PgBouncer* bouncer_;
@@ -88,7 +86,8 @@ testing::PgBouncer* PostgresBackendTest::bouncer_ = nullptr;
 using Holder = testing::SpawnedProcess;
 
 TEST(PostgresOptionsTest, BothConninfoFormsAndLeaseholdParametersAreStripped) {
-  auto uri = ParseUrl("postgres://app:s3cret@db1:5433,db2/appdb?mode=table&schema=jobs&sslmode=require");
+  auto uri =
+      ParseUrl("postgres://app:s3cret@db1:5433,db2/appdb?mode=table&schema=jobs&sslmode=require");
   ASSERT_TRUE(uri.ok());
   auto options = PostgresOptions::FromUrl(*uri);
   ASSERT_TRUE(options.ok()) << options.status().ToString();
@@ -113,12 +112,12 @@ TEST(PostgresOptionsTest, BothConninfoFormsAndLeaseholdParametersAreStripped) {
   EXPECT_EQ(kv_options->password, "a b'c");
   EXPECT_EQ(kv_options->display.find("a b'c"), std::string::npos);
 
-  for (const char* bad : {"postgres://h/db?mode=lock", "postgres://h/db?schema=Bad-Name",
-                          "postgres://h/db?command_timeout=10", "postgres://h/db?create_schema=1"}) {
+  for (const char* bad :
+       {"postgres://h/db?mode=lock", "postgres://h/db?schema=Bad-Name",
+        "postgres://h/db?command_timeout=10", "postgres://h/db?create_schema=1"}) {
     auto url = ParseUrl(bad);
     ASSERT_TRUE(url.ok());
-    EXPECT_EQ(PostgresOptions::FromUrl(*url).status().code(), StatusCode::kInvalidArgument)
-        << bad;
+    EXPECT_EQ(PostgresOptions::FromUrl(*url).status().code(), StatusCode::kInvalidArgument) << bad;
   }
 }
 
@@ -142,8 +141,8 @@ TEST(PostgresOptionsTest, AdvisoryLockIdIsTheDocumentedFnv1a) {
 
 TEST_F(PostgresBackendTest, UnreachableServerIsUnavailableAndNeverEchoesThePassword) {
   int port = testing::PickFreePostgresPort();
-  auto store = Store::Open(fmt::format(
-      "postgres://app:Sup3rSecretPw@127.0.0.1:{}/db?connect_timeout=2", port));
+  auto store = Store::Open(
+      fmt::format("postgres://app:Sup3rSecretPw@127.0.0.1:{}/db?connect_timeout=2", port));
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.status().code(), StatusCode::kUnavailable) << store.status().ToString();
   EXPECT_EQ(store.status().ToString().find("Sup3rSecretPw"), std::string::npos)
@@ -168,13 +167,13 @@ TEST_F(PostgresBackendTest, AdvisoryGrantIsARealLockWithTheDocumentedId) {
   ASSERT_TRUE(locks.ok()) << locks.status().ToString();
   EXPECT_EQ(*locks, "1");
   // The lock is the grant: a plain pg_try_advisory_lock from another session fails.
-  auto other = server_->Psql(fmt::format("SELECT pg_try_advisory_lock({})",
-                                         internal::AdvisoryLockId(Schema(url), "job")));
+  auto other = server_->Psql(
+      fmt::format("SELECT pg_try_advisory_lock({})", internal::AdvisoryLockId(Schema(url), "job")));
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(*other, "f");
   ASSERT_TRUE(lease->Release().ok());
-  auto after = server_->Psql(fmt::format("SELECT pg_try_advisory_lock({})",
-                                         internal::AdvisoryLockId(Schema(url), "job")));
+  auto after = server_->Psql(
+      fmt::format("SELECT pg_try_advisory_lock({})", internal::AdvisoryLockId(Schema(url), "job")));
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(*after, "t");
 }
@@ -193,8 +192,7 @@ TEST_F(PostgresBackendTest, AdvisoryReentrantLockIsRefusedOnOneHandleEvenFromMan
           ++granted;
           leases[i] = std::move(lease).value();
         } else {
-          EXPECT_EQ(lease.status().code(), StatusCode::kHeldByAnother)
-              << lease.status().ToString();
+          EXPECT_EQ(lease.status().code(), StatusCode::kHeldByAnother) << lease.status().ToString();
         }
       });
     }
@@ -239,8 +237,8 @@ TEST_F(PostgresBackendTest, AdvisoryTerminatedSessionIsLostWithinOneRenewInterva
   ASSERT_NE(store, nullptr);
   auto lease = store->TryAcquire("job", {.ttl = 10s, .renew_interval = 500ms});
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
-  auto pid = server_->Psql(fmt::format("SELECT pid FROM \"{}\".leases WHERE key = 'job'",
-                                       Schema(url)));
+  auto pid =
+      server_->Psql(fmt::format("SELECT pid FROM \"{}\".leases WHERE key = 'job'", Schema(url)));
   ASSERT_TRUE(pid.ok() && !pid->empty()) << pid.status().ToString();
   auto killed = server_->Psql(fmt::format("SELECT pg_terminate_backend({}, 3000)", *pid));
   ASSERT_TRUE(killed.ok()) << killed.status().ToString();
@@ -285,9 +283,8 @@ TEST_F(PostgresBackendTest, AdvisoryHeartbeatDetectsAPooledSessionSwap) {
   // another one than the session that took the lock.
   std::vector<std::jthread> busy;
   for (int i = 0; i < 4; ++i) {
-    busy.emplace_back([&] {
-      (void)testing::RunPsqlForTesting(bouncer_->port(), "SELECT pg_sleep(1.5)");
-    });
+    busy.emplace_back(
+        [&] { (void)testing::RunPsqlForTesting(bouncer_->port(), "SELECT pg_sleep(1.5)"); });
   }
   const auto start = Clock::now();
   while (!lease->lost_token().stop_requested() && Clock::now() - start < 5s) {
@@ -333,13 +330,15 @@ TEST_F(PostgresBackendTest, AbandonedAndCancelledWaitsLeaveTheServerQueue) {
 }
 
 TEST_F(PostgresBackendTest, MissingTableWithoutCreateRightNamesTheSchemaCommand) {
-  ASSERT_TRUE(server_->Psql("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
-                            "'app') THEN CREATE ROLE app LOGIN; END IF; END $$")
+  ASSERT_TRUE(server_
+                  ->Psql("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
+                         "'app') THEN CREATE ROLE app LOGIN; END IF; END $$")
                   .ok());
   for (std::string_view mode : {"advisory", "table"}) {
-    auto store = Store::Open(fmt::format("postgres://app@127.0.0.1:{}/postgres?mode={}&schema="
-                                         "no_rights_{}",
-                                         server_->port(), mode, getpid()));
+    auto store =
+        Store::Open(fmt::format("postgres://app@127.0.0.1:{}/postgres?mode={}&schema="
+                                "no_rights_{}",
+                                server_->port(), mode, getpid()));
     ASSERT_FALSE(store.ok()) << mode;
     EXPECT_EQ(store.status().code(), StatusCode::kPermissionDenied) << store.status().ToString();
     EXPECT_NE(store.status().message().find("leasehold schema"), std::string::npos)
@@ -355,9 +354,10 @@ TEST_F(PostgresBackendTest, MissingTableWithoutCreateRightNamesTheSchemaCommand)
   auto ddl = internal::PostgresSchemaSql(*url);
   ASSERT_TRUE(ddl.ok());
   ASSERT_TRUE(server_->Psql(*ddl).ok());
-  ASSERT_TRUE(server_->Psql(fmt::format("GRANT USAGE ON SCHEMA dba_{0} TO app; GRANT SELECT, "
-                                        "INSERT, UPDATE ON dba_{0}.leases TO app",
-                                        getpid()))
+  ASSERT_TRUE(server_
+                  ->Psql(fmt::format("GRANT USAGE ON SCHEMA dba_{0} TO app; GRANT SELECT, "
+                                     "INSERT, UPDATE ON dba_{0}.leases TO app",
+                                     getpid()))
                   .ok());
   auto store = Store::Open(url->Redacted());
   ASSERT_TRUE(store.ok()) << store.status().ToString();
@@ -384,15 +384,13 @@ TEST_F(PostgresBackendTest, AKeptGrantIsListedRefusesOthersAndCanBeForceReleased
     EXPECT_GT((*listed)[0].remaining, 20s);
     for (Store* store : {a.get(), b.get()}) {
       auto refused = store->TryAcquire("job", {.ttl = 5s});
-      ASSERT_EQ(refused.status().code(), StatusCode::kHeldByAnother)
-          << refused.status().ToString();
+      ASSERT_EQ(refused.status().code(), StatusCode::kHeldByAnother) << refused.status().ToString();
       ASSERT_NE(refused.status().holder(), nullptr) << refused.status().ToString();
       EXPECT_EQ(refused.status().holder()->holder, "kept-holder");
     }
     // A waiter is refused too (in advisory mode it gets the free lock and must not use it).
     auto waited = b->Acquire("job", {.ttl = 5s, .wait = 300ms});
-    EXPECT_EQ(waited.status().code(), StatusCode::kDeadlineExceeded)
-        << waited.status().ToString();
+    EXPECT_EQ(waited.status().code(), StatusCode::kDeadlineExceeded) << waited.status().ToString();
     auto forced = b->ForceRelease("job");
     ASSERT_TRUE(forced.ok()) << forced.status().ToString();
     EXPECT_TRUE(*forced) << "a kept grant is a live grant";
@@ -403,8 +401,9 @@ TEST_F(PostgresBackendTest, AKeptGrantIsListedRefusesOthersAndCanBeForceReleased
 }
 
 TEST_F(PostgresBackendTest, ASchemaFromBeforeRecordsGetsItsRecordsTableOrNamesTheSchemaCommand) {
-  ASSERT_TRUE(server_->Psql("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
-                            "'app') THEN CREATE ROLE app LOGIN; END IF; END $$")
+  ASSERT_TRUE(server_
+                  ->Psql("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = "
+                         "'app') THEN CREATE ROLE app LOGIN; END IF; END $$")
                   .ok());
   // The schema as older releases created it: the leases table only.
   auto old_schema = [&](const std::string& schema) {
@@ -472,8 +471,8 @@ TEST_F(PostgresBackendTest, FencingCountersSurviveEveryEndInBothModesAndAcrossMo
     ASSERT_TRUE(lease->Release().ok());
   }
   // The counter is the row's, whichever client bumps it.
-  auto fence = server_->Psql(fmt::format("SELECT fence FROM \"{}\".leases WHERE key = 'job'",
-                                         Schema(url)));
+  auto fence =
+      server_->Psql(fmt::format("SELECT fence FROM \"{}\".leases WHERE key = 'job'", Schema(url)));
   ASSERT_TRUE(fence.ok());
   EXPECT_EQ(*fence, std::to_string(last));
 }

@@ -27,8 +27,8 @@
 #include "backends/registry.h"
 #include "core/logging.h"
 #include "core/url.h"
-#include "testing/redis_server.h"
 #include "redis_test_util.h"
+#include "testing/redis_server.h"
 
 namespace leasehold::internal {
 namespace {

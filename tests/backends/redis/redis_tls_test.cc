@@ -17,8 +17,8 @@
 #include "backends/redis/redis_backend.h"
 #include "backends/redis/redis_options.h"
 #include "core/url.h"
-#include "testing/redis_server.h"
 #include "redis_test_util.h"
+#include "testing/redis_server.h"
 
 namespace leasehold::internal {
 namespace {

@@ -206,8 +206,8 @@ TEST(SqliteContentionTest, ThirtyTwoHandlesInFourProcessesNeitherFailNorLoseLeas
     while (!first_error.empty() && first_error.back() == '\n') {
       first_error.pop_back();
     }
-    std::printf("child %zu: %ld operations, %ld errors, %ld leases lost %s\n", i, ops, errors,
-                lost, first_error.c_str());
+    std::printf("child %zu: %ld operations, %ld errors, %ld leases lost %s\n", i, ops, errors, lost,
+                first_error.c_str());
     EXPECT_EQ(errors, 0) << "child " << i << ": " << buffer + consumed;
     EXPECT_EQ(lost, 0) << "child " << i << ": " << buffer + consumed;
     EXPECT_GT(ops, 0) << "child " << i;

@@ -473,10 +473,11 @@ TEST(ZkBackendTest, ASemaphoreGrantKeptAfterItsHolderHoldsItsSlotUntilTheKeepEnd
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   ASSERT_TRUE(a->Finish({.key = "rw", .owner_token = std::string(32, 'r'), .keep = 1s}).ok());
   EXPECT_EQ(ChildNames(hosts, "/keptsem/leasehold/rw"), std::vector<std::string>{"kept.s.0"});
-  EXPECT_EQ(b->TryAcquire({.key = "rw", .owner_token = std::string(32, 'w'), .holder = "w", .ttl = 4s})
-                .status()
-                .code(),
-            StatusCode::kHeldByAnother);
+  EXPECT_EQ(
+      b->TryAcquire({.key = "rw", .owner_token = std::string(32, 'w'), .holder = "w", .ttl = 4s})
+          .status()
+          .code(),
+      StatusCode::kHeldByAnother);
   EXPECT_TRUE(b->TryAcquire({.key = "rw",
                              .owner_token = std::string(32, 's'),
                              .holder = "s",
@@ -521,8 +522,8 @@ TEST(ZkBackendTest, ReadersAndAWaitingWriterShareOneQueueInOrder) {
   EXPECT_EQ(reader.status().holder()->holder, "w") << "the waiting writer";
   EXPECT_EQ(CountNodes(hosts, key_dir), 3) << "two readers and the waiting writer";
   // A waiting reader queues a tagged node, and leaves nothing behind when it gives up.
-  auto queued = b->TryAcquire(SharedOrExclusive(std::string(32, '4'), "r4", LeaseMode::kShared,
-                                                std::string(32, 'f')));
+  auto queued = b->TryAcquire(
+      SharedOrExclusive(std::string(32, '4'), "r4", LeaseMode::kShared, std::string(32, 'f')));
   ASSERT_EQ(queued.status().code(), StatusCode::kHeldByAnother) << queued.status().ToString();
   EXPECT_EQ(CountNodes(hosts, key_dir), 4);
   b->AbandonWait("job", std::string(32, 'f'));
@@ -793,8 +794,7 @@ TEST(ZkBackendTest, ForceReleaseOfOneOfThreeLeasesLosesOnlyThatOne) {
   ASSERT_TRUE(forced.ok());
   EXPECT_TRUE(*forced);
   const auto start = std::chrono::steady_clock::now();
-  while (!held[1].lost_token().stop_requested() &&
-         std::chrono::steady_clock::now() - start < 2s) {
+  while (!held[1].lost_token().stop_requested() && std::chrono::steady_clock::now() - start < 2s) {
     std::this_thread::sleep_for(10ms);
   }
   EXPECT_TRUE(held[1].lost_token().stop_requested()) << "lost at the next renewal, before the ttl";
@@ -931,8 +931,8 @@ TEST(ZkBackendTest, AWaiterBehindTheHolderIsHandedTheKeyByTheDeleteEventUnlessAK
             StatusCode::kHeldByAnother);
   std::vector<internal::RenewRequest> renew{{"job", tb, 4s}};
   EXPECT_TRUE(b->RenewMany(renew).front().ok());
-  std::printf("handed grant after %.3f ms, ttl %.0f ms of %.0f\n",
-              Ms(Clock::Real().Now() - before), Ms(granted->ttl), Ms(*negotiated));
+  std::printf("handed grant after %.3f ms, ttl %.0f ms of %.0f\n", Ms(Clock::Real().Now() - before),
+              Ms(granted->ttl), Ms(*negotiated));
 
   // c's predecessor is b, the holder now: b finishes with keep, so c is woken by b's delete but
   // must not be handed the key: the kept grant holds it until the keep ends.

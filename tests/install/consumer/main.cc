@@ -1,6 +1,6 @@
-#include <leasehold/leasehold.h>
-
 #include <cstdio>
+
+#include <leasehold/leasehold.h>
 
 int main() {
   auto store = leasehold::Store::Open("memory://");
