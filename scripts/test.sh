@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Sets up and runs the whole test suite: installs Debian packages, builds with warnings as
-# errors, runs every CTest label (the spin model check and the network-namespace partitions
-# included), builds the clang thread-safety build with the libFuzzer targets and fuzzes every
-# parser for a bounded time, then repeats the tests under AddressSanitizer + UBSan (all but the
-# long-running harnesses) and ThreadSanitizer (core, heartbeat and conformance). Exits non-zero
-# on the first failure.
+# Sets up and runs the whole test suite: installs Debian packages, checks that the C++ sources
+# are clang-format clean (scripts/check-format.sh) and that no function grew past 120 lines
+# (scripts/long-functions.py), builds with warnings as errors, runs every CTest label (the spin
+# model check and the network-namespace partitions included), builds the clang thread-safety
+# build with the libFuzzer targets and fuzzes every parser for a bounded time, then repeats the
+# tests under AddressSanitizer + UBSan (all but the long-running harnesses) and ThreadSanitizer
+# (core, heartbeat and conformance). Exits non-zero on the first failure.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -36,6 +37,11 @@ seed_costs() {
 
 step "dependencies"
 scripts/install-deps.sh
+
+step "format (clang-format 14, every C++ file git tracks) and function length"
+scripts/check-format.sh
+# No function of src/ or tools/ over 120 lines but those listed, none of them longer.
+scripts/long-functions.py --top 5
 
 step "build (RelWithDebInfo, -Werror)"
 # Everything on by name: build/ may have been configured by scripts/demo.sh with tests off.

@@ -126,6 +126,32 @@ TEST(StoreSharedTest, AStoreWithoutSharedLeasesRefusesThemBeforeAsking) {
   EXPECT_TRUE(store->TryAcquire("k").ok());
 }
 
+// Store::DataKey through a decorator names the data as the store under it does (a Redis
+// Cluster's hash tag, here a stand-in prefix): ForwardingBackend forwards DataKeyPrefix like
+// every other method (tests/backends/forwarding_backend_check.py checks that none is dropped).
+TEST(StoreDataKeyTest, ADecoratedStoreKeepsTheStoresDataKeyPrefix) {
+  class Prefixed final : public internal::ForwardingBackend {
+   public:
+    using ForwardingBackend::ForwardingBackend;
+
+    std::string DataKeyPrefix(std::string_view key) const override {
+      return "{" + std::string(key) + "}:";
+    }
+  };
+
+  auto url = internal::ParseUrl("memory://");
+  ASSERT_TRUE(url.ok());
+  auto inner = internal::OpenMemoryBackend(*url, Clock::Real());
+  ASSERT_TRUE(inner.ok());
+  auto decorated =
+      std::make_shared<internal::ForwardingBackend>(std::make_shared<Prefixed>(*inner));
+  auto store = Store::OpenWithBackendForTesting(decorated);
+  EXPECT_EQ(store->DataKey("job", "rows"), "{job}:rows");
+  auto lease = store->TryAcquire("job");
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_EQ(lease->DataKey("rows"), "{job}:rows");
+}
+
 // Lease::Confirm on a fake clock, against a store whose renewals are scripted: no answer leaves
 // the lease at risk (neither confirmed nor lost); an answer in time moves safe_until to
 // t_send + ttl - drift, t_send read before the request went out; an answer that comes after
