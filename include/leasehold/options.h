@@ -90,7 +90,7 @@ struct LeaseOptions {
   // final change. Same threading rules as on_lost. Default: none.
   std::function<void(LeaseState, const Status&)> on_state_change;
 
-  // Called after every confirmed renewal with the new safe_until (CLOCK_BOOTTIME, as
+  // Called after every confirmed renewal with the new safe_until (on the store's clock(), as
   // Lease::safe_until()). Same threading rules as on_lost. For a supervisor that keeps a
   // deadline of its own in step with the lease (the CLI's process-tree keeper). Default: none.
   std::function<void(SteadyTime)> on_renewed;

@@ -262,7 +262,7 @@ class [[nodiscard]] Result {
 }  // namespace leasehold
 
 // Evaluates `expr` (a Status); returns it from the enclosing function unless it is OK.
-// Expands to several statements: do not use it as the body of an unbraced if.
+// Expands to one statement (a do-while), safe as the body of an unbraced if.
 #define LH_RETURN_IF_ERROR(expr)                 \
   do {                                           \
     ::leasehold::Status lh_status_tmp_ = (expr); \

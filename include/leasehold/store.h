@@ -90,7 +90,7 @@ class Store {
   Store& operator=(Store&&) = delete;
   ~Store();
 
-  // Takes the key if no live grant exists, in one atomic store operation.
+  // Takes the key if its live grants admit this one (LeaseOptions), in one atomic operation.
   // Returns the Lease; kHeldByAnother (with Status::holder() where the store knows it);
   // kInvalidArgument for a bad key or bad options; kUnavailable; kPermissionDenied.
   Result<Lease> TryAcquire(std::string_view key, const LeaseOptions& options = {});

@@ -271,10 +271,10 @@ class Backend {
   // grants on clocks no wall step reaches. The heartbeat reads steps() around each round.
   [[nodiscard]] virtual const StoreClockWatch& store_clock() const { return store_clock_; }
 
-  // Creates the grant only if no live grant of request.key exists, binds it to
-  // request.owner_token and bumps the key's fencing counter, all in one atomic step.
-  // The key has been validated. Returns kHeldByAnother, with Status::holder() set where the
-  // store keeps the holder's identity, if a live grant exists.
+  // Creates the grant if the key's live grants admit it (exclusive: none; shared and semaphore:
+  // the admission rule above), binds it to request.owner_token and bumps the key's fencing
+  // counter, all in one atomic step. The key has been validated. Returns kHeldByAnother, with
+  // Status::holder() set where the store keeps the holder's identity, when they do not.
   virtual Result<Grant> TryAcquire(const GrantRequest& request) = 0;
 
   // Extends the grant to request.ttl from now (on the store's clock) only if it is live and its
