@@ -41,6 +41,7 @@
 #include "exit_codes.h"
 #include "grant_watch.h"
 #include "interrupt_watcher.h"
+#include "kill_schedule.h"
 #include "observability.h"
 #include "store_flag.h"
 #include "unique_fd.h"
@@ -140,8 +141,9 @@ Result<std::optional<SlotGrid>> ParseSlotFlags(const RunFlags& flags) {
   return std::optional<SlotGrid>(std::move(grid));
 }
 
-// Applies the lease's kill schedule to the command's process tree (supervisor.h) until every
-// process of the tree is gone, and stops or waits for the leftovers of a command that exited.
+// Applies the lease's kill schedule (kill_schedule.h) to the command's process tree
+// (supervisor.h) until every process of the tree is gone, and stops or waits for the leftovers
+// of a command that exited. Logs the lease's state changes and every signal with its reason.
 class LeaseGuard {
  public:
   // The descriptors the loop polls; named, as three ints are easily swapped.
@@ -159,7 +161,8 @@ class LeaseGuard {
         wait_children_(settings.wait_children),
         signal_fd_(fds.signal_fd),
         event_fd_(fds.event_fd),
-        timer_fd_(fds.timer_fd) {}
+        timer_fd_(fds.timer_fd),
+        schedule_(settings.kill_grace, settings.term_on_risk) {}
 
   // Runs until every process of the tree is gone.
   void Run() {
@@ -190,7 +193,7 @@ class LeaseGuard {
       HandleSignals();
     }
     if (const int sig = tree_.deadline_signal();
-        (sig == SIGKILL && !kill_sent_) || (sig == SIGTERM && !term_sent_)) {
+        (sig == SIGKILL && !schedule_.kill_sent()) || (sig == SIGTERM && !schedule_.term_sent())) {
       // leasehold did not act at that instant (stopped, or starved): the keeper did, alone.
       Alarm(
           fmt::format("leasehold's keeper applied the kill schedule of {} by itself while "
@@ -204,7 +207,7 @@ class LeaseGuard {
   }
 
   // True if the lease was lost while the tree ran.
-  [[nodiscard]] bool lost() const { return lost_; }
+  [[nodiscard]] bool lost() const { return schedule_.lost(); }
 
   // True if we signalled the tree because of the lease (lost or at risk past the grace).
   [[nodiscard]] bool stopped_for_lease() const { return stopped_for_lease_; }
@@ -235,38 +238,19 @@ class LeaseGuard {
       }
       last_state_ = state;
     }
-    if (state == LeaseState::kLost && !lost_) {
-      // The library has logged the loss with its reason; RunCommand reports it again at exit.
-      lost_ = true;
-      lost_at_ = now;
+    // The library has logged a loss with its reason; RunCommand reports it again at exit.
+    const KillSchedule::Step step = schedule_.At(now, state, safe_until);
+    if (step.signal == SIGKILL) {
+      SignalTree(SIGKILL, KillSchedule::Why(step.reason));
+    } else if (step.signal == SIGTERM) {
+      SignalTree(SIGTERM, step.reason == KillSchedule::Reason::kLost
+                              ? std::string(KillSchedule::Why(step.reason))
+                              : fmt::format("{}; SIGKILL in {}", KillSchedule::Why(step.reason),
+                                            FormatDuration(RoundForDisplay(step.kill_at - now))));
     }
-    // Without a loss: SIGTERM at safe_until - grace, SIGKILL at safe_until. safe_until moves
-    // forward with every successful renew, so a healthy lease never gets there.
-    // After a loss: SIGTERM at once, SIGKILL after the grace, and never later than safe_until.
-    const bool term_now = term_on_risk_ && state == LeaseState::kAtRisk;
-    const SteadyTime term_at = lost_ ? lost_at_ : term_now ? now : safe_until - kill_grace_;
-    const SteadyTime kill_at = lost_ ? std::min(safe_until, lost_at_ + kill_grace_) : safe_until;
-    if (!kill_sent_ && now >= kill_at) {
-      SignalTree(SIGKILL, now >= safe_until ? "safe_until has passed" : "grace period over");
-      kill_sent_ = true;
-      term_sent_ = true;
-    } else if (!term_sent_ && now >= term_at) {
-      SignalTree(SIGTERM, lost_      ? std::string("the lease is lost")
-                          : term_now ? fmt::format("the lease is at risk (--on-risk=term); "
-                                                   "SIGKILL in {}",
-                                                   FormatDuration(RoundForDisplay(kill_at - now)))
-                                     : fmt::format("the lease cannot be confirmed; SIGKILL in {}",
-                                                   FormatDuration(RoundForDisplay(kill_at - now))));
-      term_sent_ = true;
-    }
-    // The keeper's dead man's switch follows the same schedule, a little behind on SIGTERM so
-    // that it never doubles ours; SIGKILL exactly at kill_at, which no renewal can save.
-    const Duration backstop = std::min<Duration>(kill_grace_ / 4, std::chrono::milliseconds(100));
-    tree_.SetDeadline(term_sent_ ? SteadyTime{} : term_at + backstop, kill_at);
-    if (kill_sent_) {
-      return std::nullopt;
-    }
-    return term_sent_ ? kill_at : term_at;
+    // The keeper's dead man's switch follows the same schedule (KillSchedule).
+    tree_.SetDeadline(step.keeper_term_at, step.keeper_kill_at);
+    return step.next;
   }
 
   // Once the command's own process has exited: stops the rest of the tree (SIGTERM, grace,
@@ -371,11 +355,8 @@ class LeaseGuard {
   const int event_fd_;
   const int timer_fd_;
 
+  KillSchedule schedule_;
   LeaseState last_state_ = LeaseState::kHeld;
-  bool lost_ = false;
-  SteadyTime lost_at_{};
-  bool term_sent_ = false;
-  bool kill_sent_ = false;
   bool stopped_for_lease_ = false;
   bool interrupted_ = false;
   // SIGINT/SIGTERM/SIGHUP received while the tree runs.
