@@ -1,14 +1,11 @@
+// Status and Result (leasehold/status.h), and the macros that propagate them.
+
 #include "leasehold/status.h"
 
 #include <gtest/gtest.h>
 
-#include "core/backoff.h"
-#include "core/owner_token.h"
-
 namespace leasehold {
 namespace {
-
-using namespace std::chrono_literals;
 
 Result<int> Half(int x) {
   if (x % 2 != 0) {
@@ -45,33 +42,28 @@ TEST(StatusTest, MacrosPropagate) {
   EXPECT_EQ(Half(3).value_or(-1), -1);
 }
 
+// LH_RETURN_IF_ERROR is one statement: the body of an unbraced if, and its else still binds to
+// that if.
+Status FirstOddIsAnError(int x, bool check, int* checked) {
+  if (check)
+    LH_RETURN_IF_ERROR(Half(x).status());
+  else
+    ++*checked;
+  return Status();
+}
+
+TEST(StatusTest, ReturnIfErrorIsOneStatement) {
+  int unchecked = 0;
+  EXPECT_EQ(FirstOddIsAnError(3, true, &unchecked).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(FirstOddIsAnError(4, true, &unchecked).ok());
+  EXPECT_EQ(unchecked, 0);
+  EXPECT_TRUE(FirstOddIsAnError(3, false, &unchecked).ok());
+  EXPECT_EQ(unchecked, 1);
+}
+
 TEST(StatusTest, ResultFromOkStatusIsAnInternalError) {
   Result<int> r = Status();
   EXPECT_EQ(r.status().code(), StatusCode::kInternal);
-}
-
-TEST(OwnerTokenTest, TokensAre128RandomBitsInHex) {
-  auto a = internal::NewOwnerToken();
-  auto b = internal::NewOwnerToken();
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(a->size(), 32u);
-  EXPECT_NE(*a, *b);
-  EXPECT_EQ(a->find_first_not_of("0123456789abcdef"), std::string::npos);
-  EXPECT_EQ(internal::TokenPrefix(*a), a->substr(0, 8));
-}
-
-TEST(BackoffTest, FullJitterStaysUnderTheCappedCeiling) {
-  internal::Backoff backoff(1ms, 50ms);
-  Duration ceiling = 1ms;
-  bool saw_nonzero = false;
-  for (int i = 0; i < 40; ++i) {
-    Duration d = backoff.Next();
-    EXPECT_GE(d, Duration::zero());
-    EXPECT_LE(d, ceiling);
-    saw_nonzero = saw_nonzero || d > Duration::zero();
-    ceiling = std::min<Duration>(ceiling * 2, 50ms);
-  }
-  EXPECT_TRUE(saw_nonzero);
 }
 
 }  // namespace

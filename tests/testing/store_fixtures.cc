@@ -555,7 +555,7 @@ std::vector<StoreFixture> MakeFixtures() {
 #if LEASEHOLD_WITH_ZOOKEEPER
   {
     // tickTime 100 ms, so the shortest session (two ticks) is 200 ms and short TTLs stay short;
-    // no upper clamp below 2 minutes (the clamping itself is tested in tests/backends/zk/).
+    // no upper clamp below 2 minutes (the clamping itself is tested in tests/backends/zookeeper/).
     auto zk = [] {
       return &Server<ZkEnsemble>(
           [] { return ZkEnsemble::Start({.tick_time = 100ms, .max_session = 120s}); });
