@@ -529,6 +529,11 @@ class ElectCliTest(CliHarness, unittest.TestCase):
         self.assertFalse(os.path.exists(self.path(other + ".start")), "two children ran at once")
         leader_term = int(self.wait_for_file(leader + ".term"))
         leader_child = int(self.wait_for_file(leader + ".pid"))
+        # The watch samples the key (every 50 ms at most while it is free): a leadership shorter
+        # than that may never be shown, and with the embedded store's instant takeover after
+        # kill -9 the first one would end within milliseconds of the kill. Kill it once shown.
+        self.wait_until("watch prints the first leader", lambda: (leader, leader_term) in [
+            (l["id"], l["term"]) for l in self.watch_lines() if l["leader"]])
 
         t_kill = time.time()
         os.kill(elects[leader].pid, signal.SIGKILL)
