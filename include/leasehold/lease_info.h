@@ -70,8 +70,9 @@ struct LeaseInfo {
   bool kept = false;
   // True when this is not a grant but a writer waiting for the key (an exclusive Acquire that
   // keeps new shared holders out: writer preference), as a refused shared request's
-  // Status::holder() names it: `holder` is that writer, fencing_token 0 where it has none yet,
-  // `remaining` how long its intent lasts unless it asks again.
+  // Status::holder() names it and Store::Holders lists it last: `holder` is that writer,
+  // fencing_token 0 where it has none yet, `remaining` how long its intent lasts unless it
+  // asks again.
   bool waiting_writer = false;
   // True where the store does not tell the time left exactly: `remaining` is an upper bound.
   // ZooKeeper's is the TTL (a grant lives as long as its holder's session, whose heartbeats

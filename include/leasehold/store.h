@@ -124,7 +124,13 @@ class Store {
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key);
 
   // Returns every live grant of `key`, ordered by slot: one for an exclusive lease, each
-  // holder of a shared or semaphore key. Empty if the key is free.
+  // holder of a shared or semaphore key. Empty if the key is free. On sqlite://, grants whose
+  // holder is gone follow (LeaseInfo::holder_gone: nothing counts them as held). Last, where
+  // the store records one, the writer waiting for the key (LeaseInfo::waiting_writer): a
+  // waiting exclusive Acquire's writer intent (every store with fair=false), or on ZooKeeper
+  // the first exclusive request queued behind the grants; not a grant, and listed alone on a
+  // free key whose writer died waiting, until its intent expires. The fair queues of Redis
+  // and etcd (fair=true) are not shown.
   Result<std::vector<LeaseInfo>> Holders(std::string_view key);
 
   // Returns the live grants whose keys start with `prefix`, ordered by key, then slot.

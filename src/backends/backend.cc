@@ -92,6 +92,13 @@ Status LimitMismatch(std::string_view key, LeaseMode held_mode, std::uint32_t he
       DescribeKind(asked_mode, asked_limit)));
 }
 
+std::optional<LeaseInfo> FirstGrant(std::vector<LeaseInfo> holders) {
+  if (holders.empty() || holders.front().waiting_writer) {
+    return std::nullopt;
+  }
+  return std::move(holders.front());
+}
+
 Result<std::vector<LeaseInfo>> Backend::Holders(std::string_view key) {
   LH_ASSIGN_OR_RETURN(std::optional<LeaseInfo> info, Inspect(key));
   std::vector<LeaseInfo> out;

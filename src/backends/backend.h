@@ -119,6 +119,10 @@ constexpr unsigned FencedOpBit(FencedOp::Kind kind) {
 // TakeKeptMark moves it to LeaseInfo::kept.
 inline constexpr std::string_view kKeptTokenSuffix = ":kept";
 
+// The grant Inspect returns from a Holders listing: its first entry, unless that is a waiting
+// writer (no grant: the key is free) or there is none.
+std::optional<LeaseInfo> FirstGrant(std::vector<LeaseInfo> holders);
+
 // If `info.token_prefix` ends with kKeptTokenSuffix: removes it and sets `info.kept`.
 void TakeKeptMark(LeaseInfo& info);
 
@@ -344,8 +348,13 @@ class Backend {
 
   // Returns every live grant of `key`, ordered by slot (empty if the key is free), and, on a
   // store that can tell, the grants not yet expired whose holder is gone (holder_gone), which
-  // Inspect, List and TryAcquire do not count. The default returns Inspect's one grant: right
-  // only for a backend without shared_leases.
+  // Inspect, List and TryAcquire do not count. Last, where the store records one, the writer
+  // waiting for the key (waiting_writer: its live writer intent, "Writer preference" above, or
+  // on ZooKeeper the first exclusive request queued behind the grants): no grant, fencing
+  // token 0, `remaining` its intent's time left (ZooKeeper: the writer's TTL, an upper
+  // bound). A free key can list a waiting writer alone: one that died waiting, until its
+  // intent expires. The fair queues of Redis and etcd (fair=true) are not shown. The default
+  // returns Inspect's one grant: right only for a backend without shared_leases.
   virtual Result<std::vector<LeaseInfo>> Holders(std::string_view key);
 
   // A descriptor whose open file description proves this process's grants alive to the other

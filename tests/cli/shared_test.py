@@ -19,8 +19,9 @@
 #   frees that one (its run finds out, at once where the store tells it, and stops its
 #   command), the others keep theirs.
 # - --shared: two shared runs overlap; an exclusive run waits for both, and a shared run that
-#   comes meanwhile is refused "kept for" that waiting writer; a wrong --limit against a held
-#   semaphore is one line and exit 64.
+#   comes meanwhile is refused "kept for" that waiting writer, and `status` (text and --json)
+#   shows that writer as waiting, not as a holder; a wrong --limit against a held semaphore is
+#   one line and exit 64.
 #
 # The stores: sqlite (a file in the test's temp dir) and, through the store classes of
 # tests/chaos/chaos.py, a throwaway server on free loopback ports, reached directly.
@@ -213,7 +214,7 @@ class SharedTest(CliHarness, unittest.TestCase):
 
     def test_shared_runs_overlap_and_an_exclusive_run_waits_for_them(self):
         readers = [self.start("run", "--shared", "--ttl", "3s", self.key, "--", "sh", "-c",
-                              JOB.format(hold="2.5")) for _ in range(2)]
+                              JOB.format(hold="4")) for _ in range(2)]
         self.wait_for(lambda: len(self.holders()) == 2, 30, "two shared holders")
         self.assertEqual({h["mode"] for h in self.holders()}, {"shared"})
         t = time.monotonic()
@@ -230,6 +231,16 @@ class SharedTest(CliHarness, unittest.TestCase):
                                refused_for_the_writer, timeout=10)
         self.assertIn("kept for the-writer, a writer waiting for it", late.stderr)
         self.assertNotIn("fencing token 0", late.stderr)
+        # status shows the waiting writer apart from the holders, in text and JSON.
+        text = self.cli("status", self.key)
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertIn("waiting:       writer the-writer: new shared holders wait behind it",
+                      text.stdout)
+        s = self.status_json()
+        self.assertEqual(s["waiting_writer"]["holder"], "the-writer", s)
+        self.assertGreater(s["waiting_writer"]["remaining_ms"], 0, s)
+        self.assertEqual(len(s["holders"]), 2, s)
+        self.assertNotIn("the-writer", [h["holder"] for h in s["holders"]], s)
         self.assertEqual(self.wait_exit(writer, 60), 0, self.stderr_of(writer))
         for p in readers:
             self.assertEqual(p.wait(timeout=30), 0, self.stderr_of(p))

@@ -117,6 +117,33 @@ std::string GoneWithin(const LeaseInfo& h, bool notifies) {
       bound);
 }
 
+// Moves out of `holders` what holds nothing: grants whose holder is gone (sqlite://: its
+// process and tree have exited) to `gone`, and the writer waiting for the key, which holds
+// nothing yet, to `writer`. Each is shown apart, after the live grants.
+void SplitOff(std::vector<LeaseInfo>& holders, std::vector<LeaseInfo>& gone,
+              std::optional<LeaseInfo>& writer) {
+  std::erase_if(holders, [&gone, &writer](const LeaseInfo& h) {
+    if (h.waiting_writer) {
+      writer = h;
+    } else if (h.holder_gone) {
+      gone.push_back(h);
+    }
+    return h.waiting_writer || h.holder_gone;
+  });
+}
+
+// status --json's "waiting_writer": the writer's identity and how long its claim lasts.
+nlohmann::ordered_json WaitingWriterJson(const LeaseInfo& writer) {
+  nlohmann::ordered_json w;
+  w["holder"] = writer.holder;
+  w["remaining_ms"] = writer.remaining.count();
+  if (writer.remaining_is_upper_bound) {
+    w["remaining_is_upper_bound"] = true;
+  }
+  w["ttl_ms"] = writer.ttl.count();
+  return w;
+}
+
 void PrintLine(const std::string& text) {
   std::fputs(text.c_str(), stdout);
   std::fputc('\n', stdout);
@@ -136,15 +163,9 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
   if (!holders.ok()) {
     return ReportFailure(holders.error());
   }
-  // Grants whose holder is gone (sqlite://: its process and tree have exited) hold nothing:
-  // shown apart, after the live ones.
   std::vector<LeaseInfo> gone;
-  std::erase_if(*holders, [&gone](const LeaseInfo& h) {
-    if (h.holder_gone) {
-      gone.push_back(h);
-    }
-    return h.holder_gone;
-  });
+  std::optional<LeaseInfo> writer;
+  SplitOff(*holders, gone, writer);
   // The first holder (the lowest slot) is the one shown at the top level: the whole answer for
   // an exclusive lease; every holder of a shared or semaphore key is under "holders".
   const std::optional<LeaseInfo> first =
@@ -169,6 +190,9 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
     }
     if (!gone.empty()) {
       j["gone"] = HoldersJson(gone);
+    }
+    if (writer.has_value()) {
+      j["waiting_writer"] = WaitingWriterJson(*writer);
     }
     if (runs.ok()) {
       nlohmann::ordered_json slots = nlohmann::ordered_json::array();
@@ -223,6 +247,13 @@ int StatusCommand(const std::string& store_url, const std::string& key, bool jso
         "gone:          {} (fencing token {}, slot {}): its process and every process it "
         "guarded have exited; the next acquire takes it at once",
         Printable(g.holder), g.fencing_token, g.slot));
+  }
+  if (writer.has_value()) {
+    PrintLine(fmt::format(
+        "waiting:       writer {}: new shared holders wait behind it; its claim lasts {}{} "
+        "unless it asks again",
+        Printable(writer->holder), writer->remaining_is_upper_bound ? "at most " : "",
+        FormatDuration(RoundForDisplay(writer->remaining))));
   }
   for (std::size_t i = 0; runs.ok() && i < runs->size(); ++i) {
     PrintLine(fmt::format("{}{}", i == 0 ? "slot runs:     " : "               ",
@@ -339,6 +370,7 @@ int ReleaseCommand(const std::string& store_url, const std::string& key,
       return ReportFailure(holders.error());
     }
     std::vector<const LeaseInfo*> matches;
+    std::erase_if(*holders, [](const LeaseInfo& h) { return h.waiting_writer; });
     for (const LeaseInfo& h : *holders) {
       if (h.holder == holder || (!h.token_prefix.empty() && h.token_prefix == holder)) {
         matches.push_back(&h);

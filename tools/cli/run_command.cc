@@ -48,9 +48,11 @@ std::string HeldMessage(Store& store, const std::string& key, const Status& stat
   if (holder.has_value() && holder->limit > 1) {
     // A full semaphore: say so, with the holder of its lowest slot.
     Result<std::vector<LeaseInfo>> all = store.Holders(key);
-    const auto held = all.ok() ? std::count_if(all->begin(), all->end(),
-                                               [](const LeaseInfo& h) { return !h.holder_gone; })
-                               : 0;
+    const auto held =
+        all.ok()
+            ? std::count_if(all->begin(), all->end(),
+                            [](const LeaseInfo& h) { return !h.holder_gone && !h.waiting_writer; })
+            : 0;
     return fmt::format("{}: {} of its {} slots are held; slot {} by {}", what,
                        all.ok() ? std::to_string(held) : std::string("all"), holder->limit,
                        holder->slot, DescribeHolder(*holder));

@@ -1624,10 +1624,7 @@ Result<Diagnosis> EtcdBackend::Diagnose() {
 
 Result<std::optional<LeaseInfo>> EtcdBackend::Inspect(std::string_view key) {
   LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, Holders(key));
-  if (holders.empty()) {
-    return std::optional<LeaseInfo>();
-  }
-  return std::optional<LeaseInfo>(std::move(holders.front()));
+  return FirstGrant(std::move(holders));
 }
 
 Result<std::vector<LeaseInfo>> EtcdBackend::Holders(std::string_view key) {
@@ -1640,12 +1637,31 @@ Result<std::vector<LeaseInfo>> EtcdBackend::Holders(std::string_view key) {
   LH_RETURN_IF_ERROR(impl.client.Range("Range", req, &resp));
   std::vector<LeaseInfo> out;
   LeaseTtls ttls;
+  const mvccpb::KeyValue* intent = nullptr;
   // etcd answers in key order: the base first, then the slots in order.
   for (const mvccpb::KeyValue& kv : resp.kvs()) {
     const KeyKind kind = ParseKey(std::string_view(kv.key()).substr(base.size()));
+    if (kind.kind == KeyKind::kIntent) {
+      intent = &kv;
+      continue;
+    }
     LH_ASSIGN_OR_RETURN(std::optional<LeaseInfo> info, ToInfo(impl.client, key, kv, kind, ttls));
     if (info) {
       out.push_back(std::move(*info));
+    }
+  }
+  // The writer intent, last: on its waiter's own lease, so it lives while that lease does.
+  if (intent != nullptr) {
+    LH_ASSIGN_OR_RETURN(
+        std::optional<LeaseInfo> writer,
+        ToInfo(impl.client, key, *intent,
+               KeyKind{.kind = KeyKind::kGrant, .mode = LeaseMode::kExclusive}, ttls));
+    if (writer) {
+      writer->fencing_token = 0;
+      writer->token_prefix.clear();
+      writer->kept = false;
+      writer->waiting_writer = true;
+      out.push_back(std::move(*writer));
     }
   }
   return out;

@@ -56,12 +56,8 @@ class MemoryTable {
         }
       }
       if (blocker == nullptr && state.intent.has_value() && state.intent->expires > now) {
-        LeaseInfo writer{.key = request.key,
-                         .holder = state.intent->holder,
-                         .remaining = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             state.intent->expires - now),
-                         .waiting_writer = true};
-        return Status::HeldByAnother(writer, "an exclusive holder is waiting for the key");
+        return Status::HeldByAnother(IntentInfo(request.key, *state.intent, now),
+                                     "an exclusive holder is waiting for the key");
       }
     } else if (!state.grants.empty()) {
       blocker = &state.grants.front();
@@ -71,7 +67,7 @@ class MemoryTable {
       if (!semaphore && request.mode == LeaseMode::kExclusive && !request.waiter_id.empty() &&
           (!state.intent.has_value() || state.intent->expires <= now ||
            state.intent->waiter_id == request.waiter_id)) {
-        state.intent = Intent{request.waiter_id, request.holder, now + request.ttl};
+        state.intent = Intent{request.waiter_id, request.holder, request.ttl, now + request.ttl};
       }
       return held;
     }
@@ -213,6 +209,10 @@ class MemoryTable {
     std::vector<LeaseInfo> out;
     if (auto it = keys_.find(key); it != keys_.end()) {
       AppendLiveLocked(it->first, it->second, now, out);
+      if (const std::optional<Intent>& intent = it->second.intent;
+          intent.has_value() && intent->expires > now) {
+        out.push_back(IntentInfo(key, *intent, now));
+      }
     }
     return out;
   }
@@ -326,8 +326,19 @@ class MemoryTable {
   struct Intent {
     std::string waiter_id;
     std::string holder;
+    Duration ttl;
     SteadyTime expires;
   };
+
+  // A live writer intent as Holders and a refused shared request show it.
+  static LeaseInfo IntentInfo(std::string_view key, const Intent& intent, SteadyTime now) {
+    return {
+        .key = std::string(key),
+        .holder = intent.holder,
+        .remaining = std::chrono::duration_cast<std::chrono::milliseconds>(intent.expires - now),
+        .ttl = std::chrono::duration_cast<std::chrono::milliseconds>(intent.ttl),
+        .waiting_writer = true};
+  }
 
   // The grants of one key, ordered by slot, and its writer intent. Expired grants stay until
   // the next acquire of the key prunes them (a late Renew or Release of one still finds it and
@@ -488,8 +499,7 @@ class MemoryBackend final : public Backend {
 
   Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
     LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, table_->Holders(key));
-    return holders.empty() ? std::optional<LeaseInfo>()
-                           : std::optional<LeaseInfo>(std::move(holders.front()));
+    return FirstGrant(std::move(holders));
   }
 
   Result<std::vector<LeaseInfo>> Holders(std::string_view key) override {

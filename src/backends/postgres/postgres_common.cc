@@ -103,6 +103,7 @@ LeaseInfo PgLeaseInfo(const PgResult& r, int row) {
 LeaseInfo PgGrantInfo(const PgResult& r, int row) {
   LeaseInfo info = PgLeaseInfo(r, row);
   info.mode = r.Get(row, 6) == "s" ? LeaseMode::kShared : LeaseMode::kExclusive;
+  info.waiting_writer = r.Get(row, 6) == "w";
   info.limit = static_cast<std::uint32_t>(std::max(1LL, r.GetInt(row, 7)));
   info.slot = static_cast<std::uint32_t>(std::max(0LL, r.GetInt(row, 8)));
   return info;

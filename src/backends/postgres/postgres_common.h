@@ -39,7 +39,8 @@ std::string PgArrayLiteral(const std::vector<std::string>& items);
 LeaseInfo PgLeaseInfo(const PgResult& r, int row);
 
 // Reads a live grant from `row` of `r` with its kind: (key, holder, token_prefix, fence, ttl_ms,
-// remaining_ms, mode 'x' or 's', lim, slot), as kTableHolders returns it.
+// remaining_ms, mode 'x' or 's', lim, slot), as kTableHolders returns it; mode 'w' is the
+// key's waiting writer (LeaseInfo::waiting_writer).
 LeaseInfo PgGrantInfo(const PgResult& r, int row);
 
 // Returns `text` as an SQL string literal that means the same under any

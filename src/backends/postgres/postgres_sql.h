@@ -523,9 +523,15 @@ WHERE EXISTS (SELECT 1 FROM x) OR EXISTS (SELECT 1 FROM s))sql";
   "CASE WHEN lim = 1 THEN 's' ELSE 'x' END, lim, slot FROM {schema}.shares "               \
   "WHERE " where " AND slot >= 0 AND expires_at > clock_timestamp()"
 
-// Every live grant of key $1, ordered by slot (Inspect takes the first).
+// Every live grant of key $1, ordered by slot (Inspect takes the first), then its live writer
+// intent (slot -1 in shares) as mode 'w': no token prefix, fencing token 0.
 inline constexpr std::string_view kTableHolders =
-    "SELECT * FROM (" LH_PG_TABLE_GRANTS("key = $1") ") a ORDER BY slot";
+    "SELECT * FROM (" LH_PG_TABLE_GRANTS("key = $1") " UNION ALL "
+    "SELECT key, holder, '', 0, ttl_ms, "
+    "greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint, "
+    "'w', 1, -1 FROM {schema}.shares "
+    "WHERE key = $1 AND slot = -1 AND expires_at > clock_timestamp()) a "
+    "ORDER BY slot < 0, slot";
 
 // Every live grant of the keys that start with $1, ordered bytewise by key, then by slot.
 inline constexpr std::string_view kTableListShared =

@@ -558,10 +558,7 @@ Result<Diagnosis> PostgresTableBackend::Diagnose() {
 Result<std::optional<LeaseInfo>> PostgresTableBackend::Inspect(std::string_view key) {
   if (shares_ready_) {
     LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, Holders(key));
-    if (holders.empty()) {
-      return std::optional<LeaseInfo>();
-    }
-    return std::optional<LeaseInfo>(std::move(holders.front()));
+    return FirstGrant(std::move(holders));
   }
   LH_ASSIGN_OR_RETURN(
       PgResult r, Run("inspect", PgStatement(sql::kTableInspect, options_), {std::string(key)}));

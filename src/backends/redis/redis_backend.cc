@@ -1683,15 +1683,12 @@ Result<Diagnosis> RedisBackend::Diagnose() {
 
 Result<std::optional<LeaseInfo>> RedisBackend::Inspect(std::string_view key) {
   LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, Holders(key));
-  if (holders.empty()) {
-    return std::optional<LeaseInfo>();
-  }
-  return std::optional<LeaseInfo>(std::move(holders.front()));
+  return FirstGrant(std::move(holders));
 }
 
 namespace {
 
-// Reads kHoldersScript's reply for `key`: the live grants, by slot.
+// Reads kHoldersScript's reply for `key`: the live grants, by slot, and the waiting writer.
 Result<std::vector<LeaseInfo>> ParseHolders(const std::string& address, const std::string& key,
                                             const redisReply* reply) {
   if (IsError(reply)) {
@@ -1705,6 +1702,9 @@ Result<std::vector<LeaseInfo>> ParseHolders(const std::string& address, const st
   holders.reserve(reply->elements);
   for (std::size_t i = 0; i < reply->elements; ++i) {
     LH_ASSIGN_OR_RETURN(LeaseInfo info, ParseLeaseInfo(key, reply->element[i], 0));
+    info.waiting_writer = reply->element[i]->type == REDIS_REPLY_ARRAY &&
+                          reply->element[i]->elements > 8 &&
+                          ReplyText(reply->element[i]->element[8]) == "w";
     holders.push_back(std::move(info));
   }
   return holders;
@@ -1713,8 +1713,9 @@ Result<std::vector<LeaseInfo>> ParseHolders(const std::string& address, const st
 }  // namespace
 
 Result<std::vector<LeaseInfo>> RedisBackend::Holders(std::string_view key) {
-  std::vector<Command> call = {
-      {"EVALSHA", pool_->shas_[kHolders], "1", LeaseKeyName(options_.prefix, key)}};
+  std::vector<Command> call = {{"EVALSHA", pool_->shas_[kHolders], "2",
+                                LeaseKeyName(options_.prefix, key),
+                                IntentKeyName(options_.prefix, key)}};
   LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, false));
   return ParseHolders(options_.Address(), std::string(key), out.replies[0].get());
 }

@@ -781,13 +781,21 @@ local out = {}
 for i, g in ipairs(st.grants) do
   out[i] = lh_info(st, g)
 end
+if KEYS[2] then
+  local i = redis.call('HMGET', KEYS[2], 'holder', 'ttl')
+  if i[1] then
+    out[#out + 1] = {i[1], '', 0, redis.call('PTTL', KEYS[2]), i[2], 'exclusive', 1, 0, 'w'}
+  end
+end
 return out
 )lua";
 // Line by line:
 //   1   The live grants, read in the same atomic step as their time left, so that the fields
 //       and the time left belong to one grant; the dead ones are skipped, not dropped (a read
 //       writes nothing).
-//   2-6 Answer with each as lh_info shows it (Inspect takes the first: the lowest slot).
+//   2-6 Each as lh_info shows it (Inspect takes the first: the lowest slot).
+//   7-12 With KEYS[2] (Holders; List reads grants only): the writer intent, if one lives, last,
+//       as lh_info shows a grant plus a ninth field 'w': the waiting writer, fencing token 0.
 
 // fair=true, with kGrantLib: a waiter gives up (Backend::AbandonWait). KEYS[1] = grant hash,
 // KEYS[2] = queue, KEYS[3] = queue expiry, KEYS[4] = queue arrival counter, KEYS[5] = queue

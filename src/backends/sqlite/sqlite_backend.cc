@@ -1312,6 +1312,36 @@ LeaseInfo LeaseInfoFromRow(const StatementRun& row, std::int64_t now_ns) {
   return info;
 }
 
+// The live writer intent of `key` (kSelectLiveIntentSql), with its waiter's id: read for a
+// shared request (it keeps them out), for a waiter's exclusive request that is refused (it
+// records or refreshes it), and by Holders (listed last).
+struct LiveIntent {
+  std::string waiter_id;
+  LeaseInfo info;
+};
+
+Result<std::optional<LiveIntent>> ReadLiveIntent(SqliteConnection& connection, std::string_view key,
+                                                 const std::string& boot_id, std::int64_t now_ns,
+                                                 std::string_view operation) {
+  using std::chrono::duration_cast;
+  using std::chrono::milliseconds;
+  StatementRun select(connection, kSelectLiveIntent, operation);
+  select.Bind(1, key);
+  select.Bind(2, boot_id);
+  select.Bind(3, now_ns);
+  LH_ASSIGN_OR_RETURN(bool row, select.Next());
+  if (!row) {
+    return std::optional<LiveIntent>();
+  }
+  LiveIntent intent{.waiter_id = select.Text(0)};
+  intent.info.key = std::string(key);
+  intent.info.holder = select.Text(1);
+  intent.info.waiting_writer = true;
+  intent.info.ttl = duration_cast<milliseconds>(Duration(select.Int(2)));
+  intent.info.remaining = duration_cast<milliseconds>(Duration(select.Int(3) - now_ns));
+  return std::optional<LiveIntent>(std::move(intent));
+}
+
 // The tables of leasehold's own schema in the file: a fenced write's statements may read them,
 // never change them.
 constexpr std::array<std::string_view, 4> kLeaseTables = {"grants", "fencing_counters", "records",
@@ -1873,31 +1903,8 @@ Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
     return Status::HeldByAnother(live[*own], "a grant under this owner token already exists");
   }
 
-  // The live writer intent of the key, read where it matters: for a shared request (it keeps
-  // them out) and for a waiter's exclusive request that is refused (it records or refreshes it).
-  struct Intent {
-    std::string waiter_id;
-    LeaseInfo info;
-  };
-
-  auto read_intent = [&]() -> Result<std::optional<Intent>> {
-    StatementRun select(connection, kSelectLiveIntent, "try-acquire");
-    select.Bind(1, request.key);
-    select.Bind(2, boot_id_);
-    select.Bind(3, now_ns);
-    LH_ASSIGN_OR_RETURN(bool row, select.Next());
-    if (!row) {
-      return std::optional<Intent>();
-    }
-    Intent intent{.waiter_id = select.Text(0)};
-    intent.info.key = request.key;
-    intent.info.holder = select.Text(1);
-    intent.info.waiting_writer = true;
-    intent.info.ttl =
-        std::chrono::duration_cast<std::chrono::milliseconds>(Duration(select.Int(2)));
-    intent.info.remaining =
-        std::chrono::duration_cast<std::chrono::milliseconds>(Duration(select.Int(3) - now_ns));
-    return std::optional<Intent>(std::move(intent));
+  auto read_intent = [&] {
+    return ReadLiveIntent(connection, request.key, boot_id_, now_ns, "try-acquire");
   };
 
   if (asks_semaphore) {
@@ -1912,7 +1919,7 @@ Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
     if (exclusive != live.end()) {
       return Status::HeldByAnother(live.front());
     }
-    LH_ASSIGN_OR_RETURN(std::optional<Intent> intent, read_intent());
+    LH_ASSIGN_OR_RETURN(std::optional<LiveIntent> intent, read_intent());
     if (intent.has_value() && intent->waiter_id != request.waiter_id) {
       const LeaseInfo& writer = intent->info;
       return Status::HeldByAnother(
@@ -1929,7 +1936,7 @@ Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
     }
     // Writer preference: record this waiter's intent, or refresh it, unless another waiter's
     // live intent came first (one intent per key: the first waiting writer's).
-    LH_ASSIGN_OR_RETURN(std::optional<Intent> intent, read_intent());
+    LH_ASSIGN_OR_RETURN(std::optional<LiveIntent> intent, read_intent());
     if (intent.has_value() && intent->waiter_id != request.waiter_id) {
       return held;
     }
@@ -2292,11 +2299,17 @@ Result<std::vector<LeaseInfo>> SqliteBackend::Holders(std::string_view key) {
   while (true) {
     LH_ASSIGN_OR_RETURN(bool row, live.Next());
     if (!row) {
-      return infos;
+      break;
     }
     infos.push_back(LeaseInfoFromRow(live, now_ns));
     infos.back().holder_gone = live.Int(9) == 0;
   }
+  LH_ASSIGN_OR_RETURN(std::optional<LiveIntent> intent,
+                      ReadLiveIntent(*connection_, key, boot_id_, now_ns, "holders"));
+  if (intent.has_value()) {
+    infos.push_back(std::move(intent->info));
+  }
+  return infos;
 }
 
 Result<std::vector<LeaseInfo>> SqliteBackend::List(std::string_view prefix) {

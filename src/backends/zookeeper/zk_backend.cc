@@ -373,7 +373,8 @@ Result<std::optional<LeaseInfo>> ZkBackend::ReadHolder(ZkSession& session, std::
 }
 
 Result<std::vector<ZkBackend::LiveGrant>> ZkBackend::ReadGrants(ZkSession& session,
-                                                                std::string_view key) {
+                                                                std::string_view key,
+                                                                std::optional<LeaseInfo>* writer) {
   const std::string dir = KeyDir(key);
   for (int attempt = 0; attempt < kRaceRetries; ++attempt) {
     std::vector<std::string> children;
@@ -398,10 +399,52 @@ Result<std::vector<ZkBackend::LiveGrant>> ZkBackend::ReadGrants(ZkSession& sessi
     if (grc == ZNONODE) {
       continue;  // a holder left between the two reads
     }
+    if (writer != nullptr) {
+      LH_ASSIGN_OR_RETURN(*writer,
+                          WaitingWriterOf(session, key, dir, listing.queued, listing.kinds, kept));
+    }
     return grants;
   }
   return Status::Unavailable(
       fmt::format("the holders of {} kept changing while they were read; try again", key));
+}
+
+Result<std::optional<LeaseInfo>> ZkBackend::WaitingWriterOf(ZkSession& session,
+                                                            std::string_view key,
+                                                            const std::string& dir,
+                                                            const std::vector<std::string>& queued,
+                                                            const std::vector<NodeKind>& kinds,
+                                                            const std::vector<Kept>& kept) {
+  std::vector<NodeKind> kept_kinds;
+  for (const Kept& k : kept) {
+    kept_kinds.push_back(k.kind);
+  }
+  const std::vector<bool> granted = GrantedOf(kinds, kept_kinds);
+  for (std::size_t j = 0; j < queued.size(); ++j) {
+    if (!IsExclusive(kinds[j]) || granted[j]) {
+      continue;
+    }
+    std::string data;
+
+    struct Stat stat {};
+
+    ZkRequests requests(session, options_.command_timeout);
+    const int rc = requests.Get(dir + "/" + queued[j], &data, &stat);
+    if (rc == ZNONODE) {
+      return std::optional<LeaseInfo>();  // it left (granted or gave up) since the listing
+    }
+    if (rc != ZOK) {
+      return ZkErrorStatus(rc, "reading a waiting writer", options_);
+    }
+    LeaseInfo info = zk_layout::ParseNode(key, queued[j], data, 0);
+    info.fencing_token = 0;
+    info.token_prefix.clear();
+    info.remaining = info.ttl;
+    info.remaining_is_upper_bound = true;
+    info.waiting_writer = true;
+    return std::optional<LeaseInfo>(std::move(info));
+  }
+  return std::optional<LeaseInfo>();
 }
 
 Result<std::vector<ZkBackend::LiveGrant>> ZkBackend::GrantsOf(
@@ -1686,11 +1729,15 @@ Result<std::optional<LeaseInfo>> ZkBackend::Inspect(std::string_view key) {
 
 Result<std::vector<LeaseInfo>> ZkBackend::Holders(std::string_view key) {
   LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> session, ServiceSession());
-  LH_ASSIGN_OR_RETURN(std::vector<LiveGrant> grants, ReadGrants(*session, key));
+  std::optional<LeaseInfo> writer;
+  LH_ASSIGN_OR_RETURN(std::vector<LiveGrant> grants, ReadGrants(*session, key, &writer));
   std::vector<LeaseInfo> out;
-  out.reserve(grants.size());
+  out.reserve(grants.size() + 1);
   for (LiveGrant& g : grants) {
     out.push_back(std::move(g.info));
+  }
+  if (writer.has_value()) {
+    out.push_back(std::move(*writer));
   }
   return out;
 }

@@ -381,8 +381,20 @@ class ZkBackend final : public Backend {
 
   // Reads the key's live grants, ordered by slot: its granted children (zk_backend.cc,
   // GrantedOf) and live kept nodes, from one listing and one round of gets (re-read if a child
-  // left in between).
-  Result<std::vector<LiveGrant>> ReadGrants(ZkSession& session, std::string_view key);
+  // left in between). With `writer`, also the first exclusive child of that listing not yet
+  // granted (the writer waiting for the key, waiting_writer), or nullopt.
+  Result<std::vector<LiveGrant>> ReadGrants(ZkSession& session, std::string_view key,
+                                            std::optional<LeaseInfo>* writer = nullptr);
+
+  // The first exclusive node among `queued` (a listing's sequence nodes, in order, with their
+  // kinds) that the grants before it and `kept` do not admit: the writer waiting for the key,
+  // as Holders lists it (no fencing token or token prefix; `remaining` its TTL, an upper
+  // bound), or nullopt.
+  Result<std::optional<LeaseInfo>> WaitingWriterOf(ZkSession& session, std::string_view key,
+                                                   const std::string& dir,
+                                                   const std::vector<std::string>& queued,
+                                                   const std::vector<zk_layout::NodeKind>& kinds,
+                                                   const std::vector<Kept>& kept);
 
   // The live grants among `queued` (a listing's sequence nodes, in order, with their kinds)
   // before index `end`, and the live kept nodes `kept`, ordered by slot: one round of gets.

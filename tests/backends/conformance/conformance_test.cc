@@ -1585,6 +1585,71 @@ TEST_P(SharedLeaseTest, AReaderKeptOutByAWaitingWriterIsToldItIsAWaitingWriter) 
   ASSERT_TRUE(reader->Release().ok());
 }
 
+// Store::Holders lists the writer waiting for a shared key last, as waiting (no grant, fencing
+// token 0), never as a holder: Inspect still names the reader; once the writer holds the key,
+// it is listed as its grant and no longer as waiting. Every store with writer intents and
+// ZooKeeper's queue show it; the fair queues of Redis and etcd do not.
+TEST_P(SharedLeaseTest, HoldersListAWaitingWriterLastAndNotAsAHolder) {
+  auto a = OpenHandle();
+  auto b = OpenHandle();
+  std::atomic<bool> writer_done{false};
+  std::jthread writer_thread;  // joined after the reader below is released (declared first)
+  auto reader = a->TryAcquire("rw", {.ttl = 10s, .mode = LeaseMode::kShared, .holder = "reader"});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  writer_thread = std::jthread([&] {
+    auto w = b->Acquire("rw", {.ttl = 10s, .wait = 10s, .holder = "writer"});
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    writer_done = true;
+    if (w.ok()) {
+      // Held: the writer is a grant now, and waits no more.
+      auto holders = a->Holders("rw");
+      ASSERT_TRUE(holders.ok()) << holders.status().ToString();
+      ASSERT_EQ(holders->size(), 1U);
+      EXPECT_EQ(holders->front().holder, "writer");
+      EXPECT_FALSE(holders->front().waiting_writer);
+      EXPECT_GT(holders->front().fencing_token, 0U);
+      EXPECT_TRUE(w->Release().ok());
+    }
+  });
+  const bool shows = !backend_->capabilities().fair_queue || backend_->scheme() == "zk";
+  std::optional<LeaseInfo> writer;
+  std::vector<LeaseInfo> listed;
+  const auto until = std::chrono::steady_clock::now() + (shows ? 5s : 1s);
+  while (!writer && std::chrono::steady_clock::now() < until) {
+    auto holders = a->Holders("rw");
+    ASSERT_TRUE(holders.ok()) << holders.status().ToString();
+    listed = *holders;
+    for (std::size_t i = 0; i < listed.size(); ++i) {
+      if (listed[i].waiting_writer) {
+        EXPECT_EQ(i, listed.size() - 1) << "the waiting writer is listed last";
+        writer = listed[i];
+      }
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  if (shows) {
+    ASSERT_TRUE(writer.has_value()) << "no waiting writer listed in 5s";
+  }
+  if (writer.has_value()) {
+    EXPECT_EQ(writer->holder, "writer");
+    EXPECT_EQ(writer->fencing_token, 0U);
+    EXPECT_TRUE(writer->token_prefix.empty());
+    EXPECT_GT(writer->remaining, 0ms);
+    EXPECT_LE(writer->remaining, 11s);
+    ASSERT_GE(listed.size(), 2U);
+    EXPECT_EQ(listed.front().holder, "reader");
+    EXPECT_FALSE(listed.front().waiting_writer);
+  }
+  auto first = a->Inspect("rw");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE(first->has_value());
+  EXPECT_EQ((*first)->holder, "reader");
+  EXPECT_FALSE(writer_done.load()) << "the writer still waits";
+  ASSERT_TRUE(reader->Release().ok());
+  writer_thread.join();
+  EXPECT_TRUE(writer_done.load());
+}
+
 // Writer preference: readers that overlap one another without a gap would hold the key for
 // ever; a waiting writer must get it within about one reader's hold time.
 TEST_P(SharedLeaseTest, AWaitingWriterIsNotStarvedByAStreamOfReaders) {
