@@ -89,6 +89,7 @@ enum ScriptId {
   kForceGrant,
   kWaitState,
   kClearIntent,
+  kIntent,
   kScriptCount
 };
 
@@ -107,6 +108,7 @@ constexpr Script kScripts[kScriptCount] = {
     {"force-release-grant", kForceGrantScript, true},
     {"wait-state", kWaitStateScript, true},
     {"clear-intent", kClearIntentScript},
+    {"intent", kIntentScript},
 };
 
 // The text SCRIPT LOAD sends for `id` (kGrantLib first where the script uses it), which is
@@ -1688,7 +1690,7 @@ Result<std::optional<LeaseInfo>> RedisBackend::Inspect(std::string_view key) {
 
 namespace {
 
-// Reads kHoldersScript's reply for `key`: the live grants, by slot, and the waiting writer.
+// Reads kHoldersScript's reply for `key`: the live grants, by slot.
 Result<std::vector<LeaseInfo>> ParseHolders(const std::string& address, const std::string& key,
                                             const redisReply* reply) {
   if (IsError(reply)) {
@@ -1702,9 +1704,6 @@ Result<std::vector<LeaseInfo>> ParseHolders(const std::string& address, const st
   holders.reserve(reply->elements);
   for (std::size_t i = 0; i < reply->elements; ++i) {
     LH_ASSIGN_OR_RETURN(LeaseInfo info, ParseLeaseInfo(key, reply->element[i], 0));
-    info.waiting_writer = reply->element[i]->type == REDIS_REPLY_ARRAY &&
-                          reply->element[i]->elements > 8 &&
-                          ReplyText(reply->element[i]->element[8]) == "w";
     holders.push_back(std::move(info));
   }
   return holders;
@@ -1713,11 +1712,25 @@ Result<std::vector<LeaseInfo>> ParseHolders(const std::string& address, const st
 }  // namespace
 
 Result<std::vector<LeaseInfo>> RedisBackend::Holders(std::string_view key) {
-  std::vector<Command> call = {{"EVALSHA", pool_->shas_[kHolders], "2",
-                                LeaseKeyName(options_.prefix, key),
-                                IntentKeyName(options_.prefix, key)}};
+  // The grants, then the writer intent (fair=false; none exists with fair=true): two one-key
+  // scripts in one round trip (kIntentScript says why not one).
+  std::vector<Command> call = {
+      {"EVALSHA", pool_->shas_[kHolders], "1", LeaseKeyName(options_.prefix, key)},
+      {"EVALSHA", pool_->shas_[kIntent], "1", IntentKeyName(options_.prefix, key)}};
   LH_ASSIGN_OR_RETURN(ScriptReplies out, RunScripts(*router_, call, false));
-  return ParseHolders(options_.Address(), std::string(key), out.replies[0].get());
+  LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders,
+                      ParseHolders(options_.Address(), std::string(key), out.replies[0].get()));
+  const redisReply* intent = out.replies[1].get();
+  if (IsError(intent)) {
+    return ScriptErrorStatus(options_.Address(), fmt::format("inspecting {}", key),
+                             ScriptText(kIntent), ReplyText(intent));
+  }
+  if (intent->type == REDIS_REPLY_ARRAY && intent->elements >= 8) {
+    LH_ASSIGN_OR_RETURN(LeaseInfo writer, ParseLeaseInfo(std::string(key), intent, 0));
+    writer.waiting_writer = true;
+    holders.push_back(std::move(writer));
+  }
+  return holders;
 }
 
 Result<std::vector<LeaseInfo>> RedisBackend::List(std::string_view prefix) {

@@ -781,21 +781,26 @@ local out = {}
 for i, g in ipairs(st.grants) do
   out[i] = lh_info(st, g)
 end
-if KEYS[2] then
-  local i = redis.call('HMGET', KEYS[2], 'holder', 'ttl')
-  if i[1] then
-    out[#out + 1] = {i[1], '', 0, redis.call('PTTL', KEYS[2]), i[2], 'exclusive', 1, 0, 'w'}
-  end
-end
 return out
 )lua";
 // Line by line:
 //   1   The live grants, read in the same atomic step as their time left, so that the fields
 //       and the time left belong to one grant; the dead ones are skipped, not dropped (a read
 //       writes nothing).
-//   2-6 Each as lh_info shows it (Inspect takes the first: the lowest slot).
-//   7-12 With KEYS[2] (Holders; List reads grants only): the writer intent, if one lives, last,
-//       as lh_info shows a grant plus a ninth field 'w': the waiting writer, fencing token 0.
+//   2-6 Answer with each as lh_info shows it (Inspect takes the first: the lowest slot).
+
+// fair=false: the writer waiting for a key, as Holders lists it last. KEYS[1] = writer intent.
+// Returns {holder, '', 0, time left ms, ttl ms, 'exclusive', 1, 0} (lh_info's fields, fencing
+// token 0), or {} if no intent lives. A script of its own, one key, sent beside kHoldersScript:
+// a script naming both keys would be refused with TRYAGAIN while the slot is half migrated and
+// the intent (which rarely exists) is missing on the node that serves the grant.
+inline constexpr std::string_view kIntentScript = R"lua(
+local i = redis.call('HMGET', KEYS[1], 'holder', 'ttl')
+if not i[1] then
+  return {}
+end
+return {i[1], '', 0, redis.call('PTTL', KEYS[1]), i[2], 'exclusive', 1, 0}
+)lua";
 
 // fair=true, with kGrantLib: a waiter gives up (Backend::AbandonWait). KEYS[1] = grant hash,
 // KEYS[2] = queue, KEYS[3] = queue expiry, KEYS[4] = queue arrival counter, KEYS[5] = queue
