@@ -174,11 +174,7 @@ class SlotClaim {
   Lease lease_;
 };
 
-// The record's text form, for the store (internal, exposed for tests and fuzzing): at most
-// kMaxSlotHistory runs, newest first. ParseSlotRecord returns kInternal for text it does not
-// understand.
+// The most runs a key's record keeps, newest first (SlotRuns, `leasehold status`).
 inline constexpr std::size_t kMaxSlotHistory = 8;
-std::string FormatSlotRecord(const std::vector<SlotRun>& runs);
-Result<std::vector<SlotRun>> ParseSlotRecord(std::string_view text);
 
 }  // namespace leasehold

@@ -17,6 +17,7 @@
 #include "leasehold/store.h"
 
 #include "core/duration.h"
+#include "core/slot_record.h"
 #include "core/store_core.h"
 
 namespace leasehold {
@@ -149,6 +150,8 @@ Result<SystemTime> SlotStartAt(const SlotGrid& grid, SystemTime now) {
 #endif
 }
 
+namespace internal {
+
 std::string FormatSlotRecord(const std::vector<SlotRun>& runs) {
   std::string text(kRecordHeader);
   text += '\n';
@@ -239,6 +242,8 @@ Result<std::vector<SlotRun>> ParseSlotRecord(std::string_view text) {
   return runs;
 }
 
+}  // namespace internal
+
 Status SlotClaim::Finish(const SlotFinish& result) {
   if (!claimed() || !lease_.core_) {
     return Status::Ok();
@@ -283,7 +288,7 @@ Status SlotClaim::Finish(const SlotFinish& result) {
       std::max<Duration>(2 * grid_.period + SlotTolerance(grid_), result.keep_history);
   const SteadyTime keep_until = lease_.core_->granted_at() + result.hold_at_least;
   return lease_.Finish(result.hold_at_least > Duration::zero() ? keep_until : SteadyTime::min(),
-                       FormatSlotRecord(runs), record_ttl);
+                       internal::FormatSlotRecord(runs), record_ttl);
 }
 
 Result<std::vector<SlotRun>> Store::SlotRuns(std::string_view key) {
@@ -293,7 +298,7 @@ Result<std::vector<SlotRun>> Store::SlotRuns(std::string_view key) {
   if (!record.has_value()) {
     return std::vector<SlotRun>();
   }
-  return ParseSlotRecord(*record);
+  return internal::ParseSlotRecord(*record);
 }
 
 Result<std::vector<KeySlotRuns>> Store::ListSlotRuns(std::string_view prefix) {
@@ -302,7 +307,7 @@ Result<std::vector<KeySlotRuns>> Store::ListSlotRuns(std::string_view prefix) {
   std::vector<KeySlotRuns> out;
   out.reserve(records.size());
   for (auto& [key, text] : records) {
-    Result<std::vector<SlotRun>> runs = ParseSlotRecord(text);
+    Result<std::vector<SlotRun>> runs = internal::ParseSlotRecord(text);
     if (!runs.ok()) {
       return runs.status().WithContext(fmt::format("key {}", key));
     }

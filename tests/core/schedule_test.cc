@@ -11,10 +11,14 @@
 #include "leasehold/store.h"
 #include "leasehold/testing/fake_clock.h"
 
+#include "core/slot_record.h"
+
 namespace leasehold {
 namespace {
 
 using namespace std::chrono_literals;
+using internal::FormatSlotRecord;
+using internal::ParseSlotRecord;
 
 // 2026-12-01T17:00:00Z.
 constexpr std::int64_t kHourStart = 1'796'144'400;
