@@ -287,10 +287,6 @@ class CountingBackend final : public internal::ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
 
-  Status Renew(const internal::RenewRequest& r) override {
-    return RenewMany(std::span(&r, 1)).front();
-  }
-
   std::vector<Status> RenewMany(std::span<const internal::RenewRequest> requests) override {
     calls_.fetch_add(1);
     leases_.fetch_add(requests.size());

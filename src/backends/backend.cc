@@ -10,15 +10,6 @@
 
 namespace leasehold::internal {
 
-std::vector<Status> Backend::RenewMany(std::span<const RenewRequest> requests) {
-  std::vector<Status> results;
-  results.reserve(requests.size());
-  for (const RenewRequest& request : requests) {
-    results.push_back(Renew(request));
-  }
-  return results;
-}
-
 Status CheckFinishRequest(const FinishRequest& request) {
   if (request.keep < Duration::zero() || request.keep > kMaxFinishDuration) {
     return Status::InvalidArgument(
@@ -38,24 +29,6 @@ Status CheckFinishRequest(const FinishRequest& request) {
     }
   }
   return Status::Ok();
-}
-
-Status Backend::Finish(const FinishRequest& request) {
-  LH_RETURN_IF_ERROR(CheckFinishRequest(request));
-  if (request.keep == Duration::zero() && !request.record.has_value()) {
-    return Release(request.key, request.owner_token);
-  }
-  return Status::Unimplemented(
-      fmt::format("the {} store cannot keep a grant or a record after its holder", scheme()));
-}
-
-Result<std::optional<std::string>> Backend::ReadRecord(std::string_view /*key*/) {
-  return Status::Unimplemented(fmt::format("the {} store keeps no records", scheme()));
-}
-
-Result<std::vector<std::pair<std::string, std::string>>> Backend::ListRecords(
-    std::string_view /*prefix*/) {
-  return Status::Unimplemented(fmt::format("the {} store cannot list records", scheme()));
 }
 
 Status FencedOut(std::string_view key, FencingToken token, std::string_view why) {
@@ -93,58 +66,136 @@ Status LimitMismatch(std::string_view key, LeaseMode held_mode, std::uint32_t he
 }
 
 std::optional<LeaseInfo> FirstGrant(std::vector<LeaseInfo> holders) {
-  if (holders.empty() || holders.front().waiting_writer) {
-    return std::nullopt;
+  for (LeaseInfo& info : holders) {
+    if (!info.waiting_writer && !info.holder_gone) {
+      return std::move(info);
+    }
   }
-  return std::move(holders.front());
+  return std::nullopt;
 }
 
-Result<std::vector<LeaseInfo>> Backend::Holders(std::string_view key) {
-  LH_ASSIGN_OR_RETURN(std::optional<LeaseInfo> info, Inspect(key));
-  std::vector<LeaseInfo> out;
-  if (info.has_value()) {
-    out.push_back(std::move(*info));
-  }
-  return out;
+// ---- The facets' defaults.
+
+Status WaitFacet::WaitForTurn(std::string_view key, std::string_view /*waiter_id*/,
+                              SteadyTime deadline, std::stop_token stop) {
+  return WaitForChange(key, deadline, std::move(stop));
 }
 
-Result<bool> Backend::ForceReleaseGrant(std::string_view /*key*/,
-                                        std::string_view /*token_prefix*/) {
-  return Status::Unimplemented(
-      fmt::format("the {} store cannot force-release one grant of a key", scheme()));
+void WaitFacet::AbandonWait(std::string_view /*key*/, std::string_view /*waiter_id*/) {}
+
+Result<StoreTime> RecordsFacet::WallClock() {
+  return StoreTime{.time = std::chrono::system_clock::now(), .from_store = false};
 }
 
-std::string Backend::DataKeyPrefix(std::string_view /*key*/) const {
+std::string FencedWriteFacet::DataKeyPrefix(std::string_view /*key*/) const {
   return {};
 }
 
-Result<std::vector<std::int64_t>> Backend::FencedWrite(const FencedWriteRequest& /*request*/) {
+// ---- The calls.
+
+Status Backend::Renew(const RenewRequest& request) {
+  std::vector<Status> results = RenewMany(std::span(&request, 1));
+  if (results.size() != 1) {
+    return Status::Internal(
+        fmt::format("the {} store answered {} renewals for one", scheme(), results.size()));
+  }
+  return std::move(results.front());
+}
+
+Status Backend::Release(std::string_view key, std::string_view owner_token) {
+  return Finish(FinishRequest{.key = std::string(key), .owner_token = std::string(owner_token)});
+}
+
+Result<std::optional<LeaseInfo>> Backend::Inspect(std::string_view key) {
+  LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, Holders(key));
+  return FirstGrant(std::move(holders));
+}
+
+Result<bool> Backend::ForceRelease(std::string_view key) {
+  return ForceEnd(key, {});
+}
+
+Result<bool> Backend::ForceReleaseGrant(std::string_view key, std::string_view token_prefix) {
+  if (token_prefix.empty()) {
+    return Status::InvalidArgument(
+        fmt::format("lease {}: force-releasing one grant needs its token prefix", key));
+  }
+  return ForceEnd(key, token_prefix);
+}
+
+Result<std::optional<std::string>> Backend::ReadRecord(std::string_view key) {
+  if (RecordsFacet* records = facets().records; records != nullptr) {
+    return records->ReadRecord(key);
+  }
+  return Status::Unimplemented(fmt::format("the {} store keeps no records", scheme()));
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> Backend::ListRecords(
+    std::string_view prefix) {
+  if (RecordsFacet* records = facets().records; records != nullptr) {
+    return records->ListRecords(prefix);
+  }
+  return Status::Unimplemented(fmt::format("the {} store cannot list records", scheme()));
+}
+
+Result<StoreTime> Backend::WallClock() {
+  if (RecordsFacet* records = facets().records; records != nullptr) {
+    return records->WallClock();
+  }
+  return StoreTime{.time = std::chrono::system_clock::now(), .from_store = false};
+}
+
+Result<std::vector<std::int64_t>> Backend::FencedWrite(const FencedWriteRequest& request) {
+  if (FencedWriteFacet* writes = facets().fenced_write; writes != nullptr) {
+    return writes->FencedWrite(request);
+  }
   return Status::Unimplemented(
       fmt::format("the {} store cannot write data under a lease", scheme()));
 }
 
-Result<StoreTime> Backend::WallClock() {
-  return StoreTime{.time = std::chrono::system_clock::now(), .from_store = false};
+unsigned Backend::fenced_ops() {
+  FencedWriteFacet* writes = facets().fenced_write;
+  return writes != nullptr ? writes->fenced_ops() : 0U;
+}
+
+std::string Backend::DataKeyPrefix(std::string_view key) {
+  FencedWriteFacet* writes = facets().fenced_write;
+  return writes != nullptr ? writes->DataKeyPrefix(key) : std::string();
 }
 
 Status Backend::Ping() {
+  if (DoctorFacet* doctor = facets().doctor; doctor != nullptr) {
+    return doctor->Ping();
+  }
   return Status::Unimplemented("this store has no round-trip probe");
 }
 
 Result<Diagnosis> Backend::Diagnose() {
+  if (DoctorFacet* doctor = facets().doctor; doctor != nullptr) {
+    return doctor->Diagnose();
+  }
   return Diagnosis{.probe = "round trip"};
 }
 
-void Backend::AbandonWait(std::string_view /*key*/, std::string_view /*waiter_id*/) {}
-
-Status Backend::WaitForChange(std::string_view /*key*/, SteadyTime /*deadline*/,
-                              std::stop_token /*stop*/) {
+Status Backend::WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) {
+  if (WaitFacet* wait = facets().wait; wait != nullptr) {
+    return wait->WaitForChange(key, deadline, std::move(stop));
+  }
   return Status::Unimplemented("this store has no change notification; poll instead");
 }
 
-Status Backend::WaitForTurn(std::string_view key, std::string_view /*waiter_id*/,
-                            SteadyTime deadline, std::stop_token stop) {
-  return WaitForChange(key, deadline, std::move(stop));
+Status Backend::WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
+                            std::stop_token stop) {
+  if (WaitFacet* wait = facets().wait; wait != nullptr) {
+    return wait->WaitForTurn(key, waiter_id, deadline, std::move(stop));
+  }
+  return Status::Unimplemented("this store has no change notification; poll instead");
+}
+
+void Backend::AbandonWait(std::string_view key, std::string_view waiter_id) {
+  if (WaitFacet* wait = facets().wait; wait != nullptr) {
+    wait->AbandonWait(key, waiter_id);
+  }
 }
 
 void Backend::ObserveStoreTime(const StoreTimeReading& reading) {

@@ -34,13 +34,15 @@
 #include <utility>
 #include <vector>
 
-#include "leasehold/check.h"
 #include "leasehold/clock.h"
-#include "leasehold/fenced_write.h"
 #include "leasehold/lease_info.h"
 #include "leasehold/status.h"
 
 #include "backends/common/store_clock.h"
+#include "backends/facets/doctor.h"
+#include "backends/facets/fenced_write.h"
+#include "backends/facets/records.h"
+#include "backends/facets/wait.h"
 
 namespace leasehold::internal {
 
@@ -51,12 +53,10 @@ struct LeaseMetrics;
 struct Capabilities {
   // Which processes share the store's leases (memory://: this process only).
   StoreScope scope = StoreScope::kFleet;
-  // WaitForChange uses a store notification rather than returning kUnimplemented.
-  bool native_wait = false;
-  // WaitForChange also wakes a handle that waits on a key it holds itself when the grant is
-  // ended behind it (ForceRelease, ForceReleaseGrant), so that the holder learns before its next
-  // renewal (Store::notifies_holder). Where false, WaitForChange on a key this handle holds
-  // returns kUnimplemented. PostgreSQL advisory mode: false (a grant is its holder's session,
+  // The wait facet's WaitForChange also wakes a handle that waits on a key it holds itself when
+  // the grant is ended behind it (ForceEnd), so that the holder learns before its next renewal
+  // (Store::notifies_holder). Where false, WaitForChange on a key this handle holds returns
+  // kUnimplemented. PostgreSQL advisory mode: false (a grant is its holder's session,
   // which only the renewals watch).
   bool notifies_holder = false;
   // The fencing counter survives a restart of the store.
@@ -64,8 +64,6 @@ struct Capabilities {
   // Waiters are queued in the store and granted the key first come, first served: a TryAcquire
   // without a waiter_id, or from a waiter behind the head of the queue, does not barge ahead.
   bool fair_queue = false;
-  // The op kinds Backend::FencedWrite takes: bit (1 << FencedOp::Kind) per kind.
-  unsigned fenced_ops = 0;
   // TryAcquire honours GrantRequest::mode and GrantRequest::limit ("Shared leases" below);
   // false: the core refuses a shared or semaphore lease with kUnimplemented before calling it.
   bool shared_leases = false;
@@ -76,11 +74,6 @@ struct Capabilities {
   // string; empty: "the <scheme> store has no <kind> leases").
   std::string_view no_shared_leases_why;
 };
-
-// The Capabilities::fenced_ops bit of `kind`.
-constexpr unsigned FencedOpBit(FencedOp::Kind kind) {
-  return 1U << static_cast<unsigned>(kind);
-}
 
 // Shared leases. A key's live grants are all of one family: read/write (exclusive and shared
 // grants, limit 1) or one semaphore (limit N > 1, every grant asking the same N). TryAcquire
@@ -108,9 +101,9 @@ constexpr unsigned FencedOpBit(FencedOp::Kind kind) {
 // admitted with it (for a semaphore: it is among the first N - live waiters; shared: every
 // waiter ahead is shared); an exclusive waiter ahead keeps later shared ones out.
 //
-// Renew, RenewMany, Release, Finish and FencedWrite name a grant by (key, owner_token) as
-// before, whatever its kind: one of several grants of the key. Inspect returns the live grant
-// of the lowest slot; Holders every live grant of the key; List every live grant of every key.
+// RenewMany, Finish and FencedWrite name a grant by (key, owner_token), whatever its kind: one
+// of several grants of the key. Holders returns every live grant of the key, ordered by slot;
+// List every live grant of every key.
 
 // A grant kept after its holder (Finish with keep > 0) carries its holder's owner token plus this
 // suffix, which no owner sends, so no renewal or release in flight can touch it (sqlite,
@@ -119,8 +112,8 @@ constexpr unsigned FencedOpBit(FencedOp::Kind kind) {
 // TakeKeptMark moves it to LeaseInfo::kept.
 inline constexpr std::string_view kKeptTokenSuffix = ":kept";
 
-// The grant Inspect returns from a Holders listing: its first entry, unless that is a waiting
-// writer (no grant: the key is free) or there is none.
+// The grant Backend::Inspect returns from a Holders listing: its first live grant, passing over
+// grants whose holder is gone and the waiting writer; nullopt if there is none.
 std::optional<LeaseInfo> FirstGrant(std::vector<LeaseInfo> holders);
 
 // If `info.token_prefix` ends with kKeptTokenSuffix: removes it and sets `info.kept`.
@@ -198,60 +191,23 @@ struct FinishRequest {
   Duration record_ttl{};
 };
 
-// A write to data in the store, applied only while the grant is the caller's (Lease::Write).
-struct FencedWriteRequest {
-  std::string key;
-  std::string owner_token;
-  FencingToken fencing_token = 0;
-  // Grant::store_key as the grant returned it (the lease key if the backend returned none).
-  std::string store_key;
-  // Checked by the core: 1..kMaxFencedOps ops of kinds in Capabilities::fenced_ops, at most
-  // kMaxFencedWriteBytes in all.
-  std::vector<FencedOp> ops;
-  // The chaos harness's negative control only (tests/chaos): apply the ops without the check, so
-  // that the harness can show it catches the stale writes a missing guard lets through. Never
-  // set by the library.
-  bool skip_guard_for_testing = false;
-};
-
-// The message of a FencedWrite refused because the grant is not the caller's:
-// kLost "fenced out: lease <key> (fencing token <token>) <why>", e.g. why = "is now held by
-// web-2:7 under fencing token 9".
-Status FencedOut(std::string_view key, FencingToken token, std::string_view why);
-
-// The wall-clock time a store reported, with the local wall clock's bracket of the call.
-struct StoreTime {
-  SystemTime time;
-  // True if `time` is the store's own clock; false if the store has none and `time` is the
-  // local wall clock (same host for sqlite://: that is the store's clock, and is reported true).
-  bool from_store = true;
-};
-
-// What a backend reports about its store for the store doctor (Backend::Diagnose, Store::Check,
-// `leasehold check`).
-struct Diagnosis {
-  // The name of Ping's round trip, as `leasehold check` prints it: "PING", "SELECT 1".
-  std::string probe;
-  // The step the store counts TTLs in (etcd: 1 s; ZooKeeper: its tickTime, where it can be
-  // learnt); zero if it has none. Store::Check rounds its TTL advice up to it.
-  Duration ttl_granularity{};
-  // The shortest TTL the store grants (etcd: its minimum lease TTL, 2 s by default; ZooKeeper:
-  // minSessionTimeout), where it can be learnt; zero if not. Store::Check advises no TTL below it.
-  Duration shortest_ttl{};
-  // Durability, topology and permission findings (CheckItem::area "durability", "topology",
-  // "permissions", "session"), each one line, with a fix where the verdict is not a pass. A
-  // setting the credentials may not read is a kWarn saying so, never a guess.
-  std::vector<CheckItem> items;
-  // One line naming what the credentials need for every operation of leasehold's (the Redis
-  // ACL command list, the PostgreSQL privileges, ...): Store::Check prints it as the fix when a
-  // step of its cycle is refused with kPermissionDenied.
-  std::string permissions_fix;
-};
-
 // Checks a FinishRequest's keep, record size and record_ttl (every backend's Finish calls it
 // before touching the store).
 Status CheckFinishRequest(const FinishRequest& request);
 
+// The facets a backend hands out beside its grant core (null: it has none). Each points into
+// the backend itself (or into an object it owns) and lives as long as it.
+struct Facets {
+  WaitFacet* wait = nullptr;
+  RecordsFacet* records = nullptr;
+  FencedWriteFacet* fenced_write = nullptr;
+  DoctorFacet* doctor = nullptr;
+};
+
+// A backend is the grant core below (nine virtual methods, all but facets() pure) plus the
+// facets above. The non-virtual methods after the core are what the core and the tests call:
+// each is the core operation it names, or a facet's method with the store-independent answer
+// where the backend has no such facet.
 class Backend {
  public:
   Backend() = default;
@@ -261,19 +217,15 @@ class Backend {
   Backend& operator=(Backend&&) = delete;
   virtual ~Backend() = default;
 
+  // ---- The grant core.
+
   // Returns the URL scheme, e.g. "sqlite".
   [[nodiscard]] virtual std::string_view scheme() const = 0;
 
   [[nodiscard]] virtual Capabilities capabilities() const = 0;
 
-  // Where the backend counts the store failovers it notices (a new primary, a new timeline:
-  // leasehold_store_failovers_total). Set by the Store that opens it; nullptr: not recorded.
-  void set_metrics(LeaseMetrics* metrics) { metrics_.store(metrics, std::memory_order_release); }
-
-  // The store server's wall clock as this backend read it in its renewals' round trips
-  // (backends/common/store_clock.h): Redis and PostgreSQL table mode read it, the others expire
-  // grants on clocks no wall step reaches. The heartbeat reads steps() around each round.
-  [[nodiscard]] virtual const StoreClockWatch& store_clock() const { return store_clock_; }
+  // The facets this backend has. The default: none.
+  virtual Facets facets() { return {}; }
 
   // Creates the grant if the key's live grants admit it (exclusive: none; shared and semaphore:
   // the admission rule above), binds it to request.owner_token and bumps the key's fencing
@@ -281,118 +233,96 @@ class Backend {
   // Status::holder() set where the store keeps the holder's identity, when they do not.
   virtual Result<Grant> TryAcquire(const GrantRequest& request) = 0;
 
-  // Extends the grant to request.ttl from now (on the store's clock) only if it is live and its
-  // owner token matches. Returns kLost if the grant is absent, expired or someone else's.
-  virtual Status Renew(const RenewRequest& request) = 0;
+  // Extends each grant to its request's ttl from now (on the store's clock) only if it is live
+  // and its owner token matches, in one round trip where the store allows. Returns one Status
+  // per request, in order: kLost if the grant is absent, expired or someone else's.
+  virtual std::vector<Status> RenewMany(std::span<const RenewRequest> requests) = 0;
 
-  // Renews several grants, in one round trip where the store allows. Returns one Status per
-  // request, in order. The default calls Renew in sequence.
-  virtual std::vector<Status> RenewMany(std::span<const RenewRequest> requests);
-
-  // Deletes the grant only if its owner token matches. Returns OK if a live grant was deleted;
-  // kLost if the grant was absent, expired or someone else's (nothing of anyone else's is
-  // deleted). Wakes waiters on the key where the store can notify.
-  virtual Status Release(std::string_view key, std::string_view owner_token) = 0;
-
-  // Ends the grant as `request` says (see FinishRequest), only if request.owner_token matches.
-  // Returns OK if a live grant of the caller's was ended; kLost as Release (nothing is written:
-  // neither the grant nor the record changes); kInvalidArgument for a negative keep, a record
-  // over kMaxRecordBytes or without a positive record_ttl. Wakes waiters when the grant is
-  // deleted. The default serves keep == 0 without a record by Release, and returns
-  // kUnimplemented otherwise.
-  virtual Status Finish(const FinishRequest& request);
-
-  // Returns the key's record (FinishRequest::record), or nullopt if it has none or it expired.
-  // The default returns kUnimplemented.
-  virtual Result<std::optional<std::string>> ReadRecord(std::string_view key);
-
-  // Returns the records (key, record) of the keys that start with `prefix`, ordered by key,
-  // expired ones left out. The default returns kUnimplemented.
-  virtual Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
-      std::string_view prefix);
-
-  // Applies request.ops to data in the store, in order, all or none, in one atomic step that
-  // first checks that the grant of request.key is live and request.owner_token's (or, where the
-  // store identifies grants otherwise, that request.store_key is still the grant with
-  // request.fencing_token). Returns one count per op (FencedWriteResult::affected); kLost
-  // (FencedOut, naming the live grant where the store can) if the check fails; kInvalidArgument for
-  // a key or statement the store refuses. Nothing is written on any error. The default returns
-  // kUnimplemented.
-  virtual Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request);
-
-  // What goes in front of a data key's name to keep it beside the grant of `key`
-  // (Lease::DataKey): for Redis the key's {hash tag} and ':', so that a cluster has the data in
-  // the grant's slot, where one script can check the grant and write it. The default: nothing.
-  [[nodiscard]] virtual std::string DataKeyPrefix(std::string_view key) const;
-
-  // Returns the store's wall clock, read in one round trip, where the store has one (Redis
-  // TIME, PostgreSQL clock_timestamp(), the ZooKeeper leader's transaction time); the default
-  // returns the local wall clock with from_store = false.
-  virtual Result<StoreTime> WallClock();
-
-  // Performs the store's cheapest round trip on the backend's own connection (the probe
-  // leasehold-bench calls the floor: Redis PING, PostgreSQL SELECT 1, an etcd Range of a missing
-  // key, a ZooKeeper exists, an empty SQLite transaction), for Store::Check to time. Exactly one
-  // round trip; no write. The default returns kUnimplemented.
-  virtual Status Ping();
-
-  // Reports what Store::Check cannot learn through the other methods: durability (will fencing
-  // counters survive a restart?), topology (replicas, members, leader, pooling), permissions
-  // beyond those the cycle exercises, session bounds. Bounded by the backend's timeouts; a
-  // finding the store will not disclose is an item, not an error. Returns kUnavailable if the
-  // store cannot be reached. The default reports no items and Ping's name as "round trip".
-  virtual Result<Diagnosis> Diagnose();
-
-  // Returns the live grant of `key` with the lowest slot, or nullopt if there is none.
-  virtual Result<std::optional<LeaseInfo>> Inspect(std::string_view key) = 0;
+  // Ends the grant as `request` says (see FinishRequest: deleted, or kept without its holder,
+  // with the key's record replaced if one is given), only if request.owner_token matches.
+  // Returns OK if a live grant of the caller's was ended; kLost if the grant was absent, expired
+  // or someone else's (nothing is written: neither the grant nor the record changes);
+  // kInvalidArgument for a keep, record or record_ttl CheckFinishRequest refuses; kUnimplemented
+  // for a keep or a record on a store that keeps neither. Wakes waiters when the grant is
+  // deleted.
+  virtual Status Finish(const FinishRequest& request) = 0;
 
   // Returns every live grant of `key`, ordered by slot (empty if the key is free), and, on a
   // store that can tell, the grants not yet expired whose holder is gone (holder_gone), which
-  // Inspect, List and TryAcquire do not count. Last, where the store records one, the writer
+  // List and TryAcquire do not count. Last, where the store records one, the writer
   // waiting for the key (waiting_writer: its live writer intent, "Writer preference" above, or
   // on ZooKeeper the first exclusive request queued behind the grants): no grant, fencing
   // token 0, `remaining` its intent's time left (ZooKeeper: the writer's TTL, an upper
   // bound). A free key can list a waiting writer alone: one that died waiting, until its
-  // intent expires. The fair queues of Redis and etcd (fair=true) are not shown. The default
-  // returns Inspect's one grant: right only for a backend without shared_leases.
-  virtual Result<std::vector<LeaseInfo>> Holders(std::string_view key);
-
-  // A descriptor whose open file description proves this process's grants alive to the other
-  // processes of the host, on a store that judges holders by it (sqlite://); -1 elsewhere. A
-  // process that forks a guard which must keep the grants alive after it dies keeps it open
-  // there (it is close-on-exec).
-  [[nodiscard]] virtual int HolderLivenessFd() const { return -1; }
+  // intent expires. The fair queues of Redis and etcd (fair=true) are not shown.
+  virtual Result<std::vector<LeaseInfo>> Holders(std::string_view key) = 0;
 
   // Returns the live grants whose keys start with `prefix`, ordered by key, then slot: every
   // holder of a shared or semaphore key.
   virtual Result<std::vector<LeaseInfo>> List(std::string_view prefix) = 0;
 
-  // Deletes every live grant of `key` whoever holds it; the fencing counter is kept (and a
-  // writer intent is left to expire). Returns true if a live grant was deleted, false if the key
-  // was free.
-  virtual Result<bool> ForceRelease(std::string_view key) = 0;
+  // Deletes, whoever holds it, every live grant of `key` (token_prefix empty), or the one whose
+  // owner token starts with `token_prefix` (LeaseInfo::token_prefix, 8 hex digits), in one
+  // atomic step; the fencing counter is kept (and a writer intent is left to expire). Wakes
+  // waiters as Finish. Returns true if a live grant was deleted, false if none matched.
+  virtual Result<bool> ForceEnd(std::string_view key, std::string_view token_prefix) = 0;
 
-  // Deletes the one live grant of `key` whose owner token starts with `token_prefix`
-  // (LeaseInfo::token_prefix, 8 hex digits), whoever holds it, in one atomic step; the others
-  // and the fencing counter are kept. Wakes waiters as Release. Returns true if it was deleted,
-  // false if no live grant of the key has that prefix. The default returns kUnimplemented.
-  virtual Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix);
+  // ---- The calls.
 
-  // Withdraws `waiter_id` from the key's wait queue, if the store keeps one: Store::Acquire calls
-  // it when it gives up (deadline, cancellation, error). Best effort; the default does nothing.
-  virtual void AbandonWait(std::string_view key, std::string_view waiter_id);
+  // Renews one grant: RenewMany of one.
+  Status Renew(const RenewRequest& request);
 
-  // Blocks until the grant of `key` may have changed (released, expired), `deadline` passes or
-  // `stop` is requested. Spurious wake-ups are allowed. Returns OK when woken,
-  // kDeadlineExceeded, kCancelled; kUnimplemented if the store has no notification, in which
-  // case the core polls with backoff (the default).
-  virtual Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop);
+  // Deletes the grant only if its owner token matches: Finish with nothing kept.
+  Status Release(std::string_view key, std::string_view owner_token);
 
-  // As WaitForChange, for the waiter `waiter_id` of Store::Acquire (GrantRequest::waiter_id): a
-  // fair store also returns at once when the key is free and that waiter heads its queue, which
-  // only the store can see. The default calls WaitForChange.
-  virtual Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
-                             std::stop_token stop);
+  // Returns the live grant of `key` with the lowest slot, or nullopt if there is none
+  // (FirstGrant of Holders).
+  Result<std::optional<LeaseInfo>> Inspect(std::string_view key);
+
+  // ForceEnd of every grant of `key`.
+  Result<bool> ForceRelease(std::string_view key);
+
+  // ForceEnd of the one grant whose owner token starts with `token_prefix` (not empty).
+  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix);
+
+  // The records facet's: kUnimplemented without one, and the local wall clock (from_store
+  // false) for WallClock.
+  Result<std::optional<std::string>> ReadRecord(std::string_view key);
+  Result<std::vector<std::pair<std::string, std::string>>> ListRecords(std::string_view prefix);
+  Result<StoreTime> WallClock();
+
+  // The fenced-write facet's: kUnimplemented without one, no op kinds and no prefix.
+  Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request);
+  [[nodiscard]] unsigned fenced_ops();
+  [[nodiscard]] std::string DataKeyPrefix(std::string_view key);
+
+  // The doctor facet's: kUnimplemented without one for Ping, no findings for Diagnose.
+  Status Ping();
+  Result<Diagnosis> Diagnose();
+
+  // The wait facet's: kUnimplemented without one (the core polls), nothing to abandon.
+  Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop);
+  Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
+                     std::stop_token stop);
+  void AbandonWait(std::string_view key, std::string_view waiter_id);
+
+  // ---- Observations.
+
+  // Where the backend counts the store failovers it notices (a new primary, a new timeline:
+  // leasehold_store_failovers_total). Set by the Store that opens it; nullptr: not recorded.
+  void set_metrics(LeaseMetrics* metrics) { metrics_.store(metrics, std::memory_order_release); }
+
+  // The store server's wall clock as this backend read it in its renewals' round trips
+  // (backends/common/store_clock.h): Redis and PostgreSQL table mode read it, the others expire
+  // grants on clocks no wall step reaches. The heartbeat reads steps() around each round. A
+  // decorator shows the watch of the backend it wraps (ShareStoreClock).
+  [[nodiscard]] const StoreClockWatch& store_clock() const { return *store_clock_view_; }
+
+  // A descriptor whose open file description proves this process's grants alive to the other
+  // processes of the host, on a store that judges holders by it (sqlite://,
+  // Capabilities::holder_liveness); -1 elsewhere. A process that forks a guard which must keep
+  // the grants alive after it dies keeps it open there (it is close-on-exec).
+  [[nodiscard]] int HolderLivenessFd() const { return holder_liveness_fd_; }
 
  protected:
   // Counts a store failover the backend noticed, where metrics are recorded (set_metrics).
@@ -403,9 +333,37 @@ class Backend {
   // (leasehold_store_clock_jumps_total), and the heartbeat acts on it (store_clock()).
   void ObserveStoreTime(const StoreTimeReading& reading);
 
+  // Makes store_clock() and HolderLivenessFd() show `inner`'s (ForwardingBackend). `inner`
+  // outlives this.
+  void ShareObservations(const Backend& inner) {
+    store_clock_view_ = &inner.store_clock();
+    holder_liveness_fd_ = inner.HolderLivenessFd();
+  }
+
+  // Makes store_clock() show this backend's own watch again: a decorator that reads a store
+  // clock of its own (ObserveStoreTime) after ShareObservations.
+  void UseOwnStoreClock() { store_clock_view_ = &store_clock_; }
+
+  // Set once, by a backend with Capabilities::holder_liveness, before it is shared.
+  void set_holder_liveness_fd(int fd) { holder_liveness_fd_ = fd; }
+
+  // RenewMany by `renew_one` for each request in turn, for a store with no batch.
+  template <typename RenewOne>
+  static std::vector<Status> RenewEach(std::span<const RenewRequest> requests,
+                                       RenewOne&& renew_one) {
+    std::vector<Status> results;
+    results.reserve(requests.size());
+    for (const RenewRequest& request : requests) {
+      results.push_back(renew_one(request));
+    }
+    return results;
+  }
+
  private:
   std::atomic<LeaseMetrics*> metrics_{nullptr};
   StoreClockWatch store_clock_;
+  const StoreClockWatch* store_clock_view_ = &store_clock_;
+  int holder_liveness_fd_ = -1;
 };
 
 }  // namespace leasehold::internal

@@ -9,7 +9,7 @@
 // Example (one round of a waiting loop, after a read found the key held):
 //
 //   KeyWaiter waiter(clock, [&](SteadyTime d, std::stop_token s) { return wait(d, s); },
-//                    native_wait, kPollBase, kPollCap);
+//                    notifies, kPollBase, kPollCap);
 //   if (waiter.notifies()) {
 //     Status w = waiter.AwaitStore(now + kSafetyNet, stop);
 //     if (w.code() != StatusCode::kUnimplemented) continue;  // woken: read again
@@ -39,7 +39,7 @@ class KeyWaiter {
   // kUnimplemented if the store has no change notification (Backend::WaitForChange).
   using StoreWait = std::function<Status(SteadyTime deadline, std::stop_token stop)>;
 
-  // `native`: the store notifies changes (Capabilities::native_wait). REQUIRES: 0 < poll_base
+  // `native`: the store notifies changes (the backend has a wait facet). REQUIRES: 0 < poll_base
   // <= poll_cap. `clock` must outlive the KeyWaiter.
   KeyWaiter(Clock& clock, StoreWait store_wait, bool native, Duration poll_base, Duration poll_cap)
       : clock_(clock),

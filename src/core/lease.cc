@@ -125,7 +125,7 @@ Result<FencedWriteResult> Lease::Write(const FencedWrite& write) const {
     return Status::InvalidArgument(
         fmt::format("a fenced write has at most {} ops, got {}", kMaxFencedOps, ops.size()));
   }
-  const unsigned supported = store->backend->capabilities().fenced_ops;
+  const unsigned supported = store->backend->fenced_ops();
   std::size_t bytes = 0;
   for (const FencedOp& op : ops) {
     if ((supported & internal::FencedOpBit(op.kind)) == 0) {

@@ -327,7 +327,7 @@ Clock& Store::clock() const {
 }
 
 bool Store::SupportsFencedOp(FencedOp::Kind kind) const {
-  return (core_->backend->capabilities().fenced_ops & internal::FencedOpBit(kind)) != 0;
+  return (core_->backend->fenced_ops() & internal::FencedOpBit(kind)) != 0;
 }
 
 std::string Store::DataKey(std::string_view key, std::string_view name) const {
@@ -343,7 +343,7 @@ StoreScope Store::scope() const {
 }
 
 bool Store::notifies_changes() const {
-  return core_->backend->capabilities().native_wait;
+  return core_->backend->facets().wait != nullptr;
 }
 
 bool Store::notifies_holder() const {
@@ -503,7 +503,7 @@ Result<Lease> Store::Acquire(std::string_view key, const LeaseOptions& options,
       [&backend = *core_->backend, key, &waiter_id](SteadyTime until, std::stop_token stop) {
         return backend.WaitForTurn(key, waiter_id, until, std::move(stop));
       },
-      core_->backend->capabilities().native_wait, kPollBase, kPollCap);
+      core_->backend->facets().wait != nullptr, kPollBase, kPollCap);
   Backoff on_error(kErrorBackoffBase, kErrorBackoffCap);
   internal::LeaseMetrics* const metrics = core_->lease_metrics;
 

@@ -33,7 +33,7 @@ struct StoreCore {
         display_url(std::move(url)),
         metrics(m != nullptr ? std::move(m) : std::make_shared<Metrics>()),
         lease_metrics(record ? &RegistryForInternalUse(*metrics).ForBackend(
-                                   backend->scheme(), backend->capabilities().native_wait)
+                                   backend->scheme(), backend->facets().wait != nullptr)
                              : nullptr),
         heartbeat(backend, clock, lease_metrics) {}
 

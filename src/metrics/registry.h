@@ -169,7 +169,7 @@ struct LeaseMetrics {
 
   // Immutable after construction.
   const std::string backend;
-  // The store tells a waiter when the key changes (Capabilities::native_wait), so the time from
+  // The store tells a waiter when the key changes (the backend has a wait facet), so the time from
   // that notification to the new grant can be measured (leasehold_handoff_seconds).
   const bool handoff_observable;
 

@@ -13,6 +13,7 @@
 #include "leasehold/store.h"
 #include "leasehold/testing/fake_clock.h"
 
+#include "backends/forwarding_backend.h"
 #include "backends/memory/memory_backend.h"
 #include "core/url.h"
 #include "testing/fault_injection_backend.h"
@@ -77,41 +78,20 @@ TEST_F(LeaseSafetyTest, SafeUntilIsSendTimePlusTtlMinusDrift) {
 
 // A store may grant less than was asked (etcd's spare lease reports its TTL less its age): the
 // core counts on the store's figure, never on the request.
-class ShorterGrantBackend final : public internal::Backend {
+class ShorterGrantBackend final : public internal::ForwardingBackend {
  public:
   ShorterGrantBackend(std::shared_ptr<internal::Backend> inner, Duration granted)
-      : inner_(std::move(inner)), granted_(granted) {}
-
-  std::string_view scheme() const override { return inner_->scheme(); }
-
-  internal::Capabilities capabilities() const override { return inner_->capabilities(); }
+      : ForwardingBackend(std::move(inner)), granted_(granted) {}
 
   Result<internal::Grant> TryAcquire(const internal::GrantRequest& request) override {
-    auto grant = inner_->TryAcquire(request);
+    auto grant = ForwardingBackend::TryAcquire(request);
     if (grant.ok()) {
       grant->ttl = granted_;
     }
     return grant;
   }
 
-  Status Renew(const internal::RenewRequest& request) override { return inner_->Renew(request); }
-
-  Status Release(std::string_view key, std::string_view token) override {
-    return inner_->Release(key, token);
-  }
-
-  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
-    return inner_->Inspect(key);
-  }
-
-  Result<std::vector<LeaseInfo>> List(std::string_view prefix) override {
-    return inner_->List(prefix);
-  }
-
-  Result<bool> ForceRelease(std::string_view key) override { return inner_->ForceRelease(key); }
-
  private:
-  std::shared_ptr<internal::Backend> inner_;
   Duration granted_;
 };
 

@@ -127,16 +127,34 @@ TEST(StoreSharedTest, AStoreWithoutSharedLeasesRefusesThemBeforeAsking) {
 }
 
 // Store::DataKey through a decorator names the data as the store under it does (a Redis
-// Cluster's hash tag, here a stand-in prefix): ForwardingBackend forwards DataKeyPrefix like
-// every other method (tests/backends/forwarding_backend_check.py checks that none is dropped).
+// Cluster's hash tag, here a stand-in prefix): ForwardingBackend hands out the facets of the
+// backend it wraps (tests/backends/common/forwarding_backend_check.py checks that it forwards
+// every method of the core).
 TEST(StoreDataKeyTest, ADecoratedStoreKeepsTheStoresDataKeyPrefix) {
-  class Prefixed final : public internal::ForwardingBackend {
+  class Prefixed final : public internal::ForwardingBackend, public internal::FencedWriteFacet {
    public:
-    using ForwardingBackend::ForwardingBackend;
+    explicit Prefixed(const std::shared_ptr<internal::Backend>& inner)
+        : ForwardingBackend(inner), inner_writes_(inner->facets().fenced_write) {}
+
+    internal::Facets facets() override {
+      internal::Facets f = ForwardingBackend::facets();
+      f.fenced_write = this;
+      return f;
+    }
+
+    unsigned fenced_ops() const override { return inner_writes_->fenced_ops(); }
+
+    Result<std::vector<std::int64_t>> FencedWrite(
+        const internal::FencedWriteRequest& request) override {
+      return inner_writes_->FencedWrite(request);
+    }
 
     std::string DataKeyPrefix(std::string_view key) const override {
       return "{" + std::string(key) + "}:";
     }
+
+   private:
+    internal::FencedWriteFacet* const inner_writes_;
   };
 
   auto url = internal::ParseUrl("memory://");
@@ -164,9 +182,10 @@ TEST(StoreConfirmTest, ConfirmsOnlyWhatTheStoreAnsweredInTime) {
     Scripted(std::shared_ptr<internal::Backend> inner, testing::FakeClock& clock)
         : ForwardingBackend(std::move(inner)), clock_(clock) {}
 
-    Status Renew(const internal::RenewRequest& request) override {
+    std::vector<Status> RenewMany(std::span<const internal::RenewRequest> requests) override {
       clock_.Advance(delay.exchange(Duration::zero()));
-      return answer_ok ? ForwardingBackend::Renew(request) : Status::Unavailable("no answer");
+      return answer_ok ? ForwardingBackend::RenewMany(requests)
+                       : std::vector<Status>(requests.size(), Status::Unavailable("no answer"));
     }
 
     std::atomic<Duration> delay{Duration::zero()};

@@ -203,7 +203,9 @@ TEST(HeartbeatTest, StaysSilentWithinTheHeadroomRule) {
 class StoreWithAClock final : public ForwardingBackend {
  public:
   StoreWithAClock(std::shared_ptr<Backend> inner, testing::FakeClock& clock)
-      : ForwardingBackend(std::move(inner)), clock_(clock) {}
+      : ForwardingBackend(std::move(inner)), clock_(clock) {
+    UseOwnStoreClock();  // its own watch, not the memory store's
+  }
 
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override {
     const SteadyTime t_send = clock_.Now();
@@ -215,9 +217,6 @@ class StoreWithAClock final : public ForwardingBackend {
                       std::chrono::duration_cast<std::chrono::microseconds>(store).count()});
     return out;
   }
-
-  // Its own watch, not the memory store's.
-  const StoreClockWatch& store_clock() const override { return Backend::store_clock(); }
 
   std::atomic<Duration> offset_{Duration::zero()};
   std::atomic<bool> refuse_{false};

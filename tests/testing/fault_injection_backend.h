@@ -52,10 +52,6 @@ class FaultInjectionBackend final : public internal::ForwardingBackend {
 
   int renew_many_calls() const { return renew_many_calls_.load(); }
 
-  Status Renew(const internal::RenewRequest& request) override {
-    return RenewMany(std::span(&request, 1)).front();
-  }
-
   std::vector<Status> RenewMany(std::span<const internal::RenewRequest> requests) override {
     ++renew_many_calls_;
     renew_calls_ += static_cast<int>(requests.size());

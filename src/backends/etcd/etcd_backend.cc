@@ -431,13 +431,14 @@ Result<std::shared_ptr<EtcdBackend>> EtcdBackend::Open(EtcdOptions options, Cloc
 EtcdBackend::~EtcdBackend() = default;
 
 Capabilities EtcdBackend::capabilities() const {
-  return Capabilities{
-      .native_wait = true,
-      .notifies_holder = true,
-      .fencing_survives_restart = true,
-      .fair_queue = options_.fair,
-      .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete),
-      .shared_leases = true};
+  return Capabilities{.notifies_holder = true,
+                      .fencing_survives_restart = true,
+                      .fair_queue = options_.fair,
+                      .shared_leases = true};
+}
+
+unsigned EtcdBackend::fenced_ops() const {
+  return FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete);
 }
 
 EtcdBackend::Stats EtcdBackend::stats() const {
@@ -859,11 +860,6 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
   }
 }
 
-Status EtcdBackend::Renew(const RenewRequest& request) {
-  std::vector<Status> results = RenewMany(std::span<const RenewRequest>(&request, 1));
-  return std::move(results.front());
-}
-
 std::vector<Status> EtcdBackend::RenewMany(std::span<const RenewRequest> requests) {
   // SAFETY (docs/impl.md, "The etcd store"). The core read t_send before this call. A grant's
   // key rides on a lease shared with the handle's other grants of its TTL, so renewing it takes
@@ -1049,7 +1045,7 @@ void EtcdBackend::SweepLost() {
   }
 }
 
-Status EtcdBackend::Release(std::string_view key, std::string_view owner_token) {
+Status EtcdBackend::Delete(std::string_view key, std::string_view owner_token) {
   Impl& impl = *impl_;
   std::optional<HeldGrant> held = impl.FindHeld(key, owner_token);
   if (!held) {
@@ -1102,7 +1098,7 @@ Result<FreshLease> GrantLease(EtcdClient& client, Duration ttl, std::string_view
 Status EtcdBackend::Finish(const FinishRequest& request) {
   LH_RETURN_IF_ERROR(CheckFinishRequest(request));
   if (request.keep == Duration::zero() && !request.record.has_value()) {
-    return Release(request.key, request.owner_token);
+    return Delete(request.key, request.owner_token);
   }
   Impl& impl = *impl_;
   std::optional<HeldGrant> held = impl.FindHeld(request.key, request.owner_token);
@@ -1622,11 +1618,6 @@ Result<Diagnosis> EtcdBackend::Diagnose() {
   return d;
 }
 
-Result<std::optional<LeaseInfo>> EtcdBackend::Inspect(std::string_view key) {
-  LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, Holders(key));
-  return FirstGrant(std::move(holders));
-}
-
 Result<std::vector<LeaseInfo>> EtcdBackend::Holders(std::string_view key) {
   Impl& impl = *impl_;
   const std::string base = KeyName(options_.prefix, key);
@@ -1727,7 +1718,11 @@ void RevokeIfEmpty(EtcdClient& client, int64_t lease_id) {
 
 }  // namespace
 
-Result<bool> EtcdBackend::ForceRelease(std::string_view key) {
+Result<bool> EtcdBackend::ForceEnd(std::string_view key, std::string_view token_prefix) {
+  return token_prefix.empty() ? ForceReleaseAll(key) : ForceReleaseOne(key, token_prefix);
+}
+
+Result<bool> EtcdBackend::ForceReleaseAll(std::string_view key) {
   Impl& impl = *impl_;
   const std::string base = KeyName(options_.prefix, key);
   // One Txn deleting every grant of the key (the base and both slot ranges; the writer intent
@@ -1758,7 +1753,7 @@ Result<bool> EtcdBackend::ForceRelease(std::string_view key) {
   return !leases.empty();
 }
 
-Result<bool> EtcdBackend::ForceReleaseGrant(std::string_view key, std::string_view token_prefix) {
+Result<bool> EtcdBackend::ForceReleaseOne(std::string_view key, std::string_view token_prefix) {
   Impl& impl = *impl_;
   const std::string base = KeyName(options_.prefix, key);
   pb::RangeRequest range;

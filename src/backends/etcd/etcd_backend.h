@@ -128,7 +128,11 @@ namespace leasehold::internal {
 // credentials or a user without access to the prefix. Messages never contain the password.
 Result<std::shared_ptr<Backend>> OpenEtcdBackend(const Url& url, Clock& clock = Clock::Real());
 
-class EtcdBackend final : public Backend {
+class EtcdBackend final : public Backend,
+                          public WaitFacet,
+                          public RecordsFacet,
+                          public FencedWriteFacet,
+                          public DoctorFacet {
  public:
   // Client-side counters, for tests and the benchmark (each a count of calls made).
   struct Stats {
@@ -164,9 +168,15 @@ class EtcdBackend final : public Backend {
 
   [[nodiscard]] std::string_view scheme() const override { return "etcd"; }
 
-  // native_wait (watch), fencing_survives_restart (revisions are persisted),
-  // fenced_ops Put and Delete, shared_leases.
+  // fencing_survives_restart (revisions are persisted), shared_leases; the wait facet is a
+  // watch; fenced_ops Put and Delete.
   [[nodiscard]] Capabilities capabilities() const override;
+
+  Facets facets() override {
+    return {.wait = this, .records = this, .fenced_write = this, .doctor = this};
+  }
+
+  [[nodiscard]] unsigned fenced_ops() const override;
 
   // Returns Grant::ttl = the TTL etcd granted (whole seconds, at least 2 s). Returns
   // kHeldByAnother with the holder's identity and fencing token (remaining is reported as
@@ -179,15 +189,11 @@ class EtcdBackend final : public Backend {
   // kInvalidArgument (LimitMismatch) when a live grant is of the other family or limit.
   Result<Grant> TryAcquire(const GrantRequest& request) override;
 
-  Status Renew(const RenewRequest& request) override;
-
   // One keep-alive request per shared lease of ours on the one stream, then waits (at most
   // command_timeout) for all answers (a stream that breaks is re-opened on the next endpoint
   // and the unanswered requests are sent again, while the deadline lasts); then one check Txn
   // per 128 keys whose lease answered (see the file comment).
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
-
-  Status Release(std::string_view key, std::string_view owner_token) override;
 
   // Two LeaseGrants at most (keep, record), then one Txn; keep == 0 without a record is Release.
   // The key leaves its shared lease (never revoked here: other grants ride on it).
@@ -226,26 +232,14 @@ class EtcdBackend final : public Backend {
   // on or off). kUnavailable if no member answers.
   Result<Diagnosis> Diagnose() override;
 
-  // Holders' first: one Range plus one LeaseTimeToLive (remaining in whole seconds, as etcd
-  // reports it).
-  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
-
   // One Range over the prefix plus one LeaseTimeToLive per etcd lease among the grants.
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
 
+  // ForceReleaseAll, or with a token prefix ForceReleaseOne.
+  Result<bool> ForceEnd(std::string_view key, std::string_view token_prefix) override;
+
   // One Range of the lease's keys plus one LeaseTimeToLive per etcd lease among them.
   Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
-
-  // One Txn deleting the lease's keys but its writer intent (DeleteRange of the base and of
-  // each slot range, with their previous values), then for each etcd lease that carried one of
-  // them, a LeaseTimeToLive and a revoke if it carries no key any more (an older leasehold's
-  // one-lease-per-grant holder learns of it so).
-  Result<bool> ForceRelease(std::string_view key) override;
-
-  // One Range of the lease's keys, then a Txn deleting the grant whose token starts with
-  // `token_prefix` if its create revision is still the one read (and a revoke as
-  // ForceRelease).
-  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override;
 
   // Range, then a Watch stream from the following revision filtered to deletes. Returns OK
   // at once if the key is free; the stream is cancelled on `stop` (kCancelled) and ends at
@@ -273,6 +267,20 @@ class EtcdBackend final : public Backend {
   static std::string KeyName(std::string_view prefix, std::string_view key);
 
  private:
+  // Finish with nothing kept: deletes the grant only if its owner token matches.
+  Status Delete(std::string_view key, std::string_view owner_token);
+
+  // One Txn deleting the lease's keys but its writer intent (DeleteRange of the base and of
+  // each slot range, with their previous values), then for each etcd lease that carried one of
+  // them, a LeaseTimeToLive and a revoke if it carries no key any more (an older leasehold's
+  // one-lease-per-grant holder learns of it so).
+  Result<bool> ForceReleaseAll(std::string_view key);
+
+  // One Range of the lease's keys, then a Txn deleting the grant whose token starts with
+  // `token_prefix` if its create revision is still the one read (and a revoke as
+  // ForceRelease).
+  Result<bool> ForceReleaseOne(std::string_view key, std::string_view token_prefix);
+
   // One attempt of TryAcquire.
   Result<Grant> TryAcquireOnce(const GrantRequest& request);
 

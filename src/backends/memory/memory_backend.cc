@@ -443,7 +443,11 @@ class MemoryTable {
   std::multimap<std::string, std::stop_source> waiters_ LH_GUARDED_BY(mu_);
 };
 
-class MemoryBackend final : public Backend {
+class MemoryBackend final : public Backend,
+                            public WaitFacet,
+                            public RecordsFacet,
+                            public FencedWriteFacet,
+                            public DoctorFacet {
  public:
   explicit MemoryBackend(std::shared_ptr<MemoryTable> table) : table_(std::move(table)) {}
 
@@ -451,37 +455,64 @@ class MemoryBackend final : public Backend {
 
   Capabilities capabilities() const override {
     return {.scope = StoreScope::kProcess,
-            .native_wait = true,
             .notifies_holder = true,
             .fencing_survives_restart = false,
-            .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete),
             .shared_leases = true};
+  }
+
+  Facets facets() override {
+    return {.wait = this, .records = this, .fenced_write = this, .doctor = this};
   }
 
   Result<Grant> TryAcquire(const GrantRequest& request) override {
     return table_->TryAcquire(request);
   }
 
-  Status Renew(const RenewRequest& request) override { return table_->Renew(request); }
-
-  Status Release(std::string_view key, std::string_view owner_token) override {
-    return table_->Release(key, owner_token);
+  std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override {
+    return RenewEach(requests, [&](const RenewRequest& request) { return table_->Renew(request); });
   }
 
-  Status Finish(const FinishRequest& request) override { return table_->Finish(request); }
+  Status Finish(const FinishRequest& request) override {
+    if (request.keep == Duration::zero() && !request.record.has_value()) {
+      return table_->Release(request.key, request.owner_token);
+    }
+    return table_->Finish(request);
+  }
+
+  Result<std::vector<LeaseInfo>> Holders(std::string_view key) override {
+    return table_->Holders(key);
+  }
+
+  Result<std::vector<LeaseInfo>> List(std::string_view prefix) override {
+    return table_->List(prefix);
+  }
+
+  Result<bool> ForceEnd(std::string_view key, std::string_view token_prefix) override {
+    return table_->ForceRelease(key, token_prefix);
+  }
+
+  // ---- RecordsFacet.
 
   Result<std::optional<std::string>> ReadRecord(std::string_view key) override {
     return table_->ReadRecord(key);
-  }
-
-  Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override {
-    return table_->FencedWrite(request);
   }
 
   Result<std::vector<std::pair<std::string, std::string>>> ListRecords(
       std::string_view prefix) override {
     return table_->ListRecords(prefix);
   }
+
+  // ---- FencedWriteFacet.
+
+  unsigned fenced_ops() const override {
+    return FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete);
+  }
+
+  Result<std::vector<std::int64_t>> FencedWrite(const FencedWriteRequest& request) override {
+    return table_->FencedWrite(request);
+  }
+
+  // ---- DoctorFacet.
 
   // No round trip: the table is in this process.
   Status Ping() override { return Status(); }
@@ -497,24 +528,7 @@ class MemoryBackend final : public Backend {
                           "work"}}};
   }
 
-  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override {
-    LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, table_->Holders(key));
-    return FirstGrant(std::move(holders));
-  }
-
-  Result<std::vector<LeaseInfo>> Holders(std::string_view key) override {
-    return table_->Holders(key);
-  }
-
-  Result<std::vector<LeaseInfo>> List(std::string_view prefix) override {
-    return table_->List(prefix);
-  }
-
-  Result<bool> ForceRelease(std::string_view key) override { return table_->ForceRelease(key, {}); }
-
-  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override {
-    return table_->ForceRelease(key, token_prefix);
-  }
+  // ---- WaitFacet.
 
   void AbandonWait(std::string_view key, std::string_view waiter_id) override {
     table_->AbandonWait(key, waiter_id);

@@ -203,11 +203,13 @@ PostgresAdvisoryBackend::~PostgresAdvisoryBackend() {
 }
 
 Capabilities PostgresAdvisoryBackend::capabilities() const {
-  return Capabilities{.native_wait = true,
-                      .fencing_survives_restart = true,
+  return Capabilities{.fencing_survives_restart = true,
                       .fair_queue = true,
-                      .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),
                       .no_shared_leases_why = kNoSharedLeases};
+}
+
+unsigned PostgresAdvisoryBackend::fenced_ops() const {
+  return FencedOpBit(FencedOp::Kind::kSql);
 }
 
 Result<std::shared_ptr<PostgresAdvisoryBackend::Session>> PostgresAdvisoryBackend::NewSession() {
@@ -513,10 +515,6 @@ Result<Grant> PostgresAdvisoryBackend::CompleteWaitedGrant(const GrantRequest& r
   return Grant{.fencing_token = held->fence, .ttl = request.ttl};
 }
 
-Status PostgresAdvisoryBackend::Renew(const RenewRequest& request) {
-  return RenewMany(std::span<const RenewRequest>(&request, 1)).front();
-}
-
 std::vector<Status> PostgresAdvisoryBackend::RenewMany(std::span<const RenewRequest> requests) {
   std::vector<Status> results(requests.size());
   std::map<std::shared_ptr<Session>, std::vector<std::size_t>> by_session;
@@ -668,7 +666,7 @@ std::string PostgresAdvisoryBackend::IdleMsAfter(const Held& ending) {
   return others ? LimitsFor(largest).idle_ms : std::string("0");
 }
 
-Status PostgresAdvisoryBackend::Release(std::string_view key, std::string_view owner_token) {
+Status PostgresAdvisoryBackend::Delete(std::string_view key, std::string_view owner_token) {
   std::shared_ptr<Held> held = FindHeld(key, owner_token);
   if (held == nullptr) {
     return LostStatus(key, owner_token);
@@ -705,7 +703,7 @@ Status PostgresAdvisoryBackend::Release(std::string_view key, std::string_view o
 Status PostgresAdvisoryBackend::Finish(const FinishRequest& request) {
   LH_RETURN_IF_ERROR(CheckFinishRequest(request));
   if (request.keep == Duration::zero() && !request.record.has_value()) {
-    return Release(request.key, request.owner_token);  // the cheaper statement
+    return Delete(request.key, request.owner_token);  // the cheaper statement
   }
   std::shared_ptr<Held> held = FindHeld(request.key, request.owner_token);
   if (held == nullptr) {
@@ -811,14 +809,16 @@ Result<PgResult> PostgresAdvisoryBackend::RunOnPrimary(std::string_view what,
   }
 }
 
-Result<std::optional<LeaseInfo>> PostgresAdvisoryBackend::Inspect(std::string_view key) {
+// One grant per key: the lowest slot is the only one.
+Result<std::vector<LeaseInfo>> PostgresAdvisoryBackend::Holders(std::string_view key) {
   LH_ASSIGN_OR_RETURN(
       PgResult r,
       RunOnPrimary("inspect", PgStatement(sql::kAdvisoryInspect, options_), {std::string(key)}));
-  if (r.rows() == 0) {
-    return std::optional<LeaseInfo>();
+  std::vector<LeaseInfo> out;
+  if (r.rows() > 0) {
+    out.push_back(PgLeaseInfo(r, 0));
   }
-  return std::optional<LeaseInfo>(PgLeaseInfo(r, 0));
+  return out;
 }
 
 Result<std::vector<LeaseInfo>> PostgresAdvisoryBackend::List(std::string_view prefix) {
@@ -831,7 +831,16 @@ Result<std::vector<LeaseInfo>> PostgresAdvisoryBackend::List(std::string_view pr
   return out;
 }
 
-Result<bool> PostgresAdvisoryBackend::ForceRelease(std::string_view key) {
+Result<bool> PostgresAdvisoryBackend::ForceEnd(std::string_view key,
+                                               std::string_view token_prefix) {
+  if (!token_prefix.empty()) {
+    return Status::Unimplemented(
+        "the postgres store in advisory mode has one grant per key: force-release the key");
+  }
+  return ForceReleaseAll(key);
+}
+
+Result<bool> PostgresAdvisoryBackend::ForceReleaseAll(std::string_view key) {
   std::string own_token;
   {
     MutexLock lock(&mu_);

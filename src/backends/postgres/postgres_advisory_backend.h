@@ -109,7 +109,11 @@ namespace leasehold::internal {
 // prime 0x100000001b3) over the bytes of schema, one NUL byte, then key, as a signed bigint.
 std::int64_t AdvisoryLockId(std::string_view schema, std::string_view key);
 
-class PostgresAdvisoryBackend final : public Backend {
+class PostgresAdvisoryBackend final : public Backend,
+                                      public WaitFacet,
+                                      public RecordsFacet,
+                                      public FencedWriteFacet,
+                                      public DoctorFacet {
  public:
   // Opens the primary session (refusing a detected pooler) and checks (or creates) the schema.
   // Every local deadline is on `clock`, which must outlive the backend.
@@ -119,8 +123,14 @@ class PostgresAdvisoryBackend final : public Backend {
 
   [[nodiscard]] std::string_view scheme() const override { return "postgres"; }
 
-  // native_wait and fair_queue: the server's lock queue.
+  // fair_queue, and the wait facet: the server's lock queue.
   [[nodiscard]] Capabilities capabilities() const override;
+
+  Facets facets() override {
+    return {.wait = this, .records = this, .fenced_write = this, .doctor = this};
+  }
+
+  [[nodiscard]] unsigned fenced_ops() const override;
 
   // With a waiter_id whose WaitForTurn got the lock: completes that grant. With a waiter_id
   // still queued: kHeldByAnother without asking the server (the queue keeps its place). An
@@ -129,10 +139,8 @@ class PostgresAdvisoryBackend final : public Backend {
   // behind. A grant whose token says the store's history went backwards is released and
   // refused; one on a newer timeline counts a store failover (PgHistory).
   Result<Grant> TryAcquire(const GrantRequest& request) override;
-  Status Renew(const RenewRequest& request) override;
   // One statement per session that holds any of the requests' leases (usually one).
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
-  Status Release(std::string_view key, std::string_view owner_token) override;
   // One statement on the holder's session (kAdvisoryFinish): writes the record into `records`,
   // clears the key's row or turns it into a kept grant (no session, an expiry: the file
   // comment), then unlocks. keep == 0 without a record is Release. If the statement fails, the
@@ -151,12 +159,12 @@ class PostgresAdvisoryBackend final : public Backend {
   // PgDiagnose (postgres_common.h) on the primary session, once: durability, topology (a pooler
   // in between is unsafe in this mode), permissions, the GRANT lines.
   Result<Diagnosis> Diagnose() override;
-  // Live grants and live kept grants.
-  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
+  // The key's one grant, if any (a key has at most one here).
+  Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
-  // Ends the holder's session (see the file comment). Returns false if no session holds the
-  // lock; kPermissionDenied without the right to signal that session.
-  Result<bool> ForceRelease(std::string_view key) override;
+
+  // ForceReleaseAll, or with a token prefix ForceReleaseOne.
+  Result<bool> ForceEnd(std::string_view key, std::string_view token_prefix) override;
   // Sql ops only, on the very session that holds the lease's advisory lock, in one transaction
   // (PgFencedWrite, postgres_common.h): BEGIN; pg_locks shows the lock granted to this session
   // and the key's row records this grant as its own (kAdvisoryFencedCheck); the statements,
@@ -183,6 +191,13 @@ class PostgresAdvisoryBackend final : public Backend {
   static void SkipPoolerCheckForTesting(bool skip);
 
  private:
+  // Finish with nothing kept: deletes the grant only if its owner token matches.
+  Status Delete(std::string_view key, std::string_view owner_token);
+
+  // Ends the holder's session (see the file comment). Returns false if no session holds the
+  // lock; kPermissionDenied without the right to signal that session.
+  Result<bool> ForceReleaseAll(std::string_view key);
+
   struct Session;
   struct Held;
   struct Waiting;

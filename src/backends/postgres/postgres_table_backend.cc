@@ -319,12 +319,14 @@ PostgresTableBackend::~PostgresTableBackend() {
 }
 
 Capabilities PostgresTableBackend::capabilities() const {
-  return Capabilities{.native_wait = !pooled_,
-                      .notifies_holder = !pooled_,
+  return Capabilities{.notifies_holder = !pooled_,
                       .fencing_survives_restart = true,
                       .fair_queue = false,
-                      .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),
                       .shared_leases = true};
+}
+
+unsigned PostgresTableBackend::fenced_ops() const {
+  return FencedOpBit(FencedOp::Kind::kSql);
 }
 
 Result<PgResult> PostgresTableBackend::Run(std::string_view what, const std::string& statement,
@@ -432,10 +434,6 @@ Result<Grant> PostgresTableBackend::AcquireShared(const GrantRequest& request) {
   return PgHeld(request.key, std::move(holder));
 }
 
-Status PostgresTableBackend::Renew(const RenewRequest& request) {
-  return RenewMany(std::span<const RenewRequest>(&request, 1)).front();
-}
-
 std::vector<Status> PostgresTableBackend::RenewMany(std::span<const RenewRequest> requests) {
   std::vector<std::string> keys;
   std::vector<std::string> tokens;
@@ -483,7 +481,7 @@ std::vector<Status> PostgresTableBackend::RenewMany(std::span<const RenewRequest
   return results;
 }
 
-Status PostgresTableBackend::Release(std::string_view key, std::string_view owner_token) {
+Status PostgresTableBackend::Delete(std::string_view key, std::string_view owner_token) {
   LH_ASSIGN_OR_RETURN(PgResult r, Run("release", Sql(sql::kTableReleaseShared, sql::kTableRelease),
                                       {std::string(key), std::string(owner_token)}));
   if (r.rows() == 0) {
@@ -497,7 +495,7 @@ Status PostgresTableBackend::Finish(const FinishRequest& request) {
   LH_RETURN_IF_ERROR(CheckFinishRequest(request));
   const bool write_record = request.record.has_value();
   if (request.keep == Duration::zero() && !write_record) {
-    return Release(request.key, request.owner_token);
+    return Delete(request.key, request.owner_token);
   }
   Result<PgResult> r =
       Run("finish",
@@ -555,22 +553,16 @@ Result<Diagnosis> PostgresTableBackend::Diagnose() {
   return d;
 }
 
-Result<std::optional<LeaseInfo>> PostgresTableBackend::Inspect(std::string_view key) {
-  if (shares_ready_) {
-    LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, Holders(key));
-    return FirstGrant(std::move(holders));
-  }
-  LH_ASSIGN_OR_RETURN(
-      PgResult r, Run("inspect", PgStatement(sql::kTableInspect, options_), {std::string(key)}));
-  if (r.rows() == 0) {
-    return std::optional<LeaseInfo>();
-  }
-  return std::optional<LeaseInfo>(PgLeaseInfo(r, 0));
-}
-
 Result<std::vector<LeaseInfo>> PostgresTableBackend::Holders(std::string_view key) {
   if (!shares_ready_) {
-    return Backend::Holders(key);
+    // A table made before shared leases: one grant per key.
+    LH_ASSIGN_OR_RETURN(
+        PgResult r, Run("inspect", PgStatement(sql::kTableInspect, options_), {std::string(key)}));
+    std::vector<LeaseInfo> one;
+    if (r.rows() > 0) {
+      one.push_back(PgLeaseInfo(r, 0));
+    }
+    return one;
   }
   LH_ASSIGN_OR_RETURN(
       PgResult r, Run("holders", PgStatement(sql::kTableHolders, options_), {std::string(key)}));
@@ -591,7 +583,11 @@ Result<std::vector<LeaseInfo>> PostgresTableBackend::List(std::string_view prefi
   return out;
 }
 
-Result<bool> PostgresTableBackend::ForceRelease(std::string_view key) {
+Result<bool> PostgresTableBackend::ForceEnd(std::string_view key, std::string_view token_prefix) {
+  return token_prefix.empty() ? ForceReleaseAll(key) : ForceReleaseOne(key, token_prefix);
+}
+
+Result<bool> PostgresTableBackend::ForceReleaseAll(std::string_view key) {
   if (shares_ready_) {
     LH_ASSIGN_OR_RETURN(PgResult r,
                         Run("force-release", PgStatement(sql::kTableForceReleaseShared, options_),
@@ -604,8 +600,8 @@ Result<bool> PostgresTableBackend::ForceRelease(std::string_view key) {
   return r.rows() > 0;
 }
 
-Result<bool> PostgresTableBackend::ForceReleaseGrant(std::string_view key,
-                                                     std::string_view token_prefix) {
+Result<bool> PostgresTableBackend::ForceReleaseOne(std::string_view key,
+                                                   std::string_view token_prefix) {
   if (!shares_ready_) {
     return Status::Unimplemented(fmt::format(
         "force-releasing one grant needs table {}.shares (run the SQL printed by `leasehold "

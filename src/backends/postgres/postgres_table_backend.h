@@ -7,7 +7,7 @@
 // so PgBouncer in transaction pooling carries them. Release NOTIFYs the key on the schema's
 // channel; waiters share one LISTEN connection (a std::jthread owned by the backend, started by
 // the first wait) and also wake at the holder's expiry. Through a pooler, which cannot carry
-// LISTEN, waiters poll with backoff instead (native_wait is false).
+// LISTEN, waiters poll with backoff instead (no wait facet).
 //
 // Shared leases (GrantRequest::mode, ::limit): an exclusive grant stays the key's row in
 // `leases`; shared and semaphore grants are rows of "<schema>.shares" (key, slot), and a key's
@@ -61,7 +61,11 @@
 
 namespace leasehold::internal {
 
-class PostgresTableBackend final : public Backend {
+class PostgresTableBackend final : public Backend,
+                                   public WaitFacet,
+                                   public RecordsFacet,
+                                   public FencedWriteFacet,
+                                   public DoctorFacet {
  public:
   // Connects, tells whether a pooler is in between, and checks (or creates) the schema. Every
   // local deadline is on `clock`, which must outlive the backend.
@@ -70,8 +74,17 @@ class PostgresTableBackend final : public Backend {
 
   [[nodiscard]] std::string_view scheme() const override { return "postgres"; }
 
-  // native_wait: LISTEN/NOTIFY, unless a pooler is in between.
+  // The wait facet: LISTEN/NOTIFY, unless a pooler is in between (then none).
   [[nodiscard]] Capabilities capabilities() const override;
+
+  Facets facets() override {
+    return {.wait = pooled_ ? nullptr : static_cast<WaitFacet*>(this),
+            .records = this,
+            .fenced_write = this,
+            .doctor = this};
+  }
+
+  [[nodiscard]] unsigned fenced_ops() const override;
 
   // One statement (kTableAcquire, or kTableAcquireShared). An indeterminate outcome (a COMMIT
   // whose wait for a synchronous standby was cancelled, a late answer, a connection lost after
@@ -80,10 +93,8 @@ class PostgresTableBackend final : public Backend {
   // (PgUnsureGrants). A grant whose token says the store's history went backwards is released
   // and refused; one on a newer timeline counts a store failover (PgHistory).
   Result<Grant> TryAcquire(const GrantRequest& request) override;
-  Status Renew(const RenewRequest& request) override;
   // One UPDATE for all requests. If it fails, every request gets that error.
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
-  Status Release(std::string_view key, std::string_view owner_token) override;
   // One statement (kTableFinish): the grant's row and the key's row in `records` change together
   // or not at all. keep and record_ttl are rounded up to whole milliseconds.
   Status Finish(const FinishRequest& request) override;
@@ -99,12 +110,11 @@ class PostgresTableBackend final : public Backend {
   // PgDiagnose (postgres_common.h) on a pooled connection, once: durability, topology (a pooler
   // in between is fine in this mode), permissions, the GRANT lines.
   Result<Diagnosis> Diagnose() override;
-  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
   Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
-  Result<bool> ForceRelease(std::string_view key) override;
-  // One statement (kTableForceReleaseShared); kUnimplemented without the shares table.
-  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override;
+
+  // ForceReleaseAll, or with a token prefix ForceReleaseOne.
+  Result<bool> ForceEnd(std::string_view key, std::string_view token_prefix) override;
   // Deletes the waiter's writer intent, if it has one, and NOTIFYs the key (one statement).
   void AbandonWait(std::string_view key, std::string_view waiter_id) override;
   // Sql ops only, in one transaction on one pooled connection (PgFencedWrite, postgres_common.h):
@@ -131,6 +141,14 @@ class PostgresTableBackend final : public Backend {
   [[nodiscard]] bool pooled() const { return pooled_; }
 
  private:
+  // Finish with nothing kept: deletes the grant only if its owner token matches.
+  Status Delete(std::string_view key, std::string_view owner_token);
+
+  Result<bool> ForceReleaseAll(std::string_view key);
+
+  // One statement (kTableForceReleaseShared); kUnimplemented without the shares table.
+  Result<bool> ForceReleaseOne(std::string_view key, std::string_view token_prefix);
+
   class Listener;
   struct Pool;
 

@@ -943,14 +943,15 @@ Result<std::shared_ptr<RedisBackend>> RedisBackend::Open(RedisOptions options, C
 }
 
 Capabilities RedisBackend::capabilities() const {
-  return Capabilities{.native_wait = true,
-                      .notifies_holder = true,
+  return Capabilities{.notifies_holder = true,
                       .fencing_survives_restart = !persistence_off_,
                       .fair_queue = options_.fair,
-                      .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) |
-                                    FencedOpBit(FencedOp::Kind::kDelete) |
-                                    FencedOpBit(FencedOp::Kind::kHashSet),
                       .shared_leases = true};
+}
+
+unsigned RedisBackend::fenced_ops() const {
+  return FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete) |
+         FencedOpBit(FencedOp::Kind::kHashSet);
 }
 
 std::string RedisBackend::LeaseKeyName(std::string_view prefix, std::string_view key) {
@@ -1207,11 +1208,6 @@ Result<long long> RedisBackend::FairEnd(std::string_view key, std::string_view w
   return ended;
 }
 
-Status RedisBackend::Renew(const RenewRequest& request) {
-  std::vector<Status> results = RenewMany(std::span<const RenewRequest>(&request, 1));
-  return std::move(results[0]);
-}
-
 std::vector<Status> RedisBackend::RenewMany(std::span<const RenewRequest> requests) {
   std::vector<Status> results;
   if (requests.empty()) {
@@ -1273,7 +1269,7 @@ std::vector<Status> RedisBackend::RenewMany(std::span<const RenewRequest> reques
   return results;
 }
 
-Status RedisBackend::Release(std::string_view key, std::string_view owner_token) {
+Status RedisBackend::Delete(std::string_view key, std::string_view owner_token) {
   if (options_.fair) {
     // The head waiter, if any, is granted the key inside the release (kFairEndScript).
     LH_ASSIGN_OR_RETURN(long long released,
@@ -1683,11 +1679,6 @@ Result<Diagnosis> RedisBackend::Diagnose() {
   return diagnosis;
 }
 
-Result<std::optional<LeaseInfo>> RedisBackend::Inspect(std::string_view key) {
-  LH_ASSIGN_OR_RETURN(std::vector<LeaseInfo> holders, Holders(key));
-  return FirstGrant(std::move(holders));
-}
-
 namespace {
 
 // Reads kHoldersScript's reply for `key`: the live grants, by slot.
@@ -1787,7 +1778,7 @@ Result<std::vector<LeaseInfo>> RedisBackend::List(std::string_view prefix) {
   return leases;
 }
 
-Result<bool> RedisBackend::ForceReleaseGrant(std::string_view key, std::string_view token_prefix) {
+Result<bool> RedisBackend::ForceReleaseOne(std::string_view key, std::string_view token_prefix) {
   if (token_prefix.empty()) {
     return Status::InvalidArgument(
         fmt::format("force-releasing one grant of {}: the token prefix is empty", key));
@@ -1811,7 +1802,11 @@ Result<bool> RedisBackend::ForceReleaseGrant(std::string_view key, std::string_v
   return deleted == 1;
 }
 
-Result<bool> RedisBackend::ForceRelease(std::string_view key) {
+Result<bool> RedisBackend::ForceEnd(std::string_view key, std::string_view token_prefix) {
+  return token_prefix.empty() ? ForceReleaseAll(key) : ForceReleaseOne(key, token_prefix);
+}
+
+Result<bool> RedisBackend::ForceReleaseAll(std::string_view key) {
   if (options_.fair) {
     // The head waiter is granted the key in the same step, as after a release.
     LH_ASSIGN_OR_RETURN(long long deleted,

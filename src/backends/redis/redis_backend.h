@@ -94,7 +94,11 @@ class RedisSubscriber;
 // outlive the backend.
 Result<std::shared_ptr<Backend>> OpenRedisBackend(const Url& url, Clock& clock = Clock::Real());
 
-class RedisBackend final : public Backend {
+class RedisBackend final : public Backend,
+                           public WaitFacet,
+                           public RecordsFacet,
+                           public FencedWriteFacet,
+                           public DoctorFacet {
  public:
   // What the backend has done so far, for tests and the benchmark.
   struct Stats {
@@ -119,8 +123,14 @@ class RedisBackend final : public Backend {
 
   [[nodiscard]] std::string_view scheme() const override { return "redis"; }
 
-  // native_wait: pub/sub. fencing_survives_restart: false only when Open() saw persistence off.
+  // The wait facet: pub/sub. fencing_survives_restart: false only when Open() saw persistence off.
   [[nodiscard]] Capabilities capabilities() const override;
+
+  Facets facets() override {
+    return {.wait = this, .records = this, .fenced_write = this, .doctor = this};
+  }
+
+  [[nodiscard]] unsigned fenced_ops() const override;
 
   // One script (kAcquireScript, or kFairAcquireScript with fair=true) admits the request by
   // mode and limit and makes the grant (backend.h, "Shared leases"). Returns kHeldByAnother with
@@ -134,14 +144,9 @@ class RedisBackend final : public Backend {
   // round trip when WaitForTurn heard it.
   Result<Grant> TryAcquire(const GrantRequest& request) override;
 
-  Status Renew(const RenewRequest& request) override;
-
   // Renews every request with one pipelined round trip (plus one more after NOSCRIPT). If the
   // round trip fails, every request gets that error.
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
-
-  // fair=true: grants the key to the head waiter in the same script (kFairEndScript).
-  Status Release(std::string_view key, std::string_view owner_token) override;
 
   // One script (redis_scripts.h, kFinishScript): compare the owner token, replace the record
   // (SET PX), then delete the grant and publish as Release does, or PEXPIRE it to `keep`. keep
@@ -191,23 +196,16 @@ class RedisBackend final : public Backend {
   // command the backend sends, for its prefix, db, fair and min_replicas.
   [[nodiscard]] std::string PermissionsFix() const;
 
-  // The live grant of the lowest slot (kHoldersScript's first).
-  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
-
   // One script (kHoldersScript): every live grant of the key, by slot, read with the time left
   // in one atomic step; the dead ones skipped.
   Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
-
-  // One script (kForceGrantScript; with fair=true kFairEndScript 'prefix', which hands the room
-  // to the head waiters as a release does). kInvalidArgument for an empty prefix.
-  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override;
 
   // Walks the keyspace with SCAN (never KEYS) and reads the grants found (every grant of a
   // shared or semaphore key, by slot) in one pipeline per SCAN page.
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
 
-  // fair=true: hands the key to the head waiter in the same script, as Release does.
-  Result<bool> ForceRelease(std::string_view key) override;
+  // ForceReleaseAll, or with a token prefix ForceReleaseOne.
+  Result<bool> ForceEnd(std::string_view key, std::string_view token_prefix) override;
 
   // fair=true: removes `waiter_id` from the key's queue in one script, and wakes the waiters if
   // the key is free and others are still queued (the next one may now be the head). If a
@@ -256,6 +254,16 @@ class RedisBackend final : public Backend {
   static std::string IntentKeyName(std::string_view prefix, std::string_view key);
 
  private:
+  // Finish with nothing kept: deletes the grant only if its owner token matches.
+  Status Delete(std::string_view key, std::string_view owner_token);
+
+  // fair=true: hands the key to the head waiter in the same script, as Release does.
+  Result<bool> ForceReleaseAll(std::string_view key);
+
+  // One script (kForceGrantScript; with fair=true kFairEndScript 'prefix', which hands the room
+  // to the head waiters as a release does). kInvalidArgument for an empty prefix.
+  Result<bool> ForceReleaseOne(std::string_view key, std::string_view token_prefix);
+
   RedisBackend(RedisOptions options, Clock& clock, std::shared_ptr<RedisRouter> router,
                bool persistence_off);
 

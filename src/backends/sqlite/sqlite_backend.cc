@@ -1816,13 +1816,13 @@ SqliteBackend::SqliteBackend(std::string path, StoreScope scope, std::string boo
       boot_offset_ns_(boot_offset_ns),
       clock_(clock),
       anchor_(std::move(anchor)),
-      connection_(std::move(connection)) {}
+      connection_(std::move(connection)) {
+  // The holder liveness lock (sqlite_holder_anchor.h): every grant this backend makes counts as
+  // live, TTL permitting, until each process that has this descriptor open has closed it.
+  set_holder_liveness_fd(anchor_->fd());
+}
 
 SqliteBackend::~SqliteBackend() = default;
-
-int SqliteBackend::HolderLivenessFd() const {
-  return anchor_->fd();
-}
 
 std::int64_t SqliteBackend::NowNs() const {
   return clock_.Now().time_since_epoch().count() - boot_offset_ns_;
@@ -1831,13 +1831,15 @@ std::int64_t SqliteBackend::NowNs() const {
 Capabilities SqliteBackend::capabilities() const {
   return Capabilities{
       .scope = scope_,
-      .native_wait = true,
       .notifies_holder = true,
       .fencing_survives_restart = true,
-      .fenced_ops = FencedOpBit(FencedOp::Kind::kSql),
       .shared_leases = true,
       .holder_liveness = true,
   };
+}
+
+unsigned SqliteBackend::fenced_ops() const {
+  return FencedOpBit(FencedOp::Kind::kSql);
 }
 
 Result<Grant> SqliteBackend::TryAcquire(const GrantRequest& request) {
@@ -2011,11 +2013,6 @@ Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
       .fencing_token = static_cast<FencingToken>(fencing_token), .ttl = request.ttl, .slot = slot};
 }
 
-Status SqliteBackend::Renew(const RenewRequest& request) {
-  std::vector<Status> results = RenewMany(std::span<const RenewRequest>(&request, 1));
-  return std::move(results.front());
-}
-
 std::vector<Status> SqliteBackend::RenewMany(std::span<const RenewRequest> requests) {
   std::vector<Status> results;
   if (requests.empty()) {
@@ -2097,7 +2094,7 @@ Status SqliteBackend::LostStatusLocked(std::string_view key, std::string_view ow
       fmt::format("lease {} was lost: expired {} ago", key, HumanDuration(now_ns - any.Int(2))));
 }
 
-Status SqliteBackend::Release(std::string_view key, std::string_view owner_token) {
+Status SqliteBackend::Delete(std::string_view key, std::string_view owner_token) {
   MutexLock lock(&mu_);
   SqliteConnection& connection = *connection_;
   WriteTransaction transaction(connection);
@@ -2151,7 +2148,7 @@ Status SqliteBackend::Release(std::string_view key, std::string_view owner_token
 Status SqliteBackend::Finish(const FinishRequest& request) {
   LH_RETURN_IF_ERROR(CheckFinishRequest(request));
   if (request.keep == Duration::zero() && !request.record.has_value()) {
-    return Release(request.key, request.owner_token);
+    return Delete(request.key, request.owner_token);
   }
   MutexLock lock(&mu_);
   SqliteConnection& connection = *connection_;
@@ -2274,20 +2271,6 @@ Result<Diagnosis> SqliteBackend::Diagnose() {
   return diagnosis;
 }
 
-Result<std::optional<LeaseInfo>> SqliteBackend::Inspect(std::string_view key) {
-  MutexLock lock(&mu_);
-  const std::int64_t now_ns = NowNs();
-  StatementRun live(*connection_, kSelectLiveGrants, "inspect");
-  live.Bind(1, key);
-  live.Bind(2, boot_id_);
-  live.Bind(3, now_ns);
-  LH_ASSIGN_OR_RETURN(bool found, live.Next());
-  if (!found) {
-    return std::optional<LeaseInfo>();
-  }
-  return std::optional<LeaseInfo>(LeaseInfoFromRow(live, now_ns));
-}
-
 Result<std::vector<LeaseInfo>> SqliteBackend::Holders(std::string_view key) {
   MutexLock lock(&mu_);
   const std::int64_t now_ns = NowNs();
@@ -2335,7 +2318,11 @@ Result<std::vector<LeaseInfo>> SqliteBackend::List(std::string_view prefix) {
   }
 }
 
-Result<bool> SqliteBackend::ForceRelease(std::string_view key) {
+Result<bool> SqliteBackend::ForceEnd(std::string_view key, std::string_view token_prefix) {
+  return token_prefix.empty() ? ForceReleaseAll(key) : ForceReleaseOne(key, token_prefix);
+}
+
+Result<bool> SqliteBackend::ForceReleaseAll(std::string_view key) {
   MutexLock lock(&mu_);
   SqliteConnection& connection = *connection_;
   WriteTransaction transaction(connection);
@@ -2358,7 +2345,7 @@ Result<bool> SqliteBackend::ForceRelease(std::string_view key) {
   return was_live;
 }
 
-Result<bool> SqliteBackend::ForceReleaseGrant(std::string_view key, std::string_view token_prefix) {
+Result<bool> SqliteBackend::ForceReleaseOne(std::string_view key, std::string_view token_prefix) {
   if (token_prefix.empty()) {
     return Status::InvalidArgument("force-release of one grant: the token prefix is empty");
   }

@@ -14,7 +14,7 @@
 // of BEGIN IMMEDIATE, leasehold's connections to the file queue first come, first served in a
 // host-local write queue (<db>-lhq, sqlite_host_queue.h), so that none of them starves in
 // SQLite's busy handler; the same file carries the change generations waiters sleep on
-// (WaitForChange, native_wait).
+// (WaitForChange, the wait facet).
 //
 // Shared leases (backend.h, "Shared leases"): each grant of a key is a row of its own, in the
 // key's smallest free slot; a waiting writer's intent is a row of writer_intents. Admission is
@@ -97,7 +97,11 @@ inline constexpr std::string_view kDefaultSqliteStateDir = "/var/lib/leasehold";
 // missing or malformed.
 Result<std::int64_t> ParseBoottimeOffsetNs(std::string_view timens_offsets);
 
-class SqliteBackend final : public Backend {
+class SqliteBackend final : public Backend,
+                            public WaitFacet,
+                            public RecordsFacet,
+                            public FencedWriteFacet,
+                            public DoctorFacet {
  public:
   // Opens or creates the database, as OpenSqliteBackend does; all checks happen here, so that a
   // bad file is reported at once rather than on the first lease operation. Every time the
@@ -113,6 +117,12 @@ class SqliteBackend final : public Backend {
 
   [[nodiscard]] Capabilities capabilities() const override;
 
+  Facets facets() override {
+    return {.wait = this, .records = this, .fenced_write = this, .doctor = this};
+  }
+
+  [[nodiscard]] unsigned fenced_ops() const override;
+
   // One BEGIN IMMEDIATE transaction: reads the key's live grants (and its writer intent where
   // the request's mode needs it), admits the request by backend.h's rules ("Shared leases"),
   // and writes the grant in the smallest free slot with the key's next fencing token, or, for a
@@ -121,13 +131,9 @@ class SqliteBackend final : public Backend {
   // expires by itself).
   Result<Grant> TryAcquire(const GrantRequest& request) override;
 
-  Status Renew(const RenewRequest& request) override;
-
   // Renews every request in one BEGIN IMMEDIATE transaction. If the transaction cannot start
   // or commit, every request gets that error.
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
-
-  Status Release(std::string_view key, std::string_view owner_token) override;
 
   // One BEGIN IMMEDIATE transaction: the owner check, the grant's end (delete, or a new expiry
   // with no renewal) and the record.
@@ -151,23 +157,14 @@ class SqliteBackend final : public Backend {
   // its -lhq queue file and its directory).
   Result<Diagnosis> Diagnose() override;
 
-  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
-
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
+
+  // ForceReleaseAll, or with a token prefix ForceReleaseOne.
+  Result<bool> ForceEnd(std::string_view key, std::string_view token_prefix) override;
 
   // Every live grant of the key, ordered by slot, and those not yet expired whose holder is gone
   // (LeaseInfo::holder_gone), which no other operation counts as live.
   Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
-
-  // The descriptor of this backend's holder liveness lock (sqlite_holder_anchor.h): every grant
-  // it makes counts as live, TTL permitting, until each process that has it open has closed it.
-  [[nodiscard]] int HolderLivenessFd() const override;
-
-  Result<bool> ForceRelease(std::string_view key) override;
-
-  // One DELETE of the key's lowest-slot live grant whose token starts with `token_prefix`;
-  // wakes waiters as Release.
-  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override;
 
   // Deletes the waiter's writer intent of the key, if it has one (and wakes the key's waiters:
   // shared requests it held off may be admitted now).
@@ -217,6 +214,15 @@ class SqliteBackend final : public Backend {
   [[nodiscard]] const std::string& boot_id() const { return boot_id_; }
 
  private:
+  // Finish with nothing kept: deletes the grant only if its owner token matches.
+  Status Delete(std::string_view key, std::string_view owner_token);
+
+  Result<bool> ForceReleaseAll(std::string_view key);
+
+  // One DELETE of the key's lowest-slot live grant whose token starts with `token_prefix`;
+  // wakes waiters as Release.
+  Result<bool> ForceReleaseOne(std::string_view key, std::string_view token_prefix);
+
   SqliteBackend(std::string path, StoreScope scope, std::string boot_id,
                 std::int64_t boot_offset_ns, Clock& clock,
                 std::unique_ptr<SqliteHolderAnchor> anchor,

@@ -271,13 +271,14 @@ ZkBackend::~ZkBackend() {
 }
 
 Capabilities ZkBackend::capabilities() const {
-  return Capabilities{
-      .native_wait = true,
-      .notifies_holder = true,
-      .fencing_survives_restart = true,
-      .fair_queue = true,
-      .fenced_ops = FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete),
-      .shared_leases = true};
+  return Capabilities{.notifies_holder = true,
+                      .fencing_survives_restart = true,
+                      .fair_queue = true,
+                      .shared_leases = true};
+}
+
+unsigned ZkBackend::fenced_ops() const {
+  return FencedOpBit(FencedOp::Kind::kPut) | FencedOpBit(FencedOp::Kind::kDelete);
 }
 
 Result<std::shared_ptr<ZkSession>> ZkBackend::Connect(Duration timeout) {
@@ -1099,10 +1100,6 @@ Result<std::uint32_t> ZkBackend::ClaimSlot(ZkSession& session, std::string_view 
       fmt::format("the grants of {} kept changing while a slot was chosen; try again", key));
 }
 
-Status ZkBackend::Renew(const RenewRequest& request) {
-  return RenewMany(std::span<const RenewRequest>(&request, 1)).front();
-}
-
 std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests) {
   // Read before anything is sent: every request of the round below is sent after it.
   const SteadyTime t_send = clock_.Now();
@@ -1287,7 +1284,7 @@ std::vector<Status> ZkBackend::RenewMany(std::span<const RenewRequest> requests)
   return results;
 }
 
-Status ZkBackend::Release(std::string_view key, std::string_view owner_token) {
+Status ZkBackend::Delete(std::string_view key, std::string_view owner_token) {
   Held held;
   {
     MutexLock lock(&mu_);
@@ -1335,7 +1332,7 @@ Status ZkBackend::Release(std::string_view key, std::string_view owner_token) {
 Status ZkBackend::Finish(const FinishRequest& request) {
   LH_RETURN_IF_ERROR(CheckFinishRequest(request));
   if (request.keep == Duration::zero() && !request.record.has_value()) {
-    return Release(request.key, request.owner_token);
+    return Delete(request.key, request.owner_token);
   }
   Held held;
   {
@@ -1722,11 +1719,6 @@ void ZkBackend::Doom(Doomed doomed) {
   reaper_cv_.NotifyAll();
 }
 
-Result<std::optional<LeaseInfo>> ZkBackend::Inspect(std::string_view key) {
-  LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> session, ServiceSession());
-  return ReadHolder(*session, key);
-}
-
 Result<std::vector<LeaseInfo>> ZkBackend::Holders(std::string_view key) {
   LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> session, ServiceSession());
   std::optional<LeaseInfo> writer;
@@ -1766,7 +1758,11 @@ Result<std::vector<LeaseInfo>> ZkBackend::List(std::string_view prefix) {
   return out;
 }
 
-Result<bool> ZkBackend::ForceRelease(std::string_view key) {
+Result<bool> ZkBackend::ForceEnd(std::string_view key, std::string_view token_prefix) {
+  return token_prefix.empty() ? ForceReleaseAll(key) : ForceReleaseOne(key, token_prefix);
+}
+
+Result<bool> ZkBackend::ForceReleaseAll(std::string_view key) {
   LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> session, ServiceSession());
   const std::string dir = KeyDir(key);
   for (int attempt = 0; attempt < kRaceRetries; ++attempt) {
@@ -1828,7 +1824,7 @@ Result<bool> ZkBackend::ForceRelease(std::string_view key) {
       fmt::format("the holder of {} kept changing while force-releasing; try again", key));
 }
 
-Result<bool> ZkBackend::ForceReleaseGrant(std::string_view key, std::string_view token_prefix) {
+Result<bool> ZkBackend::ForceReleaseOne(std::string_view key, std::string_view token_prefix) {
   LH_ASSIGN_OR_RETURN(std::shared_ptr<ZkSession> session, ServiceSession());
   for (int attempt = 0; attempt < kRaceRetries; ++attempt) {
     LH_ASSIGN_OR_RETURN(std::vector<LiveGrant> grants, ReadGrants(*session, key));

@@ -178,7 +178,11 @@ struct ZkNodeWatch;
 // within connect_timeout; kPermissionDenied if the server refuses the credentials or the ACLs.
 Result<std::shared_ptr<Backend>> OpenZkBackend(const Url& url, Clock& clock = Clock::Real());
 
-class ZkBackend final : public Backend {
+class ZkBackend final : public Backend,
+                        public WaitFacet,
+                        public RecordsFacet,
+                        public FencedWriteFacet,
+                        public DoctorFacet {
  public:
   // As OpenZkBackend, from parsed options. `clock` must outlive the backend.
   static Result<std::shared_ptr<ZkBackend>> Open(ZkOptions options, Clock& clock = Clock::Real());
@@ -188,8 +192,15 @@ class ZkBackend final : public Backend {
 
   [[nodiscard]] std::string_view scheme() const override { return "zk"; }
 
-  // native_wait and fair_queue: the lock recipe; fencing survives restarts (czxid).
+  // fair_queue: the lock recipe, whose watches are the wait facet; fencing survives restarts
+  // (czxid).
   [[nodiscard]] Capabilities capabilities() const override;
+
+  Facets facets() override {
+    return {.wait = this, .records = this, .fenced_write = this, .doctor = this};
+  }
+
+  [[nodiscard]] unsigned fenced_ops() const override;
 
   // Grant.ttl is the negotiated session timeout. Returns kHeldByAnother with the LeaseInfo of
   // the live grant of the lowest slot (remaining = its session timeout: the server cannot say
@@ -199,14 +210,10 @@ class ZkBackend final : public Backend {
   // another limit.
   Result<Grant> TryAcquire(const GrantRequest& request) override;
 
-  Status Renew(const RenewRequest& request) override;
-
   // Per session: a sync and one read (plus a watching get per grant whose watch needs re-arming
   // after a reconnect), all sent before any reply is awaited; each grant's node watch says
   // whether it was deleted.
   std::vector<Status> RenewMany(std::span<const RenewRequest> requests) override;
-
-  Status Release(std::string_view key, std::string_view owner_token) override;
 
   // One multi: a versioned delete of the holder's node, with the kept node and/or the record
   // created or set (an exists of each first says which); keep == 0 without a record is Release.
@@ -247,8 +254,6 @@ class ZkBackend final : public Backend {
   // (getACL) must grant this handle's identity (digest user, or world:anyone) cdrw.
   Result<Diagnosis> Diagnose() override;
 
-  Result<std::optional<LeaseInfo>> Inspect(std::string_view key) override;
-
   // A listing of the key's children, then one round of gets of the granted ones (and of the kept
   // nodes, with a clock read).
   Result<std::vector<LeaseInfo>> Holders(std::string_view key) override;
@@ -256,12 +261,8 @@ class ZkBackend final : public Backend {
   // Reads the key nodes under <chroot>/leasehold, then each key's holders.
   Result<std::vector<LeaseInfo>> List(std::string_view prefix) override;
 
-  // Deletes the granted children of the key (and its kept nodes); queued waiters stay, so the
-  // next ones then hold the key.
-  Result<bool> ForceRelease(std::string_view key) override;
-
-  // Deletes the one granted child (or live kept node) whose data carries the token prefix.
-  Result<bool> ForceReleaseGrant(std::string_view key, std::string_view token_prefix) override;
+  // ForceReleaseAll, or with a token prefix ForceReleaseOne.
+  Result<bool> ForceEnd(std::string_view key, std::string_view token_prefix) override;
 
   // Deletes the waiter's node (or, if that fails, leaves it to the reaper).
   void AbandonWait(std::string_view key, std::string_view waiter_id) override;
@@ -293,6 +294,16 @@ class ZkBackend final : public Backend {
   }
 
  private:
+  // Finish with nothing kept: deletes the grant only if its owner token matches.
+  Status Delete(std::string_view key, std::string_view owner_token);
+
+  // Deletes the granted children of the key (and its kept nodes); queued waiters stay, so the
+  // next ones then hold the key.
+  Result<bool> ForceReleaseAll(std::string_view key);
+
+  // Deletes the one granted child (or live kept node) whose data carries the token prefix.
+  Result<bool> ForceReleaseOne(std::string_view key, std::string_view token_prefix);
+
   // A grant of this handle, by (key, owner token).
   struct Held {
     std::shared_ptr<ZkSession> session;

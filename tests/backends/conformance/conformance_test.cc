@@ -3,7 +3,7 @@
 // its fixture row to tests/testing/store_fixtures.cc; a behaviour added for one store is added
 // here, for all.
 //
-// Capability predicates (scope, native_wait...) come from the backend itself; a test
+// Capability predicates (scope, fair_queue, the facets...) come from the backend itself; a test
 // that needs a capability the store does not have is skipped with the reason printed.
 
 #include <signal.h>

@@ -180,7 +180,8 @@ TEST_F(EtcdBackendTest, FinishKeepsTheFencingTokenAndRecordsAreNeverListed) {
   ASSERT_TRUE(ra.ok() && ra->has_value() && rb.ok() && rb->has_value());
   EXPECT_EQ(**ra, "ra");
   EXPECT_EQ(**rb, "rb");
-  EXPECT_EQ(backend->WallClock()->from_store, false) << "etcd has no server wall clock";
+  EXPECT_EQ(static_cast<internal::Backend&>(*backend).WallClock()->from_store, false)
+      << "etcd has no server wall clock";
 }
 
 // "found N leases" from `etcdctl lease list`; -1 if unreadable.

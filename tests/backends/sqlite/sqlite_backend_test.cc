@@ -402,7 +402,7 @@ TEST_F(SqliteBackendTest, SchemeAndCapabilities) {
   EXPECT_EQ(backend->scheme(), "sqlite");
   Capabilities caps = backend->capabilities();
   EXPECT_EQ(caps.scope, StoreScope::kUser) << "a file made 0600";
-  EXPECT_TRUE(caps.native_wait);
+  EXPECT_NE(backend->facets().wait, nullptr);
   EXPECT_TRUE(caps.fencing_survives_restart);
   // A free key: nothing to wait for.
   EXPECT_TRUE(backend->WaitForChange("job:x", BootClock::now() + seconds(1), {}).ok());
@@ -1308,7 +1308,7 @@ constexpr char kUpsertData[] =
 TEST_F(SqliteBackendTest, FencedWritesTakeSqlOpsOnly) {
   auto backend = MustOpen();
   ASSERT_NE(backend, nullptr);
-  EXPECT_EQ(backend->capabilities().fenced_ops, FencedOpBit(FencedOp::Kind::kSql));
+  EXPECT_EQ(backend->fenced_ops(), FencedOpBit(FencedOp::Kind::kSql));
 }
 
 TEST_F(SqliteBackendTest, FencedWriteCommitsForTheHolderAndCountsChangedRowsOnly) {
