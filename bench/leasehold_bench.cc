@@ -80,6 +80,7 @@
 
 #include "backends/forwarding_backend.h"
 #include "backends/registry.h"
+#include "core/store_access.h"
 #include "core/url.h"
 #include "floor.h"
 #include "native.h"
@@ -785,7 +786,7 @@ class Runner {
     LH_ASSIGN_OR_RETURN(std::shared_ptr<internal::Backend> backend,
                         internal::OpenBackend(url, Clock::Real()));
     auto counting = std::make_shared<CountingBackend>(std::move(backend));
-    std::unique_ptr<Store> store = Store::OpenWithBackendForTesting(counting);
+    std::unique_ptr<Store> store = internal::OpenStoreWithBackend(counting);
     std::vector<Lease> leases;
     leases.reserve(static_cast<std::size_t>(config_.heartbeat_leases));
     // Warm up the handle (connections, threads) before the memory baseline.

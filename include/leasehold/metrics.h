@@ -34,6 +34,7 @@ namespace leasehold {
 
 namespace internal {
 class MetricsRegistry;
+struct MetricsAccess;
 }  // namespace internal
 
 enum class MetricType { kCounter, kGauge, kHistogram };
@@ -112,12 +113,9 @@ class Metrics {
   [[nodiscard]] std::string PrometheusText() const;
 
  private:
-  friend internal::MetricsRegistry& RegistryForInternalUse(Metrics& metrics);
+  friend struct internal::MetricsAccess;
 
   const std::unique_ptr<internal::MetricsRegistry> registry_;
 };
-
-// For leasehold's own implementation only.
-internal::MetricsRegistry& RegistryForInternalUse(Metrics& metrics);
 
 }  // namespace leasehold

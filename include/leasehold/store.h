@@ -46,8 +46,8 @@
 namespace leasehold {
 
 namespace internal {
-class Backend;
 struct StoreCore;
+struct StoreAccess;
 }  // namespace internal
 
 class Store {
@@ -79,10 +79,6 @@ class Store {
   // parameters, kUnimplemented for a store that needs no schema, is not compiled in or is
   // unknown.
   static Result<std::string> SchemaSql(std::string_view url);
-
-  // For tests: a Store over a given backend (see tests/testing/).
-  static std::unique_ptr<Store> OpenWithBackendForTesting(
-      std::shared_ptr<internal::Backend> backend, StoreOptions options = {});
 
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
@@ -211,6 +207,8 @@ class Store {
   [[nodiscard]] const std::shared_ptr<Metrics>& metrics() const;
 
  private:
+  friend struct internal::StoreAccess;
+
   explicit Store(std::shared_ptr<internal::StoreCore> core);
 
   // OK, or kFailedPrecondition in a fork() child of the process that opened this Store.

@@ -21,8 +21,9 @@ const char* Version();
 // for a tree with uncommitted changes; "unknown" outside a git checkout).
 const char* Commit();
 
-// Returns the stores compiled into the linked library, space-separated in the order of the
-// README, e.g. "sqlite redis postgres etcd zk" (memory:// is always there and not listed).
+// Returns the stores compiled into the linked library, space-separated, each by its own scheme
+// (Store::CompiledSchemes() lists every scheme, aliases included), e.g. "sqlite redis postgres
+// etcd zk" (memory:// is always there and not listed).
 const char* CompiledStores();
 
 }  // namespace leasehold

@@ -123,6 +123,16 @@ std::vector<std::string> CompiledSchemes() {
   return schemes;
 }
 
+std::vector<std::string> CompiledStoreNames() {
+  std::vector<std::string> names;
+  for (const StoreRow& row : kStores) {
+    if (row.open != nullptr && row.schemes[0] != "memory") {
+      names.emplace_back(row.schemes[0]);
+    }
+  }
+  return names;
+}
+
 Result<std::string> StoreSchemaSql(const Url& url) {
   if (const StoreRow* row = FindRow(url.scheme); row != nullptr && row->schema_sql != nullptr) {
     return row->schema_sql(url);

@@ -31,6 +31,11 @@ Result<std::shared_ptr<Backend>> OpenBackend(const Url& url, Clock& clock);
 // Returns the schemes compiled into this build, e.g. {"memory", "sqlite"}.
 std::vector<std::string> CompiledSchemes();
 
+// Returns the stores compiled into this build, each by its own scheme (the first of its row),
+// in the registry's order and without memory:// (always there), e.g. {"sqlite", "redis"}: what
+// leasehold::CompiledStores() joins.
+std::vector<std::string> CompiledStoreNames();
+
 // Returns the SQL a DBA applies to create the store's schema (`leasehold schema`), without
 // connecting. Returns kUnimplemented for stores that need none (or are not compiled in), and
 // kInvalidArgument for a bad URL.

@@ -248,7 +248,7 @@ std::shared_ptr<StoreCore> MakeStoreCore(std::shared_ptr<Backend> backend, Clock
     core->backend->set_metrics(core->lease_metrics);
     // The gauges are read from the heartbeat at scrape time, through a weak reference that
     // shares the StoreCore's lifetime: a closed store drops out of the scrape by itself.
-    RegistryForInternalUse(*core->metrics)
+    internal::MetricsAccess::Of(*core->metrics)
         .AddGaugeSource(*core->lease_metrics, std::shared_ptr<GaugeSource>(core, &core->heartbeat));
   }
   return core;
@@ -293,13 +293,22 @@ Result<std::unique_ptr<Store>> Store::Open(std::string_view url, StoreOptions op
       new Store(internal::MakeStoreCore(std::move(backend), clock, parsed.Redacted(), options)));
 }
 
-std::unique_ptr<Store> Store::OpenWithBackendForTesting(std::shared_ptr<internal::Backend> backend,
-                                                        StoreOptions options) {
+namespace internal {
+
+struct StoreAccess {
+  static std::unique_ptr<Store> Make(std::shared_ptr<StoreCore> core) {
+    return std::unique_ptr<Store>(new Store(std::move(core)));
+  }
+};
+
+std::unique_ptr<Store> OpenStoreWithBackend(std::shared_ptr<Backend> backend,
+                                            StoreOptions options) {
   Clock& clock = options.clock != nullptr ? *options.clock : Clock::Real();
   std::string name = fmt::format("{}://(testing)", backend->scheme());
-  return std::unique_ptr<Store>(
-      new Store(internal::MakeStoreCore(std::move(backend), clock, name, options)));
+  return StoreAccess::Make(MakeStoreCore(std::move(backend), clock, name, options));
 }
+
+}  // namespace internal
 
 Store::Store(std::shared_ptr<internal::StoreCore> core) : core_(std::move(core)) {}
 

@@ -32,7 +32,7 @@ struct StoreCore {
         clock(c),
         display_url(std::move(url)),
         metrics(m != nullptr ? std::move(m) : std::make_shared<Metrics>()),
-        lease_metrics(record ? &RegistryForInternalUse(*metrics).ForBackend(
+        lease_metrics(record ? &MetricsAccess::Of(*metrics).ForBackend(
                                    backend->scheme(), backend->facets().wait != nullptr)
                              : nullptr),
         heartbeat(backend, clock, lease_metrics) {}

@@ -2,6 +2,13 @@
 
 #include "leasehold/version.h"
 
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "backends/registry.h"
+
 // Generated at every build by cmake/BuildInfo.cmake (rewritten only when the commit changes).
 #include "leasehold_build_info.h"
 
@@ -16,25 +23,10 @@ const char* Commit() {
 }
 
 const char* CompiledStores() {
-  static constexpr char kStores[] =
-      ""
-#if LEASEHOLD_WITH_SQLITE
-      " sqlite"
-#endif
-#if LEASEHOLD_WITH_REDIS
-      " redis"
-#endif
-#if LEASEHOLD_WITH_POSTGRES
-      " postgres"
-#endif
-#if LEASEHOLD_WITH_ETCD
-      " etcd"
-#endif
-#if LEASEHOLD_WITH_ZOOKEEPER
-      " zk"
-#endif
-      ;
-  return kStores[0] == ' ' ? kStores + 1 : kStores;  // without the leading space
+  // The registry's rows, joined once (backends/registry.cc: one row per store).
+  static const std::string* const kStores =
+      new std::string(fmt::format("{}", fmt::join(internal::CompiledStoreNames(), " ")));
+  return kStores->c_str();
 }
 
 }  // namespace leasehold

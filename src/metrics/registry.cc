@@ -382,8 +382,4 @@ std::string Metrics::PrometheusText() const {
   return FormatPrometheusText(Snapshot());
 }
 
-internal::MetricsRegistry& RegistryForInternalUse(Metrics& metrics) {
-  return *metrics.registry_;
-}
-
 }  // namespace leasehold

@@ -30,6 +30,11 @@
 
 namespace leasehold::internal {
 
+// The registry behind a public Metrics, for leasehold's own code (Metrics names this its friend).
+struct MetricsAccess {
+  static MetricsRegistry& Of(Metrics& metrics) { return *metrics.registry_; }
+};
+
 // Histogram bucket upper bounds ("le", inclusive) in nanoseconds.
 // Store round trips: 100 us (memory://, a local SQLite file) to 10 s (a store timing out).
 inline constexpr std::int64_t kLatencyBoundsNs[] = {

@@ -15,6 +15,7 @@
 
 #include "backends/forwarding_backend.h"
 #include "backends/memory/memory_backend.h"
+#include "core/store_access.h"
 #include "core/url.h"
 #include "testing/fault_injection_backend.h"
 
@@ -36,7 +37,7 @@ class LeaseSafetyTest : public ::testing::Test {
     auto inner = internal::OpenMemoryBackend(internal::Url{.scheme = "memory"}, clock_);
     ASSERT_TRUE(inner.ok()) << inner.status().ToString();
     backend_ = std::make_shared<FaultInjectionBackend>(*inner);
-    store_ = Store::OpenWithBackendForTesting(backend_, {.clock = &clock_});
+    store_ = internal::OpenStoreWithBackend(backend_, {.clock = &clock_});
   }
 
   // Acquires "k" with counters on the callbacks.
@@ -99,8 +100,8 @@ TEST(LeaseGrantTtlTest, ShorterGrantedTtlThanRequestedIsWhatSafeUntilUses) {
   FakeClock clock;
   auto inner = internal::OpenMemoryBackend(internal::Url{.scheme = "memory"}, clock);
   ASSERT_TRUE(inner.ok());
-  auto store = Store::OpenWithBackendForTesting(
-      std::make_shared<ShorterGrantBackend>(*inner, 2500ms), {.clock = &clock});
+  auto store = internal::OpenStoreWithBackend(std::make_shared<ShorterGrantBackend>(*inner, 2500ms),
+                                              {.clock = &clock});
   SteadyTime t0 = clock.Now();
   auto lease = store->TryAcquire("k", {.ttl = 3s});
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();

@@ -12,6 +12,7 @@
 #include "backends/forwarding_backend.h"
 #include "backends/memory/memory_backend.h"
 #include "backends/registry.h"
+#include "core/store_access.h"
 #include "core/url.h"
 
 namespace leasehold {
@@ -117,7 +118,7 @@ TEST(StoreSharedTest, AStoreWithoutSharedLeasesRefusesThemBeforeAsking) {
   ASSERT_TRUE(url.ok());
   auto inner = internal::OpenMemoryBackend(*url, Clock::Real());
   ASSERT_TRUE(inner.ok());
-  auto store = Store::OpenWithBackendForTesting(std::make_shared<Exclusive>(*inner));
+  auto store = internal::OpenStoreWithBackend(std::make_shared<Exclusive>(*inner));
   auto sem = store->TryAcquire("k", {.limit = 2});
   EXPECT_EQ(sem.status().code(), StatusCode::kUnimplemented) << sem.status().ToString();
   EXPECT_NE(sem.status().message().find("semaphore"), std::string_view::npos);
@@ -163,7 +164,7 @@ TEST(StoreDataKeyTest, ADecoratedStoreKeepsTheStoresDataKeyPrefix) {
   ASSERT_TRUE(inner.ok());
   auto decorated =
       std::make_shared<internal::ForwardingBackend>(std::make_shared<Prefixed>(*inner));
-  auto store = Store::OpenWithBackendForTesting(decorated);
+  auto store = internal::OpenStoreWithBackend(decorated);
   EXPECT_EQ(store->DataKey("job", "rows"), "{job}:rows");
   auto lease = store->TryAcquire("job");
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
@@ -200,7 +201,7 @@ TEST(StoreConfirmTest, ConfirmsOnlyWhatTheStoreAnsweredInTime) {
   auto inner = internal::OpenMemoryBackend(*url, clock);
   ASSERT_TRUE(inner.ok());
   auto scripted = std::make_shared<Scripted>(*inner, clock);
-  auto store = Store::OpenWithBackendForTesting(scripted, {.clock = &clock});
+  auto store = internal::OpenStoreWithBackend(scripted, {.clock = &clock});
   // The heartbeat's first renewal is due after everything below.
   auto held = store->TryAcquire("k", {.ttl = 30s, .renew_interval = 25s});
   ASSERT_TRUE(held.ok()) << held.status().ToString();

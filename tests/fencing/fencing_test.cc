@@ -17,6 +17,7 @@
 
 #include "backends/forwarding_backend.h"
 #include "backends/memory/memory_backend.h"
+#include "core/store_access.h"
 #include "core/url.h"
 
 namespace leasehold {
@@ -291,9 +292,9 @@ std::unique_ptr<Store> OpenMemory(const std::string& name, bool etcd_shaped) {
   auto backend = internal::OpenMemoryBackend(*url, Clock::Real());
   EXPECT_TRUE(backend.ok());
   if (etcd_shaped) {
-    return Store::OpenWithBackendForTesting(std::make_shared<EtcdShapedBackend>(*backend));
+    return internal::OpenStoreWithBackend(std::make_shared<EtcdShapedBackend>(*backend));
   }
-  return Store::OpenWithBackendForTesting(*backend);
+  return internal::OpenStoreWithBackend(*backend);
 }
 
 TEST(FencingTest, EtcdGuardOfALeaseTakesItsStoreKeyAndToken) {

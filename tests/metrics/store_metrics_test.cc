@@ -13,6 +13,7 @@
 #include "leasehold/testing/fake_clock.h"
 
 #include "backends/memory/memory_backend.h"
+#include "core/store_access.h"
 #include "core/url.h"
 #include "testing/fault_injection_backend.h"
 
@@ -33,7 +34,7 @@ class StoreMetricsTest : public ::testing::Test {
     ASSERT_TRUE(inner.ok()) << inner.status().ToString();
     inner_ = *inner;
     backend_ = std::make_shared<FaultInjectionBackend>(inner_);
-    store_ = Store::OpenWithBackendForTesting(backend_, {.clock = &clock_});
+    store_ = internal::OpenStoreWithBackend(backend_, {.clock = &clock_});
   }
 
   void Settle(std::size_t sleepers = 2) { ASSERT_TRUE(clock_.WaitForSleepers(sleepers)); }
@@ -151,7 +152,7 @@ TEST_F(StoreMetricsTest, ForceReleaseIsStoreSaidNoAndTakeoverIsStolen) {
   ASSERT_TRUE(store_->ForceRelease("f").ok());
   ASSERT_TRUE(store_->ForceRelease("s").ok());
   // Another handle on the same table takes "s" before the holder's next renewal.
-  auto other = Store::OpenWithBackendForTesting(inner_, {.clock = &clock_});
+  auto other = internal::OpenStoreWithBackend(inner_, {.clock = &clock_});
   auto thief = other->TryAcquire("s", {.ttl = 10s});
   ASSERT_TRUE(thief.ok());
   Settle(4);  // both handles' heartbeats
@@ -173,9 +174,9 @@ TEST_F(StoreMetricsTest, ForceReleaseIsStoreSaidNoAndTakeoverIsStolen) {
 
 TEST_F(StoreMetricsTest, ASharedRegistryAddsHandlesUpAndDisabledHandlesRecordNothing) {
   auto shared = std::make_shared<Metrics>();
-  auto one = Store::OpenWithBackendForTesting(inner_, {.clock = &clock_, .metrics = shared});
-  auto two = Store::OpenWithBackendForTesting(inner_, {.clock = &clock_, .metrics = shared});
-  auto off = Store::OpenWithBackendForTesting(inner_, {.clock = &clock_, .record_metrics = false});
+  auto one = internal::OpenStoreWithBackend(inner_, {.clock = &clock_, .metrics = shared});
+  auto two = internal::OpenStoreWithBackend(inner_, {.clock = &clock_, .metrics = shared});
+  auto off = internal::OpenStoreWithBackend(inner_, {.clock = &clock_, .record_metrics = false});
   EXPECT_EQ(one->metrics(), shared);
   auto a = one->TryAcquire("a", {.ttl = kTtl});
   auto b = two->TryAcquire("b", {.ttl = kTtl});

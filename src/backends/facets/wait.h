@@ -28,14 +28,13 @@ class WaitFacet {
   // allowed. Returns OK when woken, kDeadlineExceeded, kCancelled; kUnimplemented where this
   // handle cannot wait on `key` (a key it holds itself, on a store without
   // Capabilities::notifies_holder), in which case the core polls with backoff.
-  virtual Status WaitForChange(std::string_view key, SteadyTime deadline,
-                               std::stop_token stop) = 0;
+  virtual Status WaitForChange(std::string_view key, SteadyTime deadline, std::stop_token stop) = 0;
 
   // As WaitForChange, for the waiter `waiter_id` of Store::Acquire (GrantRequest::waiter_id): a
   // fair store also returns at once when the key is free and that waiter heads its queue, which
   // only the store can see. The default calls WaitForChange.
-  virtual Status WaitForTurn(std::string_view key, std::string_view waiter_id,
-                             SteadyTime deadline, std::stop_token stop);
+  virtual Status WaitForTurn(std::string_view key, std::string_view waiter_id, SteadyTime deadline,
+                             std::stop_token stop);
 
   // Withdraws `waiter_id` from the key's wait queue, if the store keeps one: Store::Acquire calls
   // it when it gives up (deadline, cancellation, error). Best effort; the default does nothing.

@@ -24,6 +24,7 @@
 #include "leasehold/store.h"
 
 #include "backends/etcd/etcd_options.h"
+#include "core/store_access.h"
 #include "core/url.h"
 #include "testing/etcd_server.h"
 
@@ -356,7 +357,7 @@ TEST_F(EtcdBackendTest, AThousandLeasesOfOneStoreShareOneStreamThroughTheHeartbe
   constexpr int kLeases = 1000;
   auto backend = OpenBackend(Url());
   ASSERT_NE(backend, nullptr);
-  auto store = Store::OpenWithBackendForTesting(backend);
+  auto store = internal::OpenStoreWithBackend(backend);
   std::vector<Lease> leases;
   for (int i = 0; i < kLeases; ++i) {
     auto lease = store->TryAcquire(fmt::format("hb/{:04}", i), {.ttl = 3s});
@@ -1255,7 +1256,7 @@ TEST_P(EtcdClusterFailoverTest, HolderSurvivesOrIsLostBeforeAnyoneElseHolds) {
   auto holder_backend =
       OpenBackend(fmt::format("etcd://{},{},{}{}", order[0], order[1], order[2], query));
   ASSERT_NE(holder_backend, nullptr);
-  auto holder_store = Store::OpenWithBackendForTesting(holder_backend);
+  auto holder_store = internal::OpenStoreWithBackend(holder_backend);
   std::atomic<bool> lost{false};
   std::atomic<std::int64_t> lost_at_ns{0};
   auto held = holder_store->TryAcquire(

@@ -26,6 +26,7 @@
 #include "backends/redis/redis_options.h"
 #include "backends/registry.h"
 #include "core/logging.h"
+#include "core/store_access.h"
 #include "core/url.h"
 #include "redis_test_util.h"
 #include "testing/redis_server.h"
@@ -365,7 +366,7 @@ TEST(RedisBackendTest, ThousandLeasesAreRenewedInOneRoundTripPerHeartbeatRound) 
   EXPECT_EQ(CommandCalls(*server, "evalsha") - evalsha, kLeases);
 
   // Through a Store: the heartbeat batches every held lease into one RenewMany per round.
-  auto store = Store::OpenWithBackendForTesting(*backend);
+  auto store = internal::OpenStoreWithBackend(*backend);
   std::vector<Lease> leases;
   for (int i = 0; i < kLeases; ++i) {
     auto lease = store->TryAcquire(fmt::format("s{}", i), {.ttl = 3s, .renew_interval = 1s});

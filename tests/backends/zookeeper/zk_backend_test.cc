@@ -32,6 +32,7 @@
 
 #include "backends/registry.h"
 #include "backends/zookeeper/zk_options.h"
+#include "core/store_access.h"
 #include "core/url.h"
 #include "testing/spawned_process.h"
 #include "testing/tcp_proxy.h"
@@ -1335,7 +1336,7 @@ TEST(ZkEnsembleTest, Kill9OfTheHoldersServerNeverGivesTwoHolders) {
   const std::string url = (*zk)->Url("/failover") + "?command_timeout=1s";
   auto backend = OpenZk(url);
   ASSERT_NE(backend, nullptr);
-  auto holder_store = Store::OpenWithBackendForTesting(backend);
+  auto holder_store = internal::OpenStoreWithBackend(backend);
   std::mutex mu;
   std::optional<std::chrono::steady_clock::time_point> lost_at;
   auto lease = holder_store->TryAcquire("failover", {.ttl = 3s, .on_lost = [&](const Status&) {
