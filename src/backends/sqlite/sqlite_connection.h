@@ -710,9 +710,11 @@ struct LiveIntent {
   LeaseInfo info;
 };
 
-inline Result<std::optional<LiveIntent>> ReadLiveIntent(SqliteConnection& connection, std::string_view key,
-                                                 const std::string& boot_id, std::int64_t now_ns,
-                                                 std::string_view operation) {
+inline Result<std::optional<LiveIntent>> ReadLiveIntent(SqliteConnection& connection,
+                                                        std::string_view key,
+                                                        const std::string& boot_id,
+                                                        std::int64_t now_ns,
+                                                        std::string_view operation) {
   using std::chrono::duration_cast;
   using std::chrono::milliseconds;
   StatementRun select(connection, kSelectLiveIntent, operation);

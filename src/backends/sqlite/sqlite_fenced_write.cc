@@ -3,8 +3,6 @@
 // The sqlite:// store's fenced-write facet: SQL run in the grant check's own BEGIN IMMEDIATE
 // transaction, under an authorizer that keeps it off the lease tables and the transaction's end.
 
-#include "backends/sqlite/sqlite_backend.h"
-
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <unistd.h>
@@ -32,6 +30,7 @@
 #include <sys/vfs.h>
 
 #include "backends/common/sql_statement.h"
+#include "backends/sqlite/sqlite_backend.h"
 #include "backends/sqlite/sqlite_connection.h"
 #include "backends/sqlite/sqlite_holder_anchor.h"
 #include "backends/sqlite/sqlite_host_queue.h"

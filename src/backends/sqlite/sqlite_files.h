@@ -95,7 +95,7 @@ inline int DirectoryWriteErrno(const std::string& path) {
 
 // Maps a failed file-system call on `what` to a Status naming both `what` and the database.
 inline Status FileSystemError(int err, std::string_view action, std::string_view what,
-                       std::string_view db_path) {
+                              std::string_view db_path) {
   std::string message = what == db_path ? fmt::format("cannot {} the sqlite database {}: {}",
                                                       action, db_path, OsReason(err))
                                         : fmt::format("cannot {} {} for the sqlite database {}: {}",

@@ -3,8 +3,6 @@
 // The sqlite:// store's records facet: a key's record, judged on the wall clock (CLOCK_REALTIME),
 // which a record must outlive a reboot on; the store's clock is this host's.
 
-#include "backends/sqlite/sqlite_backend.h"
-
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <unistd.h>
@@ -32,6 +30,7 @@
 #include <sys/vfs.h>
 
 #include "backends/common/sql_statement.h"
+#include "backends/sqlite/sqlite_backend.h"
 #include "backends/sqlite/sqlite_connection.h"
 #include "backends/sqlite/sqlite_holder_anchor.h"
 #include "backends/sqlite/sqlite_host_queue.h"

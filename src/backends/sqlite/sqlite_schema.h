@@ -38,7 +38,6 @@
 
 namespace leasehold::internal {
 
-
 inline constexpr const char* kBootIdPath = "/proc/sys/kernel/random/boot_id";
 inline constexpr const char* kTimensOffsetsPath = "/proc/self/timens_offsets";
 
