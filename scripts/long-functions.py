@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Prints the longest C++ functions of src/ and tools/ and holds them to a ceiling.
 
-A function here is a definition that starts at column 0 of a .cc file (clang-format puts every
-namespace-level definition there) and ends at the next `}` at column 0; its length counts every
-line from its signature's first line to that brace. In-class bodies in headers are not counted.
+A function here is a definition that starts at column 0 of a .cc or .h file (clang-format puts
+every namespace-level definition there, an internal header's inline ones included) and ends at
+the next `}` at column 0; its length counts every line from its signature's first line to that
+brace. In-class bodies are not counted.
 
   scripts/long-functions.py               the 20 longest, then the check against the ceiling
   scripts/long-functions.py --top N       the N longest
@@ -27,13 +28,18 @@ NOT_A_FUNCTION = re.compile(r"^(namespace|class|struct|enum|union|extern|templat
 
 def functions(path):
     """(name, first line, length) of the column-0 definitions of one file."""
-    lines = path.read_text(errors="replace").split("\n")
+    text = path.read_text(errors="replace")
+    # Raw strings (SQL, Lua) blanked, their line count kept: their lines are not code.
+    text = re.sub(r'R"(\w*)\((.*?)\)\1"', lambda m: 'R""' + "\n" * m.group(2).count("\n"), text,
+                  flags=re.S)
+    lines = text.split("\n")
     out = []
     i = 0
     while i < len(lines):
         line = lines[i]
+        # A '=' before the first '(' is a variable (a constexpr string of SQL), not a function.
         if line and not line[0].isspace() and not NOT_A_FUNCTION.match(line) and "(" in line \
-                and not line.rstrip().endswith(";"):
+                and "=" not in line.split("(")[0] and not line.rstrip().endswith(";"):
             # The signature may wrap: it ends at the first line that opens the body.
             j = i
             while j < len(lines) and "{" not in lines[j] and not lines[j].rstrip().endswith(";"):
@@ -58,7 +64,8 @@ def main():
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--max", type=int, default=120)
     args = p.parse_args()
-    files = subprocess.run(["git", "ls-files", "--", "src/*.cc", "tools/*.cc"], cwd=ROOT,
+    files = subprocess.run(["git", "ls-files", "--", "src/*.cc", "tools/*.cc", "src/*.h",
+                            "tools/*.h"], cwd=ROOT,
                            check=True, capture_output=True, text=True).stdout.split()
     found = []  # (length, file, name, line)
     for f in files:
