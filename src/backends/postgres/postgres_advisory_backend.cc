@@ -1,6 +1,9 @@
 // File: backends/postgres/postgres_advisory_backend.cc (internal)
 //
-// PostgresAdvisoryBackend: mode=advisory (see postgres_advisory_backend.h for the design).
+// PostgresAdvisoryBackend's grant core: mode=advisory (see postgres_advisory_backend.h for the
+// design). Its facets: postgres_advisory_records.cc, postgres_advisory_doctor.cc,
+// postgres_advisory_fenced_write.cc, postgres_advisory_wait.cc; what they share:
+// postgres_advisory_parts.h.
 //
 // Invariants:
 // - held_ has at most one grant per key, across all sessions: the guard against advisory locks'
@@ -33,84 +36,13 @@
 #include <fmt/format.h>
 
 #include "backends/common/time.h"
+#include "backends/postgres/postgres_advisory_parts.h"
 #include "backends/postgres/postgres_common.h"
 #include "backends/postgres/postgres_sql.h"
 #include "core/logging.h"
 #include "util/hex.h"
 
 namespace leasehold::internal {
-
-namespace sql = postgres_sql;
-
-namespace {
-
-// Why mode=advisory refuses shared and semaphore leases (Capabilities::no_shared_leases_why).
-constexpr std::string_view kNoSharedLeases =
-    "postgres mode=advisory has only exclusive leases; use postgres://...?mode=table for "
-    "shared and semaphore leases";
-
-using std::chrono::milliseconds;
-
-// lock_timeout of a wait in the server's queue: the backstop for a wait nobody abandons. A wait
-// that reaches it re-queues at the back on its next WaitForTurn.
-constexpr long long kWaitBackstopMs = 60'000;
-// After AbandonWait's cancel, how long the wait has to end before its session is dropped.
-constexpr Duration kAbandonGrace = std::chrono::seconds(2);
-// Idle sessions kept for future waits.
-constexpr std::size_t kMaxIdleSessions = 2;
-// Bound on remembered reasons for lost grants.
-constexpr std::size_t kMaxLostReasons = 1024;
-// A waiter refused by a kept grant it cannot see yet re-checks after this long.
-constexpr Duration kKeptRecheck = milliseconds(100);
-
-std::atomic<bool> skip_pooler_check_for_testing{false};
-
-// Explains why a session's connection broke, for the kLost message.
-std::string SessionEndReason(const Status& status, std::string_view conn_reason) {
-  std::string_view detail = status.detail();
-  std::string text = std::string(conn_reason.empty() ? status.message() : conn_reason);
-  // libpq's text runs over several lines ("server closed the connection unexpectedly..."):
-  // the first one names the cause.
-  text = text.substr(0, text.find('\n'));
-  if (text.starts_with("FATAL:  ")) {
-    text = text.substr(8);
-  }
-  if (detail == kSqlStateAdminShutdown || text.find("administrator command") != std::string::npos) {
-    return fmt::format(
-        "the server ended this lease's session ({}): pg_terminate_backend, `leasehold release "
-        "--force` or a server shutdown; advisory locks die with their session",
-        text);
-  }
-  if (detail == kSqlStateIdleSessionTimeout || text.find("idle-session") != std::string::npos) {
-    return fmt::format(
-        "the server closed this lease's session after idle_session_timeout: no renewal reached "
-        "it within the ttl ({})",
-        text);
-  }
-  return fmt::format(
-      "the connection holding this lease's session failed ({}); advisory locks "
-      "die with their session",
-      text);
-}
-
-std::string Fill(std::string_view text, std::string_view name, long long value) {
-  std::string out(text);
-  std::size_t at = out.find(name);
-  if (at != std::string::npos) {
-    out.replace(at, name.size(), std::to_string(value));
-  }
-  return out;
-}
-
-std::string UnlockStatement(std::int64_t lock_id) {
-  return Fill(sql::kAdvisoryUnlock, "{lock_id}", lock_id);
-}
-
-std::string WaitStatement(std::int64_t lock_id) {
-  return Fill(Fill(sql::kAdvisoryWait, "{timeout_ms}", kWaitBackstopMs), "{lock_id}", lock_id);
-}
-
-}  // namespace
 
 std::int64_t AdvisoryLockId(std::string_view schema, std::string_view key) {
   std::uint64_t hash = 0xcbf29ce484222325ULL;
@@ -127,55 +59,6 @@ std::int64_t AdvisoryLockId(std::string_view schema, std::string_view key) {
   }
   return static_cast<std::int64_t>(hash);
 }
-
-// One server session. Its connection is used under mu; pid and the lost flag are set once.
-struct PostgresAdvisoryBackend::Session {
-  Mutex mu;
-  std::unique_ptr<PgConnection> conn LH_GUARDED_BY(mu);
-  int pid = 0;
-  std::atomic<bool> lost{false};
-};
-
-struct PostgresAdvisoryBackend::Held {
-  std::string key;
-  std::string token;
-  std::string holder;
-  std::shared_ptr<Session> session;
-  std::int64_t lock_id = 0;
-  FencingToken fence = 0;
-  Duration ttl{};
-  // Past this instant, with no renewal, the grant has expired: it is unlocked, never renewed.
-  SteadyTime expires{};
-};
-
-// A waiter of Store::Acquire, queued in the server on its own session. Fields are used by the
-// waiter's own thread under session->mu.
-struct PostgresAdvisoryBackend::Waiting {
-  std::string key;
-  std::int64_t lock_id = 0;
-  std::shared_ptr<Session> session;
-  bool in_flight = false;
-  bool got = false;
-  // The lock is ours but a kept grant refused us: its end, until which WaitForTurn sleeps.
-  SteadyTime kept_until{};
-};
-
-namespace {
-
-// The session limits for a largest TTL `t` (see postgres_advisory_backend.h): idle_session_timeout
-// (ms), tcp_keepalives_idle (s), tcp_user_timeout (ms).
-struct Limits {
-  std::string idle_ms;
-  std::string keepalive_idle_s;
-  std::string user_timeout_ms;
-};
-
-Limits LimitsFor(Duration t) {
-  long long ms = CeilMillis(t);
-  return Limits{std::to_string(ms), std::to_string((ms + 999) / 1000), std::to_string(ms + 1000)};
-}
-
-}  // namespace
 
 Result<std::shared_ptr<PostgresAdvisoryBackend>> PostgresAdvisoryBackend::Open(
     PostgresOptions options, Clock& clock) {
@@ -754,62 +637,6 @@ Status PostgresAdvisoryBackend::Finish(const FinishRequest& request) {
   return Status();
 }
 
-Result<std::optional<std::string>> PostgresAdvisoryBackend::ReadRecord(std::string_view key) {
-  Result<PgResult> r =
-      RunOnPrimary("read record", PgStatement(sql::kReadRecord, options_), {std::string(key)});
-  if (!r.ok()) {
-    return PgRecordsStatus(r.status(), options_);
-  }
-  return PgRecord(key, *r);
-}
-
-Result<std::vector<std::pair<std::string, std::string>>> PostgresAdvisoryBackend::ListRecords(
-    std::string_view prefix) {
-  Result<PgResult> r =
-      RunOnPrimary("list records", PgStatement(sql::kListRecords, options_), {std::string(prefix)});
-  if (!r.ok()) {
-    return PgRecordsStatus(r.status(), options_);  // a missing records table: an old schema
-  }
-  return PgRecords(*r);
-}
-
-Result<StoreTime> PostgresAdvisoryBackend::WallClock() {
-  LH_ASSIGN_OR_RETURN(PgResult r, RunOnPrimary("clock", std::string(sql::kWallClock), {}));
-  return PgStoreTime(r);
-}
-
-Status PostgresAdvisoryBackend::Ping() {
-  return RunOnPrimary("ping", std::string(sql::kPing), {}, /*retry=*/false).status();
-}
-
-Result<Diagnosis> PostgresAdvisoryBackend::Diagnose() {
-  LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
-  MutexLock slock(&session->mu);
-  Result<Diagnosis> d = PgDiagnose(*session->conn, options_, clock_);
-  if (!d.ok() && session->conn->broken()) {
-    SessionLost(session, SessionEndReason(d.status(), session->conn->broken_reason()));
-  }
-  return d;
-}
-
-Result<PgResult> PostgresAdvisoryBackend::RunOnPrimary(std::string_view what,
-                                                       const std::string& statement,
-                                                       const PgParams& params, bool retry) {
-  for (int attempt = 0;; ++attempt) {
-    LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, PrimarySession());
-    MutexLock slock(&session->mu);
-    Result<PgResult> r = session->conn->Exec(what, statement, params, PgDeadline(options_, clock_));
-    if (!r.ok() && session->conn->broken()) {
-      SessionLost(session, SessionEndReason(r.status(), session->conn->broken_reason()));
-      if (attempt == 0 && retry) {
-        continue;  // a fresh session: nothing of a lease depends on this read
-      }
-    }
-    return r;
-  }
-}
-
-// One grant per key: the lowest slot is the only one.
 Result<std::vector<LeaseInfo>> PostgresAdvisoryBackend::Holders(std::string_view key) {
   LH_ASSIGN_OR_RETURN(
       PgResult r,
@@ -905,202 +732,6 @@ Status PostgresAdvisoryBackend::FencedRefusal(const FencedWriteRequest& request,
                      fmt::format("is no longer held: {}", it->second.first));
   }
   return FencedOut(request.key, request.fencing_token, "is no longer held: expired or released");
-}
-
-Result<std::vector<std::int64_t>> PostgresAdvisoryBackend::FencedWrite(
-    const FencedWriteRequest& request) {
-  LH_RETURN_IF_ERROR(PgCheckFencedOps(request.ops));
-  std::shared_ptr<Held> held = FindHeld(request.key, request.owner_token);
-  // The heartbeat (RenewMany) writes expires under mu_: read the grant's fields under it too.
-  FencingToken held_fence = 0;
-  SteadyTime held_expires{};
-  if (held != nullptr) {
-    MutexLock lock(&mu_);
-    held_fence = held->fence;
-    held_expires = held->expires;
-  }
-  std::shared_ptr<Session> session;
-  if (!request.skip_guard_for_testing) {
-    if (held == nullptr || held_fence != request.fencing_token) {
-      return FencedRefusal(request, nullptr);
-    }
-    if (clock_.Now() >= held_expires) {
-      // Not renewed within its ttl: its holder's safe_until has passed, and the next heartbeat
-      // unlocks it (RenewMany). The lock may still be on the session; the grant is over.
-      return FencedOut(request.key, request.fencing_token,
-                       "is no longer held: expired (not renewed within its ttl)");
-    }
-    session = held->session;
-  } else if (held != nullptr) {
-    session = held->session;
-  } else {
-    LH_ASSIGN_OR_RETURN(session, PrimarySession());
-  }
-  MutexLock slock(&session->mu);
-  if (session->lost || session->conn == nullptr || session->conn->broken()) {
-    return FencedOut(request.key, request.fencing_token,
-                     "is no longer held: its server session ended");
-  }
-  PgConnection& conn = *session->conn;
-  const std::int64_t lock_id = AdvisoryLockId(options_.schema, request.key);
-  PgFencedOutcome outcome =
-      PgFencedWrite(conn, request, PgStatement(sql::kAdvisoryFencedCheck, options_),
-                    {request.key, request.owner_token, std::to_string(request.fencing_token),
-                     std::to_string(lock_id)},
-                    PgDeadline(options_, clock_), clock_, options_,
-                    [&] { return FencedRefusal(request, &conn); });
-  if (conn.broken()) {
-    // The session is gone (or discarded), and with it the lock: every lease on it is lost.
-    const std::string reason = SessionEndReason(outcome.result.status(), conn.broken_reason());
-    SessionLost(session, reason);
-    if (!outcome.commit_sent) {
-      // The write's transaction died with the session: nothing was written.
-      return FencedOut(request.key, request.fencing_token,
-                       fmt::format("is no longer held: {}; nothing was written", reason));
-    }
-  }
-  return std::move(outcome.result);
-}
-
-Status PostgresAdvisoryBackend::WaitForTurn(std::string_view key, std::string_view waiter_id,
-                                            SteadyTime deadline, std::stop_token stop) {
-  std::shared_ptr<Waiting> wait;
-  {
-    MutexLock lock(&mu_);
-    if (auto it = waits_.find(waiter_id); it != waits_.end()) {
-      wait = it->second;
-    } else if (!idle_.empty()) {
-      wait = std::make_shared<Waiting>();
-      wait->session = idle_.back();
-      idle_.pop_back();
-    }
-  }
-  if (wait == nullptr) {
-    LH_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, NewSession());
-    wait = std::make_shared<Waiting>();
-    wait->session = std::move(session);
-  }
-  if (wait->key.empty()) {
-    wait->key = std::string(key);
-    wait->lock_id = AdvisoryLockId(options_.schema, key);
-    MutexLock lock(&mu_);
-    waits_[std::string(waiter_id)] = wait;
-  }
-  std::shared_ptr<Session> session = wait->session;
-  SteadyTime kept_until{};
-  {
-    MutexLock slock(&session->mu);
-    kept_until = wait->got ? wait->kept_until : SteadyTime{};
-  }
-  if (kept_until > clock_.Now()) {
-    // Ours is the lock, but a kept grant refused us: nothing will notify its end. Sleep until
-    // then, without the session's mutex (AbandonWait may need it meanwhile).
-    const SteadyTime until = std::min(deadline, kept_until);
-    (void)clock_.SleepUntil(until, stop);
-    if (stop.stop_requested()) {
-      return Status::Cancelled(fmt::format("cancelled while waiting for {}", key));
-    }
-    if (clock_.Now() < kept_until) {
-      return Status::DeadlineExceeded(fmt::format("{} is kept by its last holder", key));
-    }
-    return Status();
-  }
-  MutexLock slock(&session->mu);
-  if (wait->got) {
-    return Status();
-  }
-  if (session->lost || session->conn->broken()) {
-    MutexLock lock(&mu_);
-    waits_.erase(std::string(waiter_id));
-    return Status::Unavailable("the waiting session was lost; waiting again");
-  }
-  if (!wait->in_flight) {
-    LH_RETURN_IF_ERROR(session->conn->Send("wait", WaitStatement(wait->lock_id), {}));
-    wait->in_flight = true;
-  }
-  Result<std::optional<PgResult>> done = session->conn->Await("wait", deadline, stop);
-  if (!done.ok()) {
-    wait->in_flight = session->conn->busy();
-    if (session->conn->broken()) {
-      MutexLock lock(&mu_);
-      waits_.erase(std::string(waiter_id));
-      return done.status();
-    }
-    if (done.status().detail() == kSqlStateLockNotAvailable) {
-      return Status();  // the backstop lock_timeout: re-check, and queue again
-    }
-    return done.status();
-  }
-  if (!done->has_value()) {
-    if (stop.stop_requested()) {
-      return Status::Cancelled(fmt::format("cancelled while waiting for {}", key));
-    }
-    return Status::DeadlineExceeded(fmt::format("still queued for {}", key));
-  }
-  wait->in_flight = false;
-  wait->got = true;
-  return Status();
-}
-
-void PostgresAdvisoryBackend::AbandonWait(std::string_view /*key*/, std::string_view waiter_id) {
-  std::shared_ptr<Waiting> wait;
-  {
-    MutexLock lock(&mu_);
-    auto it = waits_.find(waiter_id);
-    if (it == waits_.end()) {
-      return;
-    }
-    wait = it->second;
-    waits_.erase(it);
-  }
-  std::shared_ptr<Session> session = wait->session;
-  {
-    MutexLock slock(&session->mu);
-    if (session->conn == nullptr || session->conn->broken()) {
-      return;
-    }
-    if (wait->in_flight) {
-      session->conn->Cancel();
-      Result<std::optional<PgResult>> done =
-          session->conn->Await("abandon wait", clock_.Now() + kAbandonGrace, {});
-      if ((done.ok() && !done->has_value()) || session->conn->broken()) {
-        session->lost = true;  // no answer: drop the session, which ends the wait for sure
-        return;
-      }
-      wait->in_flight = false;
-      wait->got = done.ok();  // granted just before the cancel arrived
-    }
-    if (wait->got) {
-      Result<PgResult> r = session->conn->Exec("unlock", UnlockStatement(wait->lock_id), {},
-                                               PgDeadline(options_, clock_));
-      if (!r.ok()) {
-        session->lost = true;  // closing the session is the unlock of last resort
-        return;
-      }
-    }
-  }
-  Recycle(session);
-}
-
-Status PostgresAdvisoryBackend::WaitForChange(std::string_view key, SteadyTime deadline,
-                                              std::stop_token stop) {
-  std::string waiter;
-  {
-    MutexLock lock(&mu_);
-    if (held_.find(key) != held_.end()) {
-      // The wait below queues a session on the lock: behind this handle's own session it would
-      // take the lock the moment that session ends, ahead of every other waiter. The holder's
-      // grant ends only with its session, which its renewals watch.
-      return Status::Unimplemented(fmt::format(
-          "this handle holds {}: its grant ends only with its own session, which its renewals "
-          "watch",
-          key));
-    }
-    waiter = fmt::format("change-{}", ++next_private_waiter_);
-  }
-  Status s = WaitForTurn(key, waiter, deadline, std::move(stop));
-  AbandonWait(key, waiter);
-  return s;
 }
 
 void PostgresAdvisoryBackend::SkipPoolerCheckForTesting(bool skip) {
