@@ -25,21 +25,6 @@
 
 namespace leasehold::internal {
 
-using std::chrono::duration_cast;
-using std::chrono::milliseconds;
-using zk_layout::EscapeKey;
-using zk_layout::FromZkMillis;
-using zk_layout::KeptData;
-using zk_layout::KeysWithPrefix;
-using zk_layout::kKeptName;
-using zk_layout::kRecordName;
-using zk_layout::NodeData;
-using zk_layout::NodeKind;
-using zk_layout::ParseKeptData;
-using zk_layout::ParseNodeData;
-using zk_layout::RecordData;
-using zk_layout::SortBySequence;
-
 Result<Grant> ZkBackend::TryAcquire(const GrantRequest& request) {
   // Our own t_send, read after the core's: the local deadline is never before safe_until.
   const SteadyTime t_send = clock_.Now();

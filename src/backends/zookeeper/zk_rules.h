@@ -27,7 +27,20 @@
 
 namespace leasehold::internal {
 
+// The names every zk_*.cc file uses, brought in once.
+using std::chrono::duration_cast;
+using std::chrono::milliseconds;
+using zk_layout::EscapeKey;
+using zk_layout::FromZkMillis;
+using zk_layout::KeptData;
+using zk_layout::KeysWithPrefix;
+using zk_layout::kKeptName;
+using zk_layout::kRecordName;
+using zk_layout::NodeData;
 using zk_layout::NodeKind;
+using zk_layout::ParseKeptData;
+using zk_layout::ParseNodeData;
+using zk_layout::RecordData;
 using zk_layout::SortBySequence;
 
 // How many times an operation re-reads after a race (the holder left between two reads).
