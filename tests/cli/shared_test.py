@@ -168,7 +168,11 @@ class SharedTest(CliHarness, unittest.TestCase):
                 return bool(f.read().strip())
 
         self.wait_for(slot_written, 10, "the waiter's command to write its slot")
-        bound = 1.0 if instant else granted_ms / 1000 + 1
+        # Elsewhere the TTL frees it: not before half of it (above), and within it plus 2 s, the
+        # margin for the waiter's next attempt and for this loop's reads, each a `leasehold
+        # status` process with its own connection (1 s was missed by 0.54 s on a loaded machine,
+        # postgres-table, with the suite's other tests beside it).
+        bound = 1.0 if instant else granted_ms / 1000 + 2
         figure(f"{STORE}: kill -9 of a --limit 3 holder (granted {granted_ms} ms) to the waiter's "
                "grant", took, bound)
         self.assertLess(took, bound)
