@@ -87,7 +87,9 @@ struct Capabilities {
 // and with LimitMismatch (kInvalidArgument) when a live grant is of the other family or asks
 // another N: a semaphore and an exclusive or shared grant, or two semaphores of different N.
 // Each admitted grant gets the smallest slot no live grant of the key has, and a fencing token
-// from the key's one counter (strictly increasing across every grant of every kind).
+// from the key's one counter (strictly increasing across every grant of every kind). The rule is
+// written once in C++, common/admission.h (Admit, Ahead), which the stores that decide in C++
+// call; the Lua and SQL that decide inside a server name the clauses they mirror.
 //
 // Writer preference. An exclusive request with a waiter_id (a waiting Store::Acquire) that is
 // refused records a writer intent for the key in the same step: {waiter_id, holder, expiry =

@@ -274,20 +274,17 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
       return LimitMismatch(request.key, g.kind.mode, g.kind.limit, v ? v->holder : "", request.mode,
                            request.limit);
     };
-    for (const KeySnapshot::Held& g : snap.grants) {
-      if ((g.kind.limit > 1) != semaphore || (semaphore && g.kind.limit != request.limit)) {
-        impl.shared.Detach(lease.id);
-        return mismatch(g);
-      }
+    const Admission admission = AdmitBeside(snap, request);
+    if (admission.verdict == Verdict::kMismatch) {
+      impl.shared.Detach(lease.id);
+      return mismatch(snap.grants[admission.by]);
     }
     // Room left, as this snapshot tells: retry on the smallest free slot.
     std::optional<std::uint32_t> free;
-    if (semaphore) {
-      free = FreeSlot(snap, request.mode, request.limit, request.limit);
-    } else if (shared && !snap.exclusive && snap.intent == nullptr) {
-      free = FreeSlot(snap, LeaseMode::kShared, 1, kMaxLeaseLimit);
-    } else if (exclusive && snap.grants.empty()) {
-      free = 0;
+    if (admission.verdict == Verdict::kGranted) {
+      free = semaphore ? FreeSlot(snap, request.mode, request.limit, request.limit)
+             : shared  ? FreeSlot(snap, LeaseMode::kShared, 1, kMaxLeaseLimit)
+                       : std::optional<std::uint32_t>(0);
     }
     const bool queued = options_.fair && free && *free == slot;  // the queue said no
     if (free && !queued && attempt + 1 < kAdmissionTries) {
@@ -311,7 +308,7 @@ Result<Grant> EtcdBackend::TryAcquireOnce(const GrantRequest& request) {
       return Status::HeldByAnother(
           fmt::format("{} is free but waiters are queued for it (fair=true)", request.key));
     }
-    if (shared && !snap.exclusive && snap.intent != nullptr) {
+    if (admission.verdict == Verdict::kWriterWaiting) {
       std::optional<GrantValue> v = DecodeValue(snap.intent->value());
       LeaseInfo writer;
       writer.key = request.key;

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "backends/common/admission.h"
 #include "backends/common/time.h"
 #include "backends/etcd/etcd_client.h"
 #include "backends/etcd/etcd_keepalive.h"
@@ -414,9 +415,6 @@ struct KeySnapshot {
 
   std::vector<Held> grants;
   const mvccpb::KeyValue* intent = nullptr;
-  bool exclusive = false;  // a grant at the base
-  bool shared = false;
-  std::optional<std::uint32_t> semaphore;  // the limit of the first semaphore grant
 };
 
 inline KeySnapshot Snapshot(std::string_view base, const pb::RangeResponse& range) {
@@ -431,16 +429,19 @@ inline KeySnapshot Snapshot(std::string_view base, const pb::RangeResponse& rang
       snap.intent = &kv;
     } else if (kind.kind == KeyKind::kGrant) {
       snap.grants.push_back({&kv, kind});
-      if (kind.limit > 1) {
-        snap.semaphore = snap.semaphore.value_or(kind.limit);
-      } else if (kind.mode == LeaseMode::kShared) {
-        snap.shared = true;
-      } else {
-        snap.exclusive = true;
-      }
     }
   }
   return snap;
+}
+
+// The admission rule for `request` with the snapshot's grants ahead, in key order, and its
+// writer intent.
+inline Admission AdmitBeside(const KeySnapshot& snap, const GrantRequest& request) {
+  Ahead ahead;
+  for (const KeySnapshot::Held& g : snap.grants) {
+    ahead.Add({g.kind.mode, g.kind.limit});
+  }
+  return ahead.Decide({request.mode, request.limit}, snap.intent != nullptr);
 }
 
 // The smallest slot below `limit` that no grant of `mode`/`limit` in `snap` has, or nullopt.

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/common/admission.h"
 #include "core/duration.h"
 #include "core/owner_token.h"
 #include "util/mutex.h"
@@ -30,11 +31,15 @@ class MemoryTable {
     KeyState& state = keys_[request.key];
     PruneLocked(state, now);
     const bool semaphore = request.limit > 1;
+    Ahead ahead;
     for (const Entry& e : state.grants) {
-      const bool e_semaphore = e.limit > 1;
-      if (e_semaphore != semaphore || (semaphore && e.limit != request.limit)) {
-        return LimitMismatch(request.key, e.mode, e.limit, e.holder, request.mode, request.limit);
-      }
+      ahead.Add({e.mode, e.limit});
+    }
+    const Admission admission = ahead.Decide(
+        {request.mode, request.limit}, state.intent.has_value() && state.intent->expires > now);
+    if (admission.verdict == Verdict::kMismatch) {
+      const Entry& e = state.grants[admission.by];
+      return LimitMismatch(request.key, e.mode, e.limit, e.holder, request.mode, request.limit);
     }
     for (const Entry& e : state.grants) {
       // This owner token holds a grant of the key already (a re-sent attempt whose first reply
@@ -43,25 +48,12 @@ class MemoryTable {
         return Status::HeldByAnother(InfoLocked(request.key, e, now));
       }
     }
-    const Entry* blocker = nullptr;
-    if (semaphore) {
-      if (state.grants.size() >= request.limit) {
-        blocker = &state.grants.front();
-      }
-    } else if (request.mode == LeaseMode::kShared) {
-      for (const Entry& e : state.grants) {
-        if (e.mode == LeaseMode::kExclusive) {
-          blocker = &e;
-          break;
-        }
-      }
-      if (blocker == nullptr && state.intent.has_value() && state.intent->expires > now) {
-        return Status::HeldByAnother(IntentInfo(request.key, *state.intent, now),
-                                     "an exclusive holder is waiting for the key");
-      }
-    } else if (!state.grants.empty()) {
-      blocker = &state.grants.front();
+    if (admission.verdict == Verdict::kWriterWaiting) {
+      return Status::HeldByAnother(IntentInfo(request.key, *state.intent, now),
+                                   "an exclusive holder is waiting for the key");
     }
+    const Entry* blocker =
+        admission.verdict == Verdict::kBusy ? &state.grants[admission.by] : nullptr;
     if (blocker != nullptr) {
       Status held = Status::HeldByAnother(InfoLocked(request.key, *blocker, now));
       if (!semaphore && request.mode == LeaseMode::kExclusive && !request.waiter_id.empty() &&

@@ -344,9 +344,9 @@ inline constexpr std::string_view kListen = R"sql(LISTEN {schema_ident})sql";
 //    key before has committed (it held the lock), so every grant is seen. Every remaining row of
 //    the key in `shares` counts as live (one that expires in the microseconds since 2 or is being
 //    released counts too: a refusal, never an over-admission). The exclusive grant is the key
-//    row's own (not the marker, live). Then, per the rules of backend.h ("Shared leases"):
-//    `mismatch` when a live grant is of the other family or another limit; admitted when there
-//    is room; a refused exclusive request with a waiter records (or refreshes) its intent unless
+//    row's own (not the marker, live). Then, as Ahead::Decide (common/admission.h), live grants
+//    ahead: `mismatch` when one is of the other family or another limit; admitted when there is
+//    room; a refused exclusive request with a waiter records (or refreshes) its intent unless
 //    another waiter's is live; a granted one deletes its own. The key row's fence moves by one
 //    for every grant (the key's single counter), and its token becomes the new exclusive grant's
 //    or the marker. Slot: 0 for an exclusive grant, else the smallest number no row has.

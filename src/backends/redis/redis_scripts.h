@@ -224,8 +224,11 @@ end
 //             characters of its owner token (the full token never leaves the server; a kept
 //             grant's with ':kept' after them, backend.h's kKeptTokenSuffix), fencing token,
 //             time left, TTL, kind, limit, slot.
-//   lh_admits The admission rules of backend.h, "Shared leases": 'ok', 'full' (held by
-//             another), or 'mismatch' (a semaphore and a read/write request, or two limits).
+//   lh_admits The admission rules of backend.h, "Shared leases", as Ahead::Decide in
+//             common/admission.h states them with the live grants ahead: 'ok' (kGranted),
+//             'full' (kBusy: held by another), or 'mismatch' (kMismatch: a semaphore and a
+//             read/write request, or two limits). The writer's intent (kWriterWaiting) is
+//             read by the acquire script that calls it.
 //             A live grant that already holds the request's owner token (an earlier attempt of
 //             the same Store::Acquire whose reply was lost) makes it 'full', as an exclusive
 //             grant of one's own token always did: its expiry began before this attempt's

@@ -49,6 +49,7 @@
 #include <sys/stat.h>
 #include <sys/vfs.h>
 
+#include "backends/common/admission.h"
 #include "backends/common/sql_statement.h"
 #include "backends/sqlite/sqlite_connection.h"
 #include "backends/sqlite/sqlite_holder_anchor.h"
@@ -219,6 +220,19 @@ Result<Grant> SqliteBackend::TryAcquire(const GrantRequest& request) {
   return result;
 }
 
+namespace {
+
+// The admission rule (common/admission.h) for `request` with the key's live grants ahead.
+Admission AdmitBeside(const std::vector<LeaseInfo>& live, const GrantRequest& request) {
+  Ahead ahead;
+  for (const LeaseInfo& held : live) {
+    ahead.Add({held.mode, held.limit});
+  }
+  return ahead.Decide({request.mode, request.limit});
+}
+
+}  // namespace
+
 Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
   SqliteConnection& connection = *connection_;
   WriteTransaction transaction(connection);
@@ -245,13 +259,14 @@ Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
       live.push_back(LeaseInfoFromRow(select, now_ns));
     }
   }
-  // One family per key: read/write (limit 1) or one semaphore of one N.
+  // The admission rule with the live grants ahead; a waiting writer's intent is read below, only
+  // where it can refuse the request (shared, not otherwise refused).
   const bool asks_semaphore = request.limit > 1;
-  for (const LeaseInfo& held : live) {
-    if ((held.limit > 1) != asks_semaphore || (asks_semaphore && held.limit != request.limit)) {
-      return LimitMismatch(request.key, held.mode, held.limit, held.holder, request.mode,
-                           request.limit);
-    }
+  const Admission admission = AdmitBeside(live, request);
+  if (admission.verdict == Verdict::kMismatch) {
+    const LeaseInfo& held = live[admission.by];
+    return LimitMismatch(request.key, held.mode, held.limit, held.holder, request.mode,
+                         request.limit);
   }
   if (own.has_value()) {
     // An earlier attempt of the same call was granted under this token and its reply was lost:
@@ -264,16 +279,14 @@ Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
     return ReadLiveIntent(connection, request.key, boot_id_, now_ns, "try-acquire");
   };
 
+  const bool busy = admission.verdict == Verdict::kBusy;
   if (asks_semaphore) {
-    if (live.size() >= request.limit) {
+    if (busy) {
       return Status::HeldByAnother(live.front(),
                                    fmt::format("all {} slots are held", request.limit));
     }
   } else if (request.mode == LeaseMode::kShared) {
-    const auto exclusive = std::find_if(live.begin(), live.end(), [](const LeaseInfo& held) {
-      return held.mode == LeaseMode::kExclusive;
-    });
-    if (exclusive != live.end()) {
+    if (busy) {
       return Status::HeldByAnother(live.front());
     }
     LH_ASSIGN_OR_RETURN(std::optional<LiveIntent> intent, read_intent());
@@ -286,7 +299,7 @@ Result<Grant> SqliteBackend::TryAcquireLocked(const GrantRequest& request) {
                       FormatDuration(RoundForDisplay(writer.remaining))),
           writer);
     }
-  } else if (!live.empty()) {
+  } else if (busy) {
     Status held = Status::HeldByAnother(live.front());
     if (request.waiter_id.empty()) {
       return held;

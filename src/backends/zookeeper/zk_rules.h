@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/common/admission.h"
 #include "backends/common/time.h"
 #include "backends/zookeeper/zk_backend.h"
 #include "backends/zookeeper/zk_layout.h"
@@ -103,12 +104,13 @@ inline bool IsExclusive(const NodeKind& kind) {
 }
 
 // Admission, by position in the queue (the recipe of Curator's InterProcessSemaphoreV2 and
-// InterProcessReadWriteLock, over one queue). Child i of a listing (in sequence order, with the
-// key's live kept grants `kept`) holds the key when every child before it and every live kept
-// grant asks for its limit, and:
+// InterProcessReadWriteLock, over one queue): child i of a listing (in sequence order, with the
+// key's live kept grants `kept`) holds the key when the admission rule (common/admission.h)
+// grants it with the kept grants and the children before it ahead, in that order:
 //   a semaphore of N   fewer than N children before it, counting the live kept grants;
 //   shared             no exclusive child before it and no live exclusive kept grant;
-//   exclusive          it is the first child and there is no live kept grant.
+//   exclusive          it is the first child and there is no live kept grant;
+// and none of them of another limit.
 // Why deciding from a listing after the create is safe (no over-admission, no two families at
 // once): sequence numbers only grow, so every child created later sorts after ours and every
 // child before ours was created before it; children only leave (a kept grant only replaces the
@@ -125,32 +127,13 @@ inline bool IsExclusive(const NodeKind& kind) {
 inline std::vector<bool> GrantedOf(const std::vector<NodeKind>& kinds,
                                    const std::vector<NodeKind>& kept) {
   std::vector<bool> granted(kinds.size(), false);
-  std::optional<std::uint32_t> limit;
-  bool mixed = false;
-  bool exclusive_before = false;
-  auto see = [&](const NodeKind& kind) {
-    if (!limit.has_value()) {
-      limit = kind.limit;
-    } else if (*limit != kind.limit) {
-      mixed = true;
-    }
-    exclusive_before = exclusive_before || IsExclusive(kind);
-  };
+  Ahead ahead;
   for (const NodeKind& kind : kept) {
-    see(kind);
+    ahead.Add({kind.mode, kind.limit});
   }
   for (std::size_t i = 0; i < kinds.size(); ++i) {
-    const NodeKind& kind = kinds[i];
-    if (!mixed && (!limit.has_value() || *limit == kind.limit)) {
-      if (kind.limit > 1) {
-        granted[i] = i + kept.size() < kind.limit;
-      } else if (kind.mode == LeaseMode::kExclusive) {
-        granted[i] = i == 0 && kept.empty();
-      } else {
-        granted[i] = !exclusive_before;
-      }
-    }
-    see(kind);
+    granted[i] = ahead.Decide({kinds[i].mode, kinds[i].limit}).verdict == Verdict::kGranted;
+    ahead.Add({kinds[i].mode, kinds[i].limit});
   }
   return granted;
 }
@@ -159,17 +142,19 @@ inline std::vector<bool> GrantedOf(const std::vector<NodeKind>& kinds,
 // a child before it (its index) of another limit; -1 if none.
 inline int MismatchOf(const std::vector<NodeKind>& kinds, const std::vector<NodeKind>& kept,
                       std::size_t mine) {
-  for (std::size_t k = 0; k < kept.size(); ++k) {
-    if (kept[k].limit != kinds[mine].limit) {
-      return -2 - static_cast<int>(k);
-    }
+  Ahead ahead;
+  for (const NodeKind& kind : kept) {
+    ahead.Add({kind.mode, kind.limit});
   }
   for (std::size_t j = 0; j < mine; ++j) {
-    if (kinds[j].limit != kinds[mine].limit) {
-      return static_cast<int>(j);
-    }
+    ahead.Add({kinds[j].mode, kinds[j].limit});
   }
-  return -1;
+  const Admission admission = ahead.Decide({kinds[mine].mode, kinds[mine].limit});
+  if (admission.verdict != Verdict::kMismatch) {
+    return -1;
+  }
+  return admission.by < kept.size() ? -2 - static_cast<int>(admission.by)
+                                    : static_cast<int>(admission.by - kept.size());
 }
 
 // The parent of a data path, as the caller named it ("/" for a top-level node).

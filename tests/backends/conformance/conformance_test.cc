@@ -32,6 +32,7 @@
 #include "leasehold/store.h"
 #include "leasehold/testing/fake_clock.h"
 
+#include "backends/common/admission.h"
 #include "backends/registry.h"
 #include "core/url.h"
 #include "testing/spawned_process.h"
@@ -1505,6 +1506,59 @@ TEST_P(SharedLeaseTest, HoldersThatDisagreeOnTheLimitOrKindAreRefusedNamingBoth)
             StatusCode::kInvalidArgument);
   EXPECT_EQ(b->TryAcquire("x", {.limit = 2, .mode = LeaseMode::kShared}).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// The store decides as the admission rule does (src/backends/common/admission.h: the C++ stores
+// call it, the Lua and SQL mirror it): every sequence of three requests of four kinds, each on
+// a fresh key and under its own owner token, is granted, refused as held or refused as a
+// mismatch exactly as Admit says with the grants granted before it ahead.
+TEST_P(SharedLeaseTest, AdmissionFollowsTheRule) {
+  using internal::Admit;
+  using internal::GrantKind;
+  using internal::Verdict;
+  constexpr GrantKind kKinds[] = {{LeaseMode::kExclusive, 1},
+                                  {LeaseMode::kShared, 1},
+                                  {LeaseMode::kExclusive, 2},
+                                  {LeaseMode::kExclusive, 3}};
+  constexpr std::size_t kN = std::size(kKinds);
+  int token = 0;
+  for (std::size_t seq = 0; seq < kN * kN * kN; ++seq) {
+    const std::string key = fmt::format("admission-{}", seq);
+    const GrantKind asked[] = {kKinds[seq / (kN * kN)], kKinds[seq / kN % kN], kKinds[seq % kN]};
+    std::vector<GrantKind> held;
+    std::vector<std::string> tokens;
+    for (std::size_t i = 0; i < std::size(asked); ++i) {
+      const GrantKind mine = asked[i];
+      const std::string what =
+          fmt::format("sequence {}, request {} (mode {}, limit {})", seq, i,
+                      mine.mode == LeaseMode::kShared ? "shared" : "exclusive", mine.limit);
+      GrantRequest request{key, fmt::format("{:032x}", ++token), "conformance", 10s};
+      request.mode = mine.mode;
+      request.limit = mine.limit;
+      const Verdict expected = Admit(held, mine).verdict;
+      Result<internal::Grant> grant = backend_->TryAcquire(request);
+      switch (expected) {
+        case Verdict::kGranted:
+          ASSERT_TRUE(grant.ok()) << what << ": " << grant.status().ToString();
+          held.push_back(mine);
+          tokens.push_back(request.owner_token);
+          break;
+        case Verdict::kBusy:
+          ASSERT_EQ(grant.status().code(), StatusCode::kHeldByAnother)
+              << what << ": " << grant.status().ToString();
+          break;
+        case Verdict::kMismatch:
+          ASSERT_EQ(grant.status().code(), StatusCode::kInvalidArgument)
+              << what << ": " << grant.status().ToString();
+          break;
+        case Verdict::kWriterWaiting:
+          FAIL() << what << ": no writer waits here";
+      }
+    }
+    for (const std::string& t : tokens) {
+      ASSERT_TRUE(backend_->Release(key, t).ok()) << key;
+    }
+  }
 }
 
 TEST_P(SharedLeaseTest, ReadersCoexistAndAnExclusiveHolderExcludesThem) {
