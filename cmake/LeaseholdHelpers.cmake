@@ -12,10 +12,13 @@ if(LEASEHOLD_BUILD_FUZZ)
   if(LEASEHOLD_SANITIZE)
     message(FATAL_ERROR "LEASEHOLD_BUILD_FUZZ brings its own sanitizers: leave LEASEHOLD_SANITIZE empty")
   endif()
-  # Coverage instrumentation (fuzzer-no-link) in every object, so the fuzzer sees inside the
-  # parsers; the fuzz targets themselves link with -fsanitize=fuzzer (tests/fuzz/).
+  # ASan + UBSan in every object: this build also runs the test suite under them
+  # (scripts/test.sh). Coverage instrumentation (fuzzer-no-link) only in the library
+  # (src/CMakeLists.txt), so the fuzzer sees inside the parsers and the tests' own code runs
+  # without it; the fuzz targets themselves compile and link with -fsanitize=fuzzer
+  # (tests/fuzz/).
   target_compile_options(leasehold_build_flags INTERFACE
-    -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
+    -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
   target_link_options(leasehold_build_flags INTERFACE -fsanitize=address,undefined)
 endif()
 if(LEASEHOLD_SANITIZE)
